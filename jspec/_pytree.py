@@ -1,0 +1,28 @@
+"""Registered frozen dataclasses: the one way jspec declares state pytrees.
+
+Array fields are pytree children; fields declared with :func:`static_field` are part of the
+treedef (hashable, static under ``jax.jit``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+import jax
+
+T = TypeVar("T")
+
+
+def pytree_dataclass(cls: type[T]) -> type[T]:
+    """``@dataclass(frozen=True)`` + ``jax.tree_util.register_dataclass``."""
+    cls = dataclasses.dataclass(frozen=True)(cls)
+    return jax.tree_util.register_dataclass(cls)
+
+
+def static_field(**kwargs: Any) -> Any:
+    """A dataclass field that is static (part of the treedef, not a leaf)."""
+    return dataclasses.field(metadata=dict(static=True), **kwargs)
+
+
+replace = dataclasses.replace

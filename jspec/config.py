@@ -1,0 +1,171 @@
+"""Static configuration and sizing: ``SpecConfig`` (SPEC.md §3, §4, §6.2, §10).
+
+A frozen, hashable dataclass, so it can be a static ``jax.jit`` argument. Every field is
+validated in ``__post_init__``; a bad value raises ``ValueError`` naming the field.
+
+Sizing (``P`` = page_size, ``K`` = topk, ``S`` = num_steps, ``N`` = num_draft_tokens)::
+
+    alloc_len_per_decode      P == 1 or K == 1 : max(S*K, N)
+                              else             : max(ceil((P-1+S)/P) * P * K, N)
+    alloc_reserve_per_decode  2 * alloc_len_per_decode          (overlap double buffer)
+    req_to_token_extra_len    max(4 + N, alloc_reserve_per_decode + P - 1)
+    req_to_token_width        context_len + req_to_token_extra_len
+    kv_indices_width(bs)      bs * K * context_len              (< 2**31, PR #27338)
+
+NOTE: deliberate deviation. sglang widens the req_to_token row to ``max(4+N, 2*alloc_len)``
+only when P > 1 and K > 1 (PR #26972), and its row-width assert is active only there. jspec's
+row-width check in ``prepare_for_decode`` is always on, so the row is always wide enough for the
+page-rounded decode reserve: ``nxt = ceil_P(committed + reserve) <= context_len + reserve + P-1``
+(SPEC.md §14: P=4, S=3, K=2, N=4 gives ``ctx + 35``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
+INT32_LIMIT = 2**31
+# sglang's build-tree kernel precondition (SPEC.md §7.4).
+MAX_NUM_DRAFT_TOKENS = 1024
+
+
+def _is_power_of_2(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def ceil_to_multiple(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpecConfig:
+    """Static speculative-decoding and KV-pool configuration.
+
+    Attributes:
+      page_size: tokens per KV page (power of 2). Page 0 is reserved for padding.
+      topk: branches per draft step (``speculative_eagle_topk``).
+      num_steps: draft depth (``speculative_num_steps``).
+      num_draft_tokens: verify-tree nodes including the root (``speculative_num_draft_tokens``).
+      context_len: model context length (tokens per request).
+      max_running_requests: req_to_token rows in use; row 0 is an extra padding row.
+      num_pages: allocatable pages (page ids 1..num_pages); pool size = num_pages * page_size.
+      num_layers, num_kv_heads, head_dim, dtype: KV pool geometry (dtype by name).
+      max_num_draft_tokens: adaptive-spec upper bound (``ndt_max``); 0 means num_draft_tokens.
+      spec_enabled: False models "no spec algorithm" (alloc_len_per_decode == 1).
+    """
+
+    page_size: int = 16
+    topk: int = 4
+    num_steps: int = 3
+    num_draft_tokens: int = 8
+    context_len: int = 1024
+    max_running_requests: int = 8
+    num_pages: int = 1024
+    num_layers: int = 2
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    dtype: str = "bfloat16"
+    max_num_draft_tokens: int = 0
+    spec_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(msg)
+
+        for name in ("page_size", "topk", "num_steps", "num_draft_tokens", "context_len",
+                     "max_running_requests", "num_pages", "num_kv_heads", "head_dim"):
+            value = getattr(self, name)
+            need(isinstance(value, (int, np.integer)) and not isinstance(value, bool),
+                 f"{name}={value!r} must be an int")
+            need(value >= 1, f"{name}={value} must be >= 1")
+        need(_is_power_of_2(self.page_size), f"page_size={self.page_size} must be a power of 2")
+        need(isinstance(self.num_layers, int) and self.num_layers >= 0,
+             f"num_layers={self.num_layers!r} must be an int >= 0")
+        need(self.dtype in _DTYPES, f"dtype={self.dtype!r} must be one of {sorted(_DTYPES)}")
+        need(self.max_num_draft_tokens >= 0,
+             f"max_num_draft_tokens={self.max_num_draft_tokens} must be >= 0")
+        max_nodes = self.topk + (self.num_steps - 1) * self.topk**2
+        need(self.num_draft_tokens - 1 <= max_nodes,
+             f"num_draft_tokens={self.num_draft_tokens}: num_draft_tokens - 1 must be <= "
+             f"topk + (num_steps-1)*topk^2 = {max_nodes} (topk={self.topk}, "
+             f"num_steps={self.num_steps})")
+        need(self.ndt_max <= MAX_NUM_DRAFT_TOKENS,
+             f"num_draft_tokens={self.ndt_max} must be <= {MAX_NUM_DRAFT_TOKENS}")
+        need(self.pool_size + self.page_size < INT32_LIMIT,
+             f"num_pages={self.num_pages}: pool slots {self.num_slots} must be < 2**31")
+        need(self.kv_indices_width(self.max_running_requests) < INT32_LIMIT,
+             f"max_running_requests={self.max_running_requests}: kv_indices_width = "
+             f"{self.kv_indices_width(self.max_running_requests)} must be < 2**31 "
+             f"(topk={self.topk}, context_len={self.context_len})")
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def kv_dtype(self) -> Any:
+        return _DTYPES[self.dtype]
+
+    @property
+    def ndt_max(self) -> int:
+        return max(self.num_draft_tokens, self.max_num_draft_tokens)
+
+    @property
+    def pool_size(self) -> int:
+        """Allocatable token slots (``size`` in sglang), excluding the padding page 0."""
+        return self.num_pages * self.page_size
+
+    @property
+    def num_slots(self) -> int:
+        """KV buffer rows: ``size + page_size`` (slots 0..P-1 are the padding page)."""
+        return self.pool_size + self.page_size
+
+    @property
+    def num_req_rows(self) -> int:
+        """req_to_token rows: ``max_running_requests + 1`` (row 0 is padding)."""
+        return self.max_running_requests + 1
+
+    @property
+    def is_holey(self) -> bool:
+        """True when the draft layout has per-branch page regions (P > 1 and K > 1)."""
+        return self.page_size > 1 and self.topk > 1
+
+    @property
+    def alloc_len_per_decode(self) -> int:
+        """sglang ``get_alloc_len_per_decode`` (EAGLE branches; SPEC.md §3)."""
+        if not self.spec_enabled:
+            return 1
+        s, k, p = self.num_steps, self.topk, self.page_size
+        if p == 1 or k == 1:
+            return max(s * k, self.ndt_max)
+        nnp_worst = ((p - 1) + s + p - 1) // p
+        return max(nnp_worst * p * k, self.ndt_max)
+
+    @property
+    def alloc_reserve_per_decode(self) -> int:
+        """sglang ``get_alloc_reserve_per_decode`` = 2 * alloc_len_per_decode."""
+        return 2 * self.alloc_len_per_decode
+
+    @property
+    def req_to_token_extra_len(self) -> int:
+        """Row headroom past context_len (see the module docstring for the deviation)."""
+        return max(4 + self.ndt_max, self.alloc_reserve_per_decode + self.page_size - 1)
+
+    @property
+    def req_to_token_width(self) -> int:
+        """Width ``R`` of a req_to_token row (token positions)."""
+        return self.context_len + self.req_to_token_extra_len
+
+    def kv_indices_width(self, max_bs: int) -> int:
+        """FlashInfer draft kv_indices row width ``num_seqs * topk * context_len`` (#27338)."""
+        return max_bs * self.topk * self.context_len
+
+    def max_new_pages_per_decode(self) -> int:
+        """Upper bound on pages one request gains in one ``prepare_for_decode``."""
+        return ceil_div(self.alloc_reserve_per_decode + self.page_size - 1, self.page_size) + 1

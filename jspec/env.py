@@ -1,0 +1,18 @@
+"""Environment toggles, read in this one module (debug switches only; never config)."""
+
+from __future__ import annotations
+
+import os
+
+
+def _env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+# Probes (checkify checks standing in for sglang's SGLANG_ENABLE_ASYNC_ASSERT).
+ENABLE_ASYNC_ASSERT: bool = _env_bool("JSPEC_ENABLE_ASYNC_ASSERT")
+# Tests: run kernels compiled for the GPU instead of Pallas interpret mode.
+TEST_GPU: bool = _env_bool("JSPEC_TEST_GPU")

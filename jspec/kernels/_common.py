@@ -1,0 +1,54 @@
+"""Shared kernel plumbing: ``impl=`` selection and Pallas-Triton launch settings.
+
+Every op with a kernel exposes ``impl: "xla" | "pallas" | "triton"``:
+
+* ``"xla"``: the pure-jnp ``*_reference`` path, the oracle.
+* ``"pallas"``: ``pl.pallas_call`` with the Triton lowering (jax 0.10 and 0.11). On a non-GPU
+  backend it runs in interpret mode automatically (``interpret=None``).
+* ``"triton"``: a raw Triton kernel through ``jax_triton.triton_call`` (GPU only; on CPU the
+  same Triton source is tested through Triton's interpreter on torch tensors).
+
+NOTE (shared/PLATFORM.md): every Pallas load/store block must hold a power-of-2 number of
+elements; integer vector atomics are broken up to jax 0.11.2; no checks inside kernels.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+
+warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated")
+
+IMPLS = ("xla", "pallas", "triton")
+
+
+def resolve_impl(impl: str, available: tuple[str, ...], op: str) -> str:
+    """Validate ``impl`` for ``op``; raises ``ValueError`` naming the choices."""
+    if impl not in available:
+        raise ValueError(f"impl={impl!r} is not available for {op}; choose one of {available}")
+    if impl == "triton" and not on_gpu():
+        raise ValueError(f"impl='triton' for {op} needs a GPU backend (jax_triton); "
+                         f"jax.default_backend()={jax.default_backend()!r}")
+    return impl
+
+
+def on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """``None`` means: compile on GPU, interpret elsewhere."""
+    return (not on_gpu()) if interpret is None else bool(interpret)
+
+
+def triton_params(num_warps: int = 4, num_stages: int = 1):
+    """Compiler params for the Pallas Triton lowering (the only GPU lowering of pallas_call)."""
+    from jax.experimental.pallas import triton as pltriton
+
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def next_power_of_2(x: int) -> int:
+    x = int(x)
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()

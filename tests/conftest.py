@@ -1,0 +1,41 @@
+"""Shared test setup: hypothesis CI profile, the interpret fixture, GPU gating.
+
+On CPU (the default and CI) Pallas kernels run in interpret mode. With ``JSPEC_TEST_GPU=1``
+(``make test-gpu`` on the device machine) they are compiled for the GPU instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from jspec import env
+
+settings.register_profile(
+    "ci", max_examples=25, derandomize=True, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", max_examples=100, deadline=None)
+settings.load_profile(os.environ.get("JSPEC_HYPOTHESIS_PROFILE", "ci"))
+
+ON_GPU = env.TEST_GPU
+
+
+@pytest.fixture(params=[pytest.param(False, id="compiled", marks=pytest.mark.gpu),
+                        pytest.param(True, id="interpret")])
+def interpret(request: pytest.FixtureRequest) -> bool:
+    """Pallas interpret flag: compiled kernels only with JSPEC_TEST_GPU=1."""
+    if not request.param and not ON_GPU:
+        pytest.skip("compiled Pallas kernels need JSPEC_TEST_GPU=1 and a GPU")
+    return request.param
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if ON_GPU:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs JSPEC_TEST_GPU=1 and a GPU")
+    for item in items:
+        if "gpu" in item.keywords and "interpret" not in getattr(item, "fixturenames", ()):
+            item.add_marker(skip_gpu)
