@@ -166,11 +166,18 @@ def detect_page_aligned(x: jax.Array, page_size: int, msg: str, *,
                    f"page_size={page_size}", v=value, i=first)
 
 
-def assert_async(cond: jax.Array, msg: str, **values: Any) -> None:
-    """Probe: a scalar boolean condition; ``msg`` may format ``values`` as ``{name}``."""
+def assert_async(cond: Any, msg: str, **values: Any) -> None:
+    """Probe: a scalar boolean condition; ``msg`` may format ``values`` as ``{name}``.
+
+    ``cond`` and each value may be zero-argument callables: they are only evaluated when
+    probes are on, so the caller's expression adds nothing to the jaxpr when off
+    (``assert_async(lambda: jnp.all(x < n), "x < n")``).
+    """
     if not probes_on():
         return
-    checkify.check(jnp.asarray(cond), msg, **{k: jnp.asarray(v) for k, v in values.items()})
+    cond = cond() if callable(cond) else cond
+    values = {k: jnp.asarray(v() if callable(v) else v) for k, v in values.items()}
+    checkify.check(jnp.asarray(cond), msg, **values)
 
 
 # ---- static (trace-time, always on) checks -----------------------------------------------------
