@@ -1,0 +1,67 @@
+"""Run every benchmark in one process and print (and optionally save) one markdown report.
+
+    python -m bench.run_all [--quick] [--only move_kv_cache,build_tree] [--out report.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import subprocess
+import sys
+import time
+import traceback
+
+from bench._timing import copy_bandwidth_tbs, device_name, format_table
+
+BENCHES = (
+    "move_kv_cache",
+    "alloc",
+    "draft_layout",
+    "build_tree",
+    "verify_tree_greedy",
+    "attention_meta",
+    "e2e",
+)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:  # noqa: BLE001 - not a git checkout (device copy)
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
+    parser.add_argument("--only", default="", help="comma-separated bench names")
+    parser.add_argument("--out", default="", help="also write the report here")
+    args = parser.parse_args(argv)
+    names = [n for n in (args.only.split(",") if args.only else BENCHES) if n]
+    header = (f"# jspec bench {datetime.date.today()} on {device_name()}, commit {_commit()}\n\n"
+              f"measured copy bandwidth: {copy_bandwidth_tbs():.2f} TB/s (read + write)\n")
+    print(header, flush=True)
+    parts = [header]
+    failed = 0
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            module = importlib.import_module(f"bench.{name}")
+            rows = module.main(["--quick"] if args.quick else [])
+            text = f"## {name}\n\n{format_table(rows)}\n"
+        except Exception:  # noqa: BLE001 - one broken bench must not hide the others
+            failed += 1
+            text = f"## {name}\n\nFAILED:\n```\n{traceback.format_exc()}```\n"
+        text += f"\n({time.perf_counter() - t0:.1f} s)\n"
+        print(text, flush=True)
+        parts.append(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(parts))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
