@@ -1,0 +1,145 @@
+"""The MHA KV pool: per-layer K and V buffers indexed by token slot (SPEC.md §1, §9.2, §10).
+
+sglang's ``MHATokenToKVPool`` keeps one ``[size + page_size, num_kv_heads, head_dim]`` buffer per
+layer for K and one for V. jspec stacks the layers into one array each::
+
+    k, v: dtype[num_layers, num_slots, num_kv_heads, head_dim],  num_slots = size + page_size
+
+Slots ``0..page_size-1`` are the padding page (page 0, never allocated): padded tokens write
+their KV there and padded ``move_kv_cache`` pairs are ``(0 -> 0)``.
+
+All slot ids are int32 (sglang's ``out_cache_loc`` and move locations are int64). Writes are
+pure (``new_pool = f(pool, ...)``); the jitted entry points donate the pool, so outside an outer
+``jit`` the old pool's buffers are consumed and the update happens in place.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jspec import probes
+from jspec._pytree import pytree_dataclass, replace, static_field
+from jspec.config import SpecConfig
+from jspec.kernels.move_kv_cache import move_kv_cache, move_kv_cache_reference
+
+__all__ = [
+    "KVPool",
+    "init_kv_pool",
+    "set_kv_buffer",
+    "get_kv",
+    "move_kv_cache",
+    "move_kv_cache_reference",
+]
+
+
+@pytree_dataclass
+class KVPool:
+    """K and V buffers of every layer, indexed by token slot id.
+
+    Attributes:
+      k: dtype[num_layers, num_slots, num_kv_heads, head_dim]; slots 0..page_size-1 are the
+        padding page.
+      v: dtype[num_layers, num_slots, num_kv_heads, head_dim]; same layout as ``k``.
+      page_size: tokens per page (static).
+    """
+
+    # (num_layers, num_slots, num_kv_heads, head_dim)
+    k: jax.Array
+    # (num_layers, num_slots, num_kv_heads, head_dim)
+    v: jax.Array
+    page_size: int = static_field(default=1)
+
+    @property
+    def num_layers(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        """``size + page_size`` rows per layer (padding page included)."""
+        return self.k.shape[1]
+
+    @property
+    def size(self) -> int:
+        """Allocatable token slots (sglang ``size``): ``num_slots - page_size``."""
+        return self.k.shape[1] - self.page_size
+
+    @property
+    def dtype(self):
+        return self.k.dtype
+
+
+def init_kv_pool(cfg: SpecConfig, *, fill: float = 0.0) -> KVPool:
+    """A pool for ``cfg`` with every K and V element set to ``fill``.
+
+    Args:
+      cfg: static config; shapes are ``[cfg.num_layers, cfg.num_slots, cfg.num_kv_heads,
+        cfg.head_dim]`` and the dtype is ``cfg.kv_dtype``.
+      fill: initial value (tests poison the pool with NaN or a sentinel).
+
+    Returns:
+      A ``KVPool`` with ``page_size = cfg.page_size``.
+    """
+    shape = (cfg.num_layers, cfg.num_slots, cfg.num_kv_heads, cfg.head_dim)
+    k = jnp.full(shape, fill, cfg.kv_dtype)
+    v = jnp.full(shape, fill, cfg.kv_dtype)
+    return KVPool(k=k, v=v, page_size=cfg.page_size)
+
+
+def _check_layer(pool: KVPool, layer: int, op: str) -> None:
+    probes.static_check(isinstance(layer, int) and 0 <= layer < pool.num_layers,
+                        f"{op}: layer={layer!r} must be an int in [0, {pool.num_layers})")
+
+
+def _check_slot_ids(slot_ids: jax.Array, name: str) -> jax.Array:
+    probes.static_check(slot_ids.ndim == 1, f"{name}.shape={tuple(slot_ids.shape)} must be 1-D")
+    probes.static_check(jnp.issubdtype(slot_ids.dtype, jnp.integer),
+                        f"{name}.dtype={slot_ids.dtype} must be an integer dtype (int32)")
+    return slot_ids.astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("layer",), donate_argnames=("pool",))
+def set_kv_buffer(pool: KVPool, layer: int, slot_ids: jax.Array, k: jax.Array,
+                  v: jax.Array) -> KVPool:
+    """Write the K and V of ``T`` tokens of one layer (sglang ``set_kv_buffer``).
+
+    Args:
+      pool: the pool (donated).
+      layer: static layer index in ``[0, num_layers)``.
+      slot_ids: i32[T] token slots to write (int32, sglang's ``out_cache_loc`` is int64);
+        padded tokens use a padding-page slot (0..page_size-1). Probe: in ``[0, num_slots)``.
+      k: dtype[T, num_kv_heads, head_dim], cast to the pool dtype.
+      v: dtype[T, num_kv_heads, head_dim], cast to the pool dtype.
+
+    Returns:
+      The pool with ``k[layer, slot_ids] = k`` and ``v[layer, slot_ids] = v`` (duplicate slot
+      ids: which write wins is undefined, as in sglang).
+    """
+    _check_layer(pool, layer, "set_kv_buffer")
+    slot_ids = _check_slot_ids(slot_ids, "slot_ids")
+    row = (slot_ids.shape[0],) + pool.k.shape[2:]
+    probes.static_check_shape(k, row, "k")
+    probes.static_check_shape(v, row, "v")
+    probes.detect_oob(slot_ids, 0, pool.num_slots, "set_kv_buffer: slot_ids out of range")
+    new_k = pool.k.at[layer, slot_ids].set(k.astype(pool.dtype), mode="promise_in_bounds")
+    new_v = pool.v.at[layer, slot_ids].set(v.astype(pool.dtype), mode="promise_in_bounds")
+    return replace(pool, k=new_k, v=new_v)
+
+
+def get_kv(pool: KVPool, layer: int, slot_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Gather the K and V rows of ``T`` token slots of one layer.
+
+    Args:
+      pool: the pool (not donated).
+      layer: static layer index in ``[0, num_layers)``.
+      slot_ids: i32[T] token slots. Probe: in ``[0, num_slots)``.
+
+    Returns:
+      ``(k, v)``, each dtype[T, num_kv_heads, head_dim].
+    """
+    _check_layer(pool, layer, "get_kv")
+    slot_ids = _check_slot_ids(slot_ids, "slot_ids")
+    probes.detect_oob(slot_ids, 0, pool.num_slots, "get_kv: slot_ids out of range")
+    return pool.k[layer, slot_ids], pool.v[layer, slot_ids]
