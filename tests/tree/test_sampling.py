@@ -1,0 +1,140 @@
+"""tree_speculative_sampling_target_only: §13.3 goldens, serial kernel port, chi-square, probs."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_verify import (
+    G_CANDIDATES,
+    G_NEXT_SIBLING,
+    G_NEXT_TOKEN,
+    G_RIDX,
+    _random_tree,
+    golden_logits,
+)
+from tree_oracles import ref_tree_sampling
+
+from jspec import probes
+from jspec.tree.sampling import target_probs_from_logits, tree_speculative_sampling_target_only
+
+
+def _i32(x):
+    return jnp.asarray(np.asarray(x), jnp.int32)
+
+
+def _sample(cand, ridx, nt, ns, coins, final, probs, s1, ts=1.0, ta=1.0, init=-1):
+    return tree_speculative_sampling_target_only(
+        _i32(cand), _i32(ridx), _i32(nt), _i32(ns), jnp.asarray(coins, jnp.float32),
+        jnp.asarray(final, jnp.float32), jnp.asarray(probs, jnp.float32), num_spec_steps=s1,
+        threshold_single=ts, threshold_acc=ta, predicts_init=init)
+
+
+@pytest.mark.parametrize("ts,ta,predicts,accept,num", [
+    (1.0, 1.0, [3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18], [[0, 3, 4, 5], [6, 10, 11, -1]],
+     [3, 2]),
+    (0.0, 0.0, [1, 2, 18, -1, -1, -1, 11, -1, -1, -1, 12, 18], [[0, 1, 2, -1], [6, 10, 11, -1]],
+     [2, 2]),
+])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_golden_low_temperature(ts, ta, predicts, accept, num, seed):
+    probs = target_probs_from_logits(jnp.asarray(golden_logits()), jnp.array([0.01, 0.01]))
+    rng = np.random.default_rng(seed)
+    coins = rng.uniform(1e-6, 1.0, (2, 6))
+    final = rng.uniform(0.0, 1.0, 2)
+    got = _sample(G_CANDIDATES, G_RIDX, G_NEXT_TOKEN, G_NEXT_SIBLING, coins, final, probs, 4,
+                  ts, ta)
+    assert got[0].tolist() == predicts
+    assert got[1].tolist() == accept
+    assert got[2].tolist() == num
+
+
+@pytest.mark.parametrize("ts,ta", [(1.0, 1.0), (0.6, 0.8), (0.0, 0.0)])
+def test_matches_serial_kernel_port(ts, ta):
+    rng = np.random.default_rng(5)
+    bs, topk, steps, n, v = 6, 4, 3, 12, 6
+    for _ in range(2):
+        cand, ridx, nt, ns, _ = _random_tree(rng, bs, topk, steps, n, vocab=v)
+        probs = rng.dirichlet(np.full(v, 0.7), (bs, n)).astype(np.float32)
+        coins = rng.random((bs, n), dtype=np.float32)
+        final = rng.random(bs, dtype=np.float32)
+        got = _sample(cand, ridx, nt, ns, coins, final, probs, steps + 1, ts, ta)
+        want = ref_tree_sampling(cand, ridx, nt, ns, coins, final, probs, steps + 1, ts, ta)
+        for name, g, w in zip(("predicts", "accept_index", "accept_token_num"), got, want):
+            np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def _chi_square(counts, probs):
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("q_root", [
+    [0.30, 0.05, 0.20, 0.10, 0.25, 0.10],   # children tokens {4, 0, 2} hold 75% of the mass
+    [0.05, 0.10, 0.10, 0.40, 0.15, 0.20],   # children hold 20%: mostly the residual path
+])
+def test_first_token_distribution_is_target(q_root):
+    """thresholds (1, 1): the first emitted token is distributed as the root's target probs."""
+    num = 4000
+    v, n = len(q_root), 5
+    q = np.full((n, v), 1.0 / v, np.float32)
+    q[0] = q_root
+    # Root children 1, 2, 3 (tokens 4, 0, 2) in sibling order; node 4 is a child of node 1.
+    cand = np.tile([0, 4, 0, 2, 1], (num, 1))
+    nt = np.tile([1, 4, -1, -1, -1], (num, 1))
+    ns = np.tile([-1, 2, 3, -1, -1], (num, 1))
+    ridx = np.arange(num * n).reshape(num, n)
+    rng = np.random.default_rng(42)
+    coins = rng.random((num, n), dtype=np.float32)
+    final = rng.random(num, dtype=np.float32)
+    predicts, _, _ = _sample(cand, ridx, nt, ns, coins, final, np.broadcast_to(q, (num, n, v)), 3)
+    first = np.asarray(predicts).reshape(num, n)[:, 0]
+    counts = np.bincount(first, minlength=v).astype(np.float64)
+    # df = 5: P(chi2 > 20.52) = 0.001.
+    assert _chi_square(counts, np.asarray(q_root)) < 20.52, counts
+
+
+def test_target_probs_temperature_top_k_top_p():
+    rng = np.random.default_rng(0)
+    b, n, v = 3, 2, 8
+    logits = rng.standard_normal((b * n, v)).astype(np.float32)
+    temps = np.array([0.7, 1.0, 2.0], np.float32)
+    top_ks = np.array([3, 0, 8], np.int32)        # 0 and V: no-op
+    top_ps = np.array([1.0, 0.6, 0.9], np.float32)
+    got = np.asarray(target_probs_from_logits(jnp.asarray(logits), jnp.asarray(temps),
+                                              jnp.asarray(top_ks), jnp.asarray(top_ps)))
+    x = logits.reshape(b, n, v) / temps[:, None, None]
+    p = np.exp(x - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = p.copy()
+    for i in range(b):
+        for j in range(n):
+            row = want[i, j]
+            if 0 < top_ks[i] < v:
+                row = np.where(row >= np.sort(row)[::-1][top_ks[i] - 1], row, 0)
+                row = row / row.sum()
+            if top_ps[i] < 1:
+                desc = np.sort(row)[::-1]
+                cut = int(np.argmax(np.cumsum(desc) >= top_ps[i]))
+                row = np.where(row >= desc[cut], row, 0)
+                row = row / row.sum()
+            want[i, j] = row
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert (got[0] > 0).sum(-1).tolist() == [3, 3]
+    plain = target_probs_from_logits(jnp.asarray(logits), jnp.asarray(temps))
+    np.testing.assert_allclose(plain, p, rtol=1e-5, atol=1e-7)
+
+
+def test_probes():
+    probs = np.full((2, 6, 20), 0.05, np.float32)
+
+    def f(p):
+        return _sample(G_CANDIDATES, G_RIDX, G_NEXT_TOKEN, G_NEXT_SIBLING, np.full((2, 6), 0.5),
+                       np.full(2, 0.5), p, 4)[2]
+
+    probes.checked(f)(jnp.asarray(probs))
+    probs[1, 2, 3] = np.nan
+    with pytest.raises(probes.ProbeError, match="target_probs: 1 NaN"):
+        probes.checked(f)(jnp.asarray(probs))
+    assert "check" not in str(jax.make_jaxpr(f)(jnp.asarray(probs)))
