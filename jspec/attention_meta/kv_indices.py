@@ -1,0 +1,156 @@
+"""FlashInfer / Triton draft-decode metadata: ``kv_indices`` and ``kv_indptr`` (SPEC.md §6).
+
+FlashInfer reads the draft KV token by token (``kv_last_page_len`` all ones: page size 1
+semantics), so one flat row of token slot ids per draft step suffices::
+
+    kv_indices[i] = [ seg(0,0) | seg(0,1) | ... | seg(B-1,K-1) | unused ... ]   i32[S, W]
+    seg(b, t)     = row_b[0 : L_b]  ++  draft slots of branch t for steps 0..i
+    kv_indptr[i]  = segment starts, kv_indptr[i, B*K] = used length            i32[S, B*K+1]
+
+    used length of row i = draft_kv_indices_used_len(sum(L), K, B*K, i + 1)
+                         = sum(L) * K + B*K*(i + 1)
+
+The draft slots of branch t start at ``L + t*S`` (page_size 1 or topk 1) or at
+``base + t*nnp*P + lp`` (the holey layout, SPEC.md §4.2). Step row ``S-1`` is computed too
+(sglang's kernel launches over all S steps) though only rows ``0 .. S-2`` are consumed.
+
+Capacity: the row width ``W`` is ``SpecConfig.kv_indices_width(max_bs) = max_bs * K *
+context_len`` (the K factor is PR #27338's fix). The used length is checked
+
+* at trace time: ``W >= B*K*S`` always (each segment has at least ``i + 1`` entries), and
+  ``W >= B*K*(max_seq_len + S)`` when the static bound ``max_seq_len`` is given;
+* at run time by a probe (``sum(L)*K + B*K*S <= W``, off by default);
+* and writes at or past ``W`` are masked in every impl: never an out-of-bounds write.
+
+Entries past the used length: 0 in a fresh output; with ``kv_indices_buffer`` they keep the
+buffer's values (in-place update, no ``S * W`` zero fill; donate the buffer in the enclosing
+``jax.jit`` to avoid a copy).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jspec import probes
+from jspec.kernels import draft_kv_indices as _kernel
+
+INT32_LIMIT = 2**31
+
+
+def draft_kv_indices_used_len(sum_seq_lens: Any, topk: int, num_seqs_times_topk: Any,
+                              it: Any) -> Any:
+    """sglang ``draft_kv_indices_used_len``: ``sum_seq_lens * topk + num_seqs_times_topk * it``.
+
+    Works on Python ints (static sizing) and on int32 arrays alike.
+    """
+    return sum_seq_lens * topk + num_seqs_times_topk * it
+
+
+@functools.partial(jax.jit, static_argnames=("topk", "num_steps", "page_size",
+                                             "kv_indices_width", "max_bs", "max_seq_len",
+                                             "impl", "interpret", "block_tokens"))
+def generate_draft_decode_kv_indices(req_pool_indices: jax.Array, req_to_token: jax.Array,
+                                     seq_lens: jax.Array, *, topk: int, num_steps: int,
+                                     page_size: int, kv_indices_width: int,
+                                     max_bs: int | None = None, max_seq_len: int | None = None,
+                                     kv_indices_buffer: jax.Array | None = None,
+                                     impl: str = "xla", interpret: bool | None = None,
+                                     block_tokens: int = _kernel.BLOCK_TOKENS
+                                     ) -> tuple[jax.Array, jax.Array]:
+    """sglang ``generate_draft_decode_kv_indices`` (default mode: no window, no translation).
+
+    Args:
+      req_pool_indices: i32[B] request rows of ``req_to_token``.
+      req_to_token: i32[num_req_rows, R] token slot ids (row 0: the padding row).
+      seq_lens: i32[B] committed prefix lengths ``L`` (``paged_kernel_lens``).
+      topk, num_steps, page_size: static ``K``, ``S``, ``P``.
+      kv_indices_width: static row width ``W`` (``SpecConfig.kv_indices_width(max_bs)``).
+      max_bs: static, optional; the batch bucket ``W`` was sized for (``B <= max_bs``).
+      max_seq_len: static, optional bound on ``seq_lens``; enables the trace-time check
+        ``B*K*(max_seq_len + S) <= W``.
+      kv_indices_buffer: optional i32[S, W] updated in place (entries past the used length keep
+        their values); default: a fresh output with zeros there.
+      impl: ``"xla"`` | ``"pallas"`` | ``"triton"`` (GPU only).
+      interpret: Pallas interpret mode; ``None`` means interpret off the GPU.
+      block_tokens: static; token slots per copy block of the kernels (power of 2).
+
+    Returns:
+      kv_indices: i32[S, W] token slot ids (step row ``i`` serves draft step ``i``).
+      kv_indptr: i32[S, B*K+1] segment starts per step; ``kv_indptr[i, B*K]`` = used length.
+    """
+    _validate(req_pool_indices, req_to_token, seq_lens, topk=topk, num_steps=num_steps,
+              page_size=page_size, kv_indices_width=kv_indices_width, max_bs=max_bs,
+              max_seq_len=max_seq_len, kv_indices_buffer=kv_indices_buffer)
+    _probe(req_pool_indices, req_to_token, seq_lens, topk=topk, num_steps=num_steps,
+           page_size=page_size, kv_indices_width=kv_indices_width)
+    return _kernel.draft_kv_indices(
+        req_pool_indices, req_to_token, seq_lens, topk=topk, num_steps=num_steps,
+        page_size=page_size, kv_indices_width=kv_indices_width,
+        kv_indices_buffer=kv_indices_buffer, impl=impl, interpret=interpret,
+        block_tokens=block_tokens)
+
+
+def _validate(req_pool_indices: jax.Array, req_to_token: jax.Array, seq_lens: jax.Array, *,
+              topk: int, num_steps: int, page_size: int, kv_indices_width: int,
+              max_bs: int | None, max_seq_len: int | None,
+              kv_indices_buffer: jax.Array | None) -> None:
+    """Trace-time checks (``ValueError`` naming the argument)."""
+    for name, value in (("topk", topk), ("num_steps", num_steps), ("page_size", page_size)):
+        probes.static_check(isinstance(value, int) and value >= 1,
+                            f"{name}={value!r} must be an int >= 1")
+    probes.static_check(page_size & (page_size - 1) == 0,
+                        f"page_size={page_size} must be a power of 2")
+    probes.static_check(isinstance(kv_indices_width, int) and 0 <= kv_indices_width < INT32_LIMIT,
+                        f"kv_indices_width={kv_indices_width!r} must be an int in [0, 2**31)")
+    probes.static_check(req_to_token.ndim == 2,
+                        f"req_to_token.ndim={req_to_token.ndim} must be 2 (i32[rows, R])")
+    probes.static_check(req_pool_indices.ndim == 1 and seq_lens.ndim == 1
+                        and req_pool_indices.shape == seq_lens.shape,
+                        f"req_pool_indices.shape={tuple(req_pool_indices.shape)} and "
+                        f"seq_lens.shape={tuple(seq_lens.shape)} must both be (B,)")
+    for name, x in (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices),
+                    ("seq_lens", seq_lens)):
+        probes.static_check_dtype(x, jnp.int32, name)
+    num_seqs = seq_lens.shape[0]
+    if max_bs is not None:
+        probes.static_check(isinstance(max_bs, int) and num_seqs <= max_bs,
+                            f"batch size B={num_seqs} exceeds max_bs={max_bs!r}, the bucket "
+                            f"kv_indices_width was sized for")
+    if kv_indices_buffer is not None:
+        probes.static_check_shape(kv_indices_buffer, (num_steps, kv_indices_width),
+                                  "kv_indices_buffer")
+        probes.static_check_dtype(kv_indices_buffer, jnp.int32, "kv_indices_buffer")
+    ctx = {"topk": topk, "num_seqs": num_seqs, "num_steps": num_steps}
+    # Every segment holds at least its it <= S draft slots.
+    probes.assert_buffer_fits(num_seqs * topk * num_steps, kv_indices_width,
+                              "EAGLE draft kv_indices row too small (draft slots alone)", **ctx)
+    if max_seq_len is not None:
+        probes.assert_buffer_fits(
+            draft_kv_indices_used_len(num_seqs * max_seq_len, topk, num_seqs * topk, num_steps),
+            kv_indices_width, "EAGLE draft kv_indices row too small for max_seq_len",
+            max_seq_len=max_seq_len, **ctx)
+
+
+def _probe(req_pool_indices: jax.Array, req_to_token: jax.Array, seq_lens: jax.Array, *,
+           topk: int, num_steps: int, page_size: int, kv_indices_width: int) -> None:
+    """Dynamic probes (off by default; nothing traced when off)."""
+    if not probes.probes_on() or seq_lens.shape[0] == 0:
+        return
+    name = "generate_draft_decode_kv_indices"
+    row_width = req_to_token.shape[1]
+    probes.detect_oob(req_pool_indices, 0, req_to_token.shape[0], f"{name}: req_pool_indices")
+    probes.detect_in_closed_range(seq_lens, 0, row_width, f"{name}: seq_lens vs row width")
+    used = draft_kv_indices_used_len(jnp.sum(seq_lens), topk, seq_lens.shape[0] * topk,
+                                     num_steps)
+    probes.assert_async(used <= kv_indices_width,
+                        f"{name}: EAGLE draft kv_indices row too small: need {{used}} but row "
+                        f"width is {kv_indices_width} (topk={topk}, num_steps={num_steps})",
+                        used=used)
+    last_draft_end = _kernel.draft_ext_start(seq_lens, topk=topk, num_steps=num_steps,
+                                             page_size=page_size)[:, -1] + num_steps
+    probes.detect_in_closed_range(last_draft_end, 0, row_width,
+                                  f"{name}: draft slots end past the req_to_token row")
