@@ -107,25 +107,6 @@ def _check(move, pool: KVPool, tgt: jax.Array, src: jax.Array) -> tuple[bool, KV
     return ok, pool
 
 
-def _scan_copy_tbs(num_bytes: int) -> float:
-    """In-place streaming copy rate (``x + 1`` on a donated f32 buffer, read + write)."""
-    x = jnp.zeros((num_bytes // 4,), jnp.float32)
-
-    @functools.partial(jax.jit, donate_argnums=0)
-    def run(x):
-        # The barrier keeps XLA from fusing the 8 adds into one pass.
-        return jax.lax.fori_loop(0, 8, lambda _, a: jax.lax.optimization_barrier(a + 1.0), x,
-                                 unroll=True)
-
-    x = jax.block_until_ready(run(x))
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        x = jax.block_until_ready(run(x))
-        best = min(best, time.perf_counter() - t0)
-    return 2 * num_bytes * 8 / best / 1e12
-
-
 def _torch_us(shape, dtype_name: str, sets, iters: int) -> float:
     import torch
 
@@ -188,12 +169,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     num_slots = num_pages * PAGE_SIZE + PAGE_SIZE
     row_width = heads * head_dim
     row_bytes = row_width * jnp.dtype(dtype_name).itemsize
-    helper_tbs = copy_bandwidth_tbs()
-    copy_tbs = max(helper_tbs, _scan_copy_tbs(1 << 30 if gpu else 1 << 24))
+    copy_tbs = copy_bandwidth_tbs()
     print(f"# move_kv_cache on {device_name()}: {num_layers} layers x K,V, {heads}x{head_dim} "
           f"{dtype_name} ({row_bytes} B rows), {num_slots} slots; copy rate {copy_tbs:.2f} "
-          f"TB/s (in-place f32 x+1 scan; bench._timing.copy_bandwidth_tbs: "
-          f"{helper_tbs:.2f})", flush=True)
+          f"TB/s (bench._timing.copy_bandwidth_tbs)", flush=True)
     shape4 = (num_layers, num_slots, heads, head_dim)
     key = jax.random.PRNGKey(0)
     pool = KVPool(k=jax.random.normal(key, shape4, dtype_name),
