@@ -1,6 +1,6 @@
 """Shared timing helpers for bench/ scripts (shared/ANCHORS.md: device time, not dispatch).
 
-* :func:`time_device` runs the op R times inside one jitted ``lax.scan`` over R *distinct*
+* :func:`time_device` runs the op R times inside one jitted, unrolled ``lax.scan`` over R *distinct*
   input sets (so XLA cannot hoist the op out of the loop) and divides. Each iteration folds
   every output into a scalar checksum so nothing is dead-code eliminated; that adds one read
   of the outputs per iteration (small next to the op, and stated in the tables).
@@ -45,7 +45,9 @@ def time_device(op: Callable[..., Any], arg_sets: Sequence[tuple], *, repeats: i
         def body(carry, args):
             return carry + _checksum(op(*args)), None
 
-        out, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), stacked_args)
+        # NOTE: unrolled. A rolled while loop on GPU syncs its predicate with the host every
+        # iteration (~15-20 us), which would swamp microsecond ops.
+        out, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), stacked_args, unroll=True)
         return out
 
     jax.block_until_ready(run(stacked))

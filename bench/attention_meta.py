@@ -124,7 +124,7 @@ def _scan_carry_us(body: Callable, init: Any, xs: Any, shared: tuple, repeats: i
 
     @functools.partial(jax.jit, donate_argnums=0)
     def run(carry, xs, shared):
-        return jax.lax.scan(lambda c, x: (body(c, x, *shared), None), carry, xs)[0]
+        return jax.lax.scan(lambda c, x: (body(c, x, *shared), None), carry, xs, unroll=True)[0]
 
     best = float("inf")
     for attempt in range(repeats + 1):

@@ -52,3 +52,23 @@ def triton_params(num_warps: int = 4, num_stages: int = 1):
 def next_power_of_2(x: int) -> int:
     x = int(x)
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def import_jax_triton():
+    """Import ``jax_triton`` (GPU only) without leaking its process-wide side effect.
+
+    NOTE (shared/PLATFORM.md §8): importing jax-triton 0.3.1 sets ``TRITON_CACHE_DIR=""`` for
+    the whole process, which breaks torch's own Triton launches ("Could not create or locate
+    cache dir"). The previous value is restored (or the variable removed) after the import.
+    """
+    import os
+
+    previous = os.environ.get("TRITON_CACHE_DIR")
+    import jax_triton
+
+    if previous is None:
+        if os.environ.get("TRITON_CACHE_DIR") == "":
+            del os.environ["TRITON_CACHE_DIR"]
+    else:
+        os.environ["TRITON_CACHE_DIR"] = previous
+    return jax_triton

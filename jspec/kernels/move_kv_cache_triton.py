@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
+from jspec.kernels._common import import_jax_triton
 from jspec.kernels.move_kv_cache import MODE_DIRECT, MODE_SKIP, MODE_STASH, pair_modes, plan_blocks
 
 _MODE_SKIP = tl.constexpr(MODE_SKIP)
@@ -104,7 +105,7 @@ def move_kv_triton(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *
     Returns:
       ``(k, v)`` with rows ``src`` copied to rows ``tgt`` in every layer.
     """
-    import jax_triton as jt
+    jt = import_jax_triton()
 
     num_layers, num_slots = k.shape[:2]
     row_width = k.size // (num_layers * num_slots)

@@ -181,7 +181,7 @@ def expand_page_table_triton(last_page_lens: Any, cache_loc: Any, *, decode_leng
     """``expand_page_table`` through ``jax_triton.triton_call``; inputs already validated."""
     import jax
     import jax.numpy as jnp
-    import jax_triton as jt
+    jt = _common.import_jax_triton()
 
     num_rows = cache_loc.shape[0]
     meta = _expand_meta(num_rows, cache_loc.shape[1], decode_length=decode_length, topk=topk,
@@ -201,7 +201,7 @@ def draft_kv_indices_triton(req_pool_indices: Any, req_to_token: Any, seq_lens: 
     """``draft_kv_indices`` through ``jax_triton.triton_call``; the buffer is aliased."""
     import jax
     import jax.numpy as jnp
-    import jax_triton as jt
+    jt = _common.import_jax_triton()
 
     num_seqs = seq_lens.shape[0]
     width = kv_indices_buffer.shape[1]

@@ -16,9 +16,13 @@ import subprocess
 import sys
 import textwrap
 
-_PREIMPORTED_COMPILED = ("triton" in sys.modules
-                         and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true"))
-os.environ["TRITON_INTERPRET"] = "1"
+# NOTE: with JSPEC_TEST_GPU=1 the process must keep compiled Triton (the jax_triton test below and
+# every other kernel test in the same pytest process), so the interpreter tests go to a subprocess.
+_ON_GPU_RUN = os.environ.get("JSPEC_TEST_GPU", "") == "1"
+_PREIMPORTED_COMPILED = _ON_GPU_RUN or (
+    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true"))
+if not _ON_GPU_RUN:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +48,7 @@ def _t(x) -> torch.Tensor:
 
 @pytest.mark.skipif(not _PREIMPORTED_COMPILED, reason="tests run in this process")
 def test_rerun_in_fresh_process():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu", "JSPEC_TEST_GPU": "0"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            __file__], check=False, env=env, capture_output=True, text=True,
                           timeout=600)
