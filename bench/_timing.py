@@ -1,9 +1,9 @@
 """Shared timing helpers for bench/ scripts (shared/ANCHORS.md: device time, not dispatch).
 
-* :func:`time_device` runs the op R times inside one jitted, unrolled ``lax.scan`` over R *distinct*
-  input sets (so XLA cannot hoist the op out of the loop) and divides. Each iteration folds
-  every output into a scalar checksum so nothing is dead-code eliminated; that adds one read
-  of the outputs per iteration (small next to the op, and stated in the tables).
+* :func:`time_device`: on GPU, the summed kernel time per call from a JAX profiler trace
+  (:func:`kernel_time_us`: what the op occupies the GPU, no launch gaps, no dispatch). On CPU,
+  R calls inside one jitted, unrolled ``lax.scan`` over R *distinct* input sets, divided by R
+  (each iteration folds the outputs into a checksum so nothing is dead-code eliminated).
 * :func:`time_wall` is the standalone jitted call's wall time (dispatch included), median.
 * :func:`time_torch` times a torch callable with CUDA events (or wall time on CPU).
 * :func:`copy_bandwidth_tbs` measures the device-to-device copy rate (bytes read + written).
@@ -30,13 +30,68 @@ def _checksum(tree: Any) -> jax.Array:
     return total
 
 
+def profile_kernel_us(thunk: Callable[[], Any], num_calls: int) -> float | None:
+    """Summed GPU kernel time (microseconds) of running ``thunk()`` once, divided by num_calls.
+
+    Reads a JAX profiler trace: the durations of every event on the GPU stream lines (kernels
+    and device copies) are summed. Launch gaps and Python dispatch are excluded: this is the
+    time the work occupies the GPU. Returns None when the trace has no GPU events (CPU).
+    """
+    import glob
+    import tempfile
+
+    from jax.profiler import ProfileData
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            jax.block_until_ready(thunk())
+        paths = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)
+        if not paths:
+            return None
+        data = ProfileData.from_file(paths[0])
+    total_ns, found = 0.0, False
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):
+                continue
+            for event in line.events:
+                found = True
+                total_ns += event.duration_ns
+    return total_ns / num_calls / 1e3 if found else None
+
+
+def kernel_time_us(fn: Callable[..., Any], arg_sets: Sequence[tuple]) -> float | None:
+    """Summed GPU kernel time per call of jitted ``fn``, one call per arg set (after warm-up)."""
+    for args in arg_sets[:2]:
+        jax.block_until_ready(fn(*args))
+
+    def thunk():
+        return [fn(*args) for args in arg_sets]
+
+    return profile_kernel_us(thunk, len(arg_sets))
+
+
 def time_device(op: Callable[..., Any], arg_sets: Sequence[tuple], *, repeats: int = 3) -> float:
-    """Microseconds per call of ``op`` on device: R calls in one jitted scan, divided by R.
+    """Microseconds of device time per call of ``op``.
+
+    On GPU: the summed kernel time of the jitted op from a profiler trace
+    (:func:`kernel_time_us`), over R distinct arg sets. Elsewhere (or if the trace has no GPU
+    events): R calls in one jitted, unrolled scan, divided by R, each iteration folding the
+    outputs into a checksum (adds one read of the outputs).
 
     Args:
       op: a jax-traceable function of the arrays in one arg set (static args closed over).
       arg_sets: R distinct tuples of arrays with identical shapes/dtypes.
     """
+    if jax.default_backend() == "gpu":
+        try:
+            us = kernel_time_us(jax.jit(op), arg_sets)
+        except Exception:  # noqa: BLE001 - profiler unavailable: fall back to the scan
+            us = None
+        if us is not None:
+            return us
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *arg_sets)
     num = len(arg_sets)
 
