@@ -27,6 +27,10 @@ BENCHES = (
 
 
 def _commit() -> str:
+    import os
+
+    if os.environ.get("JSPEC_COMMIT"):  # the device copy has no .git: the caller passes it
+        return os.environ["JSPEC_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
     except Exception:  # noqa: BLE001 - not a git checkout (device copy)
