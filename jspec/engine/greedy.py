@@ -1,0 +1,80 @@
+"""Plain greedy decoding of the target alone over the paged KV pool (the lossless baseline).
+
+One decode step for a padded bucket of batch slots (``slot_idx: i32[Bb]``, ``live: bool[Bb]``)::
+
+    L = committed_len, x = bonus token (last generated, no KV yet)
+    slot = alloc_decode(seq_lens = L + 1, last_loc = row[L-1])     # new page iff (L+1) % P == 1
+    row[L] = slot                                                  # assign_req_to_token_pool
+    target forward on x at position L: K/V -> slot, attention over row[0..L]
+    x' = argmax(logits); L' = L + 1
+
+Padding entries allocate nothing, read the padding row 0 and write slot 0. The step is a no-op
+(``ok`` False) when the pages are short.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jspec._pytree import replace
+from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, make_attn_fn, row_slot_ids
+from jspec.engine.model import TargetParams, target_forward, target_logits
+from jspec.engine.state import EngineConfig, EngineState, gather_slots, pack_valid, scatter_slots
+from jspec.kv.allocator import alloc_decode
+from jspec.kv.pool import set_kv_buffer
+from jspec.kv.req_to_token import assign_req_to_token_pool, get_last_loc
+
+
+def _greedy_body(ecfg: EngineConfig, params: TargetParams, state: EngineState,
+                 slot_idx: jax.Array, live: jax.Array):
+    spec = ecfg.spec
+    bb = slot_idx.shape[0]
+    seq = gather_slots(state.committed_lens, slot_idx, live)
+    rpi = gather_slots(state.req_pool_indices, slot_idx, live)
+    tokens = gather_slots(state.bonus_tokens, slot_idx, live)
+    last_loc = get_last_loc(state.req_to_token, rpi, seq)
+    allocator, slots, ok = alloc_decode(state.allocator, seq + 1, last_loc, valid=live,
+                                        impl=ecfg.impl)
+
+    def run(state: EngineState):
+        r2t = assign_req_to_token_pool(state.req_to_token, rpi, jnp.where(live, seq, 0),
+                                       jnp.where(live, seq + 1, 0), pack_valid(slots, live),
+                                       impl=ecfg.impl)
+        width = spec.context_len
+        plan = AttnPlan(write_slot_ids=jnp.where(live, slots, 0),
+                        passes=(AttnPass(row_slot_ids(r2t, rpi, width),
+                                         causal_mask(seq, 1, width)),))
+        pool, hidden = target_forward(ecfg.model, params, state.target_pool, tokens, seq,
+                                      make_attn_fn(plan, set_kv_buffer))
+        nxt = jnp.argmax(target_logits(params, hidden), -1).astype(jnp.int32)
+        new = replace(
+            state, allocator=allocator, req_to_token=r2t, target_pool=pool,
+            committed_lens=scatter_slots(state.committed_lens, slot_idx, live, seq + 1),
+            allocated_lens=scatter_slots(state.allocated_lens, slot_idx, live, seq + 1),
+            bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, live, nxt))
+        return new, nxt
+
+    def skip(state: EngineState):
+        return state, jnp.zeros((bb,), jnp.int32)
+
+    state, nxt = jax.lax.cond(ok, run, skip, state)
+    return state, nxt, ok
+
+
+@functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))
+def greedy_step(ecfg: EngineConfig, params: TargetParams, state: EngineState,
+                slot_idx: jax.Array, live: jax.Array) -> tuple[EngineState, jax.Array, jax.Array]:
+    """One plain greedy decode step over a padded bucket.
+
+    Args:
+      ecfg: static engine config (``spec.topk`` etc. unused).
+      state: engine state (donated).
+      slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
+
+    Returns:
+      (state, next_tokens i32[Bb] (0 on padding entries), ok bool[]).
+    """
+    return _greedy_body(ecfg, params, state, slot_idx, live)

@@ -1,0 +1,58 @@
+"""Dense (no KV cache, no paging) greedy decoding: the independent oracle for the engine.
+
+Every step recomputes the whole sequence with a causal mask, padded to a static length, so
+nothing here touches a pool, an allocator or a req_to_token row. The paged greedy baseline and
+the speculative engine must both reproduce these tokens exactly (f32).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.engine.attention import attend
+from jspec.engine.model import ModelConfig, TargetParams, target_forward, target_logits
+
+
+def _dense_attn_fn(length: jax.Array):
+    def attn_fn(layer, pool, q, k, v):
+        del layer
+        width = k.shape[0]
+        pos = jnp.arange(width, dtype=jnp.int32)
+        mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] < length)  # [T, T]
+        out, _ = attend(q[None], k, v, pos[None, :], mask[None])
+        return pool, out[0]
+
+    return attn_fn
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def dense_next_token(cfg: ModelConfig, params: TargetParams, token_ids: jax.Array,
+                     length: jax.Array) -> jax.Array:
+    """Greedy next token after ``token_ids[:length]`` (``token_ids: i32[T]`` padded)."""
+    positions = jnp.arange(token_ids.shape[0], dtype=jnp.int32)
+    _, hidden = target_forward(cfg, params, None, token_ids, positions, _dense_attn_fn(length))
+    return jnp.argmax(target_logits(params, hidden[length - 1])).astype(jnp.int32)
+
+
+def dense_greedy_generate(cfg: ModelConfig, params: TargetParams, prompt: list[int],
+                          max_new_tokens: int, *, max_len: int | None = None,
+                          eos_token_id: int | None = None) -> list[int]:
+    """Plain greedy continuation of ``prompt`` by full recomputation (the oracle)."""
+    total = len(prompt) + max_new_tokens
+    max_len = max_len or total
+    buf = np.zeros(max_len, np.int32)
+    buf[:len(prompt)] = prompt
+    out: list[int] = []
+    length = len(prompt)
+    for _ in range(max_new_tokens):
+        tok = int(dense_next_token(cfg, params, jnp.asarray(buf), jnp.int32(length)))
+        out.append(tok)
+        if eos_token_id is not None and tok == eos_token_id:
+            break
+        buf[length] = tok
+        length += 1
+    return out

@@ -1,0 +1,390 @@
+"""Continuous batching: the host loop around the jitted prefill / decode step / release.
+
+Between two decode steps the scheduler
+
+1. admits waiting requests (arrival step reached, FIFO) into free batch slots of the
+   least-loaded shard, ``prefill_batch`` prompts per prefill call, as long as the pages
+   promised to the shard's requests (each one's lifetime maximum, :meth:`Engine.lifetime_pages`)
+   fit the pool, so a decode step never runs out of pages; a prefill that still finds the pages
+   or rows short (``ok`` False) puts its prompts back in the queue;
+2. runs one decode step (plain greedy or speculative) over the smallest batch bucket that holds
+   every shard's running requests (padding entries are invalid rows: row 0, slot 0);
+3. appends the emitted tokens (spec: ``accept_tokens[:accept_len]``), truncates at
+   ``max_new_tokens`` / EOS, and releases finished requests (pages, row, batch slot).
+
+After every run the allocator must be back to all pages free and all rows free (leak check,
+``check_integrity``); ``check_every_step`` also checks ``free + owned == total`` after every step.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec import probes
+from jspec.engine import sharding
+from jspec.engine.greedy import _greedy_body
+from jspec.engine.lifecycle import _prefill_body, _release_body
+from jspec.engine.model import DraftParams, TargetParams
+from jspec.engine.state import EngineConfig, EngineState, init_engine_state
+from jspec.kv.allocator import available_size
+from jspec.kv.integrity import check_integrity, owned_page_mask
+
+
+@dataclasses.dataclass
+class Request:
+    """One generation request (host side)."""
+
+    rid: int
+    prompt: list[int]
+    max_new_tokens: int
+    arrival_step: int = 0
+    output: list[int] = dataclasses.field(default_factory=list)
+    accept_lens: list[int] = dataclasses.field(default_factory=list)
+    shard: int = -1
+    slot: int = -1
+
+
+@dataclasses.dataclass
+class RunStats:
+    """What one :meth:`Engine.generate` run did."""
+
+    mode: str
+    num_requests: int = 0
+    num_tokens: int = 0
+    num_decode_steps: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    wall_s: float = 0.0
+    accept_lens: list[int] = dataclasses.field(default_factory=list)
+    batch_sizes: list[int] = dataclasses.field(default_factory=list)
+    request_accept_lens: list[list[int]] = dataclasses.field(default_factory=list)
+    leak_check: str = ""
+
+    @property
+    def mean_accept_len(self) -> float:
+        """Mean tokens emitted per request per decode step (sglang accept length)."""
+        return float(np.mean(self.accept_lens)) if self.accept_lens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _spec_body(*args: Any) -> Any:
+    from jspec.engine.spec_step import _spec_step_body
+
+    return _spec_step_body(*args)
+
+
+def _greedy(ecfg, params, draft, state, slot_idx, live):
+    del draft
+    return _greedy_body(ecfg, params, state, slot_idx, live)
+
+
+def _release(ecfg, params, draft, state, slot_idx, finished):
+    del params, draft
+    return (_release_body(ecfg, state, slot_idx, finished),)
+
+
+class Engine:
+    """A speculative (``draft`` given) or plain greedy (``draft=None``) engine.
+
+    Args:
+      ecfg: static engine config.
+      params: target params; draft: EAGLE draft params or None.
+      num_devices: data-parallel shards (one per device; requests are spread over them).
+      eos_token_id: optional stop token (kept in the output).
+      check_every_step: run the allocator integrity check after every decode step.
+      checkify: run every jitted call under ``checkify`` with all probes on (trace inside
+        ``jspec.probes.probes_enabled()``); a fired probe raises ``jspec.probes.ProbeError``.
+    """
+
+    def __init__(self, ecfg: EngineConfig, params: TargetParams, draft: DraftParams | None = None,
+                 *, num_devices: int = 1, eos_token_id: int | None = None,
+                 check_every_step: bool = False, checkify: bool = False) -> None:
+        self.ecfg = ecfg
+        self.mode = "greedy" if draft is None else "spec"
+        self.num_devices = num_devices
+        self.eos_token_id = eos_token_id
+        self.check_every_step = check_every_step
+        self.params = sharding.replicate(params, num_devices)
+        self.draft = None if draft is None else sharding.replicate(draft, num_devices)
+        self.state: EngineState = sharding.stack_states(
+            [init_engine_state(ecfg) for _ in range(num_devices)], num_devices)
+        step_body = _spec_body if self.mode == "spec" else _greedy
+        self.checkify = checkify
+        self._prefill = sharding.sharded(_prefill_fn, ecfg, num_devices, checkify)
+        self._step = sharding.sharded(step_body, ecfg, num_devices, checkify)
+        self._release = sharding.sharded(_release, ecfg, num_devices, checkify)
+
+    # ---- jitted calls ----------------------------------------------------------------------------
+    def _call(self, fn, *args):
+        out = fn(self.params, self.draft, self.state, *(jnp.asarray(a) for a in args))
+        if self.checkify:
+            out, errors = out
+            msg = sharding.first_error(errors, self.num_devices)
+            if msg is not None:
+                raise probes.ProbeError(msg)
+        self.state = out[0]
+        return [np.asarray(x) for x in out[1:]]
+
+    def _call_prefill(self, slot_idx, prompt_ids, prompt_lens):
+        first, ok = self._call(self._prefill, slot_idx, prompt_ids, prompt_lens)
+        return first, ok
+
+    def _call_step(self, slot_idx, live):
+        return self._call(self._step, slot_idx, live)
+
+    def _call_release(self, slot_idx, finished):
+        self._call(self._release, slot_idx, finished)
+
+    def warmup(self) -> None:
+        """Compile prefill, release and the decode step of every bucket (all-padding inputs)."""
+        d, m = self.num_devices, self.ecfg.spec.max_running_requests
+        bp, lp = self.ecfg.prefill_batch, self.ecfg.max_prompt_len
+        self._call_prefill(np.full((d, bp), m, np.int32), np.zeros((d, bp, lp), np.int32),
+                           np.zeros((d, bp), np.int32))
+        for bucket in self.ecfg.batch_buckets:
+            idx = np.full((d, bucket), m, np.int32)
+            self._call_step(idx, np.zeros((d, bucket), bool))
+            self._call_release(idx, np.zeros((d, bucket), bool))
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+                 *, arrivals: Sequence[int] | None = None,
+                 progress: Callable[[int, int], None] | None = None,
+                 ) -> tuple[list[list[int]], RunStats]:
+        """Generate greedily for every prompt with continuous batching.
+
+        Args:
+          prompts: token id lists (1 <= len <= max_prompt_len).
+          max_new_tokens: per request (or one int for all); ``len(prompt) + max_new_tokens``
+            must be <= context_len.
+          arrivals: decode-step index at which each request arrives (default all 0).
+          progress: ``progress(tokens_done, tokens_total)`` after every step.
+
+        Returns:
+          (outputs, stats): outputs[i] = generated tokens of prompt i (truncated at
+          max_new_tokens, or after the EOS token).
+        """
+        ecfg, spec = self.ecfg, self.ecfg.spec
+        n = len(prompts)
+        max_new = ([int(max_new_tokens)] * n if isinstance(max_new_tokens, int)
+                   else [int(x) for x in max_new_tokens])
+        arrivals = [0] * n if arrivals is None else [int(a) for a in arrivals]
+        reqs = []
+        for i, prompt in enumerate(prompts):
+            prompt = [int(t) for t in prompt]
+            if not 1 <= len(prompt) <= ecfg.max_prompt_len:
+                raise ValueError(f"prompt {i}: length {len(prompt)} must be in "
+                                 f"[1, max_prompt_len={ecfg.max_prompt_len}]")
+            if max_new[i] < 1 or len(prompt) + max_new[i] > spec.context_len:
+                raise ValueError(f"prompt {i}: len(prompt) + max_new_tokens = "
+                                 f"{len(prompt) + max_new[i]} must be <= context_len="
+                                 f"{spec.context_len} (max_new_tokens >= 1)")
+            reqs.append(Request(i, prompt, max_new[i], arrivals[i]))
+            if self.lifetime_pages(reqs[-1]) > spec.num_pages:
+                raise ValueError(f"prompt {i}: needs up to {self.lifetime_pages(reqs[-1])} "
+                                 f"pages, the pool has num_pages={spec.num_pages}")
+        stats = RunStats(mode=self.mode, num_requests=n)
+        total_tokens = sum(max_new)
+        d, m = self.num_devices, spec.max_running_requests
+        pending = collections.deque(sorted(reqs, key=lambda r: (r.arrival_step, r.rid)))
+        running: list[dict[int, Request]] = [{} for _ in range(d)]
+        free_slots: list[list[int]] = [list(range(m)) for _ in range(d)]
+        t_start = time.perf_counter()
+        step = 0
+        while pending or any(running):
+            t0 = time.perf_counter()
+            self._admit(step, pending, running, free_slots)
+            stats.prefill_s += time.perf_counter() - t0
+            self._retire(running, free_slots)
+            if not any(running):
+                if pending:
+                    step = max(step + 1, pending[0].arrival_step)
+                continue
+            t0 = time.perf_counter()
+            self._decode_step(running, stats)
+            stats.decode_s += time.perf_counter() - t0
+            self._retire(running, free_slots)
+            if self.check_every_step:
+                self.check_integrity(what=f"after decode step {stats.num_decode_steps}")
+            if progress is not None:
+                progress(sum(len(r.output) for r in reqs), total_tokens)
+            step += 1
+        stats.wall_s = time.perf_counter() - t_start
+        stats.num_tokens = sum(len(r.output) for r in reqs)
+        stats.request_accept_lens = [r.accept_lens for r in reqs]
+        stats.leak_check = self.check_leaks()
+        return [r.output for r in reqs], stats
+
+    def _admit(self, step: int, pending: collections.deque, running: list[dict],
+               free_slots: list[list[int]]) -> None:
+        d, bp = self.num_devices, self.ecfg.prefill_batch
+        m, lp = self.ecfg.spec.max_running_requests, self.ecfg.max_prompt_len
+        num_pages = self.ecfg.spec.num_pages
+        blocked = [False] * d
+        while pending and pending[0].arrival_step <= step:
+            batch: list[list[Request]] = [[] for _ in range(d)]
+            # Pages promised to running requests (their lifetime maximum) and to this batch.
+            promised = [sum(self.lifetime_pages(r) for r in running[s].values())
+                        for s in range(d)]
+            while pending and pending[0].arrival_step <= step:
+                need = self.lifetime_pages(pending[0])
+                room = [len(free_slots[s]) - len(batch[s])
+                        if not blocked[s] and len(batch[s]) < bp
+                        and promised[s] + need <= num_pages else 0 for s in range(d)]
+                shard = int(np.argmax(room))
+                if room[shard] <= 0:
+                    break  # FIFO: the head of the queue waits for pages / slots
+                batch[shard].append(pending.popleft())
+                promised[shard] += need
+            if not any(batch):
+                return
+            slot_idx = np.full((d, bp), m, np.int32)
+            prompt_ids = np.zeros((d, bp, lp), np.int32)
+            prompt_lens = np.zeros((d, bp), np.int32)
+            for s in range(d):
+                for i, req in enumerate(batch[s]):
+                    slot_idx[s, i] = free_slots[s][i]
+                    prompt_ids[s, i, :len(req.prompt)] = req.prompt
+                    prompt_lens[s, i] = len(req.prompt)
+            first, ok = self._call_prefill(slot_idx, prompt_ids, prompt_lens)
+            for s in range(d):
+                if not batch[s]:
+                    continue
+                if not ok[s]:
+                    if not running[s]:
+                        raise RuntimeError(
+                            f"shard {s}: cannot admit {len(batch[s])} prompt(s) into an idle "
+                            f"engine: KV pool ({self.ecfg.spec.num_pages} pages) or request "
+                            "rows too small")
+                    blocked[s] = True
+                    pending.extendleft(reversed(batch[s]))
+                    continue
+                for i, req in enumerate(batch[s]):
+                    req.shard, req.slot = s, free_slots[s].pop(0)
+                    assert req.slot == slot_idx[s, i]
+                    req.output.append(int(first[s, i]))
+                    running[s][req.slot] = req
+            if all(blocked[s] or not free_slots[s] for s in range(d)):
+                return
+
+    def lifetime_pages(self, req: Request) -> int:
+        """Most pages ``req`` can hold at once (admission control: never exhaust mid-decode).
+
+        Spec: rows grow to ``ceil_P(committed + alloc_reserve_per_decode)`` with committed below
+        ``prompt + max_new``; greedy: ``ceil(prompt + max_new, P)`` pages.
+        """
+        spec = self.ecfg.spec
+        total = len(req.prompt) + req.max_new_tokens
+        if self.mode == "spec":
+            total += spec.alloc_reserve_per_decode
+        return -(-total // spec.page_size)
+
+    def _bucket_arrays(self, running: list[dict]) -> tuple[np.ndarray, np.ndarray, list]:
+        d, m = self.num_devices, self.ecfg.spec.max_running_requests
+        bucket = self.ecfg.bucket_for(max(len(r) for r in running))
+        slot_idx = np.full((d, bucket), m, np.int32)
+        live = np.zeros((d, bucket), bool)
+        order = []
+        for s in range(d):
+            slots = sorted(running[s])
+            slot_idx[s, :len(slots)] = slots
+            live[s, :len(slots)] = True
+            order.append(slots)
+        return slot_idx, live, order
+
+    def _decode_step(self, running: list[dict], stats: RunStats) -> None:
+        slot_idx, live, order = self._bucket_arrays(running)
+        outs = self._call_step(slot_idx, live)
+        ok = outs[-1]
+        if not np.all(ok):
+            raise RuntimeError(f"decode step {stats.num_decode_steps}: KV pool exhausted on "
+                               f"shard(s) {np.flatnonzero(~ok).tolist()} (num_pages="
+                               f"{self.ecfg.spec.num_pages})")
+        stats.num_decode_steps += 1
+        stats.batch_sizes.append(int(live.sum()))
+        for s, slots in enumerate(order):
+            for i, slot in enumerate(slots):
+                req = running[s][slot]
+                if self.mode == "greedy":
+                    new = [int(outs[0][s, i])]
+                else:
+                    n_acc = int(outs[1][s, i])
+                    new = [int(t) for t in outs[0][s, i, :n_acc]]
+                    req.accept_lens.append(n_acc)
+                    stats.accept_lens.append(n_acc)
+                req.output.extend(new)
+
+    def _finished(self, req: Request) -> bool:
+        if self.eos_token_id is not None and self.eos_token_id in req.output:
+            del req.output[req.output.index(self.eos_token_id) + 1:]
+            return True
+        if len(req.output) >= req.max_new_tokens:
+            del req.output[req.max_new_tokens:]
+            return True
+        return False
+
+    def _retire(self, running: list[dict], free_slots: list[list[int]]) -> None:
+        done = [[slot for slot, req in running[s].items() if self._finished(req)]
+                for s in range(self.num_devices)]
+        if not any(done):
+            return
+        d, m = self.num_devices, self.ecfg.spec.max_running_requests
+        bucket = self.ecfg.bucket_for(max(len(x) for x in done))
+        slot_idx = np.full((d, bucket), m, np.int32)
+        finished = np.zeros((d, bucket), bool)
+        for s in range(d):
+            slot_idx[s, :len(done[s])] = done[s]
+            finished[s, :len(done[s])] = True
+            for slot in done[s]:
+                del running[s][slot]
+                free_slots[s].append(slot)
+            free_slots[s].sort()
+        self._call_release(slot_idx, finished)
+
+    # ---- checks ----------------------------------------------------------------------------------
+    def _shard_state(self, s: int) -> EngineState:
+        return jax.tree.map(lambda x: x[s], self.state)
+
+    def check_integrity(self, what: str = "") -> None:
+        """``check_integrity`` on every shard with the pages owned by its live requests."""
+        spec = self.ecfg.spec
+        for s in range(self.num_devices):
+            st = self._shard_state(s)
+            owned = owned_page_mask(st.req_to_token, st.req_pool_indices, st.allocated_lens,
+                                    num_pages=spec.num_pages, page_size=spec.page_size,
+                                    valid=st.live)
+            check_integrity(st.allocator, owned, what=f"shard {s} {what}".strip())
+
+    def check_leaks(self) -> str:
+        """After a run: every page and every req_to_token row is free again (else raises)."""
+        spec = self.ecfg.spec
+        for s in range(self.num_devices):
+            st = self._shard_state(s)
+            check_integrity(st.allocator, owned_page_mask(
+                st.req_to_token, st.req_pool_indices, st.allocated_lens,
+                num_pages=spec.num_pages, page_size=spec.page_size, valid=st.live),
+                what=f"shard {s} after run")
+            avail = int(available_size(st.allocator))
+            rows = int(st.req_rows.num_free)
+            if avail != spec.pool_size or rows != spec.max_running_requests or bool(
+                    np.any(np.asarray(st.live))):
+                raise AssertionError(
+                    f"shard {s}: memory leak detected! available={avail} slots of "
+                    f"{spec.pool_size}, free rows={rows} of {spec.max_running_requests}")
+        return (f"ok: {self.num_devices} x {spec.num_pages} pages and "
+                f"{spec.max_running_requests} rows free")
+
+
+def _prefill_fn(ecfg, params, draft, state, slot_idx, prompt_ids, prompt_lens):
+    return _prefill_body(ecfg, params, draft, state, slot_idx, prompt_ids, prompt_lens)

@@ -1,0 +1,321 @@
+"""One EAGLE speculative decode step (tree drafting over the paged KV pools), one jitted function.
+
+SPEC.md §2, for a padded bucket of batch slots (``K`` topk, ``S`` steps, ``N`` tree nodes)::
+
+    1 prepare_for_decode        grow rows to ceil_P(L + 2*alloc_len)      tree.decode_alloc
+    2 prepare_for_draft         out_cache_loc[B,K,S] (holey for P>1, K>1) tree.layout
+                                + prefix-tail duplication (draft pool)
+    3 draft loop, i = 0..S-1    select_top_k_tokens; for i < S-1 a draft  tree.select,
+                                forward of the B*K branch tokens at L+i,  attention_meta
+                                KV -> out_cache_loc[:, :, i]; attention =
+                                FA3 cascade (pass A full prefix pages +
+                                pass B expand page table, LSE merge) or
+                                kv_indices
+    4 organize + build tree     tree mask (QLEN_ONLY), positions, links   tree.build
+    5 target verify             N nodes at row[L:L+N]: prefix pass over   tree.accept
+                                the row + tree-masked pass over the window
+    6 verify_tree_greedy        predict, accept_index, accept_lens        tree.verify
+    7 accept                    K>1: move accepted target KV to           tree.accept,
+                                row[L:L+a]; compact predict/hidden        tree.verify
+    8 draft extend              N tokens at L..L+N-1 (compacted predict,
+                                target hidden), draft KV -> the window;
+                                row a-1 gives next topk_p/index/hidden
+    9 commit                    L += accept_len, bonus = last accepted token
+
+The step is one ``jax.jit`` (state donated) per batch bucket; padding entries are invalid rows
+(row 0, slot 0, no allocation). If step 1 finds the pages short, the whole step is skipped
+(``ok`` False, state unchanged). Outputs: ``accept_tokens i32[Bb, S+1]`` (the emitted tokens,
+``[:accept_len]`` valid) and ``accept_lens i32[Bb]`` (0 on padding entries).
+
+Losslessness: every emitted token is the target's argmax given the prefix and the accepted
+path, i.e. exactly plain greedy decoding; the draft only decides how many are emitted per step.
+In bf16, verify (N queries, prefix + tree passes) and plain decode (1 query) are numerically
+different computations of the same logits and may flip a near-tied argmax: test in f32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jspec._pytree import replace
+from jspec.config import ceil_div
+from jspec.engine.attention import (
+    AttnPass,
+    AttnPlan,
+    causal_mask,
+    length_mask,
+    make_attn_fn,
+    page_table_slot_ids,
+    row_slot_ids,
+)
+from jspec.engine.model import (
+    DraftParams,
+    TargetParams,
+    draft_forward,
+    draft_logits,
+    target_forward,
+    target_logits,
+)
+from jspec.engine.state import EngineConfig, EngineState, gather_slots, scatter_slots
+from jspec.kv.pool import set_kv_buffer
+from jspec.tree.accept import move_accept_tokens_to_target_kvcache, verify_out_cache_loc
+from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
+from jspec.tree.decode_alloc import ReqKVState, commit_kv_lens, prepare_for_decode
+from jspec.tree.layout import prepare_for_draft
+from jspec.tree.select import organize_draft_results, select_top_k_tokens
+from jspec.tree.verify import compact_accept_to_front, eagle_sample_greedy, fill_bonus_tokens
+
+
+def _topk_probs(logits: jax.Array, topk: int) -> tuple[jax.Array, jax.Array]:
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    topk_p, topk_index = jax.lax.top_k(probs, topk)
+    return topk_p, topk_index.astype(jnp.int32)
+
+
+def draft_decode_passes(ecfg: EngineConfig, req_to_token: jax.Array, req_pool_indices: jax.Array,
+                        seq_lens: jax.Array, out_cache_loc: jax.Array) -> list[tuple]:
+    """Attention passes of draft steps ``0 .. S-2`` for the B*K branch queries.
+
+    ``cascade`` (FA3, SPEC §5): pass A reads the full prefix pages ``[0, L - L%P)`` through
+    ``draft_decode_normal_metadata`` (K queries per request, non-causal); pass B reads
+    ``lp + d`` tokens of each branch through the ``draft_decode_set_expand_metadata`` page
+    table (``d = step + 1``: the prefix tail / holes, then this branch's draft tokens). Both
+    come from one ``draft_decode_metadata`` call. ``kv_indices`` (FlashInfer, SPEC §6): one
+    pass per branch over its segment ``kv_indices[step, indptr[z] : indptr[z+1]]`` (the
+    prefix, then the branch's own draft slots 0..step).
+
+    Returns:
+      ``passes[step]``: a tuple of :class:`AttnPass` for that step.
+    """
+    spec = ecfg.spec
+    k, p, s = spec.topk, spec.page_size, spec.num_steps
+    batch = seq_lens.shape[0]
+    if s == 1:
+        return []
+    if ecfg.draft_attention == "kv_indices":
+        from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
+
+        width = spec.context_len + s
+        kv_indices, kv_indptr = generate_draft_decode_kv_indices(
+            req_pool_indices, req_to_token, seq_lens, topk=k, num_steps=s, page_size=p,
+            kv_indices_width=batch * k * width, impl=ecfg.impl)
+        cols = jnp.arange(width, dtype=jnp.int32)
+        passes = []
+        for step in range(s - 1):
+            start = kv_indptr[step, :-1]
+            seg_len = kv_indptr[step, 1:] - start                  # L_b + step + 1
+            idx = jnp.clip(start[:, None] + cols[None, :], 0, kv_indices.shape[1] - 1)
+            passes.append((AttnPass(kv_indices[step][idx], length_mask(seg_len, 1, width)),))
+        return passes
+    from jspec.attention_meta.page_table import draft_decode_metadata
+
+    meta = draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
+                                 topk=k, num_steps=s, page_size=p,
+                                 max_pages=ceil_div(spec.context_len, p), impl=ecfg.impl)
+    normal, expand = meta.normal, meta.expand
+    pass_a = AttnPass(page_table_slot_ids(normal.page_table, p),
+                      length_mask(normal.cache_seqlens, k, normal.page_table.shape[1] * p))
+    passes = []
+    for step in range(s - 1):
+        table = expand.page_table[step]                            # i32[B*K, S] page ids
+        pass_b = AttnPass(page_table_slot_ids(table, p),
+                          length_mask(expand.cache_seqlens[step], 1, table.shape[1] * p))
+        passes.append((pass_a, pass_b))
+    return passes
+
+
+# ---- phases ----------------------------------------------------------------------------------
+# The step is a composition of phases over a context dict ``c`` (a pytree). Each phase is also
+# jitted on its own by bench/e2e.py to split the step time into draft / verify / bookkeeping.
+# PHASES[name] = (kind, fn); kind is "bookkeeping", "draft" or "verify".
+
+
+def phase_prepare(ecfg: EngineConfig, params, draft, state: EngineState, slot_idx, live) -> dict:
+    """1-2: prepare_for_decode, draft layout + hole duplication, draft attention metadata."""
+    spec = ecfg.spec
+    k, s, p = spec.topk, spec.num_steps, spec.page_size
+    reqs = ReqKVState(committed_lens=gather_slots(state.committed_lens, slot_idx, live),
+                      allocated_lens=gather_slots(state.allocated_lens, slot_idx, live),
+                      req_pool_indices=gather_slots(state.req_pool_indices, slot_idx, live),
+                      valid=live)
+    allocator, r2t, reqs, ok = prepare_for_decode(state.allocator, state.req_to_token, reqs,
+                                                  spec, impl=ecfg.impl)
+    seq_lens, rpi = reqs.committed_lens, reqs.req_pool_indices
+    dpool, out_cache_loc, positions = prepare_for_draft(
+        state.draft_pool, r2t, rpi, seq_lens, topk=k, num_steps=s, page_size=p, valid=live,
+        impl=ecfg.impl)
+    return {
+        "allocator": allocator, "r2t": r2t, "reqs": reqs, "ok": ok, "slot_idx": slot_idx,
+        "live": live, "dpool": dpool, "tpool": state.target_pool,
+        "out_cache_loc": out_cache_loc, "positions": positions,
+        "passes": draft_decode_passes(ecfg, r2t, rpi, seq_lens, out_cache_loc),
+        "bonus": gather_slots(state.bonus_tokens, slot_idx, live),
+        "topk_p": gather_slots(state.topk_p, slot_idx, live),
+        "topk_index": gather_slots(state.topk_index, slot_idx, live),
+        "hidden": gather_slots(state.draft_hidden, slot_idx, live)}
+
+
+def phase_draft(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c: dict) -> dict:
+    """3: S selections and S-1 draft forwards of width B*K, then organize_draft_results."""
+    cfg, spec = ecfg.model, ecfg.spec
+    k, s, n = spec.topk, spec.num_steps, spec.num_draft_tokens
+    batch = c["live"].shape[0]
+    cache_loc = c["out_cache_loc"].reshape(batch * k, s)
+    topk_p, topk_index, hidden, dpool = c["topk_p"], c["topk_index"], c["hidden"], c["dpool"]
+    score_list, token_list, parents_list = [], [], []
+    scores = None
+    for i in range(s):
+        input_ids, hidden, scores, (sc, tok, par) = select_top_k_tokens(
+            i, topk_p, topk_index, hidden, scores, topk=k, vocab_size=cfg.vocab_size)
+        score_list.append(sc)
+        token_list.append(tok)
+        parents_list.append(par)
+        if i == s - 1:
+            break  # the last step's tokens are leaves: no forward
+        plan = AttnPlan(write_slot_ids=cache_loc[:, i], passes=c["passes"][i])
+        dpool, hidden = draft_forward(cfg, draft, params, dpool, input_ids, hidden,
+                                      c["positions"] + i, make_attn_fn(plan, set_kv_buffer))
+        topk_p, topk_index = _topk_probs(draft_logits(cfg, draft, params, hidden), k)
+    parent_list, top_scores_index, draft_tokens = organize_draft_results(
+        score_list, token_list, parents_list, num_draft_tokens=n)
+    return {**c, "dpool": dpool, "parent_list": parent_list,
+            "top_scores_index": top_scores_index, "draft_tokens": draft_tokens}
+
+
+def phase_tree(ecfg: EngineConfig, params, draft, c: dict) -> dict:
+    """4: build the verify tree (QLEN_ONLY mask) and the verify window row[L : L+N]."""
+    spec = ecfg.spec
+    reqs = c["reqs"]
+    tree = build_tree_kernel_efficient(
+        c["bonus"], c["parent_list"], c["top_scores_index"], c["draft_tokens"],
+        reqs.committed_lens, topk=spec.topk, num_steps=spec.num_steps,
+        num_draft_tokens=spec.num_draft_tokens, mode=TreeMaskMode.QLEN_ONLY, impl=ecfg.impl)
+    verify_loc = verify_out_cache_loc(c["r2t"], reqs.req_pool_indices, reqs.committed_lens,
+                                      num_draft_tokens=spec.num_draft_tokens, valid=c["live"])
+    return {**c, "tree": tree, "verify_loc": verify_loc}
+
+
+def phase_verify(ecfg: EngineConfig, params: TargetParams, draft, c: dict) -> dict:
+    """5: the target over the N tree nodes: prefix pass over the row + tree-masked pass."""
+    spec, reqs, tree = ecfg.spec, c["reqs"], c["tree"]
+    batch, n, width = c["live"].shape[0], spec.num_draft_tokens, spec.context_len
+    plan = AttnPlan(write_slot_ids=c["verify_loc"], passes=(
+        AttnPass(row_slot_ids(c["r2t"], reqs.req_pool_indices, width),
+                 length_mask(reqs.committed_lens, n, width)),
+        AttnPass(c["verify_loc"].reshape(batch, n), tree.tree_mask)))
+    tpool, target_hidden = target_forward(ecfg.model, params, c["tpool"], tree.draft_tokens,
+                                          tree.positions, make_attn_fn(plan, set_kv_buffer))
+    return {**c, "tpool": tpool, "target_hidden": target_hidden,
+            "logits": target_logits(params, target_hidden)}
+
+
+def phase_accept(ecfg: EngineConfig, params, draft, c: dict) -> dict:
+    """6-7: greedy tree verification; K>1: move accepted target KV, compact to the front."""
+    spec, reqs, tree, live = ecfg.spec, c["reqs"], c["tree"], c["live"]
+    k, s, n = spec.topk, spec.num_steps, spec.num_draft_tokens
+    batch = live.shape[0]
+    # accept_index width: the deepest possible path + 1 (S+1 unless the tree is shallower).
+    predict, accept_lens, accept_index = eagle_sample_greedy(
+        c["logits"], tree.draft_tokens.reshape(batch, n), tree.retrive_index,
+        tree.retrive_next_token, tree.retrive_next_sibling, num_spec_steps=min(s, n - 1) + 1,
+        impl=ecfg.impl)
+    accept_lens = jnp.where(live, accept_lens, 0).astype(jnp.int32)
+    accept_tokens = jnp.where(accept_index >= 0, predict[jnp.maximum(accept_index, 0)], 0)
+    accept_tokens = jnp.where(live[:, None], accept_tokens, 0).astype(jnp.int32)
+    tpool, target_hidden = c["tpool"], c["target_hidden"]
+    if k > 1:  # for K == 1 the accepted chain already sits at the front (as sglang)
+        tpool = move_accept_tokens_to_target_kvcache(
+            tpool, c["r2t"], reqs.req_pool_indices, reqs.committed_lens, c["verify_loc"],
+            accept_index, accept_lens, valid=live)
+        predict, target_hidden = compact_accept_to_front(predict, target_hidden, accept_index,
+                                                         num_draft_tokens=n)
+    out = {key: v for key, v in c.items() if key != "logits"}
+    return {**out, "tpool": tpool, "predict": predict, "target_hidden": target_hidden,
+            "accept_lens": accept_lens, "accept_tokens": accept_tokens,
+            "new_bonus": fill_bonus_tokens(accept_tokens, jnp.maximum(accept_lens, 1))}
+
+
+def phase_extend(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c: dict) -> dict:
+    """8: draft extend of the N window tokens; row accept_len-1 seeds the next step."""
+    cfg, spec, reqs = ecfg.model, ecfg.spec, c["reqs"]
+    k, n, width = spec.topk, spec.num_draft_tokens, spec.context_len
+    batch = c["live"].shape[0]
+    seq_lens = reqs.committed_lens
+    ext_pos = (seq_lens[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]).reshape(-1)
+    plan = AttnPlan(write_slot_ids=c["verify_loc"], passes=(
+        AttnPass(row_slot_ids(c["r2t"], reqs.req_pool_indices, width),
+                 length_mask(seq_lens, n, width)),
+        AttnPass(c["verify_loc"].reshape(batch, n),
+                 causal_mask(jnp.zeros((batch,), jnp.int32), n, n))))
+    dpool, ext_hidden = draft_forward(cfg, draft, params, c["dpool"], c["predict"],
+                                      c["target_hidden"], ext_pos,
+                                      make_attn_fn(plan, set_kv_buffer))
+    select = jnp.arange(batch) * n + jnp.maximum(c["accept_lens"], 1) - 1
+    next_hidden = ext_hidden[select]
+    next_p, next_index = _topk_probs(draft_logits(cfg, draft, params, next_hidden), k)
+    return {**c, "dpool": dpool, "next_p": next_p, "next_index": next_index,
+            "next_hidden": next_hidden}
+
+
+def phase_commit(ecfg: EngineConfig, state: EngineState, c: dict) -> EngineState:
+    """9: L += accept_len; write the bucket rows back to their batch slots."""
+    slot_idx, live = c["slot_idx"], c["live"]
+    new_reqs = commit_kv_lens(c["reqs"], c["accept_lens"])
+
+    def put(x, v):
+        return scatter_slots(x, slot_idx, live, v)
+
+    return replace(
+        state, allocator=c["allocator"], req_to_token=c["r2t"], target_pool=c["tpool"],
+        draft_pool=c["dpool"],
+        committed_lens=put(state.committed_lens, new_reqs.committed_lens),
+        allocated_lens=put(state.allocated_lens, new_reqs.allocated_lens),
+        bonus_tokens=put(state.bonus_tokens, c["new_bonus"]),
+        topk_p=put(state.topk_p, c["next_p"]), topk_index=put(state.topk_index, c["next_index"]),
+        draft_hidden=put(state.draft_hidden, c["next_hidden"]))
+
+
+# Phases after prepare, in order, with the time class bench/e2e.py reports them under.
+PHASES = (("draft", phase_draft), ("bookkeeping", phase_tree), ("verify", phase_verify),
+          ("bookkeeping", phase_accept), ("draft", phase_extend))
+
+
+def _spec_step_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams,
+                    state: EngineState, slot_idx: jax.Array, live: jax.Array):
+    spec = ecfg.spec
+    batch = slot_idx.shape[0]
+    c = phase_prepare(ecfg, params, draft, state, slot_idx, live)
+
+    def run(state: EngineState):
+        ctx = c
+        for _, phase in PHASES:
+            ctx = phase(ecfg, params, draft, ctx)
+        return phase_commit(ecfg, state, ctx), ctx["accept_tokens"], ctx["accept_lens"]
+
+    def skip(state: EngineState):
+        width = min(spec.num_steps, spec.num_draft_tokens - 1) + 1
+        return (state, jnp.zeros((batch, width), jnp.int32), jnp.zeros((batch,), jnp.int32))
+
+    # Pages short: nothing was allocated; skip the whole step (state unchanged, ok False).
+    state, accept_tokens, accept_lens = jax.lax.cond(c["ok"], run, skip, state)
+    return state, accept_tokens, accept_lens, c["ok"]
+
+
+@functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))
+def spec_decode_step(ecfg: EngineConfig, params: TargetParams, draft: DraftParams,
+                     state: EngineState, slot_idx: jax.Array, live: jax.Array):
+    """One speculative decode step over a padded bucket (see the module docstring).
+
+    Args:
+      ecfg: static engine config.
+      params, draft: target and draft params.
+      state: engine state (donated).
+      slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
+
+    Returns:
+      (state, accept_tokens i32[Bb, S+1], accept_lens i32[Bb], ok bool[]).
+    """
+    return _spec_step_body(ecfg, params, draft, state, slot_idx, live)

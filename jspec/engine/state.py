@@ -1,0 +1,188 @@
+"""Engine configuration and the device-resident engine state (one data-parallel shard).
+
+The state holds everything a decode step reads and writes, as one pytree, so a step is a pure
+jitted function ``state' = step(state, ...)`` with the state donated:
+
+* the bookkeeping: paged allocator, req_to_token rows and their row allocator (``jspec.kv``);
+* the target and draft KV pools (``jspec.kv.pool.KVPool``; they share slot ids, allocator and
+  req_to_token, as in sglang where the draft worker reuses the target's pools' indexing);
+* per **batch slot** (capacity ``max_running_requests``, host scheduler decides which slot a
+  request occupies) the request's KV lengths, row and speculative carry.
+
+Per-slot arrays (``M`` = max_running_requests)::
+
+    committed_lens   i32[M]   sglang kv_committed_len = L (KV-ready prefix)
+    allocated_lens   i32[M]   sglang kv_allocated_len (row positions backed by pages)
+    req_pool_indices i32[M]   req_to_token row (0 = padding row, free batch slot)
+    live             bool[M]
+    bonus_tokens     i32[M]   last generated token (the next tree root; no KV yet)
+    topk_p           f32[M, K], topk_index i32[M, K], draft_hidden dtype[M, H]
+                              the draft's proposal for the first tree level (from the
+                              last draft extend / draft prefill)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jspec._pytree import pytree_dataclass
+from jspec.attention_meta.buckets import BatchBuckets
+from jspec.config import SpecConfig, ceil_div
+from jspec.engine.model import ModelConfig
+from jspec.kv.allocator import PagedAllocator, init_allocator
+from jspec.kv.pool import KVPool, init_kv_pool
+from jspec.kv.req_to_token import ReqRowAllocator, init_req_rows, init_req_to_token
+
+DRAFT_ATTENTION = ("cascade", "kv_indices")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Static engine configuration (hashable: a static jit argument).
+
+    Attributes:
+      model: target geometry (the draft head uses the same hidden size / heads).
+      spec: bookkeeping config (page_size, topk, num_steps, num_draft_tokens, context_len,
+        max_running_requests, num_pages) whose pool geometry matches ``model``.
+      max_prompt_len: static prompt padding for prefill.
+      batch_buckets: decode batch sizes compiled (sglang cuda-graph ``capture_bs``).
+      prefill_batch: prompts admitted per prefill call (per shard).
+      draft_attention: ``"cascade"`` (FA3 prefix + expand passes merged by LSE) or
+        ``"kv_indices"`` (FlashInfer-style token-level indices).
+      impl: kernel impl for bookkeeping ops that take one (``"xla"`` or ``"pallas"``).
+    """
+
+    model: ModelConfig
+    spec: SpecConfig
+    max_prompt_len: int
+    batch_buckets: tuple[int, ...]
+    prefill_batch: int = 1
+    draft_attention: str = "cascade"
+    impl: str = "xla"
+
+    def __post_init__(self) -> None:
+        m, s = self.model, self.spec
+        if (s.num_layers, s.num_kv_heads, s.head_dim, s.dtype) != (
+                m.num_layers, m.num_kv_heads, m.head_dim, m.dtype):
+            raise ValueError(f"spec pool geometry (num_layers={s.num_layers}, num_kv_heads="
+                             f"{s.num_kv_heads}, head_dim={s.head_dim}, dtype={s.dtype}) must "
+                             "match the model's")
+        if not 1 <= self.max_prompt_len <= s.context_len:
+            raise ValueError(f"max_prompt_len={self.max_prompt_len} must be in "
+                             f"[1, context_len={s.context_len}]")
+        buckets = BatchBuckets(tuple(int(b) for b in self.batch_buckets))  # validates
+        if buckets.max_bs > s.max_running_requests:
+            raise ValueError(f"batch_buckets={buckets.sizes}: largest bucket must be <= "
+                             f"max_running_requests={s.max_running_requests}")
+        if not 1 <= self.prefill_batch <= s.max_running_requests:
+            raise ValueError(f"prefill_batch={self.prefill_batch} must be in "
+                             f"[1, max_running_requests={s.max_running_requests}]")
+        if self.draft_attention not in DRAFT_ATTENTION:
+            raise ValueError(f"draft_attention={self.draft_attention!r} must be one of "
+                             f"{DRAFT_ATTENTION}")
+
+    @property
+    def draft_spec(self) -> SpecConfig:
+        """The draft pool's config: one layer, same slots."""
+        return dataclasses.replace(self.spec, num_layers=1)
+
+    def bucket_for(self, num_running: int) -> int:
+        """Smallest batch bucket holding ``num_running`` requests (``BatchBuckets``)."""
+        return BatchBuckets(tuple(self.batch_buckets)).bucket_for(num_running)
+
+
+def default_num_pages(spec_like: dict, max_running_requests: int) -> int:
+    """Pages so that ``max_running_requests`` requests at full context never exhaust the pool."""
+    probe = SpecConfig(**spec_like, max_running_requests=max_running_requests, num_pages=1)
+    per_req = ceil_div(probe.context_len + probe.alloc_reserve_per_decode, probe.page_size) + 1
+    return max_running_requests * per_req
+
+
+def make_engine_config(model: ModelConfig, *, page_size: int = 16, topk: int = 4,
+                       num_steps: int = 3, num_draft_tokens: int = 8, context_len: int = 256,
+                       max_running_requests: int = 8, max_prompt_len: int = 64,
+                       num_pages: int | None = None,
+                       batch_buckets: tuple[int, ...] | None = None, prefill_batch: int = 1,
+                       draft_attention: str = "cascade", impl: str = "xla") -> EngineConfig:
+    """An :class:`EngineConfig` whose pools match ``model`` (num_pages sized to never run out)."""
+    spec_like = {"page_size": page_size, "topk": topk, "num_steps": num_steps,
+                     "num_draft_tokens": num_draft_tokens, "context_len": context_len,
+                     "num_layers": model.num_layers, "num_kv_heads": model.num_kv_heads,
+                     "head_dim": model.head_dim, "dtype": model.dtype}
+    if num_pages is None:
+        num_pages = default_num_pages(spec_like, max_running_requests)
+    spec = SpecConfig(**spec_like, max_running_requests=max_running_requests,
+                      num_pages=num_pages)
+    if batch_buckets is None:
+        powers = {1 << i for i in range(max_running_requests.bit_length())}
+        batch_buckets = tuple(sorted({b for b in powers if b < max_running_requests}
+                                     | {max_running_requests}))
+    return EngineConfig(model=model, spec=spec, max_prompt_len=max_prompt_len,
+                        batch_buckets=tuple(batch_buckets), prefill_batch=prefill_batch,
+                        draft_attention=draft_attention, impl=impl)
+
+
+@pytree_dataclass
+class EngineState:
+    """Device state of one shard (see the module docstring for the per-slot arrays)."""
+
+    allocator: PagedAllocator
+    req_rows: ReqRowAllocator
+    req_to_token: jax.Array  # i32[M+1, R]
+    target_pool: KVPool
+    draft_pool: KVPool
+    committed_lens: jax.Array  # i32[M]
+    allocated_lens: jax.Array  # i32[M]
+    req_pool_indices: jax.Array  # i32[M]
+    live: jax.Array  # bool[M]
+    bonus_tokens: jax.Array  # i32[M]
+    topk_p: jax.Array  # f32[M, K]
+    topk_index: jax.Array  # i32[M, K]
+    draft_hidden: jax.Array  # dtype[M, H]
+
+
+def init_engine_state(ecfg: EngineConfig) -> EngineState:
+    """Empty state: every page and row free, every batch slot free."""
+    s, m = ecfg.spec, ecfg.model
+    cap, k = s.max_running_requests, s.topk
+    return EngineState(
+        allocator=init_allocator(s.num_pages, s.page_size),
+        req_rows=init_req_rows(s),
+        req_to_token=init_req_to_token(s),
+        target_pool=init_kv_pool(s),
+        draft_pool=init_kv_pool(ecfg.draft_spec),
+        committed_lens=jnp.zeros((cap,), jnp.int32),
+        allocated_lens=jnp.zeros((cap,), jnp.int32),
+        req_pool_indices=jnp.zeros((cap,), jnp.int32),
+        live=jnp.zeros((cap,), bool),
+        bonus_tokens=jnp.zeros((cap,), jnp.int32),
+        topk_p=jnp.zeros((cap, k), jnp.float32),
+        topk_index=jnp.zeros((cap, k), jnp.int32),
+        draft_hidden=jnp.zeros((cap, m.hidden_size), m.jnp_dtype))
+
+
+def gather_slots(x: jax.Array, slot_idx: jax.Array, live: jax.Array, fill=0) -> jax.Array:
+    """Rows ``x[slot_idx]`` of a per-slot array; non-live entries get ``fill``.
+
+    ``slot_idx: i32[Bb]`` may hold ``M`` (one past the end) for padding entries.
+    """
+    rows = x[jnp.minimum(slot_idx, x.shape[0] - 1)]
+    mask = live.reshape(live.shape + (1,) * (rows.ndim - 1))
+    return jnp.where(mask, rows, jnp.asarray(fill, x.dtype))
+
+
+def scatter_slots(x: jax.Array, slot_idx: jax.Array, live: jax.Array,
+                  values: jax.Array) -> jax.Array:
+    """``x[slot_idx[i]] = values[i]`` for live ``i`` (padding entries are dropped)."""
+    idx = jnp.where(live, slot_idx, x.shape[0])
+    return x.at[idx].set(values.astype(x.dtype), mode="drop")
+
+
+def pack_valid(values: jax.Array, valid: jax.Array) -> jax.Array:
+    """Stable compaction of ``values[valid]`` to the front of an i32 buffer (0 tail)."""
+    n = values.shape[0]
+    dest = jnp.where(valid, jnp.cumsum(valid.astype(jnp.int32)) - 1, n)
+    return jnp.zeros((n,), jnp.int32).at[dest].set(values.astype(jnp.int32), mode="drop")

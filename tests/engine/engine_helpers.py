@@ -1,0 +1,52 @@
+"""Shared fixtures for the engine tests: one tiny f32 model, prompts, and a cached baseline.
+
+The tiny target (vocab 64, hidden 32, 2 layers, GQA 4/2 heads) has ``residual_scale=1.5`` and
+its draft ``hidden_mix=1.0``: the draft is right often enough that multi-token accepts happen
+(exercising the accepted-KV move and compaction) and wrong often enough that rejections at
+every depth happen too. Everything is f32 (bf16 can flip a near-tied argmax between verify and
+plain decode, which are different computations of the same logits).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from jspec.engine.model import ModelConfig, init_draft_params, init_target_params
+
+TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                   num_heads=4, num_kv_heads=2, head_dim=8)
+# Prompt lengths straddle page boundaries of 16 and stay under one page of 64.
+PROMPT_LENS = (3, 17, 9, 30)
+ARRIVALS = (0, 0, 2, 4)
+MAX_NEW = 10
+CONTEXT_LEN = 64
+MAX_PROMPT = 32
+
+
+@functools.cache
+def tiny_model():
+    params = init_target_params(TINY, 0, residual_scale=1.5)
+    draft = init_draft_params(TINY, params, 1, hidden_mix=1.0)
+    return params, draft
+
+
+def tiny_prompts(lens=PROMPT_LENS, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, TINY.vocab_size, n).tolist() for n in lens]
+
+
+@functools.cache
+def greedy_baseline(lens=PROMPT_LENS, max_new: int = MAX_NEW) -> tuple[tuple[int, ...], ...]:
+    """Plain greedy tokens of the paged greedy engine (P=1), validated against the dense oracle
+    in test_engine_greedy.py."""
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.state import make_engine_config
+
+    params, _ = tiny_model()
+    ecfg = make_engine_config(TINY, page_size=1, topk=1, num_steps=1, num_draft_tokens=2,
+                              context_len=CONTEXT_LEN, max_running_requests=4,
+                              max_prompt_len=MAX_PROMPT, batch_buckets=(4,))
+    out, _ = Engine(ecfg, params).generate(tiny_prompts(lens), max_new)
+    return tuple(tuple(o) for o in out)
