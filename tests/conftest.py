@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -21,6 +22,10 @@ settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("JSPEC_HYPOTHESIS_PROFILE", "ci"))
 
 ON_GPU = env.TEST_GPU
+
+# NOTE: f32 results are compared against numpy/f64 oracles; the GPU's default f32 matmul is
+# TF32 (errors ~1e-3), so tests ask for full f32 precision everywhere.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 
 @pytest.fixture(params=[pytest.param(False, id="compiled", marks=pytest.mark.gpu),
