@@ -69,14 +69,16 @@ def attend(q: jax.Array, k_layer: jax.Array, v_layer: jax.Array, kv_slot_ids: ja
     k = k_layer[kv_slot_ids].astype(jnp.float32)  # [Bp, W, Hkv, D]
     v = v_layer[kv_slot_ids].astype(jnp.float32)
     qg = q.astype(jnp.float32).reshape(bp, qp, hkv, hq // hkv, dim)
-    scores = jnp.einsum("bqhgd,bwhd->bqhgw", qg, k) * (dim ** -0.5)
+    # NOTE: HIGHEST: the GPU's default f32 matmul is TF32 (see model.MATMUL_PRECISION).
+    scores = jnp.einsum("bqhgd,bwhd->bqhgw", qg, k, precision=jax.lax.Precision.HIGHEST)
+    scores = scores * (dim ** -0.5)
     mask = kv_mask[:, :, None, None, :]
     scores = jnp.where(mask, scores, -jnp.inf)
     row_max = jnp.max(scores, axis=-1)
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
     probs = jnp.where(mask, jnp.exp(scores - row_max[..., None]), 0.0)
     denom = jnp.sum(probs, axis=-1)
-    out = jnp.einsum("bqhgw,bwhd->bqhgd", probs, v)
+    out = jnp.einsum("bqhgw,bwhd->bqhgd", probs, v, precision=jax.lax.Precision.HIGHEST)
     has_key = denom > 0
     out = jnp.where(has_key[..., None], out / jnp.where(has_key, denom, 1.0)[..., None], 0.0)
     lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, denom, 1.0)), -jnp.inf)

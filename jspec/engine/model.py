@@ -144,20 +144,30 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return (xf * cos + rotated * sin).astype(x.dtype)
 
 
+# NOTE: full-precision matmuls. On GPU the default f32 matmul is TF32 (~1e-3 error): verify
+# (a batched tree forward) and plain greedy decode then compute near-tied logits differently and
+# can flip an argmax, breaking the lossless guarantee for f32 models. HIGHEST is exact for bf16.
+MATMUL_PRECISION = jax.lax.Precision.HIGHEST
+
+
+def _mm(a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.matmul(a, b, precision=MATMUL_PRECISION)
+
+
 def decoder_layer(cfg: ModelConfig, lp: LayerParams, layer: int, pool: Any, x: jax.Array,
                   positions: jax.Array, attn_fn: AttnFn) -> tuple[Any, jax.Array]:
     """One pre-norm Llama decoder layer over flat tokens ``x: dtype[T, H]``."""
     num_tokens = x.shape[0]
     h = rms_norm(x, lp.attn_norm, cfg.rms_norm_eps)
-    q = (h @ lp.wq).reshape(num_tokens, cfg.num_heads, cfg.head_dim)
-    k = (h @ lp.wk).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-    v = (h @ lp.wv).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+    q = _mm(h, lp.wq).reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+    k = _mm(h, lp.wk).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+    v = _mm(h, lp.wv).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
     q = apply_rope(q, positions, cfg.rope_theta)
     k = apply_rope(k, positions, cfg.rope_theta)
     pool, attn = attn_fn(layer, pool, q, k, v)
-    x = x + attn.astype(x.dtype).reshape(num_tokens, -1) @ lp.wo
+    x = x + _mm(attn.astype(x.dtype).reshape(num_tokens, -1), lp.wo)
     h = rms_norm(x, lp.mlp_norm, cfg.rms_norm_eps)
-    x = x + (jax.nn.silu(h @ lp.w_gate) * (h @ lp.w_up)) @ lp.w_down
+    x = x + _mm(jax.nn.silu(_mm(h, lp.w_gate)) * _mm(h, lp.w_up), lp.w_down)
     return pool, x
 
 
@@ -181,7 +191,8 @@ def target_forward(cfg: ModelConfig, params: TargetParams, pool: Any, token_ids:
 
 def target_logits(params: TargetParams, hidden: jax.Array) -> jax.Array:
     """f32[..., V] logits from the target's normed hidden states."""
-    return jnp.dot(hidden, params.lm_head, preferred_element_type=jnp.float32)
+    return jnp.dot(hidden, params.lm_head, preferred_element_type=jnp.float32,
+                   precision=MATMUL_PRECISION)
 
 
 def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, pool: Any,
@@ -196,7 +207,7 @@ def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, po
       (pool, hidden_out dtype[T, H]): the decoder layer output, fed to the next draft step.
     """
     x = jnp.concatenate([target.embed[token_ids], hidden_in.astype(target.embed.dtype)], -1)
-    x = x @ draft.fc
+    x = _mm(x, draft.fc)
     return decoder_layer(cfg, draft.layer, 0, pool, x, positions, attn_fn)
 
 
