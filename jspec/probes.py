@@ -108,26 +108,24 @@ def _masked(x: jax.Array, where: jax.Array | None, fill: Any) -> jax.Array:
     return jnp.where(jnp.broadcast_to(where, x.shape), x, fill)
 
 
-def detect_nan(x: jax.Array, msg: str, *, where: jax.Array | None = None) -> None:
-    """Probe: no NaN in ``x`` (entries where ``where`` is False are ignored)."""
-    if _skip(x):
-        return
-    bad = _masked(jnp.isnan(x), where, False)
+def _detect_values(bad: jax.Array, what: str, msg: str, where: jax.Array | None) -> None:
+    bad = _masked(bad, where, False)
     count = jnp.sum(bad)
     first = jnp.argmax(bad.reshape(-1))
-    checkify.check(count == 0, msg + ": {count} NaN value(s), first at flat index {first}",
+    checkify.check(count == 0, msg + f": {{count}} {what} value(s), first at flat index {{first}}",
                    count=count, first=first)
+
+
+def detect_nan(x: jax.Array, msg: str, *, where: jax.Array | None = None) -> None:
+    """Probe: no NaN in ``x`` (entries where ``where`` is False are ignored)."""
+    if not _skip(x):
+        _detect_values(jnp.isnan(x), "NaN", msg, where)
 
 
 def detect_inf(x: jax.Array, msg: str, *, where: jax.Array | None = None) -> None:
     """Probe: no +-Inf in ``x``."""
-    if _skip(x):
-        return
-    bad = _masked(jnp.isinf(x), where, False)
-    count = jnp.sum(bad)
-    first = jnp.argmax(bad.reshape(-1))
-    checkify.check(count == 0, msg + ": {count} Inf value(s), first at flat index {first}",
-                   count=count, first=first)
+    if not _skip(x):
+        _detect_values(jnp.isinf(x), "Inf", msg, where)
 
 
 def detect_oob(x: jax.Array, low: Any, high: Any, msg: str, *,
