@@ -30,7 +30,7 @@ a real pair that targets slot 0 may lose its write there; compiled masked stores
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -172,6 +172,36 @@ def plan_blocks(n: int, row_width: int, *, block_rows: int, block_elems: int,
     return rows, cols, n_pad, -(-row_width // cols)
 
 
+class LaunchPlan(NamedTuple):
+    """Static launch geometry shared by the Pallas and the raw Triton move kernels."""
+
+    num_layers: int
+    num_slots: int
+    row_width: int    # elements per slot row (num_kv_heads * head_dim)
+    n: int            # pairs
+    block_rows: int
+    block_cols: int
+    n_pad: int        # n rounded up to a multiple of block_rows
+    grid: tuple[int, int, int]  # (layer, row block, column tile)
+
+    @property
+    def stashed(self) -> bool:
+        """More than one row block: sources overwritten by another block go through a stash."""
+        return self.n_pad > self.block_rows
+
+
+def plan_launch(k: jax.Array, n: int, *, block_rows: int, block_elems: int,
+                single_block_rows: int) -> LaunchPlan:
+    """:class:`LaunchPlan` for moving ``n`` pairs in a pool buffer ``k: dtype[L, slots, ...]``."""
+    num_layers, num_slots = k.shape[:2]
+    row_width = k.size // (num_layers * num_slots)
+    rows, cols, n_pad, num_col_tiles = plan_blocks(
+        n, row_width, block_rows=block_rows, block_elems=block_elems,
+        single_block_rows=single_block_rows)
+    return LaunchPlan(num_layers, num_slots, row_width, n, rows, cols, n_pad,
+                      (num_layers, n_pad // rows, num_col_tiles))
+
+
 def pair_modes(tgt: jax.Array, src: jax.Array, num_slots: int, block_rows: int, *,
                dense_max: int = DENSE_HAZARD_MAX) -> jax.Array:
     """i32[n] per-pair mode: MODE_SKIP, MODE_DIRECT, or MODE_STASH.
@@ -203,18 +233,14 @@ def pair_modes(tgt: jax.Array, src: jax.Array, num_slots: int, block_rows: int, 
 def _move_pallas(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *,
                  interpret: bool, block_rows: int, block_elems: int, num_warps: int,
                  single_block_rows: int) -> tuple[jax.Array, jax.Array]:
-    num_layers, num_slots = k.shape[:2]
-    row_width = k.size // (num_layers * num_slots)
-    n = tgt.shape[0]
-    rows, cols, n_pad, num_col_tiles = plan_blocks(
-        n, row_width, block_rows=block_rows, block_elems=block_elems,
-        single_block_rows=single_block_rows)
+    plan = plan_launch(k, tgt.shape[0], block_rows=block_rows, block_elems=block_elems,
+                       single_block_rows=single_block_rows)
+    num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
     k3 = k.reshape(num_layers, num_slots, row_width)
     v3 = v.reshape(num_layers, num_slots, row_width)
-    grid = (num_layers, n_pad // rows, num_col_tiles)
     static = dict(n=n, block_rows=rows, block_cols=cols, row_width=row_width)
     params = {} if interpret else dict(compiler_params=triton_params(num_warps=num_warps))
-    stashed = n_pad > rows
+    stashed = plan.stashed
     extra = ()
     if stashed:
         mode = pair_modes(tgt, src, num_slots, rows)

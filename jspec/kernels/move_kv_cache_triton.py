@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from jspec.kernels._common import import_jax_triton
-from jspec.kernels.move_kv_cache import MODE_DIRECT, MODE_SKIP, MODE_STASH, pair_modes, plan_blocks
+from jspec.kernels.move_kv_cache import (MODE_DIRECT, MODE_SKIP, MODE_STASH, pair_modes,
+                                        plan_launch)
 
 _MODE_SKIP = tl.constexpr(MODE_SKIP)
 _MODE_DIRECT = tl.constexpr(MODE_DIRECT)
@@ -107,18 +108,14 @@ def move_kv_triton(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *
     """
     jt = import_jax_triton()
 
-    num_layers, num_slots = k.shape[:2]
-    row_width = k.size // (num_layers * num_slots)
-    n = tgt.shape[0]
-    rows, cols, n_pad, num_col_tiles = plan_blocks(
-        n, row_width, block_rows=block_rows, block_elems=block_elems,
-        single_block_rows=single_block_rows)
+    plan = plan_launch(k, tgt.shape[0], block_rows=block_rows, block_elems=block_elems,
+                       single_block_rows=single_block_rows)
+    num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
     k3 = k.reshape(num_layers, num_slots, row_width)
     v3 = v.reshape(num_layers, num_slots, row_width)
-    grid = (num_layers, n_pad // rows, num_col_tiles)
     static = dict(N=n, NUM_SLOTS=num_slots, N_PAD=n_pad, ROW_WIDTH=row_width, BLOCK_ROWS=rows,
                   BLOCK_COLS=cols)
-    stashed = n_pad > rows
+    stashed = plan.stashed
     if stashed:
         mode = pair_modes(tgt, src, num_slots, rows)
         stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k.dtype)
