@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec.attention_meta.page_table import validate_row_args
 from jspec.kernels import draft_kv_indices as _kernel
 
 INT32_LIMIT = 2**31
@@ -106,15 +107,7 @@ def _validate(req_pool_indices: jax.Array, req_to_token: jax.Array, seq_lens: ja
                         f"page_size={page_size} must be a power of 2")
     probes.static_check(isinstance(kv_indices_width, int) and 0 <= kv_indices_width < INT32_LIMIT,
                         f"kv_indices_width={kv_indices_width!r} must be an int in [0, 2**31)")
-    probes.static_check(req_to_token.ndim == 2,
-                        f"req_to_token.ndim={req_to_token.ndim} must be 2 (i32[rows, R])")
-    probes.static_check(req_pool_indices.ndim == 1 and seq_lens.ndim == 1
-                        and req_pool_indices.shape == seq_lens.shape,
-                        f"req_pool_indices.shape={tuple(req_pool_indices.shape)} and "
-                        f"seq_lens.shape={tuple(seq_lens.shape)} must both be (B,)")
-    for name, x in (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices),
-                    ("seq_lens", seq_lens)):
-        probes.static_check_dtype(x, jnp.int32, name)
+    validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
     num_seqs = seq_lens.shape[0]
     if max_bs is not None:
         probes.static_check(isinstance(max_bs, int) and num_seqs <= max_bs,

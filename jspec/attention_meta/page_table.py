@@ -130,8 +130,9 @@ def draft_decode_set_expand_metadata(last_page_lens: jax.Array, decode_length: i
                                      num_cols=decode_length, impl=impl, interpret=interpret)
 
 
-def _validate_row_args(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                       seq_lens: jax.Array, page_size: int) -> None:
+def validate_row_args(req_to_token: jax.Array, req_pool_indices: jax.Array,
+                      seq_lens: jax.Array, page_size: int) -> None:
+    """Trace-time checks of the (req_to_token, req_pool_indices, seq_lens) triple and page_size."""
     probes.static_check(req_to_token.ndim == 2,
                         f"req_to_token.ndim={req_to_token.ndim} must be 2 (i32[rows, R])")
     probes.static_check(req_pool_indices.ndim == 1 and seq_lens.ndim == 1
@@ -163,7 +164,7 @@ def draft_decode_normal_metadata(req_to_token: jax.Array, req_pool_indices: jax.
     Returns:
       :class:`NormalMetadata`; ``page_table`` holds page ids, 0 past ``L // P`` columns.
     """
-    _validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
+    validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
     row_width = req_to_token.shape[1]
     row_pages = -(-row_width // page_size)
     probes.static_check(isinstance(max_pages, int) and 1 <= max_pages <= row_pages,
@@ -209,7 +210,7 @@ def draft_decode_metadata(req_to_token: jax.Array, req_pool_indices: jax.Array,
       :class:`DraftDecodeMetadata`; expand page tables have width ``S`` for every step. For
       ``page_size == 1`` the expand page table is the slots copied (sglang's ``else`` branch).
     """
-    _validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
+    validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
     num_seqs = seq_lens.shape[0]
     num_rows = num_seqs * topk
     probes.static_check(out_cache_loc.size == num_rows * num_steps,
