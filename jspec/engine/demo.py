@@ -6,7 +6,7 @@ continuous batching, and prints tokens/s for both, the mean acceptance length, t
 check (spec tokens == greedy tokens, asserted) and the allocator balance (leak check).
 
     python -m jspec.cli demo [--page-size 16 --topk 4 --steps 3 --draft-tokens 8]
-                             [--checkify] [--devices N] [--dtype bfloat16] ...
+                             [--checkify] [--devices N] [--tensor-parallel T] ...
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ def _parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     g.add_argument("--checkify", action="store_true",
                    help="all probes on (jspec.probes.checked); report that none fired")
-    g.add_argument("--devices", type=int, default=1, help="data-parallel devices")
+    g.add_argument("--devices", type=int, default=1,
+                   help="data-parallel shards (each with its own pools and requests)")
+    g.add_argument("--tensor-parallel", type=int, default=1,
+                   help="devices per shard, splitting heads and MLP (sglang --tp-size); "
+                        "uses devices x tensor-parallel devices in all")
     g.add_argument("--no-progress", action="store_true")
     return p
 
@@ -96,7 +100,7 @@ class _Progress:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
-    _force_host_devices(args.devices)
+    _force_host_devices(args.devices * args.tensor_parallel)
 
     import jax
 
@@ -125,9 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg, page_size=args.page_size, topk=args.topk, num_steps=args.steps,
         num_draft_tokens=args.draft_tokens, context_len=context_len,
         max_running_requests=args.max_running, max_prompt_len=max_prompt,
-        draft_attention=args.draft_attention)
+        draft_attention=args.draft_attention, tensor_parallel=args.tensor_parallel)
     devices = jax.devices()
-    print(f"jspec demo on {args.devices} x {devices[0].platform}:"
+    layout = (f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"
+              if args.tensor_parallel > 1 else f"{args.devices}")
+    print(f"jspec demo on {layout} x {devices[0].platform}:"
           f"{getattr(devices[0], 'device_kind', '')}")
     print(f"  model: vocab {cfg.vocab_size}, hidden {cfg.hidden_size}, {cfg.num_layers} layers, "
           f"{cfg.num_heads}/{cfg.num_kv_heads} heads x {cfg.head_dim}, {cfg.dtype}; EAGLE draft "

@@ -48,7 +48,7 @@ def _greedy_body(ecfg: EngineConfig, params: TargetParams, state: EngineState,
                         passes=(AttnPass(row_slot_ids(r2t, rpi, width),
                                          causal_mask(seq, 1, width)),))
         pool, hidden = target_forward(ecfg.model, params, state.target_pool, tokens, seq,
-                                      make_attn_fn(plan, set_kv_buffer))
+                                      make_attn_fn(plan, set_kv_buffer), ecfg.tp_axis)
         nxt = jnp.argmax(target_logits(params, hidden), -1).astype(jnp.int32)
         new = replace(
             state, allocator=allocator, req_to_token=r2t, target_pool=pool,

@@ -73,7 +73,7 @@ def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams |
         attn_fn = make_attn_fn(plan, set_kv_buffer)
         positions = jnp.tile(pos, bp)
         tpool, hidden = target_forward(cfg, params, state.target_pool, prompt_ids.reshape(-1),
-                                       positions, attn_fn)
+                                       positions, attn_fn, ecfg.tp_axis)
         hidden = hidden.reshape(bp, lp, -1)
         last = jnp.clip(lens - 1, 0, lp - 1)
         first = jnp.argmax(target_logits(params, hidden[jnp.arange(bp), last]), -1)
@@ -91,7 +91,8 @@ def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams |
         shifted = jnp.concatenate([prompt_ids[:, 1:], jnp.zeros((bp, 1), jnp.int32)], 1)
         shifted = shifted.at[jnp.arange(bp), last].set(first)
         dpool, dhidden = draft_forward(cfg, draft, params, state.draft_pool, shifted.reshape(-1),
-                                       hidden.reshape(bp * lp, -1), positions, attn_fn)
+                                       hidden.reshape(bp * lp, -1), positions, attn_fn,
+                                       ecfg.tp_axis)
         dlast = dhidden.reshape(bp, lp, -1)[jnp.arange(bp), last]
         probs = jax.nn.softmax(draft_logits(cfg, draft, params, dlast), -1)
         topk_p, topk_index = jax.lax.top_k(probs, spec.topk)

@@ -26,6 +26,7 @@ target deviates where the context tips the argmax, so acceptance is high but not
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -154,30 +155,62 @@ def _mm(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.matmul(a, b, precision=MATMUL_PRECISION)
 
 
+# Every model computation (forwards and LM heads) runs under this ``jax.named_scope``: the HLO
+# ops it emits carry it in their ``op_name`` metadata, which is how bench/e2e.py splits the
+# device time of a fused step into model forwards vs bookkeeping.
+MODEL_SCOPE = "jspec_model"
+
+
+def _model_scope(fn):
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.named_scope(MODEL_SCOPE):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def _tp_sum(x: jax.Array, tp_axis: str | None) -> jax.Array:
+    """Sum the row-parallel partial products over the tensor-parallel mesh axis (if any)."""
+    return x if tp_axis is None else jax.lax.psum(x, tp_axis)
+
+
 def decoder_layer(cfg: ModelConfig, lp: LayerParams, layer: int, pool: Any, x: jax.Array,
-                  positions: jax.Array, attn_fn: AttnFn) -> tuple[Any, jax.Array]:
-    """One pre-norm Llama decoder layer over flat tokens ``x: dtype[T, H]``."""
+                  positions: jax.Array, attn_fn: AttnFn,
+                  tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+    """One pre-norm Llama decoder layer over flat tokens ``x: dtype[T, H]``.
+
+    Tensor parallel (Megatron layout, ``tp_axis`` names the mesh axis inside ``shard_map``):
+    ``wq/wk/wv/w_gate/w_up`` hold this shard's columns (its contiguous block of query / KV heads,
+    its slice of the MLP), ``wo/w_down`` the matching rows; the two row-parallel products are
+    summed over ``tp_axis``. Head counts are read from the weights, so the same code runs on a
+    full layer (``tp_axis=None``) or on one shard's slice; the pool then holds this shard's KV
+    heads only.
+    """
     num_tokens = x.shape[0]
     h = rms_norm(x, lp.attn_norm, cfg.rms_norm_eps)
-    q = _mm(h, lp.wq).reshape(num_tokens, cfg.num_heads, cfg.head_dim)
-    k = _mm(h, lp.wk).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-    v = _mm(h, lp.wv).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+    q = _mm(h, lp.wq).reshape(num_tokens, -1, cfg.head_dim)
+    k = _mm(h, lp.wk).reshape(num_tokens, -1, cfg.head_dim)
+    v = _mm(h, lp.wv).reshape(num_tokens, -1, cfg.head_dim)
     q = apply_rope(q, positions, cfg.rope_theta)
     k = apply_rope(k, positions, cfg.rope_theta)
     pool, attn = attn_fn(layer, pool, q, k, v)
-    x = x + _mm(attn.astype(x.dtype).reshape(num_tokens, -1), lp.wo)
+    x = x + _tp_sum(_mm(attn.astype(x.dtype).reshape(num_tokens, -1), lp.wo), tp_axis)
     h = rms_norm(x, lp.mlp_norm, cfg.rms_norm_eps)
-    x = x + _mm(jax.nn.silu(_mm(h, lp.w_gate)) * _mm(h, lp.w_up), lp.w_down)
+    x = x + _tp_sum(_mm(jax.nn.silu(_mm(h, lp.w_gate)) * _mm(h, lp.w_up), lp.w_down), tp_axis)
     return pool, x
 
 
+@_model_scope
 def target_forward(cfg: ModelConfig, params: TargetParams, pool: Any, token_ids: jax.Array,
-                   positions: jax.Array, attn_fn: AttnFn) -> tuple[Any, jax.Array]:
+                   positions: jax.Array, attn_fn: AttnFn,
+                   tp_axis: str | None = None) -> tuple[Any, jax.Array]:
     """Target model over flat tokens.
 
     Args:
       token_ids, positions: i32[T].
       attn_fn: writes K/V into ``pool`` and attends (see module docstring).
+      tp_axis: tensor-parallel mesh axis when the layers are head-sharded (:func:`decoder_layer`).
 
     Returns:
       (pool, hidden dtype[T, H]): hidden is the final-RMSNorm output (LM-head input and the
@@ -185,32 +218,36 @@ def target_forward(cfg: ModelConfig, params: TargetParams, pool: Any, token_ids:
     """
     x = params.embed[token_ids]
     for layer, lp in enumerate(params.layers):
-        pool, x = decoder_layer(cfg, lp, layer, pool, x, positions, attn_fn)
+        pool, x = decoder_layer(cfg, lp, layer, pool, x, positions, attn_fn, tp_axis)
     return pool, rms_norm(x, params.final_norm, cfg.rms_norm_eps)
 
 
+@_model_scope
 def target_logits(params: TargetParams, hidden: jax.Array) -> jax.Array:
     """f32[..., V] logits from the target's normed hidden states."""
     return jnp.dot(hidden, params.lm_head, preferred_element_type=jnp.float32,
                    precision=MATMUL_PRECISION)
 
 
+@_model_scope
 def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, pool: Any,
                   token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
-                  attn_fn: AttnFn) -> tuple[Any, jax.Array]:
+                  attn_fn: AttnFn, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
     """EAGLE draft head over flat tokens (its single layer is layer 0 of the draft pool).
 
     Args:
       token_ids, positions: i32[T]; hidden_in: dtype[T, H] (target or previous draft hidden).
+      tp_axis: tensor-parallel mesh axis when the layer is head-sharded (as ``target_forward``).
 
     Returns:
       (pool, hidden_out dtype[T, H]): the decoder layer output, fed to the next draft step.
     """
     x = jnp.concatenate([target.embed[token_ids], hidden_in.astype(target.embed.dtype)], -1)
     x = _mm(x, draft.fc)
-    return decoder_layer(cfg, draft.layer, 0, pool, x, positions, attn_fn)
+    return decoder_layer(cfg, draft.layer, 0, pool, x, positions, attn_fn, tp_axis)
 
 
+@_model_scope
 def draft_logits(cfg: ModelConfig, draft: DraftParams, target: TargetParams,
                  hidden: jax.Array) -> jax.Array:
     """f32[..., V] draft logits: shared LM head over the draft's own final norm."""

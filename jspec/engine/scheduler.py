@@ -100,7 +100,8 @@ class Engine:
     Args:
       ecfg: static engine config.
       params: target params; draft: EAGLE draft params or None.
-      num_devices: data-parallel shards (one per device; requests are spread over them).
+      num_devices: data-parallel shards (requests are spread over them); each shard uses
+        ``ecfg.tensor_parallel`` devices (``num_devices * tensor_parallel`` in all).
       eos_token_id: optional stop token (kept in the output).
       check_every_step: run the allocator integrity check after every decode step.
       checkify: run every jitted call under ``checkify`` with all probes on (trace inside
@@ -115,10 +116,11 @@ class Engine:
         self.num_devices = num_devices
         self.eos_token_id = eos_token_id
         self.check_every_step = check_every_step
-        self.params = sharding.replicate(params, num_devices)
-        self.draft = None if draft is None else sharding.replicate(draft, num_devices)
+        tp = ecfg.tensor_parallel
+        self.params = sharding.replicate(params, num_devices, tp)
+        self.draft = sharding.replicate(draft, num_devices, tp)
         self.state: EngineState = sharding.stack_states(
-            [init_engine_state(ecfg) for _ in range(num_devices)], num_devices)
+            [init_engine_state(ecfg) for _ in range(num_devices)], num_devices, tp)
         step_body = _spec_body if self.mode == "spec" else _greedy
         self.checkify = checkify
         self._prefill = sharding.sharded(_prefill_fn, ecfg, num_devices, checkify)

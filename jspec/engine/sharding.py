@@ -1,14 +1,22 @@
-"""Data-parallel shards: one engine state per device, run with ``shard_map``.
+"""Multi-device engine: data-parallel shards x tensor-parallel heads, run with ``shard_map``.
 
 Every per-shard function here has the form ``body(ecfg, params, draft, state, *args) ->
-(state, *outs)`` over *one* shard's state. :func:`sharded` turns it into a jitted function
-over states stacked along a leading shard axis ``[D, ...]`` (state donated):
+(state, *outs)`` over *one* data-parallel shard's state. :func:`sharded` turns it into a jitted
+function over states stacked along a leading shard axis ``[D, ...]`` (state donated), on a 2-D
+mesh ``("dp", "tp")`` of ``D * ecfg.tensor_parallel`` devices:
 
-* ``D == 1``: plain ``jax.jit`` (the leading axis is squeezed inside);
-* ``D > 1``: ``jax.shard_map`` over a 1-D mesh ``("dp",)`` of the first ``D`` devices; params
-  are replicated, every state leaf and per-shard argument is split on its leading axis. Each
-  shard owns its own allocator, req_to_token and pools: no cross-device traffic at all.
+* ``dp`` (data parallel): each shard owns its own requests, allocator, req_to_token and pools;
+  no cross-shard traffic at all. Every state leaf and per-shard argument is split on its
+  leading axis.
+* ``tp`` (tensor parallel, Megatron layout): within a shard, device ``t`` holds the ``t``-th
+  contiguous block of query / KV heads (``wq/wk/wv`` columns, ``wo`` rows), of the MLP
+  (``w_gate/w_up`` columns, ``w_down`` rows) and of the KV pools' head axis; the model sums the
+  two row-parallel products per layer with ``psum`` over ``tp`` (``model.decoder_layer``).
+  Embedding, LM head, norms and the draft's ``fc`` are replicated, and so is the whole
+  bookkeeping: every tp device runs the same allocator / tree / verify ops on identical
+  (all-reduced) values, as sglang's TP ranks do.
 
+With one device in all, it is a plain ``jax.jit`` (the leading axis is squeezed inside).
 Compiled wrappers are cached per ``(body, ecfg, D)``.
 """
 
@@ -23,20 +31,68 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-AXIS = "dp"
+from jspec._pytree import replace
+from jspec.engine.model import DraftParams, LayerParams, TargetParams
+from jspec.engine.state import DP_AXIS, TP_AXIS
+
+AXIS = DP_AXIS  # the data-parallel axis (kept for callers of the 1-D version)
 
 
 @functools.cache
-def make_mesh(num_devices: int) -> Mesh:
-    """A 1-D ``("dp",)`` mesh over the first ``num_devices`` devices."""
+def make_mesh(num_devices: int, tensor_parallel: int = 1) -> Mesh:
+    """A ``("dp", "tp")`` mesh of shape ``(num_devices, tensor_parallel)`` (first devices).
+
+    Consecutive devices form one shard's tp group (on a GPU host: the NVLink neighbours).
+    """
     devices = jax.devices()
-    if num_devices > len(devices):
-        raise ValueError(f"--devices {num_devices}: only {len(devices)} JAX device(s) available "
+    need = num_devices * tensor_parallel
+    if need > len(devices):
+        raise ValueError(f"--devices {num_devices} x --tensor-parallel {tensor_parallel} = "
+                         f"{need} devices: only {len(devices)} JAX device(s) available "
                          f"({devices[0].platform}); on CPU set "
                          "XLA_FLAGS=--xla_force_host_platform_device_count=N")
-    return Mesh(np.asarray(devices[:num_devices]), (AXIS,))
+    grid = np.asarray(devices[:need]).reshape(num_devices, tensor_parallel)
+    return Mesh(grid, (DP_AXIS, TP_AXIS))
 
 
+# ---- partition specs ---------------------------------------------------------------------------
+def _layer_specs(tp: bool) -> LayerParams:
+    cols, rows = (P(None, TP_AXIS), P(TP_AXIS, None)) if tp else (P(), P())
+    return LayerParams(attn_norm=P(), wq=cols, wk=cols, wv=cols, wo=rows, mlp_norm=P(),
+                       w_gate=cols, w_up=cols, w_down=rows)
+
+
+def param_specs(params: TargetParams | DraftParams | None, tensor_parallel: int) -> Any:
+    """PartitionSpecs of target or draft params: layers head-sharded over ``tp``, rest replicated.
+
+    The specs have no ``dp`` entry: params are replicated across data-parallel shards.
+    """
+    tp = tensor_parallel > 1
+    if params is None or not tp:
+        return P()
+    if isinstance(params, TargetParams):
+        return TargetParams(embed=P(), layers=tuple(_layer_specs(tp) for _ in params.layers),
+                            final_norm=P(), lm_head=P())
+    if isinstance(params, DraftParams):
+        return DraftParams(fc=P(), layer=_layer_specs(tp), final_norm=P())
+    raise TypeError(f"param_specs: expected TargetParams or DraftParams, got {type(params)}")
+
+
+def state_specs(state: Any, tensor_parallel: int) -> Any:
+    """PartitionSpecs of a stacked engine state ``[D, ...]``.
+
+    Every leaf is split on ``dp``; with tensor parallelism the KV pools
+    (``[D, layers, slots, kv_heads, head_dim]``) are also split on their head axis.
+    """
+    specs = jax.tree.map(lambda _: P(DP_AXIS), state)
+    if tensor_parallel == 1:
+        return specs
+    heads = P(DP_AXIS, None, None, TP_AXIS)
+    return replace(specs, target_pool=replace(specs.target_pool, k=heads, v=heads),
+                   draft_pool=replace(specs.draft_pool, k=heads, v=heads))
+
+
+# ---- the jitted wrapper ------------------------------------------------------------------------
 def _squeeze(tree: Any) -> Any:
     return jax.tree.map(lambda x: x[0], tree)
 
@@ -50,14 +106,16 @@ def sharded(body: Callable[..., Any], ecfg: Any, num_devices: int,
             with_checkify: bool = False) -> Callable[..., Any]:
     """Jitted ``f(params, draft, stacked_state, *stacked_args) -> stacked (state, *outs)``.
 
-    With ``with_checkify`` the per-shard body runs under ``checkify.checkify`` (the probe error
-    classes of :mod:`jspec.probes`) and ``f`` returns ``(outs, errors)`` where ``errors`` is the
-    checkify error stacked per shard (see :func:`first_error`).
+    ``num_devices`` is the number of data-parallel shards; each uses ``ecfg.tensor_parallel``
+    devices. With ``with_checkify`` the per-shard body runs under ``checkify.checkify`` (the
+    probe error classes of :mod:`jspec.probes`) and ``f`` returns ``(outs, errors)`` where
+    ``errors`` is the checkify error stacked per shard (see :func:`first_error`).
     """
+    tp = ecfg.tensor_parallel
 
     def per_shard(params, draft, state, *args):
-        out = body(ecfg, params, draft, _squeeze(state), *_squeeze(args))
-        return _unsqueeze(out)
+        state, *outs = body(ecfg, params, draft, _squeeze(state), *_squeeze(args))
+        return _unsqueeze(state), _unsqueeze(tuple(outs))
 
     if with_checkify:
         from jax.experimental import checkify
@@ -71,15 +129,24 @@ def sharded(body: Callable[..., Any], ecfg: Any, num_devices: int,
                 params, draft, state, *args)
             return out, _unsqueeze(err)
 
-    if num_devices == 1:
-        return jax.jit(per_shard, donate_argnums=(2,))
-    mesh = make_mesh(num_devices)
+    def flat(out):
+        (state, outs), rest = (out, None) if not with_checkify else out
+        return (state, *outs) if rest is None else ((state, *outs), rest)
+
+    if num_devices * tp == 1:
+        return jax.jit(lambda *a: flat(per_shard(*a)), donate_argnums=(2,))
+    mesh = make_mesh(num_devices, tp)
 
     def fn(params, draft, state, *args):
-        in_specs = (P(), P(), P(AXIS)) + (P(AXIS),) * len(args)
-        mapped = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=P(AXIS),
+        st_specs = state_specs(state, tp)
+        in_specs = ((param_specs(params, tp), param_specs(draft, tp), st_specs)
+                    + (P(DP_AXIS),) * len(args))
+        out_specs = (st_specs, P(DP_AXIS))
+        if with_checkify:
+            out_specs = (out_specs, P(DP_AXIS))
+        mapped = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                check_vma=False)
-        return mapped(params, draft, state, *args)
+        return flat(mapped(params, draft, state, *args))
 
     return jax.jit(fn, donate_argnums=(2,))
 
@@ -93,18 +160,24 @@ def first_error(errors: Any, num_devices: int) -> str | None:
     return None
 
 
-def stack_states(states: list[Any], num_devices: int) -> Any:
-    """Stack per-shard states on a leading axis (placed one shard per device when D > 1)."""
+# ---- placement ---------------------------------------------------------------------------------
+def stack_states(states: list[Any], num_devices: int, tensor_parallel: int = 1) -> Any:
+    """Stack per-shard states on a leading axis, placed by :func:`state_specs` on the mesh."""
     stacked = jax.tree.map(lambda *xs: jax.numpy.stack(xs), *states)
-    if num_devices == 1:
+    if num_devices * tensor_parallel == 1:
         return stacked
-    sharding = NamedSharding(make_mesh(num_devices), P(AXIS))
-    return jax.tree.map(lambda x: jax.device_put(x, sharding), stacked)
+    mesh = make_mesh(num_devices, tensor_parallel)
+    return jax.tree.map(lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)),
+                        stacked, state_specs(stacked, tensor_parallel))
 
 
-def replicate(tree: Any, num_devices: int) -> Any:
-    """Put params on every device of the mesh (no-op for one device)."""
-    if num_devices == 1:
-        return tree
-    sharding = NamedSharding(make_mesh(num_devices), P())
-    return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+def replicate(params: Any, num_devices: int, tensor_parallel: int = 1) -> Any:
+    """Put params on the mesh: replicated over ``dp``, layers head-sharded over ``tp``."""
+    if params is None or num_devices * tensor_parallel == 1:
+        return params
+    mesh = make_mesh(num_devices, tensor_parallel)
+    specs = param_specs(params, tensor_parallel)
+    if isinstance(specs, P):
+        return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, specs)), params)
+    return jax.tree.map(lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)),
+                        params, specs)

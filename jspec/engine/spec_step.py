@@ -177,7 +177,8 @@ def phase_draft(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c:
             break  # the last step's tokens are leaves: no forward
         plan = AttnPlan(write_slot_ids=cache_loc[:, i], passes=c["passes"][i])
         dpool, hidden = draft_forward(cfg, draft, params, dpool, input_ids, hidden,
-                                      c["positions"] + i, make_attn_fn(plan, set_kv_buffer))
+                                      c["positions"] + i, make_attn_fn(plan, set_kv_buffer),
+                                      ecfg.tp_axis)
         topk_p, topk_index = _topk_probs(draft_logits(cfg, draft, params, hidden), k)
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         score_list, token_list, parents_list, num_draft_tokens=n)
@@ -207,7 +208,8 @@ def phase_verify(ecfg: EngineConfig, params: TargetParams, draft, c: dict) -> di
                  length_mask(reqs.committed_lens, n, width)),
         AttnPass(c["verify_loc"].reshape(batch, n), tree.tree_mask)))
     tpool, target_hidden = target_forward(ecfg.model, params, c["tpool"], tree.draft_tokens,
-                                          tree.positions, make_attn_fn(plan, set_kv_buffer))
+                                          tree.positions, make_attn_fn(plan, set_kv_buffer),
+                                          ecfg.tp_axis)
     return {**c, "tpool": tpool, "target_hidden": target_hidden,
             "logits": target_logits(params, target_hidden)}
 
@@ -252,7 +254,7 @@ def phase_extend(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c
                  causal_mask(jnp.zeros((batch,), jnp.int32), n, n))))
     dpool, ext_hidden = draft_forward(cfg, draft, params, c["dpool"], c["predict"],
                                       c["target_hidden"], ext_pos,
-                                      make_attn_fn(plan, set_kv_buffer))
+                                      make_attn_fn(plan, set_kv_buffer), ecfg.tp_axis)
     select = jnp.arange(batch) * n + jnp.maximum(c["accept_lens"], 1) - 1
     next_hidden = ext_hidden[select]
     next_p, next_index = _topk_probs(draft_logits(cfg, draft, params, next_hidden), k)

@@ -37,6 +37,7 @@ from jspec.kv.pool import KVPool, init_kv_pool
 from jspec.kv.req_to_token import ReqRowAllocator, init_req_rows, init_req_to_token
 
 DRAFT_ATTENTION = ("cascade", "kv_indices")
+DP_AXIS, TP_AXIS = "dp", "tp"  # mesh axes: data-parallel shards, tensor-parallel heads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,13 @@ class EngineConfig:
       draft_attention: ``"cascade"`` (FA3 prefix + expand passes merged by LSE) or
         ``"kv_indices"`` (FlashInfer-style token-level indices).
       impl: kernel impl for bookkeeping ops that take one (``"xla"`` or ``"pallas"``).
+      tensor_parallel: devices that share one data-parallel shard, each holding a contiguous
+        block of the query / KV heads and of the MLP (sglang ``--tp-size``). Needs
+        ``num_kv_heads`` and ``intermediate_size`` divisible by it. Each of these devices keeps
+        its own copy of the bookkeeping (allocator, req_to_token, per-slot arrays) and computes
+        it identically, as sglang's TP ranks do; the KV pools hold its KV heads only. With
+        ``tensor_parallel > 1`` the model bodies call ``psum`` over the mesh axis
+        :attr:`tp_axis`, so they run only under ``jspec.engine.sharding.sharded``.
     """
 
     model: ModelConfig
@@ -62,9 +70,16 @@ class EngineConfig:
     prefill_batch: int = 1
     draft_attention: str = "cascade"
     impl: str = "xla"
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         m, s = self.model, self.spec
+        tp = self.tensor_parallel
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ValueError(f"tensor_parallel={tp!r} must be an int >= 1")
+        if m.num_kv_heads % tp or m.intermediate_size % tp:
+            raise ValueError(f"tensor_parallel={tp} must divide num_kv_heads={m.num_kv_heads} "
+                             f"and intermediate_size={m.intermediate_size}")
         if (s.num_layers, s.num_kv_heads, s.head_dim, s.dtype) != (
                 m.num_layers, m.num_kv_heads, m.head_dim, m.dtype):
             raise ValueError(f"spec pool geometry (num_layers={s.num_layers}, num_kv_heads="
@@ -83,6 +98,11 @@ class EngineConfig:
         if self.draft_attention not in DRAFT_ATTENTION:
             raise ValueError(f"draft_attention={self.draft_attention!r} must be one of "
                              f"{DRAFT_ATTENTION}")
+
+    @property
+    def tp_axis(self) -> str | None:
+        """The mesh axis the model sums its row-parallel products over (None: no TP)."""
+        return TP_AXIS if self.tensor_parallel > 1 else None
 
     @property
     def draft_spec(self) -> SpecConfig:
@@ -106,7 +126,8 @@ def make_engine_config(model: ModelConfig, *, page_size: int = 16, topk: int = 4
                        max_running_requests: int = 8, max_prompt_len: int = 64,
                        num_pages: int | None = None,
                        batch_buckets: tuple[int, ...] | None = None, prefill_batch: int = 1,
-                       draft_attention: str = "cascade", impl: str = "xla") -> EngineConfig:
+                       draft_attention: str = "cascade", impl: str = "xla",
+                       tensor_parallel: int = 1) -> EngineConfig:
     """An :class:`EngineConfig` whose pools match ``model`` (num_pages sized to never run out)."""
     spec_like = {"page_size": page_size, "topk": topk, "num_steps": num_steps,
                      "num_draft_tokens": num_draft_tokens, "context_len": context_len,
@@ -122,7 +143,8 @@ def make_engine_config(model: ModelConfig, *, page_size: int = 16, topk: int = 4
                                      | {max_running_requests}))
     return EngineConfig(model=model, spec=spec, max_prompt_len=max_prompt_len,
                         batch_buckets=tuple(batch_buckets), prefill_batch=prefill_batch,
-                        draft_attention=draft_attention, impl=impl)
+                        draft_attention=draft_attention, impl=impl,
+                        tensor_parallel=tensor_parallel)
 
 
 @pytree_dataclass

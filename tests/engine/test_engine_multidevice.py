@@ -1,6 +1,7 @@
-"""Data-parallel shards (shard_map over 4 host devices) give the one-device outputs.
+"""Data-parallel shards and tensor-parallel heads (shard_map over 4 host devices) give the
+one-device outputs.
 
-XLA's host device count must be set before JAX starts, so the check runs in a subprocess.
+XLA's host device count must be set before JAX starts, so the checks run in subprocesses.
 """
 
 from __future__ import annotations
@@ -42,11 +43,81 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_four_shards_equal_one_device():
+_TP_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import sys
+    sys.path.insert(0, {helpers!r})
+    import jax
+    import numpy as np
+    from engine_helpers import (TINY, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, tiny_model,
+                                tiny_prompts)
+    from jspec.engine.model import ModelConfig, init_draft_params, init_target_params
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.state import make_engine_config
+
+    def ecfg(model, tp, running=2):
+        return make_engine_config(model, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
+                                  context_len=CONTEXT_LEN, max_running_requests=running,
+                                  max_prompt_len=MAX_PROMPT, batch_buckets=(running,),
+                                  tensor_parallel=tp)
+
+    lens = (3, 17, 9, 30, 5, 12)
+    prompts = tiny_prompts(lens)
+    arrivals = [0, 0, 1, 2, 3, 3]
+    params, draft = tiny_model()
+    ref, ref_stats = Engine(ecfg(TINY, 1), params, draft).generate(prompts, MAX_NEW,
+                                                                   arrivals=arrivals)
+
+    # 2 data-parallel shards x 2 tensor-parallel devices: spec and plain greedy.
+    eng = Engine(ecfg(TINY, 2), params, draft, num_devices=2)
+    # The layers and the pools really are split over tp (1 of the 2 KV heads per device).
+    assert eng.params.layers[0].wq.sharding.spec == jax.sharding.PartitionSpec(None, "tp")
+    assert eng.params.layers[0].wq.addressable_shards[0].data.shape == (32, 2 * 8)
+    assert eng.state.target_pool.k.addressable_shards[0].data.shape[1:] == (2, 688, 1, 8)
+    assert eng.state.allocator.free_pages.addressable_shards[0].data.shape[0] == 1
+    out, stats = eng.generate(prompts, MAX_NEW, arrivals=arrivals)
+    assert out == ref, (out, ref)
+    assert stats.request_accept_lens == ref_stats.request_accept_lens
+    assert stats.leak_check.startswith("ok: 2 x"), stats.leak_check
+    greedy, _ = Engine(ecfg(TINY, 2), params, None, num_devices=2).generate(
+        prompts, MAX_NEW, arrivals=arrivals)
+    assert greedy == ref, (greedy, ref)
+
+    # One shard over 4 tensor-parallel devices (4 KV heads: one per device), with checkify.
+    wide = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                       num_heads=8, num_kv_heads=4, head_dim=8)
+    wparams = init_target_params(wide, 0, residual_scale=1.5)
+    wdraft = init_draft_params(wide, wparams, 1, hidden_mix=1.0)
+    wref, _ = Engine(ecfg(wide, 1, 4), wparams, wdraft).generate(prompts, MAX_NEW)
+    wout, wstats = Engine(ecfg(wide, 4, 4), wparams, wdraft, checkify=True).generate(
+        prompts, MAX_NEW)
+    assert wout == wref, (wout, wref)
+    assert wstats.leak_check.startswith("ok: 1 x"), wstats.leak_check
+
+    # The demo's flags: 2 shards x 2 tensor-parallel devices.
+    from test_engine_demo import TINY_ARGS
+    from jspec.engine.demo import main
+    assert main(TINY_ARGS + ["--devices", "2", "--tensor-parallel", "2"]) == 0
+    print("TENSOR PARALLEL OK", stats.num_decode_steps, wstats.mean_accept_len)
+""")
+
+
+def _run(script: str, marker: str) -> None:
     helpers = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT.format(helpers=helpers)], env=env,
-                          check=False,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", script.format(helpers=helpers)], env=env,
+                          check=False, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "MULTIDEVICE OK" in proc.stdout
+    assert marker in proc.stdout
+
+
+def test_four_shards_equal_one_device():
+    _run(_SCRIPT, "MULTIDEVICE OK")
+
+
+def test_tensor_parallel_equals_one_device():
+    """dp=2 x tp=2 (spec and greedy) and dp=1 x tp=4 (spec, checkify on) == one device; the
+    demo runs with --devices 2 --tensor-parallel 2."""
+    _run(_TP_SCRIPT, "TENSOR PARALLEL OK")

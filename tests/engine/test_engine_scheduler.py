@@ -73,6 +73,12 @@ def test_validation_errors():
         make_engine_config(TINY, max_running_requests=2, batch_buckets=(4,))
     with pytest.raises(ValueError, match="draft_attention"):
         make_engine_config(TINY, draft_attention="flash")
+    with pytest.raises(ValueError, match="tensor_parallel=4 must divide num_kv_heads=2"):
+        make_engine_config(TINY, tensor_parallel=4)
+    with pytest.raises(ValueError, match="tensor_parallel=0"):
+        make_engine_config(TINY, tensor_parallel=0)
+    with pytest.raises(ValueError, match="2 = 4 devices: only 1"):
+        Engine(make_engine_config(TINY, tensor_parallel=2), *tiny_model(), num_devices=2)
 
 
 def test_warmup_is_a_no_op_on_the_bookkeeping():
