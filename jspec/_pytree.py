@@ -22,7 +22,7 @@ def pytree_dataclass(cls: type[T]) -> type[T]:
 
 def static_field(**kwargs: Any) -> Any:
     """A dataclass field that is static (part of the treedef, not a leaf)."""
-    return dataclasses.field(metadata=dict(static=True), **kwargs)
+    return dataclasses.field(metadata={"static": True}, **kwargs)
 
 
 replace = dataclasses.replace

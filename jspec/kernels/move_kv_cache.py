@@ -40,8 +40,13 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec._pytree import replace
-from jspec.kernels._common import (next_power_of_2, on_gpu, resolve_impl, resolve_interpret,
-                                   triton_params)
+from jspec.kernels._common import (
+    next_power_of_2,
+    on_gpu,
+    resolve_impl,
+    resolve_interpret,
+    triton_params,
+)
 
 if TYPE_CHECKING:
     from jspec.kv.pool import KVPool
@@ -238,8 +243,8 @@ def _move_pallas(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *,
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
     k3 = k.reshape(num_layers, num_slots, row_width)
     v3 = v.reshape(num_layers, num_slots, row_width)
-    static = dict(n=n, block_rows=rows, block_cols=cols, row_width=row_width)
-    params = {} if interpret else dict(compiler_params=triton_params(num_warps=num_warps))
+    static = {"n": n, "block_rows": rows, "block_cols": cols, "row_width": row_width}
+    params = {} if interpret else {"compiler_params": triton_params(num_warps=num_warps)}
     stashed = plan.stashed
     extra = ()
     if stashed:
@@ -319,8 +324,8 @@ def move_kv_cache(pool: KVPool, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array
         return pool
     if impl == "xla":
         return move_kv_cache_reference(pool, tgt, src)
-    tuning = dict(block_rows=block_rows, block_elems=block_elems, num_warps=num_warps,
-                  single_block_rows=single_block_rows)
+    tuning = {"block_rows": block_rows, "block_elems": block_elems, "num_warps": num_warps,
+              "single_block_rows": single_block_rows}
     if impl == "pallas":
         k, v = _move_pallas(pool.k, pool.v, tgt, src, interpret=resolve_interpret(interpret),
                             **tuning)

@@ -18,8 +18,13 @@ import triton
 import triton.language as tl
 
 from jspec.kernels._common import import_jax_triton
-from jspec.kernels.move_kv_cache import (MODE_DIRECT, MODE_SKIP, MODE_STASH, pair_modes,
-                                        plan_launch)
+from jspec.kernels.move_kv_cache import (
+    MODE_DIRECT,
+    MODE_SKIP,
+    MODE_STASH,
+    pair_modes,
+    plan_launch,
+)
 
 _MODE_SKIP = tl.constexpr(MODE_SKIP)
 _MODE_DIRECT = tl.constexpr(MODE_DIRECT)
@@ -113,8 +118,8 @@ def move_kv_triton(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
     k3 = k.reshape(num_layers, num_slots, row_width)
     v3 = v.reshape(num_layers, num_slots, row_width)
-    static = dict(N=n, NUM_SLOTS=num_slots, N_PAD=n_pad, ROW_WIDTH=row_width, BLOCK_ROWS=rows,
-                  BLOCK_COLS=cols)
+    static = {"N": n, "NUM_SLOTS": num_slots, "N_PAD": n_pad, "ROW_WIDTH": row_width,
+              "BLOCK_ROWS": rows, "BLOCK_COLS": cols}
     stashed = plan.stashed
     if stashed:
         mode = pair_modes(tgt, src, num_slots, rows)

@@ -27,11 +27,11 @@ from jspec.kernels.move_kv_cache import move_kv_cache, move_kv_cache_reference
 
 __all__ = [
     "KVPool",
-    "init_kv_pool",
-    "set_kv_buffer",
     "get_kv",
+    "init_kv_pool",
     "move_kv_cache",
     "move_kv_cache_reference",
+    "set_kv_buffer",
 ]
 
 

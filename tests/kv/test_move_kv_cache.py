@@ -20,9 +20,9 @@ ON_GPU = env.TEST_GPU
 KERNEL_IMPLS = ("pallas",) + (("triton",) if ON_GPU else ())
 # Small tunings so that tiny shapes still span several row blocks (stash pass) and column
 # tiles, or one row block for every pair.
-SMALL = dict(block_rows=4, block_elems=64, single_block_rows=1)
+SMALL = {"block_rows": 4, "block_elems": 64, "single_block_rows": 1}
 TUNINGS = {"multi_block": SMALL,
-           "single_block": dict(block_rows=4, block_elems=512, single_block_rows=64)}
+           "single_block": {"block_rows": 4, "block_elems": 512, "single_block_rows": 64}}
 NUM_LAYERS, HEADS, HEAD_DIM = 2, 2, 8
 
 
@@ -308,8 +308,8 @@ def test_triton_source_in_interpreter(monkeypatch):
     sk = torch.full((num_layers, n_pad, width), float("nan"))
     sv = sk.clone()
     grid = (num_layers, n_pad // rows, num_col_tiles)
-    static = dict(N=n, NUM_SLOTS=num_slots, N_PAD=n_pad, ROW_WIDTH=width, BLOCK_ROWS=rows,
-                  BLOCK_COLS=cols)
+    static = {"N": n, "NUM_SLOTS": num_slots, "N_PAD": n_pad, "ROW_WIDTH": width,
+              "BLOCK_ROWS": rows, "BLOCK_COLS": cols}
     t_t, s_t, m_t = (torch.tensor(a) for a in (tgt, src, mode))
     mod.stash_kv_rows_kernel[grid](s_t, m_t, tk, tv, sk, sv, **static)
     mod.move_kv_rows_kernel[grid](t_t, s_t, m_t, sk, sv, tk, tv, tk, tv, STASHED=True, **static)
