@@ -4,6 +4,8 @@
   (:func:`kernel_time_us`: what the op occupies the GPU, no launch gaps, no dispatch). On CPU,
   R calls inside one jitted, unrolled ``lax.scan`` over R *distinct* input sets, divided by R
   (each iteration folds the outputs into a checksum so nothing is dead-code eliminated).
+* :func:`profile_split_us`: the GPU kernel time per call of a jitted function split by class
+  of the HLO ops behind each kernel (``classify(op_name)``, e.g. by ``jax.named_scope``).
 * :func:`time_wall` is the standalone jitted call's wall time (dispatch included), median.
 * :func:`time_torch` times a torch callable with CUDA events (or wall time on CPU).
 * :func:`copy_bandwidth_tbs` measures the device-to-device copy rate (bytes read + written).
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -30,12 +33,29 @@ def _checksum(tree: Any) -> jax.Array:
     return total
 
 
-def profile_kernel_us(thunk: Callable[[], Any], num_calls: int) -> float | None:
-    """Summed GPU kernel time (microseconds) of running ``thunk()`` once, divided by num_calls.
+# One event on a GPU stream line of a profiler trace: (event name = kernel name, the "hlo_op"
+# stat or "" when absent, duration in nanoseconds).
+StreamEvent = tuple[str, str, float]
 
-    Reads a JAX profiler trace: the durations of every event on the GPU stream lines (kernels
-    and device copies) are summed. Launch gaps and Python dispatch are excluded: this is the
-    time the work occupies the GPU. Returns None when the trace has no GPU events (CPU).
+UNATTRIBUTED = "unattributed"
+# Class-name suffix of kernels whose fusion also holds ops of another class (attribute_events).
+MIXED_SUFFIX = " (mixed)"
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s")
+_OP_NAME = re.compile(r'\bop_name="([^"]*)"')
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s+\(")
+_CALLS = re.compile(r"\bcalls=%([\w.\-]+)")
+_OPCODE = re.compile(r"\s([a-z][\w\-]*)\(")
+# Opcodes whose op_name says little about whose work a fusion does: XLA CSEs constants and
+# their broadcasts across scopes, and parameters / bitcasts / iotas move no data of their own.
+_PLUMBING = frozenset({"parameter", "constant", "broadcast", "iota", "bitcast"})
+
+
+def trace_gpu_events(thunk: Callable[[], Any]) -> list[StreamEvent] | None:
+    """Run ``thunk()`` once under the JAX profiler; the events on its GPU stream lines.
+
+    Every event on a ``/device:GPU*`` plane, line named ``Stream*`` (kernels and device
+    copies), as ``(name, hlo_op, duration_ns)``. None when the trace has no GPU events (CPU).
     """
     import glob
     import tempfile
@@ -49,17 +69,167 @@ def profile_kernel_us(thunk: Callable[[], Any], num_calls: int) -> float | None:
         if not paths:
             return None
         data = ProfileData.from_file(paths[0])
-    total_ns, found = 0.0, False
-    for plane in data.planes:
-        if not plane.name.startswith("/device:GPU"):
-            continue
-        for line in plane.lines:
-            if not line.name.startswith("Stream"):
+        events: list[StreamEvent] = []
+        for plane in data.planes:
+            if not plane.name.startswith("/device:GPU"):
                 continue
-            for event in line.events:
-                found = True
-                total_ns += event.duration_ns
-    return total_ns / num_calls / 1e3 if found else None
+            for line in plane.lines:
+                if not line.name.startswith("Stream"):
+                    continue
+                for event in line.events:
+                    hlo_op = dict(event.stats).get("hlo_op", "")
+                    events.append((event.name, str(hlo_op), float(event.duration_ns)))
+    return events or None
+
+
+def profile_kernel_us(thunk: Callable[[], Any], num_calls: int) -> float | None:
+    """Summed GPU kernel time (microseconds) of running ``thunk()`` once, divided by num_calls.
+
+    Reads a JAX profiler trace: the durations of every event on the GPU stream lines (kernels
+    and device copies) are summed. Launch gaps and Python dispatch are excluded: this is the
+    time the work occupies the GPU. Returns None when the trace has no GPU events (CPU).
+    """
+    events = trace_gpu_events(thunk)
+    if events is None:
+        return None
+    return sum(dur for _, _, dur in events) / num_calls / 1e3
+
+
+def hlo_op_names(hlo_text: str) -> dict[str, str]:
+    """Instruction name -> its ``op_name`` metadata ("" when it has none), every computation.
+
+    ``hlo_text`` is optimized HLO (``jitted.lower(*args).compile().as_text()``), where each
+    instruction line reads ``[ROOT ]%name = shape op(...), ..., metadata={op_name="..." ...}``.
+    A fusion's op_name is its root's (a fusion can hold ops of other scopes).
+    """
+    names: dict[str, str] = {}
+    for line in hlo_text.splitlines():
+        match = _INSTRUCTION.match(line)
+        if match is None:
+            continue
+        op_name = _OP_NAME.search(line)
+        names[match.group(1)] = op_name.group(1) if op_name else ""
+    return names
+
+
+def hlo_fused_op_names(hlo_text: str) -> dict[str, frozenset[str]]:
+    """Instruction name -> op_names of the ops inside the computations it ``calls=``.
+
+    For fusions (and custom fusions such as Triton gemms): every op_name found in the fused
+    computation, nested fusions included, skipping parameters, constants, broadcasts, iotas
+    and bitcasts (their metadata is often another scope's after CSE). Instructions that call
+    nothing are absent.
+    """
+    ops: dict[str, set[str]] = {}
+    callees: dict[str, set[str]] = {}
+    calls: dict[str, str] = {}
+    current = None
+    for line in hlo_text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header is not None:
+            current = header.group(1)
+            ops[current], callees[current] = set(), set()
+            continue
+        match = _INSTRUCTION.match(line)
+        if match is None or current is None:
+            continue
+        called = _CALLS.search(line)
+        if called is not None:
+            calls[match.group(1)] = called.group(1)
+            callees[current].add(called.group(1))
+        opcode = _OPCODE.search(line, match.end() - 1)
+        op_name = _OP_NAME.search(line)
+        if op_name and op_name.group(1) and not (opcode and opcode.group(1) in _PLUMBING):
+            ops[current].add(op_name.group(1))
+
+    @functools.cache
+    def inside(computation: str) -> frozenset[str]:
+        nested = (inside(c) for c in callees.get(computation, ()) if c in ops)
+        return frozenset(ops.get(computation, set())).union(*nested)
+
+    return {name: inside(computation) for name, computation in calls.items()}
+
+
+def _sanitize(name: str) -> str:
+    """An HLO instruction name as its GPU kernel is named ('.' and '-' become '_')."""
+    return re.sub(r"[.\-]", "_", name)
+
+
+def attribute_events(events: Sequence[StreamEvent], op_names: dict[str, str],
+                     classify: Callable[[str], str],
+                     fused_op_names: dict[str, frozenset[str]] | None = None) -> dict[str, float]:
+    """Summed duration (nanoseconds) of GPU stream events per class.
+
+    Each event's HLO instruction is, in order: its ``hlo_op`` stat when that is an instruction
+    of ``op_names`` other than a command buffer (exact; XLA's command buffers off); else its
+    name matched to the sanitized instruction names (with command buffers on, ``hlo_op`` is the
+    buffer, the event name the kernel's); else, the name with one trailing ``_<n>`` dropped (an
+    instruction emitted as several kernels). Its class is ``classify(op_names[instruction])``,
+    the class of the fusion's root op; events with no instruction (cuBLAS / Triton kernels
+    inside a command buffer, memcpys) go to :data:`UNATTRIBUTED`. With ``fused_op_names``
+    (:func:`hlo_fused_op_names`), a fusion that also holds ops of another class goes to
+    ``class + MIXED_SUFFIX`` (e.g. ``"model (mixed)"``) instead.
+    """
+    by_kernel = {_sanitize(name): name for name in op_names}
+    totals: dict[str, float] = {}
+    for name, hlo_op, dur_ns in events:
+        exact = hlo_op in op_names and not hlo_op.startswith("command_buffer")
+        instruction = hlo_op if exact else by_kernel.get(name)
+        if instruction is None:
+            base, sep, suffix = name.rpartition("_")
+            if sep and suffix.isdigit():
+                instruction = by_kernel.get(base)
+        if instruction is None:
+            cls = UNATTRIBUTED
+        else:
+            cls = classify(op_names[instruction])
+            fused = (fused_op_names or {}).get(instruction, ())
+            if any(classify(op) != cls for op in fused):
+                cls += MIXED_SUFFIX
+        totals[cls] = totals.get(cls, 0.0) + dur_ns
+    return totals
+
+
+def profile_split_us(fn: Any, make_args: Callable[[], tuple], classify: Callable[[str], str],
+                     *, num_calls: int = 5, warmup: int = 2) -> dict[str, float] | None:
+    """Device time (microseconds) per call of jitted ``fn``, split by class of HLO op.
+
+    ``fn`` is compiled once (``fn.lower(*args).compile()``); that executable runs ``warmup``
+    times (at least once), then ``num_calls`` times under the profiler, and its kernels are
+    attributed to HLO instructions of the same executable (:func:`attribute_events`), classed
+    by ``classify(op_name) -> str`` of the root op, ``+ MIXED_SUFFIX`` where XLA fused ops of
+    another class into the kernel.
+
+    Args:
+      fn: a ``jax.jit``-ed function without static arguments.
+      make_args: returns one fresh argument tuple per call (donated inputs: fresh copies). The
+        profiled calls' tuples are all made, and made ready, before the trace starts.
+      classify: op_name metadata ("" when absent) -> class name.
+    Returns:
+      ``{class: us per call}`` (classes as above, ``"unattributed"`` for kernels not matched to
+      an instruction; they partition the kernels) and ``"total"`` for all (equal to
+      :func:`profile_kernel_us` of the same calls); None when the trace has no GPU events
+      (CPU).
+    """
+    args = make_args()
+    compiled = fn.lower(*args).compile()
+    hlo_text = compiled.as_text()
+    op_names, fused_op_names = hlo_op_names(hlo_text), hlo_fused_op_names(hlo_text)
+    jax.block_until_ready(compiled(*args))
+    for _ in range(warmup - 1):  # the first warm-up call is the one above
+        jax.block_until_ready(compiled(*make_args()))
+    arg_sets = [jax.block_until_ready(make_args()) for _ in range(num_calls)]
+
+    def thunk():
+        return [compiled(*a) for a in arg_sets]
+
+    events = trace_gpu_events(thunk)
+    if events is None:
+        return None
+    split = {cls: ns / num_calls / 1e3
+             for cls, ns in attribute_events(events, op_names, classify, fused_op_names).items()}
+    split["total"] = sum(split.values())
+    return split
 
 
 def kernel_time_us(fn: Callable[..., Any], arg_sets: Sequence[tuple]) -> float | None:

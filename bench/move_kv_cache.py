@@ -126,7 +126,7 @@ def _torch_us(shape, dtype_name: str, sets, iters: int) -> float:
     try:
         return time_torch(step, iters=iters)
     finally:
-        del pool
+        pool = None  # free the GPU buffer (step() holds it through the closure cell)
         if device == "cuda":
             torch.cuda.empty_cache()
 

@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=3, help="speculative_num_steps")
     g.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
     g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
+    g.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto",
+                   help="bookkeeping kernels: auto = Pallas on GPU, pure jnp elsewhere")
     g = p.add_argument_group("workload")
     g.add_argument("--num-prompts", type=int, default=6)
     g.add_argument("--max-new-tokens", type=int, default=48)
@@ -129,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg, page_size=args.page_size, topk=args.topk, num_steps=args.steps,
         num_draft_tokens=args.draft_tokens, context_len=context_len,
         max_running_requests=args.max_running, max_prompt_len=max_prompt,
-        draft_attention=args.draft_attention, tensor_parallel=args.tensor_parallel)
+        draft_attention=args.draft_attention, tensor_parallel=args.tensor_parallel,
+        impl=args.impl)
     devices = jax.devices()
     layout = (f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"
               if args.tensor_parallel > 1 else f"{args.devices}")
@@ -140,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"head (1 layer, shared embedding + LM head)  [{time.perf_counter() - t_build:.1f} s]")
     spec = ecfg.spec
     print(f"  spec: page_size {spec.page_size}, topk {spec.topk}, steps {spec.num_steps}, "
-          f"draft tokens {spec.num_draft_tokens}, draft attention {ecfg.draft_attention}; "
+          f"draft tokens {spec.num_draft_tokens}, draft attention {ecfg.draft_attention}, "
+          f"kernels {ecfg.kernel_impl}; "
           f"{spec.num_pages} pages/device, buckets {ecfg.batch_buckets}")
     print(f"  workload: {len(prompts)} prompts (len {int(min(lens))}-{max_prompt}), "
           f"{args.max_new_tokens} new tokens each, <= {args.max_running} running per device")

@@ -37,12 +37,12 @@ def _greedy_body(ecfg: EngineConfig, params: TargetParams, state: EngineState,
     tokens = gather_slots(state.bonus_tokens, slot_idx, live)
     last_loc = get_last_loc(state.req_to_token, rpi, seq)
     allocator, slots, ok = alloc_decode(state.allocator, seq + 1, last_loc, valid=live,
-                                        impl=ecfg.impl)
+                                        impl=ecfg.kernel_impl)
 
     def run(state: EngineState):
         r2t = assign_req_to_token_pool(state.req_to_token, rpi, jnp.where(live, seq, 0),
                                        jnp.where(live, seq + 1, 0), pack_valid(slots, live),
-                                       impl=ecfg.impl)
+                                       impl=ecfg.kernel_impl)
         width = spec.context_len
         plan = AttnPlan(write_slot_ids=jnp.where(live, slots, 0),
                         passes=(AttnPass(row_slot_ids(r2t, rpi, width),

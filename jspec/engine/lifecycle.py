@@ -59,12 +59,12 @@ def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams |
     rpi = jnp.where(valid, rows[rank], 0)
     allocator, slots, ok_alloc = alloc_extend(
         state.allocator, zeros, lens, jnp.full((bp,), -1, jnp.int32),
-        max_new_slots=bp * ceil_to_multiple(lp, spec.page_size), impl=ecfg.impl)
+        max_new_slots=bp * ceil_to_multiple(lp, spec.page_size), impl=ecfg.kernel_impl)
     ok = ok_rows & ok_alloc
 
     def run(state: EngineState):
         r2t = assign_req_to_token_pool(state.req_to_token, rpi, zeros, lens, slots,
-                                       impl=ecfg.impl)
+                                       impl=ecfg.kernel_impl)
         pos = jnp.arange(lp, dtype=jnp.int32)
         tok_valid = pos[None, :] < lens[:, None]
         row = row_slot_ids(r2t, rpi, lp)  # i32[Bp, Lp]

@@ -101,7 +101,7 @@ def draft_decode_passes(ecfg: EngineConfig, req_to_token: jax.Array, req_pool_in
         width = spec.context_len + s
         kv_indices, kv_indptr = generate_draft_decode_kv_indices(
             req_pool_indices, req_to_token, seq_lens, topk=k, num_steps=s, page_size=p,
-            kv_indices_width=batch * k * width, impl=ecfg.impl)
+            kv_indices_width=batch * k * width, impl=ecfg.kernel_impl)
         cols = jnp.arange(width, dtype=jnp.int32)
         passes = []
         for step in range(s - 1):
@@ -114,7 +114,7 @@ def draft_decode_passes(ecfg: EngineConfig, req_to_token: jax.Array, req_pool_in
 
     meta = draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
                                  topk=k, num_steps=s, page_size=p,
-                                 max_pages=ceil_div(spec.context_len, p), impl=ecfg.impl)
+                                 max_pages=ceil_div(spec.context_len, p), impl=ecfg.kernel_impl)
     normal, expand = meta.normal, meta.expand
     pass_a = AttnPass(page_table_slot_ids(normal.page_table, p),
                       length_mask(normal.cache_seqlens, k, normal.page_table.shape[1] * p))
@@ -142,11 +142,11 @@ def phase_prepare(ecfg: EngineConfig, params, draft, state: EngineState, slot_id
                       req_pool_indices=gather_slots(state.req_pool_indices, slot_idx, live),
                       valid=live)
     allocator, r2t, reqs, ok = prepare_for_decode(state.allocator, state.req_to_token, reqs,
-                                                  spec, impl=ecfg.impl)
+                                                  spec, impl=ecfg.kernel_impl)
     seq_lens, rpi = reqs.committed_lens, reqs.req_pool_indices
     dpool, out_cache_loc, positions = prepare_for_draft(
         state.draft_pool, r2t, rpi, seq_lens, topk=k, num_steps=s, page_size=p, valid=live,
-        impl=ecfg.impl)
+        impl=ecfg.kernel_impl)
     return {
         "allocator": allocator, "r2t": r2t, "reqs": reqs, "ok": ok, "slot_idx": slot_idx,
         "live": live, "dpool": dpool, "tpool": state.target_pool,
@@ -193,7 +193,7 @@ def phase_tree(ecfg: EngineConfig, params, draft, c: dict) -> dict:
     tree = build_tree_kernel_efficient(
         c["bonus"], c["parent_list"], c["top_scores_index"], c["draft_tokens"],
         reqs.committed_lens, topk=spec.topk, num_steps=spec.num_steps,
-        num_draft_tokens=spec.num_draft_tokens, mode=TreeMaskMode.QLEN_ONLY, impl=ecfg.impl)
+        num_draft_tokens=spec.num_draft_tokens, mode=TreeMaskMode.QLEN_ONLY, impl=ecfg.kernel_impl)
     verify_loc = verify_out_cache_loc(c["r2t"], reqs.req_pool_indices, reqs.committed_lens,
                                       num_draft_tokens=spec.num_draft_tokens, valid=c["live"])
     return {**c, "tree": tree, "verify_loc": verify_loc}
@@ -223,7 +223,7 @@ def phase_accept(ecfg: EngineConfig, params, draft, c: dict) -> dict:
     predict, accept_lens, accept_index = eagle_sample_greedy(
         c["logits"], tree.draft_tokens.reshape(batch, n), tree.retrive_index,
         tree.retrive_next_token, tree.retrive_next_sibling, num_spec_steps=min(s, n - 1) + 1,
-        impl=ecfg.impl)
+        impl=ecfg.kernel_impl)
     accept_lens = jnp.where(live, accept_lens, 0).astype(jnp.int32)
     accept_tokens = jnp.where(accept_index >= 0, predict[jnp.maximum(accept_index, 0)], 0)
     accept_tokens = jnp.where(live[:, None], accept_tokens, 0).astype(jnp.int32)

@@ -37,6 +37,7 @@ from jspec.kv.pool import KVPool, init_kv_pool
 from jspec.kv.req_to_token import ReqRowAllocator, init_req_rows, init_req_to_token
 
 DRAFT_ATTENTION = ("cascade", "kv_indices")
+IMPLS = ("auto", "xla", "pallas")
 DP_AXIS, TP_AXIS = "dp", "tp"  # mesh axes: data-parallel shards, tensor-parallel heads
 
 
@@ -53,7 +54,9 @@ class EngineConfig:
       prefill_batch: prompts admitted per prefill call (per shard).
       draft_attention: ``"cascade"`` (FA3 prefix + expand passes merged by LSE) or
         ``"kv_indices"`` (FlashInfer-style token-level indices).
-      impl: kernel impl for bookkeeping ops that take one (``"xla"`` or ``"pallas"``).
+      impl: kernel impl for the bookkeeping ops that take one: ``"xla"`` (the pure-jnp
+        references), ``"pallas"`` (the kernels; interpret mode off the GPU, slow) or ``"auto"``
+        (default: ``"pallas"`` on GPU, ``"xla"`` elsewhere); see :attr:`kernel_impl`.
       tensor_parallel: devices that share one data-parallel shard, each holding a contiguous
         block of the query / KV heads and of the MLP (sglang ``--tp-size``). Needs
         ``num_kv_heads`` and ``intermediate_size`` divisible by it. Each of these devices keeps
@@ -69,7 +72,7 @@ class EngineConfig:
     batch_buckets: tuple[int, ...]
     prefill_batch: int = 1
     draft_attention: str = "cascade"
-    impl: str = "xla"
+    impl: str = "auto"
     tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
@@ -95,9 +98,18 @@ class EngineConfig:
         if not 1 <= self.prefill_batch <= s.max_running_requests:
             raise ValueError(f"prefill_batch={self.prefill_batch} must be in "
                              f"[1, max_running_requests={s.max_running_requests}]")
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl={self.impl!r} must be one of {IMPLS}")
         if self.draft_attention not in DRAFT_ATTENTION:
             raise ValueError(f"draft_attention={self.draft_attention!r} must be one of "
                              f"{DRAFT_ATTENTION}")
+
+    @property
+    def kernel_impl(self) -> str:
+        """``impl`` with ``"auto"`` resolved for the current backend (read at trace time)."""
+        if self.impl != "auto":
+            return self.impl
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
 
     @property
     def tp_axis(self) -> str | None:
@@ -126,7 +138,7 @@ def make_engine_config(model: ModelConfig, *, page_size: int = 16, topk: int = 4
                        max_running_requests: int = 8, max_prompt_len: int = 64,
                        num_pages: int | None = None,
                        batch_buckets: tuple[int, ...] | None = None, prefill_batch: int = 1,
-                       draft_attention: str = "cascade", impl: str = "xla",
+                       draft_attention: str = "cascade", impl: str = "auto",
                        tensor_parallel: int = 1) -> EngineConfig:
     """An :class:`EngineConfig` whose pools match ``model`` (num_pages sized to never run out)."""
     spec_like = {"page_size": page_size, "topk": topk, "num_steps": num_steps,

@@ -32,12 +32,13 @@ def _num_draft_tokens(topk: int, steps: int) -> int:
 
 
 def _run(page_size, topk, steps, num_draft_tokens, *, draft_attention="cascade",
-         max_running=4, check_every_step=False):
+         max_running=4, check_every_step=False, impl="auto"):
     params, draft = tiny_model()
     ecfg = make_engine_config(TINY, page_size=page_size, topk=topk, num_steps=steps,
                               num_draft_tokens=num_draft_tokens, context_len=CONTEXT_LEN,
                               max_running_requests=max_running, max_prompt_len=MAX_PROMPT,
-                              batch_buckets=(max_running,), draft_attention=draft_attention)
+                              batch_buckets=(max_running,), draft_attention=draft_attention,
+                              impl=impl)
     engine = Engine(ecfg, params, draft, check_every_step=check_every_step)
     out, stats = engine.generate(tiny_prompts(), MAX_NEW, arrivals=ARRIVALS)
     return out, stats
@@ -75,6 +76,16 @@ def test_lossless_kv_indices_draft_attention_matches_cascade():
     _check(out, stats, 3)
     _, cascade = _run(16, 4, 3, 8)
     assert stats.request_accept_lens == cascade.request_accept_lens
+
+
+@pytest.mark.parametrize("draft_attention", ["cascade", "kv_indices"])
+def test_lossless_with_the_kernels(draft_attention):
+    """impl="pallas": every bookkeeping op of the step through its Pallas kernel (interpret mode
+    on CPU, compiled on GPU) gives the same tokens and the same accept lengths as the refs."""
+    out, stats = _run(16, 4, 3, 8, draft_attention=draft_attention, impl="pallas")
+    _check(out, stats, 3)
+    _, ref = _run(16, 4, 3, 8, draft_attention=draft_attention, impl="xla")
+    assert stats.request_accept_lens == ref.request_accept_lens
 
 
 FULL_GRID = [pytest.param(p, k, s, _num_draft_tokens(k, s), id=f"p{p}-k{k}-s{s}")

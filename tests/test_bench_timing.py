@@ -1,0 +1,168 @@
+"""bench/_timing.py: HLO op-name parsing and the attribution of GPU kernels to op classes."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+
+from bench._timing import (
+    MIXED_SUFFIX,
+    UNATTRIBUTED,
+    attribute_events,
+    hlo_fused_op_names,
+    hlo_op_names,
+    profile_kernel_us,
+    profile_split_us,
+)
+
+
+@jax.jit
+def _scoped(x, w, idx):
+    with jax.named_scope("a"):
+        y = jnp.tanh(x @ w)
+    with jax.named_scope("b"):
+        y = y.at[jnp.cumsum(idx) % 7].add(1.0)
+    return y
+
+
+def _scoped_args():
+    return jnp.ones((16, 16)), jnp.ones((16, 16)), jnp.arange(16)
+
+
+def _classify(op_name: str) -> str:
+    return "a" if "a" in op_name.split("/") else "rest"
+
+
+def test_hlo_op_names_on_compiled_cpu_hlo():
+    text = _scoped.lower(*_scoped_args()).compile().as_text()
+    names = hlo_op_names(text)
+    assert names, text
+    scopes = {_classify(op) for op in names.values()}
+    assert any("a/" in op for op in names.values()), names
+    assert any("b/" in op for op in names.values()), names
+    assert scopes == {"a", "rest"}
+    # Instructions without metadata map to ""; computation headers are not instructions.
+    assert any(op == "" for op in names.values())
+    entry = re.search(r"^ENTRY %([\w.\-]+)", text, re.MULTILINE).group(1)
+    assert entry not in names
+    root = next(line for line in text.splitlines() if line.lstrip().startswith("ROOT %"))
+    assert root.split("%", 1)[1].split(" ", 1)[0] in names
+    fused = hlo_fused_op_names(text)
+    assert fused and set(fused) <= set(names)
+    assert any("a/" in op for ops in fused.values() for op in ops), fused
+
+
+def test_hlo_op_names_line_format():
+    text = """HloModule jit_f, is_scheduled=true
+1 {file_name_id=1 function_name_id=1 line=11}
+%fused_scatter (param_0: f32[4]) -> f32[4] {
+  ROOT %scatter-add.4 = f32[4]{0} scatter(%p), metadata={op_name="jit(f)/b/scatter-add"}
+}
+ENTRY %main.10 (x.1: f32[4]) -> f32[4] {
+  %x.1 = f32[4]{0} parameter(0), metadata={op_name="x"}
+  %constant.15 = f32[] constant(1)
+  ROOT %input_scatter_fusion.1 = f32[4]{0} fusion(%x.1), kind=kInput, calls=%fused_scatter, \
+metadata={op_name="jit(f)/b/scatter-add" scheduling_name="input_scatter_fusion.1"}
+}
+"""
+    assert hlo_op_names(text) == {
+        "scatter-add.4": "jit(f)/b/scatter-add",
+        "x.1": "x",
+        "constant.15": "",
+        "input_scatter_fusion.1": "jit(f)/b/scatter-add",
+    }
+
+
+_FUSED_HLO = """HloModule jit_step
+%inner (p: s32[4]) -> s32[4] {
+  %p = s32[4]{0} parameter(0)
+  ROOT %add.1 = s32[4]{0} add(%p, %p), metadata={op_name="jit(step)/b/jit(cache_loc)/add"}
+}
+%fused_kv (param_0: f32[4], param_1: s32[4]) -> f32[4] {
+  %param_0 = f32[4]{0} parameter(0), metadata={op_name="jit(step)/b/stray"}
+  %constant.2 = s32[] constant(0), metadata={op_name="jit(step)/b/cse_d"}
+  %broadcast.2 = s32[4]{0} broadcast(%constant.2), dimensions={}, metadata={op_name="jit(step)/b/x"}
+  %loc = s32[4]{0} fusion(%param_1), kind=kLoop, calls=%inner
+  ROOT %scatter.3 = f32[4]{0} scatter(%param_0, %loc), metadata={op_name="jit(step)/a/scatter"}
+}
+%fused_rope (param_0.1: f32[4]) -> f32[4] {
+  %param_0.1 = f32[4]{0} parameter(0)
+  %constant.3 = f32[] constant(2), metadata={op_name="jit(step)/b/cse_d"}
+  ROOT %cos.1 = f32[4]{0} cosine(%param_0.1), metadata={op_name="jit(step)/a/cos"}
+}
+ENTRY %main (x: f32[4], i: s32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %i = s32[4]{0} parameter(1)
+  %loop_cos_fusion = f32[4]{0} fusion(%x), kind=kLoop, calls=%fused_rope, \
+metadata={op_name="jit(step)/a/cos"}
+  ROOT %input_scatter_fusion = (f32[4]{0}, s32[]) fusion(%loop_cos_fusion, %i), kind=kInput, \
+calls=%fused_kv, metadata={op_name="jit(step)/a/scatter"}
+}
+"""
+
+
+def test_hlo_fused_op_names_nested_and_plumbing_skipped():
+    fused = hlo_fused_op_names(_FUSED_HLO)
+    assert fused == {
+        "loc": frozenset({"jit(step)/b/jit(cache_loc)/add"}),
+        "loop_cos_fusion": frozenset({"jit(step)/a/cos"}),
+        "input_scatter_fusion": frozenset({"jit(step)/a/scatter",
+                                           "jit(step)/b/jit(cache_loc)/add"}),
+    }
+
+
+def test_attribute_events_mixed_fusions():
+    op_names = hlo_op_names(_FUSED_HLO)
+    events = [("input_scatter_fusion", "input_scatter_fusion", 50.0),
+              ("loop_cos_fusion", "loop_cos_fusion", 20.0)]
+    fused = hlo_fused_op_names(_FUSED_HLO)
+    assert attribute_events(events, op_names, _classify, fused) == {
+        "a" + MIXED_SUFFIX: 50.0, "a": 20.0}
+    assert attribute_events(events, op_names, _classify) == {"a": 70.0}
+
+
+_OP_NAMES = {
+    "gemm_fusion_dot": "jit(step)/a/dot_general",
+    "input_reduce_fusion.1": "jit(step)/b/reduce_sum",
+    "custom-call.3": "jit(step)/a/cublas",
+    "cond.1.clone": "jit(step)/cond",
+    "sort.2": "jit(step)/b/sort",
+    "copy.1": "",
+}
+
+
+def test_attribute_events_exact_hlo_op():
+    # Command buffers off: hlo_op is the instruction, whatever the kernel is called.
+    events = [("sm90_xmma_gemm_f32", "custom-call.3", 1000.0),
+              ("input_reduce_fusion_1", "input_reduce_fusion.1", 200.0),
+              ("cond_1_clone", "cond.1.clone", 30.0),
+              ("MemcpyD2D", "copy.1", 5.0)]
+    assert attribute_events(events, _OP_NAMES, _classify) == {"a": 1000.0, "rest": 235.0}
+
+
+def test_attribute_events_by_kernel_name_under_command_buffers():
+    events = [("gemm_fusion_dot", "command_buffer_1", 400.0),
+              ("input_reduce_fusion_1", "command_buffer_1", 200.0),
+              ("sort_2_1", "command_buffer_1", 7.0),  # an instruction run as several kernels
+              ("sort_2_2", "command_buffer_1", 8.0),
+              ("sm90_xmma_gemm_f32", "command_buffer_1", 1000.0),  # cuBLAS: no instruction
+              ("input_reduce_fusion_9", "", 3.0)]  # no such instruction
+    assert attribute_events(events, _OP_NAMES, _classify) == {
+        "a": 400.0, "rest": 215.0, UNATTRIBUTED: 1003.0}
+
+
+def test_attribute_events_empty():
+    assert attribute_events([], _OP_NAMES, _classify) == {}
+
+
+def test_profilers_return_none_on_cpu_and_keep_donated_inputs_fresh():
+    if jax.default_backend() == "gpu":
+        split = profile_split_us(_scoped, _scoped_args, _classify, num_calls=2)
+        assert split is not None and split["total"] > 0
+        assert abs(sum(v for k, v in split.items() if k != "total") - split["total"]) < 1e-6
+        return
+    donating = jax.jit(lambda x: x * 2.0, donate_argnums=0)
+    assert profile_split_us(donating, lambda: (jnp.ones((8,)),), _classify, num_calls=2) is None
+    assert profile_kernel_us(lambda: donating(jnp.ones((8,))), 1) is None
