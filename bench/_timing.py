@@ -191,7 +191,8 @@ def attribute_events(events: Sequence[StreamEvent], op_names: dict[str, str],
 
 
 def profile_split_us(fn: Any, make_args: Callable[[], tuple], classify: Callable[[str], str],
-                     *, num_calls: int = 5, warmup: int = 2) -> dict[str, float] | None:
+                     *, num_calls: int = 5, warmup: int = 2,
+                     breakdown: Callable[[str], str] | None = None) -> dict[str, float] | None:
     """Device time (microseconds) per call of jitted ``fn``, split by class of HLO op.
 
     ``fn`` is compiled once (``fn.lower(*args).compile()``); that executable runs ``warmup``
@@ -205,6 +206,8 @@ def profile_split_us(fn: Any, make_args: Callable[[], tuple], classify: Callable
       make_args: returns one fresh argument tuple per call (donated inputs: fresh copies). The
         profiled calls' tuples are all made, and made ready, before the trace starts.
       classify: op_name metadata ("" when absent) -> class name.
+      breakdown: optional second, finer classifier of the same events (e.g. op_name -> the
+        bookkeeping op it belongs to); its us per call land under ``"by:" + key``.
     Returns:
       ``{class: us per call}`` (classes as above, ``"unattributed"`` for kernels not matched to
       an instruction; they partition the kernels) and ``"total"`` for all (equal to
@@ -229,6 +232,9 @@ def profile_split_us(fn: Any, make_args: Callable[[], tuple], classify: Callable
     split = {cls: ns / num_calls / 1e3
              for cls, ns in attribute_events(events, op_names, classify, fused_op_names).items()}
     split["total"] = sum(split.values())
+    if breakdown is not None:
+        for key, ns in attribute_events(events, op_names, breakdown).items():
+            split["by:" + key] = ns / num_calls / 1e3
     return split
 
 

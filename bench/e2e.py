@@ -176,6 +176,19 @@ def _classify(op_name: str) -> str:
     return "model" if MODEL_SCOPE in op_name.split("/") else "bookkeeping"
 
 
+def _op_key(op_name: str) -> str:
+    """A bookkeeping kernel's op for the ``--top`` table: its op_name's last scopes (jit /
+    shard_map / cond wrappers dropped); every model kernel is ``"model"``."""
+    from jspec.engine.model import MODEL_SCOPE
+
+    parts = [p for p in op_name.split("/") if p and p not in (
+        "jit(main)", "shard_map", "cond", "branch_0_fun", "branch_1_fun")
+        and not p.startswith(("jit(fn)", "jit(<lambda>)", "jit(per_shard)"))]
+    if MODEL_SCOPE in parts:
+        return "model"
+    return "/".join(parts[-3:]) or "(no op_name)"
+
+
 def _device_row(split: dict[str, float], case: Case) -> dict:
     """The device-split columns from ``profile_split_us``'s per-class us.
 
@@ -191,6 +204,7 @@ def _device_row(split: dict[str, float], case: Case) -> dict:
            "bookkeeping us": bookkeeping, "unattributed us": unattributed, "mixed us": mixed,
            "bookkeeping % (device)": 100.0 * bookkeeping / split["total"],
            "command buffers": "off" if _command_buffers_off() else "on (split by kernel name)"}
+    row["_by_op"] = {k[3:]: v for k, v in split.items() if k.startswith("by:")}
     if case.compare_anchors:
         row["vs sglang anchors"] = bookkeeping / SGLANG_ANCHOR_US
         row["vs sglang anchors (no move)"] = bookkeeping / SGLANG_ANCHOR_NO_MOVE_US
@@ -224,7 +238,7 @@ def _split(engine, prompts, case: Case, iters: int) -> tuple[dict[str, float],
         lambda: (_copy(stacked),), iters)
     device_us = profile_split_us(
         engine._step, lambda: (params, draft, _copy(stacked), slot_idx[None], live[None]),
-        _classify)
+        _classify, breakdown=_op_key)
     return ms, device_us
 
 
@@ -331,7 +345,20 @@ def _device_report(rows: list[dict], on_gpu: bool) -> str:
             f"{SGLANG_METADATA_US_B64:.0f} + build tree {SGLANG_BUILD_TREE_US_B64:.0f} + verify "
             f"{SGLANG_VERIFY_US_B64:.1f} + move_kv_cache {SGLANG_MOVE_KV_US_N64:.0f} (n=64 rows, "
             f"32 layers x 2 KB: a bigger pool geometry than this model's); (no move) = / "
-            f"{SGLANG_ANCHOR_NO_MOVE_US:.0f} us, the strict one. Target: < 0.33.{bounds}")
+            f"{SGLANG_ANCHOR_NO_MOVE_US:.0f} us, the strict one. Target: < 0.33.{bounds}"
+            f"{''.join(_top_ops(r) for r in spec_rows)}")
+
+
+def _top_ops(row: dict, top: int = 12) -> str:
+    """The ``top`` most expensive bookkeeping ops of a spec row's fused step (device us)."""
+    by_op = row.get("_by_op") or {}
+    ops = sorted(((us, key) for key, us in by_op.items() if key != "model"), reverse=True)
+    if not ops:
+        return ""
+    lines = "".join(f"\n| {key} | {us:.1f} |" for us, key in ops[:top])
+    return (f"\n\n{row['config']}: top bookkeeping ops by device us per step (op_name's last "
+            f"scopes; model = {by_op.get('model', 0.0):.1f} us)\n\n| op | us |\n|---|---|"
+            f"{lines}")
 
 
 if __name__ == "__main__":

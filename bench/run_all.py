@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             module = importlib.import_module(f"bench.{name}")
             rows = module.main(["--quick"] if args.quick else [])
-            text = f"## {name}\n\n{format_table(rows)}\n"
+            # A bench may name its columns (COLUMNS); its rows can carry more keys.
+            text = f"## {name}\n\n{format_table(rows, getattr(module, 'COLUMNS', None))}\n"
+            if hasattr(module, "DEVICE_COLUMNS") and any("step us (device)" in r for r in rows):
+                text += f"\n{format_table(rows, module.DEVICE_COLUMNS)}\n"
         except Exception:  # noqa: BLE001 - one broken bench must not hide the others
             failed += 1
             text = f"## {name}\n\nFAILED:\n```\n{traceback.format_exc()}```\n"

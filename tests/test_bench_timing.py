@@ -166,3 +166,15 @@ def test_profilers_return_none_on_cpu_and_keep_donated_inputs_fresh():
     donating = jax.jit(lambda x: x * 2.0, donate_argnums=0)
     assert profile_split_us(donating, lambda: (jnp.ones((8,)),), _classify, num_calls=2) is None
     assert profile_kernel_us(lambda: donating(jnp.ones((8,))), 1) is None
+
+
+def test_e2e_op_key_and_top_ops():
+    from bench.e2e import _op_key, _top_ops
+
+    assert _op_key("jit(fn)/jit(main)/shard_map/cond/branch_1_fun/jspec_model/dot_general") \
+        == "model"
+    assert _op_key("jit(fn)/cond/branch_1_fun/while/body/verify_tree/gather") \
+        == "while/body/verify_tree/gather"
+    assert _op_key("") == "(no op_name)"
+    text = _top_ops({"config": "c", "_by_op": {"model": 5.0, "a/b": 2.0, "c": 3.0}}, top=1)
+    assert "| c | 3.0 |" in text and "a/b" not in text and "model = 5.0 us" in text
