@@ -186,7 +186,7 @@ def _op_key(op_name: str) -> str:
         and not p.startswith(("jit(fn)", "jit(<lambda>)", "jit(per_shard)"))]
     if MODEL_SCOPE in parts:
         return "model"
-    return "/".join(parts[-3:]) or "(no op_name)"
+    return "/".join(parts[-4:]) or "(no op_name)"
 
 
 def _device_row(split: dict[str, float], case: Case) -> dict:
