@@ -182,7 +182,8 @@ def attribute_events(events: Sequence[StreamEvent], op_names: dict[str, str],
         if instruction is None:
             cls = UNATTRIBUTED
         else:
-            cls = classify(op_names[instruction])
+            # No op_name metadata (XLA-made copies, ...): classify the instruction's name.
+            cls = classify(op_names[instruction] or "@" + instruction)
             fused = (fused_op_names or {}).get(instruction, ())
             if any(classify(op) != cls for op in fused):
                 cls += MIXED_SUFFIX
@@ -205,7 +206,7 @@ def profile_split_us(fn: Any, make_args: Callable[[], tuple], classify: Callable
       fn: a ``jax.jit``-ed function without static arguments.
       make_args: returns one fresh argument tuple per call (donated inputs: fresh copies). The
         profiled calls' tuples are all made, and made ready, before the trace starts.
-      classify: op_name metadata ("" when absent) -> class name.
+      classify: op_name metadata (``"@" + instruction name`` when absent) -> class name.
       breakdown: optional second, finer classifier of the same events (e.g. op_name -> the
         bookkeeping op it belongs to); its us per call land under ``"by:" + key``.
     Returns:

@@ -186,6 +186,8 @@ def _op_key(op_name: str) -> str:
         and not p.startswith(("jit(fn)", "jit(<lambda>)", "jit(per_shard)"))]
     if MODEL_SCOPE in parts:
         return "model"
+    if op_name.startswith("@"):  # no op_name metadata: the HLO instruction
+        return op_name
     return "/".join(parts[-4:]) or "(no op_name)"
 
 

@@ -37,6 +37,7 @@ from jspec.engine.model import (
     draft_logits,
     target_forward,
     target_logits,
+    topk_probs,
 )
 from jspec.engine.state import EngineConfig, EngineState, gather_slots, scatter_slots
 from jspec.kv.allocator import alloc_extend
@@ -94,8 +95,7 @@ def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams |
                                        hidden.reshape(bp * lp, -1), positions, attn_fn,
                                        ecfg.tp_axis)
         dlast = dhidden.reshape(bp, lp, -1)[jnp.arange(bp), last]
-        probs = jax.nn.softmax(draft_logits(cfg, draft, params, dlast), -1)
-        topk_p, topk_index = jax.lax.top_k(probs, spec.topk)
+        topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, dlast), spec.topk)
         new = replace(
             new, draft_pool=dpool,
             topk_p=scatter_slots(new.topk_p, slot_idx, valid, topk_p),

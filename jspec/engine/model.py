@@ -248,6 +248,20 @@ def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, po
 
 
 @_model_scope
+def topk_probs(logits: jax.Array, topk: int, *,
+               impl: str = "xla") -> tuple[jax.Array, jax.Array]:
+    """The draft's top-k proposal: ``(topk_p f32[R, K], topk_index i32[R, K])`` from f32[R, V].
+
+    sglang: ``fast_topk(softmax(logits), K)``. Same values and order here without writing the
+    full-vocab softmax: top-k of the logits, then ``p = exp(top - logsumexp(logits))``.
+    ``impl``: ``"xla"`` (``lax.top_k`` + ``logsumexp``) or ``"pallas"`` (one fused pass over
+    the logits); see :mod:`jspec.kernels.topk_probs`.
+    """
+    from jspec.kernels import topk_probs as topk_probs_kernel
+
+    return topk_probs_kernel.topk_probs(logits, topk, impl=impl)
+
+
 def draft_logits(cfg: ModelConfig, draft: DraftParams, target: TargetParams,
                  hidden: jax.Array) -> jax.Array:
     """f32[..., V] draft logits: shared LM head over the draft's own final norm."""

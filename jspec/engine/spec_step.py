@@ -58,6 +58,7 @@ from jspec.engine.model import (
     draft_logits,
     target_forward,
     target_logits,
+    topk_probs,
 )
 from jspec.engine.state import EngineConfig, EngineState, gather_slots, scatter_slots
 from jspec.kv.pool import set_kv_buffer
@@ -67,12 +68,6 @@ from jspec.tree.decode_alloc import ReqKVState, commit_kv_lens, prepare_for_deco
 from jspec.tree.layout import prepare_for_draft
 from jspec.tree.select import organize_draft_results, select_top_k_tokens
 from jspec.tree.verify import compact_accept_to_front, eagle_sample_greedy, fill_bonus_tokens
-
-
-def _topk_probs(logits: jax.Array, topk: int) -> tuple[jax.Array, jax.Array]:
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    topk_p, topk_index = jax.lax.top_k(probs, topk)
-    return topk_p, topk_index.astype(jnp.int32)
 
 
 def draft_decode_passes(ecfg: EngineConfig, req_to_token: jax.Array, req_pool_indices: jax.Array,
@@ -179,7 +174,7 @@ def phase_draft(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c:
         dpool, hidden = draft_forward(cfg, draft, params, dpool, input_ids, hidden,
                                       c["positions"] + i, make_attn_fn(plan, set_kv_buffer),
                                       ecfg.tp_axis)
-        topk_p, topk_index = _topk_probs(draft_logits(cfg, draft, params, hidden), k)
+        topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, hidden), k)
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         score_list, token_list, parents_list, num_draft_tokens=n)
     return {**c, "dpool": dpool, "parent_list": parent_list,
@@ -257,7 +252,7 @@ def phase_extend(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c
                                       make_attn_fn(plan, set_kv_buffer), ecfg.tp_axis)
     select = jnp.arange(batch) * n + jnp.maximum(c["accept_lens"], 1) - 1
     next_hidden = ext_hidden[select]
-    next_p, next_index = _topk_probs(draft_logits(cfg, draft, params, next_hidden), k)
+    next_p, next_index = topk_probs(draft_logits(cfg, draft, params, next_hidden), k)
     return {**c, "dpool": dpool, "next_p": next_p, "next_index": next_index,
             "next_hidden": next_hidden}
 
