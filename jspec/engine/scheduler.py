@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec import probes
+from jspec._pytree import replace
 from jspec.engine import sharding
 from jspec.engine.greedy import _greedy_body
 from jspec.engine.lifecycle import _prefill_body, _release_body
@@ -136,7 +137,7 @@ class Engine:
             if msg is not None:
                 raise probes.ProbeError(msg)
         self.state = out[0]
-        return [np.asarray(x) for x in out[1:]]
+        return [_to_host(x) for x in out[1:]]
 
     def _call_prefill(self, slot_idx, prompt_ids, prompt_lens):
         first, ok = self._call(self._prefill, slot_idx, prompt_ids, prompt_lens)
@@ -356,7 +357,13 @@ class Engine:
 
     # ---- checks ----------------------------------------------------------------------------------
     def _shard_state(self, s: int) -> EngineState:
-        return jax.tree.map(lambda x: x[s], self.state)
+        """Shard ``s``'s state: the bookkeeping on the host (gathered from every process on a
+        multi-host mesh), the KV pools sliced on the device (never copied to the host)."""
+        st = self.state
+        host = jax.tree.map(lambda x: _to_host(x)[s],
+                            replace(st, target_pool=None, draft_pool=None))
+        return replace(host, target_pool=jax.tree.map(lambda x: x[s], st.target_pool),
+                       draft_pool=jax.tree.map(lambda x: x[s], st.draft_pool))
 
     def check_integrity(self, what: str = "") -> None:
         """``check_integrity`` on every shard with the pages owned by its live requests."""
@@ -386,6 +393,16 @@ class Engine:
                     f"{spec.pool_size}, free rows={rows} of {spec.max_running_requests}")
         return (f"ok: {self.num_devices} x {spec.num_pages} pages and "
                 f"{spec.max_running_requests} rows free")
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    """A (possibly multi-host) array as one numpy array: on a mesh spanning several processes
+    (``jax.distributed``) every process gathers the whole array."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def _prefill_fn(ecfg, params, draft, state, slot_idx, prompt_ids, prompt_lens):

@@ -17,6 +17,9 @@ mesh ``("dp", "tp")`` of ``D * ecfg.tensor_parallel`` devices:
   (all-reduced) values, as sglang's TP ranks do.
 
 With one device in all, it is a plain ``jax.jit`` (the leading axis is squeezed inside).
+Several hosts: after ``jax.distributed.initialize()`` in every process the mesh spans all
+processes' devices; every process runs the same host loop (SPMD) and the scheduler gathers step
+outputs with ``multihost_utils.process_allgather`` (tested: 2 CPU processes, dp across them).
 Compiled wrappers are cached per ``(body, ecfg, D)``.
 """
 

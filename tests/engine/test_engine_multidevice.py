@@ -121,3 +121,65 @@ def test_tensor_parallel_equals_one_device():
     """dp=2 x tp=2 (spec and greedy) and dp=1 x tp=4 (spec, checkify on) == one device; the
     demo runs with --devices 2 --tensor-parallel 2."""
     _run(_TP_SCRIPT, "TENSOR PARALLEL OK")
+
+
+_PROCESS_SCRIPT = textwrap.dedent("""
+    import json
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import sys
+    sys.path.insert(0, {helpers!r})
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address="127.0.0.1:{port}", num_processes=2,
+                               process_id={pid})
+    assert jax.process_count() == 2 and len(jax.devices()) == 4
+    from engine_helpers import TINY, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, tiny_model, tiny_prompts
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.state import make_engine_config
+
+    params, draft = tiny_model()
+    ecfg = make_engine_config(TINY, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
+                              context_len=CONTEXT_LEN, max_running_requests=2,
+                              max_prompt_len=MAX_PROMPT, batch_buckets=(2,), tensor_parallel=2)
+    out, stats = Engine(ecfg, params, draft, num_devices=2).generate(
+        tiny_prompts({lens!r}), MAX_NEW)
+    print("OUT" + json.dumps([out, stats.leak_check]))
+""")
+
+
+def test_two_processes_with_jax_distributed():
+    """Multi-host, emulated: 2 processes x 2 CPU devices joined by ``jax.distributed``; the mesh
+    is 2 data-parallel shards (one per process) x 2 tensor-parallel devices (within a process).
+    Every process runs the same host loop and gets the one-device tokens."""
+    import json
+    import socket
+
+    from engine_helpers import CONTEXT_LEN, MAX_NEW, MAX_PROMPT, TINY, tiny_model, tiny_prompts
+
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.state import make_engine_config
+
+    lens = (3, 17, 9, 30, 5, 12)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    helpers = os.path.dirname(os.path.abspath(__file__))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", _PROCESS_SCRIPT.format(helpers=helpers, port=port, pid=pid,
+                                                      lens=lens)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for pid in (0, 1)]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (stdout, stderr) in zip(procs, results, strict=True):
+        assert p.returncode == 0, stdout + stderr
+    params, draft = tiny_model()
+    ecfg = make_engine_config(TINY, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
+                              context_len=CONTEXT_LEN, max_running_requests=2,
+                              max_prompt_len=MAX_PROMPT, batch_buckets=(2,))
+    ref, _ = Engine(ecfg, params, draft).generate(tiny_prompts(lens), MAX_NEW)
+    for stdout, _ in results:
+        out, leak = json.loads(stdout.split("OUT", 1)[1])
+        assert out == ref
+        assert leak.startswith("ok: 2 x"), leak
