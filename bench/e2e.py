@@ -185,7 +185,7 @@ def _op_key(op_name: str) -> str:
         "jit(main)", "shard_map", "cond", "branch_0_fun", "branch_1_fun")
         and not p.startswith(("jit(fn)", "jit(<lambda>)", "jit(per_shard)"))]
     if MODEL_SCOPE in parts:
-        return "model"
+        return "model:" + "/".join(parts[parts.index(MODEL_SCOPE) + 1:][-4:])
     if op_name.startswith("@"):  # no op_name metadata: the HLO instruction
         return op_name
     return "/".join(parts[-4:]) or "(no op_name)"
@@ -352,15 +352,17 @@ def _device_report(rows: list[dict], on_gpu: bool) -> str:
 
 
 def _top_ops(row: dict, top: int = 12) -> str:
-    """The ``top`` most expensive bookkeeping ops of a spec row's fused step (device us)."""
+    """The ``top`` most expensive bookkeeping and model ops of a spec row's fused step."""
     by_op = row.get("_by_op") or {}
-    ops = sorted(((us, key) for key, us in by_op.items() if key != "model"), reverse=True)
-    if not ops:
-        return ""
-    lines = "".join(f"\n| {key} | {us:.1f} |" for us, key in ops[:top])
-    return (f"\n\n{row['config']}: top bookkeeping ops by device us per step (op_name's last "
-            f"scopes; model = {by_op.get('model', 0.0):.1f} us)\n\n| op | us |\n|---|---|"
-            f"{lines}")
+    text = ""
+    for title, is_model in (("bookkeeping", False), ("model", True)):
+        ops = sorted(((us, key) for key, us in by_op.items()
+                      if key.startswith("model:") == is_model), reverse=True)
+        if ops:
+            lines = "".join(f"\n| {key} | {us:.1f} |" for us, key in ops[:top])
+            text += (f"\n\n{row['config']}: top {title} ops by device us per step (op_name's "
+                     f"last scopes)\n\n| op | us |\n|---|---|{lines}")
+    return text
 
 
 if __name__ == "__main__":

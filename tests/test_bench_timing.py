@@ -172,9 +172,10 @@ def test_e2e_op_key_and_top_ops():
     from bench.e2e import _op_key, _top_ops
 
     assert _op_key("jit(fn)/jit(main)/shard_map/cond/branch_1_fun/jspec_model/dot_general") \
-        == "model"
+        == "model:dot_general"
     assert _op_key("jit(fn)/cond/branch_1_fun/while/body/verify_tree/gather") \
         == "while/body/verify_tree/gather"
     assert _op_key("") == "(no op_name)"
-    text = _top_ops({"config": "c", "_by_op": {"model": 5.0, "a/b": 2.0, "c": 3.0}}, top=1)
-    assert "| c | 3.0 |" in text and "a/b" not in text and "model = 5.0 us" in text
+    assert _op_key("@copy.3") == "@copy.3"
+    text = _top_ops({"config": "c", "_by_op": {"model:x": 5.0, "a/b": 2.0, "c": 3.0}}, top=1)
+    assert "| c | 3.0 |" in text and "a/b" not in text and "| model:x | 5.0 |" in text
