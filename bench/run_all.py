@@ -22,6 +22,7 @@ BENCHES = (
     "build_tree",
     "verify_tree_greedy",
     "attention_meta",
+    "topk_probs",
     "e2e",
 )
 

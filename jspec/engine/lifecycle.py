@@ -95,7 +95,8 @@ def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams |
                                        hidden.reshape(bp * lp, -1), positions, attn_fn,
                                        ecfg.tp_axis)
         dlast = dhidden.reshape(bp, lp, -1)[jnp.arange(bp), last]
-        topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, dlast), spec.topk)
+        topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, dlast), spec.topk,
+                                           impl=ecfg.kernel_impl)
         new = replace(
             new, draft_pool=dpool,
             topk_p=scatter_slots(new.topk_p, slot_idx, valid, topk_p),

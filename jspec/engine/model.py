@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec._pytree import pytree_dataclass
+from jspec.kernels import topk_probs as topk_probs_kernel
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -247,7 +248,6 @@ def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, po
     return decoder_layer(cfg, draft.layer, 0, pool, x, positions, attn_fn, tp_axis)
 
 
-@_model_scope
 def topk_probs(logits: jax.Array, topk: int, *,
                impl: str = "xla") -> tuple[jax.Array, jax.Array]:
     """The draft's top-k proposal: ``(topk_p f32[R, K], topk_index i32[R, K])`` from f32[R, V].
@@ -257,11 +257,10 @@ def topk_probs(logits: jax.Array, topk: int, *,
     ``impl``: ``"xla"`` (``lax.top_k`` + ``logsumexp``) or ``"pallas"`` (one fused pass over
     the logits); see :mod:`jspec.kernels.topk_probs`.
     """
-    from jspec.kernels import topk_probs as topk_probs_kernel
-
     return topk_probs_kernel.topk_probs(logits, topk, impl=impl)
 
 
+@_model_scope
 def draft_logits(cfg: ModelConfig, draft: DraftParams, target: TargetParams,
                  hidden: jax.Array) -> jax.Array:
     """f32[..., V] draft logits: shared LM head over the draft's own final norm."""

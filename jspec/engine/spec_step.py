@@ -174,7 +174,8 @@ def phase_draft(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c:
         dpool, hidden = draft_forward(cfg, draft, params, dpool, input_ids, hidden,
                                       c["positions"] + i, make_attn_fn(plan, set_kv_buffer),
                                       ecfg.tp_axis)
-        topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, hidden), k)
+        topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, hidden), k,
+                                        impl=ecfg.kernel_impl)
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         score_list, token_list, parents_list, num_draft_tokens=n)
     return {**c, "dpool": dpool, "parent_list": parent_list,
@@ -252,7 +253,8 @@ def phase_extend(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c
                                       make_attn_fn(plan, set_kv_buffer), ecfg.tp_axis)
     select = jnp.arange(batch) * n + jnp.maximum(c["accept_lens"], 1) - 1
     next_hidden = ext_hidden[select]
-    next_p, next_index = topk_probs(draft_logits(cfg, draft, params, next_hidden), k)
+    next_p, next_index = topk_probs(draft_logits(cfg, draft, params, next_hidden), k,
+                                    impl=ecfg.kernel_impl)
     return {**c, "dpool": dpool, "next_p": next_p, "next_index": next_index,
             "next_hidden": next_hidden}
 
