@@ -23,8 +23,8 @@ SPEC.md §2, for a padded bucket of batch slots (``K`` topk, ``S`` steps, ``N`` 
     9 commit                    L += accept_len, bonus = last accepted token
 
 The step is one ``jax.jit`` (state donated) per batch bucket; padding entries are invalid rows
-(row 0, slot 0, no allocation). If step 1 finds the pages short, the whole step is skipped
-(``ok`` False, state unchanged). Outputs: ``accept_tokens i32[Bb, S+1]`` (the emitted tokens,
+(row 0, slot 0, no allocation). If step 1 finds the pages short, every entry becomes padding
+and the step changes no state (``ok`` False). Outputs: ``accept_tokens i32[Bb, S+1]`` (the emitted tokens,
 ``[:accept_len]`` valid) and ``accept_lens i32[Bb]`` (0 on padding entries).
 
 Losslessness: every emitted token is the target's argmax given the prefix and the accepted
@@ -138,6 +138,14 @@ def phase_prepare(ecfg: EngineConfig, params, draft, state: EngineState, slot_id
                       valid=live)
     allocator, r2t, reqs, ok = prepare_for_decode(state.allocator, state.req_to_token, reqs,
                                                   spec, impl=ecfg.kernel_impl)
+    # Pages short (ok False): nothing was allocated; every entry becomes padding (row 0,
+    # length 0), so the rest of the step changes no state (a skipped step). Not a lax.cond:
+    # a cond keeps the pre-step pools alive for its skip branch, so XLA copied the draft pool
+    # (modified below, before the branch) twice per step.
+    live = live & ok
+    reqs = ReqKVState(committed_lens=jnp.where(live, reqs.committed_lens, 0),
+                      allocated_lens=jnp.where(live, reqs.allocated_lens, 0),
+                      req_pool_indices=jnp.where(live, reqs.req_pool_indices, 0), valid=live)
     seq_lens, rpi = reqs.committed_lens, reqs.req_pool_indices
     dpool, out_cache_loc, positions = prepare_for_draft(
         state.draft_pool, r2t, rpi, seq_lens, topk=k, num_steps=s, page_size=p, valid=live,
@@ -284,23 +292,10 @@ PHASES = (("draft", phase_draft), ("bookkeeping", phase_tree), ("verify", phase_
 
 def _spec_step_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams,
                     state: EngineState, slot_idx: jax.Array, live: jax.Array):
-    spec = ecfg.spec
-    batch = slot_idx.shape[0]
     c = phase_prepare(ecfg, params, draft, state, slot_idx, live)
-
-    def run(state: EngineState):
-        ctx = c
-        for _, phase in PHASES:
-            ctx = phase(ecfg, params, draft, ctx)
-        return phase_commit(ecfg, state, ctx), ctx["accept_tokens"], ctx["accept_lens"]
-
-    def skip(state: EngineState):
-        width = min(spec.num_steps, spec.num_draft_tokens - 1) + 1
-        return (state, jnp.zeros((batch, width), jnp.int32), jnp.zeros((batch,), jnp.int32))
-
-    # Pages short: nothing was allocated; skip the whole step (state unchanged, ok False).
-    state, accept_tokens, accept_lens = jax.lax.cond(c["ok"], run, skip, state)
-    return state, accept_tokens, accept_lens, c["ok"]
+    for _, phase in PHASES:
+        c = phase(ecfg, params, draft, c)
+    return phase_commit(ecfg, state, c), c["accept_tokens"], c["accept_lens"], c["ok"]
 
 
 @functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))

@@ -88,3 +88,34 @@ def test_warmup_is_a_no_op_on_the_bookkeeping():
     np.testing.assert_array_equal(np.asarray(engine.state.allocator.free_pages), before)
     assert engine.check_leaks().startswith("ok")
     assert not np.any(np.asarray(engine.state.live))
+
+
+def test_spec_step_with_pages_short_changes_no_state():
+    """prepare_for_decode finds the pool short: ok False, every entry becomes padding and the
+    step leaves the state as it was (only the padding page, a write sink, may change)."""
+    import jax
+
+    params, draft = tiny_model()
+    ecfg = make_engine_config(TINY, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
+                              context_len=CONTEXT_LEN, max_running_requests=2,
+                              max_prompt_len=MAX_PROMPT, batch_buckets=(2,), num_pages=3)
+    engine = Engine(ecfg, params, draft)
+    prompts = np.zeros((1, 2, MAX_PROMPT), np.int32)
+    prompts[0, 0, :30] = tiny_prompts((30,))[0]
+    _, ok = engine._call_prefill(np.array([[0, 2]], np.int32), prompts,
+                                 np.array([[30, 0]], np.int32))
+    assert ok.all()
+    before = jax.tree.map(np.array, engine.state)
+    tokens, lens, ok = engine._call_step(np.array([[0, 2]], np.int32),
+                                         np.array([[True, False]]))
+    assert not ok.any() and not lens.any() and not tokens.any()
+    after = jax.tree.map(np.array, engine.state)
+    page = ecfg.spec.page_size
+
+    def same(path, b, a):
+        name = jax.tree_util.keystr(path)
+        if name.startswith((".target_pool", ".draft_pool")):  # [D, layers, slots, ...]
+            b, a = b[:, :, page:], a[:, :, page:]
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+    jax.tree_util.tree_map_with_path(same, before, after)
