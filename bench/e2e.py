@@ -20,7 +20,9 @@ incl. dispatch, median):
 **Device split** (second table, GPU only): the summed GPU kernel time of that fused step from a
 profiler trace (:func:`bench._timing.profile_split_us`), each kernel classed by the HLO op it
 runs: ``model`` = ops under ``jax.named_scope(jspec.engine.model.MODEL_SCOPE)`` (every model
-forward and LM head), ``bookkeeping`` = everything else, *including* kernels that could not be
+forward and LM head; ``draft us`` / ``verify us`` = its ``draft`` / ``target`` sub-scopes: the
+draft forwards + draft extend, and the target's verify forward), ``bookkeeping`` = everything
+else, *including* kernels that could not be
 attributed to an HLO op (conservative). A fusion is classed by its root op; ``mixed us`` is the
 time of model-rooted kernels into which XLA fused bookkeeping ops (index math fused into KV
 writes and embedding gathers): ``bookkeeping us + mixed us`` bounds the bookkeeping above.
@@ -75,7 +77,8 @@ warnings.filterwarnings("ignore", message="Some donated buffers were not usable"
 COLUMNS = ("config", "mode", "tokens/s", "step ms", "accept len", "step ms (fused, wall)",
            "draft ms (wall)", "verify ms (wall)", "bookkeeping ms (wall)",
            "bookkeeping % (wall)", "lossless", "note")
-DEVICE_COLUMNS = ("config", "mode", "step us (device)", "model us", "bookkeeping us",
+DEVICE_COLUMNS = ("config", "mode", "step us (device)", "model us", "draft us", "verify us",
+                  "bookkeeping us",
                   "unattributed us", "mixed us", "bookkeeping % (device)", "vs sglang anchors",
                   "vs sglang anchors (no move)", "command buffers")
 
@@ -170,10 +173,15 @@ def _command_buffers_off() -> bool:
 
 
 def _classify(op_name: str) -> str:
-    """``model`` for HLO ops under the model's named scope, else ``bookkeeping``."""
+    """``target`` / ``draft`` for HLO ops under the model's named scopes (target = the verify
+    forward in a spec step), else ``bookkeeping``."""
     from jspec.engine.model import MODEL_SCOPE
 
-    return "model" if MODEL_SCOPE in op_name.split("/") else "bookkeeping"
+    parts = op_name.split("/")
+    if MODEL_SCOPE not in parts:
+        return "bookkeeping"
+    sub = parts[parts.index(MODEL_SCOPE) + 1:]
+    return "draft" if sub and sub[0] == "draft" else "target"
 
 
 def _op_key(op_name: str) -> str:
@@ -199,10 +207,13 @@ def _device_row(split: dict[str, float], case: Case) -> dict:
     math is in ``model us``: ``bookkeeping us + mixed us`` bounds the bookkeeping above).
     """
     unattributed = split.get(UNATTRIBUTED, 0.0)
-    mixed = split.get("model" + MIXED_SUFFIX, 0.0)
+    mixed = split.get("target" + MIXED_SUFFIX, 0.0) + split.get("draft" + MIXED_SUFFIX, 0.0)
+    draft = split.get("draft", 0.0) + split.get("draft" + MIXED_SUFFIX, 0.0)
+    target = split.get("target", 0.0) + split.get("target" + MIXED_SUFFIX, 0.0)
     bookkeeping = (split.get("bookkeeping", 0.0) + split.get("bookkeeping" + MIXED_SUFFIX, 0.0)
                    + unattributed)
-    row = {"step us (device)": split["total"], "model us": split.get("model", 0.0) + mixed,
+    row = {"step us (device)": split["total"], "model us": draft + target,
+           "draft us": draft, "verify us": target,
            "bookkeeping us": bookkeeping, "unattributed us": unattributed, "mixed us": mixed,
            "bookkeeping % (device)": 100.0 * bookkeeping / split["total"],
            "command buffers": "off" if _command_buffers_off() else "on (split by kernel name)"}

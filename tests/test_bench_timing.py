@@ -179,3 +179,17 @@ def test_e2e_op_key_and_top_ops():
     assert _op_key("@copy.3") == "@copy.3"
     text = _top_ops({"config": "c", "_by_op": {"model:x": 5.0, "a/b": 2.0, "c": 3.0}}, top=1)
     assert "| c | 3.0 |" in text and "a/b" not in text and "| model:x | 5.0 |" in text
+
+
+def test_e2e_classify_and_device_row():
+    from bench.e2e import Case, _classify, _device_row
+
+    assert _classify("jit(fn)/cond/jspec_model/draft/dot_general") == "draft"
+    assert _classify("jit(fn)/jspec_model/target/jit(set_kv_buffer)/scatter") == "target"
+    assert _classify("jit(fn)/jit(build_tree)/pallas_call") == "bookkeeping"
+    split = {"draft": 10.0, "draft (mixed)": 2.0, "target": 20.0, "bookkeeping": 5.0,
+             "unattributed": 1.0, "total": 38.0}
+    row = _device_row(split, Case("c", 16, 8, 5, 32, 64, 32, 64, 8, compare_anchors=True))
+    assert (row["draft us"], row["verify us"], row["model us"]) == (12.0, 20.0, 32.0)
+    assert (row["bookkeeping us"], row["mixed us"]) == (6.0, 2.0)
+    assert row["vs sglang anchors"] == 6.0 / 875.0

@@ -156,19 +156,23 @@ def _mm(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.matmul(a, b, precision=MATMUL_PRECISION)
 
 
-# Every model computation (forwards and LM heads) runs under this ``jax.named_scope``: the HLO
-# ops it emits carry it in their ``op_name`` metadata, which is how bench/e2e.py splits the
-# device time of a fused step into model forwards vs bookkeeping.
+# Every model computation (forwards and LM heads) runs under ``jax.named_scope(MODEL_SCOPE)``
+# and, inside it, ``"target"`` or ``"draft"``: the HLO ops it emits carry these in their
+# ``op_name`` metadata, which is how bench/e2e.py splits the device time of a fused step into
+# target (verify) forward, draft forwards and bookkeeping.
 MODEL_SCOPE = "jspec_model"
 
 
-def _model_scope(fn):
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        with jax.named_scope(MODEL_SCOPE):
-            return fn(*args, **kwargs)
+def _model_scope(part: str):
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with jax.named_scope(MODEL_SCOPE), jax.named_scope(part):
+                return fn(*args, **kwargs)
 
-    return wrapped
+        return wrapped
+
+    return decorate
 
 
 def _tp_sum(x: jax.Array, tp_axis: str | None) -> jax.Array:
@@ -202,7 +206,7 @@ def decoder_layer(cfg: ModelConfig, lp: LayerParams, layer: int, pool: Any, x: j
     return pool, x
 
 
-@_model_scope
+@_model_scope("target")
 def target_forward(cfg: ModelConfig, params: TargetParams, pool: Any, token_ids: jax.Array,
                    positions: jax.Array, attn_fn: AttnFn,
                    tp_axis: str | None = None) -> tuple[Any, jax.Array]:
@@ -223,14 +227,14 @@ def target_forward(cfg: ModelConfig, params: TargetParams, pool: Any, token_ids:
     return pool, rms_norm(x, params.final_norm, cfg.rms_norm_eps)
 
 
-@_model_scope
+@_model_scope("target")
 def target_logits(params: TargetParams, hidden: jax.Array) -> jax.Array:
     """f32[..., V] logits from the target's normed hidden states."""
     return jnp.dot(hidden, params.lm_head, preferred_element_type=jnp.float32,
                    precision=MATMUL_PRECISION)
 
 
-@_model_scope
+@_model_scope("draft")
 def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, pool: Any,
                   token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
                   attn_fn: AttnFn, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
@@ -260,7 +264,7 @@ def topk_probs(logits: jax.Array, topk: int, *,
     return topk_probs_kernel.topk_probs(logits, topk, impl=impl)
 
 
-@_model_scope
+@_model_scope("draft")
 def draft_logits(cfg: ModelConfig, draft: DraftParams, target: TargetParams,
                  hidden: jax.Array) -> jax.Array:
     """f32[..., V] draft logits: shared LM head over the draft's own final norm."""
