@@ -37,9 +37,9 @@ from jspec.engine.model import (
     draft_logits,
     target_forward,
     target_logits,
-    topk_probs,
 )
 from jspec.engine.state import EngineConfig, EngineState, gather_slots, scatter_slots
+from jspec.kernels.topk_probs import topk_probs
 from jspec.kv.allocator import alloc_extend
 from jspec.kv.pool import set_kv_buffer
 from jspec.kv.req_to_token import alloc_req_rows, assign_req_to_token_pool, free_req_rows

@@ -35,7 +35,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec._pytree import pytree_dataclass
-from jspec.kernels import topk_probs as topk_probs_kernel
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -250,18 +249,6 @@ def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, po
     x = jnp.concatenate([target.embed[token_ids], hidden_in.astype(target.embed.dtype)], -1)
     x = _mm(x, draft.fc)
     return decoder_layer(cfg, draft.layer, 0, pool, x, positions, attn_fn, tp_axis)
-
-
-def topk_probs(logits: jax.Array, topk: int, *,
-               impl: str = "xla") -> tuple[jax.Array, jax.Array]:
-    """The draft's top-k proposal: ``(topk_p f32[R, K], topk_index i32[R, K])`` from f32[R, V].
-
-    sglang: ``fast_topk(softmax(logits), K)``. Same values and order here without writing the
-    full-vocab softmax: top-k of the logits, then ``p = exp(top - logsumexp(logits))``.
-    ``impl``: ``"xla"`` (``lax.top_k`` + ``logsumexp``) or ``"pallas"`` (one fused pass over
-    the logits); see :mod:`jspec.kernels.topk_probs`.
-    """
-    return topk_probs_kernel.topk_probs(logits, topk, impl=impl)
 
 
 @_model_scope("draft")

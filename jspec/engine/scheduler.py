@@ -358,20 +358,31 @@ class Engine:
         self._call_release(slot_idx, finished)
 
     # ---- checks ----------------------------------------------------------------------------------
+    def _host_bookkeeping(self) -> EngineState:
+        """The stacked state without its KV pools, on the host (gathered from every process on
+        a multi-host mesh): what the checks read."""
+        return jax.tree.map(_to_host, replace(self.state, target_pool=None, draft_pool=None))
+
     def _shard_state(self, s: int) -> EngineState:
-        """Shard ``s``'s state: the bookkeeping on the host (gathered from every process on a
-        multi-host mesh), the KV pools sliced on the device (never copied to the host)."""
+        """Shard ``s``'s state: the bookkeeping on the host, the KV pools sliced on the device
+        (never copied to the host)."""
         st = self.state
-        host = jax.tree.map(lambda x: _to_host(x)[s],
-                            replace(st, target_pool=None, draft_pool=None))
+        host = jax.tree.map(lambda x: x[s], self._host_bookkeeping())
         return replace(host, target_pool=jax.tree.map(lambda x: x[s], st.target_pool),
                        draft_pool=jax.tree.map(lambda x: x[s], st.draft_pool))
 
+    def _host_shards(self) -> list[EngineState]:
+        """Every shard's bookkeeping on the host (pools None), fetched once."""
+        host = self._host_bookkeeping()
+        return [jax.tree.map(lambda x, s=s: x[s], host) for s in range(self.num_devices)]
+
     def check_integrity(self, what: str = "") -> None:
         """``check_integrity`` on every shard with the pages owned by its live requests."""
+        self._check_shards(self._host_shards(), what)
+
+    def _check_shards(self, shards: list[EngineState], what: str) -> None:
         spec = self.ecfg.spec
-        for s in range(self.num_devices):
-            st = self._shard_state(s)
+        for s, st in enumerate(shards):
             owned = owned_page_mask(st.req_to_token, st.req_pool_indices, st.allocated_lens,
                                     num_pages=spec.num_pages, page_size=spec.page_size,
                                     valid=st.live)
@@ -380,12 +391,9 @@ class Engine:
     def check_leaks(self) -> str:
         """After a run: every page and every req_to_token row is free again (else raises)."""
         spec = self.ecfg.spec
-        for s in range(self.num_devices):
-            st = self._shard_state(s)
-            check_integrity(st.allocator, owned_page_mask(
-                st.req_to_token, st.req_pool_indices, st.allocated_lens,
-                num_pages=spec.num_pages, page_size=spec.page_size, valid=st.live),
-                what=f"shard {s} after run")
+        shards = self._host_shards()
+        self._check_shards(shards, "after run")
+        for s, st in enumerate(shards):
             avail = int(available_size(st.allocator))
             rows = int(st.req_rows.num_free)
             if avail != spec.pool_size or rows != spec.max_running_requests or bool(

@@ -38,8 +38,6 @@ from jspec._pytree import replace
 from jspec.engine.model import DraftParams, LayerParams, TargetParams
 from jspec.engine.state import DP_AXIS, TP_AXIS
 
-AXIS = DP_AXIS  # the data-parallel axis (kept for callers of the 1-D version)
-
 
 @functools.cache
 def make_mesh(num_devices: int, tensor_parallel: int = 1) -> Mesh:
@@ -164,23 +162,23 @@ def first_error(errors: Any, num_devices: int) -> str | None:
 
 
 # ---- placement ---------------------------------------------------------------------------------
+def _place(tree: Any, specs: Any, mesh: Mesh) -> Any:
+    """``device_put`` of ``tree`` by ``specs`` (PartitionSpecs, a pytree prefix of ``tree``)."""
+    return jax.device_put(tree, jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs))
+
+
 def stack_states(states: list[Any], num_devices: int, tensor_parallel: int = 1) -> Any:
     """Stack per-shard states on a leading axis, placed by :func:`state_specs` on the mesh."""
     stacked = jax.tree.map(lambda *xs: jax.numpy.stack(xs), *states)
     if num_devices * tensor_parallel == 1:
         return stacked
-    mesh = make_mesh(num_devices, tensor_parallel)
-    return jax.tree.map(lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)),
-                        stacked, state_specs(stacked, tensor_parallel))
+    return _place(stacked, state_specs(stacked, tensor_parallel),
+                  make_mesh(num_devices, tensor_parallel))
 
 
 def replicate(params: Any, num_devices: int, tensor_parallel: int = 1) -> Any:
     """Put params on the mesh: replicated over ``dp``, layers head-sharded over ``tp``."""
     if params is None or num_devices * tensor_parallel == 1:
         return params
-    mesh = make_mesh(num_devices, tensor_parallel)
-    specs = param_specs(params, tensor_parallel)
-    if isinstance(specs, P):
-        return jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, specs)), params)
-    return jax.tree.map(lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)),
-                        params, specs)
+    return _place(params, param_specs(params, tensor_parallel),
+                  make_mesh(num_devices, tensor_parallel))

@@ -24,8 +24,8 @@ SPEC.md §2, for a padded bucket of batch slots (``K`` topk, ``S`` steps, ``N`` 
 
 The step is one ``jax.jit`` (state donated) per batch bucket; padding entries are invalid rows
 (row 0, slot 0, no allocation). If step 1 finds the pages short, every entry becomes padding
-and the step changes no state (``ok`` False). Outputs: ``accept_tokens i32[Bb, S+1]`` (the emitted tokens,
-``[:accept_len]`` valid) and ``accept_lens i32[Bb]`` (0 on padding entries).
+and the step changes no state (``ok`` False). Outputs: ``accept_tokens i32[Bb, S+1]`` (the
+emitted tokens, ``[:accept_len]`` valid) and ``accept_lens i32[Bb]`` (0 on padding entries).
 
 Losslessness: every emitted token is the target's argmax given the prefix and the accepted
 path, i.e. exactly plain greedy decoding; the draft only decides how many are emitted per step.
@@ -58,9 +58,9 @@ from jspec.engine.model import (
     draft_logits,
     target_forward,
     target_logits,
-    topk_probs,
 )
 from jspec.engine.state import EngineConfig, EngineState, gather_slots, scatter_slots
+from jspec.kernels.topk_probs import topk_probs
 from jspec.kv.pool import set_kv_buffer
 from jspec.tree.accept import move_accept_tokens_to_target_kvcache, verify_out_cache_loc
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
@@ -179,9 +179,9 @@ def phase_draft(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c:
         if i == s - 1:
             break  # the last step's tokens are leaves: no forward
         plan = AttnPlan(write_slot_ids=cache_loc[:, i], passes=c["passes"][i])
+        attn_fn = make_attn_fn(plan, set_kv_buffer)
         dpool, hidden = draft_forward(cfg, draft, params, dpool, input_ids, hidden,
-                                      c["positions"] + i, make_attn_fn(plan, set_kv_buffer),
-                                      ecfg.tp_axis)
+                                      c["positions"] + i, attn_fn, ecfg.tp_axis)
         topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, hidden), k,
                                         impl=ecfg.kernel_impl)
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
@@ -211,9 +211,9 @@ def phase_verify(ecfg: EngineConfig, params: TargetParams, draft, c: dict) -> di
         AttnPass(row_slot_ids(c["r2t"], reqs.req_pool_indices, width),
                  length_mask(reqs.committed_lens, n, width)),
         AttnPass(c["verify_loc"].reshape(batch, n), tree.tree_mask)))
+    attn_fn = make_attn_fn(plan, set_kv_buffer)
     tpool, target_hidden = target_forward(ecfg.model, params, c["tpool"], tree.draft_tokens,
-                                          tree.positions, make_attn_fn(plan, set_kv_buffer),
-                                          ecfg.tp_axis)
+                                          tree.positions, attn_fn, ecfg.tp_axis)
     return {**c, "tpool": tpool, "target_hidden": target_hidden,
             "logits": target_logits(params, target_hidden)}
 
@@ -256,9 +256,9 @@ def phase_extend(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c
                  length_mask(seq_lens, n, width)),
         AttnPass(c["verify_loc"].reshape(batch, n),
                  causal_mask(jnp.zeros((batch,), jnp.int32), n, n))))
+    attn_fn = make_attn_fn(plan, set_kv_buffer)
     dpool, ext_hidden = draft_forward(cfg, draft, params, c["dpool"], c["predict"],
-                                      c["target_hidden"], ext_pos,
-                                      make_attn_fn(plan, set_kv_buffer), ecfg.tp_axis)
+                                      c["target_hidden"], ext_pos, attn_fn, ecfg.tp_axis)
     select = jnp.arange(batch) * n + jnp.maximum(c["accept_lens"], 1) - 1
     next_hidden = ext_hidden[select]
     next_p, next_index = topk_probs(draft_logits(cfg, draft, params, next_hidden), k,

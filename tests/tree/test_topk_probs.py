@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jspec.engine.model import topk_probs as model_topk_probs
 from jspec.kernels.topk_probs import MAX_COLS, topk_probs, topk_probs_reference
 
 NEG_INF = -np.inf
@@ -129,14 +128,15 @@ def test_kernel_shape_edge_cases():
     _check(got, np.asarray(want_p), np.asarray(want_index), rtol=0)
 
 
-def test_model_topk_probs_impls():
+def test_topk_probs_impls_and_default():
+    """The engine's call (``topk_probs(logits, K, impl=ecfg.kernel_impl)``), both impls."""
     x = jnp.asarray(_mixed_logits(np.random.default_rng(7), 6, 48), jnp.float32)
     want_p, want_index = _oracle(np.asarray(x), 4)
     for impl in ("xla", "pallas"):
-        _check(model_topk_probs(x, 4, impl=impl), want_p, want_index, rtol=1e-5)
+        _check(topk_probs(x, 4, impl=impl), want_p, want_index, rtol=1e-5)
     # Default: today's XLA path, bit for bit.
     ref = topk_probs_reference(x, 4)
-    for g, r in zip(model_topk_probs(x, 4), ref):
+    for g, r in zip(topk_probs(x, 4), ref):
         np.testing.assert_array_equal(g, r)
 
 
