@@ -1,6 +1,7 @@
 """End-to-end engine benchmark: spec decode vs plain greedy, and the per-step time split.
 
-    python -m bench.e2e [--quick] [--configs demo,bs64] [--out e2e.md]
+    python -m bench.e2e [--quick] [--configs demo,bs64] [--out e2e.md] [--no-split]
+                        [--impl auto|xla|pallas] [--attention-impl auto|xla|pallas]
     XLA_FLAGS=--xla_gpu_enable_command_buffer= python -m bench.e2e   # exact device split
 
 Per config two rows (plain greedy, spec): generated tokens/s over the whole run (continuous
@@ -256,7 +257,7 @@ def _split(engine, prompts, case: Case, iters: int) -> tuple[dict[str, float],
 
 
 def _run_case(case: Case, model, quick: bool, split: bool = True,
-              impl: str = "auto") -> list[dict]:
+              impl: str = "auto", attention_impl: str = "auto") -> list[dict]:
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
@@ -269,7 +270,8 @@ def _run_case(case: Case, model, quick: bool, split: bool = True,
         cfg, page_size=case.page_size, topk=case.topk, num_steps=case.num_steps,
         num_draft_tokens=case.num_draft_tokens, context_len=context_len,
         max_running_requests=case.max_running, max_prompt_len=int(lens.max()),
-        batch_buckets=(case.max_running,), prefill_batch=case.prefill_batch, impl=impl)
+        batch_buckets=(case.max_running,), prefill_batch=case.prefill_batch, impl=impl,
+        attention_impl=attention_impl)
     rows = []
     outputs = {}
     for mode in ("greedy", "spec"):
@@ -308,6 +310,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", default="", help="also write the printed report here")
     parser.add_argument("--impl", default="auto", choices=("auto", "xla", "pallas"),
                         help="bookkeeping kernels (EngineConfig.impl; auto = pallas on GPU)")
+    parser.add_argument("--no-split", action="store_true",
+                        help="tokens/s and step ms only (no per-phase or device split)")
+    parser.add_argument("--attention-impl", default="auto", choices=("auto", "xla", "pallas"),
+                        help="model attention (EngineConfig.attention_impl; auto = pallas on GPU)")
     args = parser.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
     if on_gpu and not _command_buffers_off():
@@ -323,10 +329,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         # --quick: the phase split (7 extra compiles) only for the first config.
         rows.extend(_run_case(cases[name], model, args.quick,
-                              split=not args.quick or not rows, impl=args.impl))
+                              split=not args.no_split and (not args.quick or not rows),
+                              impl=args.impl,
+                              attention_impl=args.attention_impl))
     text = (f"e2e on {device_name()} ({'quick' if args.quick else 'full'}); model vocab "
             f"{model[0].vocab_size}, hidden {model[0].hidden_size}, {model[0].num_layers} "
-            f"layers, {model[0].dtype}; bookkeeping impl {args.impl}\n\n"
+            f"layers, {model[0].dtype}; bookkeeping impl {args.impl}, attention impl "
+            f"{args.attention_impl}\n\n"
             f"{format_table(rows, COLUMNS)}\n\n"
             f"{_device_report(rows, on_gpu)}")
     print(text)

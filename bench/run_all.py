@@ -23,6 +23,7 @@ BENCHES = (
     "verify_tree_greedy",
     "attention_meta",
     "topk_probs",
+    "paged_attention",
     "e2e",
 )
 

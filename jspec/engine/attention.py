@@ -1,4 +1,4 @@
-"""Paged attention in pure jnp: gather the pool rows named by slot ids, then masked softmax.
+"""Paged attention passes: the pool rows named by slot ids, masked softmax, merged by LSE.
 
 Every attention in the engine is a list of *passes* merged by log-sum-exp (sglang FA3's
 ``merge_state_v2``). A pass is ``(kv_slot_ids i32[Bp, W], kv_mask bool[Bp, Qp, W])``: the
@@ -21,8 +21,10 @@ target verify          prefix pass ``row[:W]``, ``w < L``; tree pass over the N 
 draft extend           prefix pass ``w < L``; causal pass over the N verify-window slots
 =====================  =========================================================================
 
-Softmax math is f32. A query whose pass sees no key gets ``out = 0`` and ``lse = -inf`` so the
-merge ignores that pass (pass A is empty while ``L < P``).
+Each pass is one :func:`jspec.kernels.paged_attention.paged_attention` call (``impl="xla"``:
+gather + masked softmax in pure jnp; ``"pallas"``: one fused kernel). Softmax math is f32. A
+query whose pass sees no key gets ``out = 0`` and ``lse = -inf`` so the merge ignores that pass
+(pass A is empty while ``L < P``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import pytree_dataclass
+from jspec.kernels.paged_attention import paged_attention
 
 
 @pytree_dataclass
@@ -53,36 +56,20 @@ class AttnPlan:
 
 
 def attend(q: jax.Array, k_layer: jax.Array, v_layer: jax.Array, kv_slot_ids: jax.Array,
-           kv_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Masked GQA attention over gathered pool rows.
+           kv_mask: jax.Array, impl: str = "xla") -> tuple[jax.Array, jax.Array]:
+    """Masked GQA attention over the pool rows of one layer
+    (:func:`jspec.kernels.paged_attention.paged_attention`).
 
     Args:
       q: dtype[Bp, Qp, Hq, D] queries (RoPE applied).
       k_layer, v_layer: dtype[num_slots, Hkv, D] one layer of the pool.
       kv_slot_ids: i32[Bp, W]; kv_mask: bool[Bp, Qp, W].
+      impl: ``"xla"`` (the pure-jnp reference) or ``"pallas"``.
 
     Returns:
       (out f32[Bp, Qp, Hq, D], lse f32[Bp, Qp, Hq]); rows with no visible key: 0 and -inf.
     """
-    bp, qp, hq, dim = q.shape
-    hkv = k_layer.shape[1]
-    k = k_layer[kv_slot_ids].astype(jnp.float32)  # [Bp, W, Hkv, D]
-    v = v_layer[kv_slot_ids].astype(jnp.float32)
-    qg = q.astype(jnp.float32).reshape(bp, qp, hkv, hq // hkv, dim)
-    # NOTE: HIGHEST: the GPU's default f32 matmul is TF32 (see model.MATMUL_PRECISION).
-    scores = jnp.einsum("bqhgd,bwhd->bqhgw", qg, k, precision=jax.lax.Precision.HIGHEST)
-    scores = scores * (dim ** -0.5)
-    mask = kv_mask[:, :, None, None, :]
-    scores = jnp.where(mask, scores, -jnp.inf)
-    row_max = jnp.max(scores, axis=-1)
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-    probs = jnp.where(mask, jnp.exp(scores - row_max[..., None]), 0.0)
-    denom = jnp.sum(probs, axis=-1)
-    out = jnp.einsum("bqhgw,bwhd->bqhgd", probs, v, precision=jax.lax.Precision.HIGHEST)
-    has_key = denom > 0
-    out = jnp.where(has_key[..., None], out / jnp.where(has_key, denom, 1.0)[..., None], 0.0)
-    lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, denom, 1.0)), -jnp.inf)
-    return out.reshape(bp, qp, hq, dim), lse.reshape(bp, qp, hq)
+    return paged_attention(q, k_layer[None], v_layer[None], 0, kv_slot_ids, kv_mask, impl=impl)
 
 
 def merge_states(out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array,
@@ -99,29 +86,36 @@ def merge_states(out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array,
     return out_a * w_a[..., None] + out_b * w_b[..., None], lse
 
 
-def run_plan(plan: AttnPlan, k_layer: jax.Array, v_layer: jax.Array,
-             q: jax.Array) -> jax.Array:
-    """All passes of ``plan`` for flat queries ``q: dtype[T, Hq, D]``, merged: f32[T, Hq, D]."""
+def run_plan(plan: AttnPlan, k_pool: jax.Array, v_pool: jax.Array, layer: int, q: jax.Array,
+             impl: str = "xla") -> jax.Array:
+    """All passes of ``plan`` for flat queries ``q: dtype[T, Hq, D]``, merged: f32[T, Hq, D].
+
+    ``k_pool, v_pool: dtype[L, S, Hkv, D]`` (the whole pool; ``layer`` selects one, no slice
+    of the pool is materialized); ``impl``: :func:`paged_attention`'s.
+    """
     num_tokens, hq, dim = q.shape
     out = lse = None
     for p in plan.passes:
         bp, qp, _ = p.kv_mask.shape
-        o, l = attend(q.reshape(bp, qp, hq, dim), k_layer, v_layer, p.kv_slot_ids, p.kv_mask)
+        o, l = paged_attention(q.reshape(bp, qp, hq, dim), k_pool, v_pool, layer,
+                               p.kv_slot_ids, p.kv_mask, impl=impl)
         o, l = o.reshape(num_tokens, hq, dim), l.reshape(num_tokens, hq)
         out, lse = (o, l) if out is None else merge_states(out, lse, o, l)
     return out
 
 
-def make_attn_fn(plan: AttnPlan, set_kv: Callable[..., Any]) -> Callable[..., Any]:
+def make_attn_fn(plan: AttnPlan, set_kv: Callable[..., Any],
+                 impl: str = "xla") -> Callable[..., Any]:
     """``attn_fn(layer, pool, q, k, v)`` for the model: write K/V at the plan's slots, then read.
 
-    ``set_kv(pool, layer, slot_ids, k, v) -> pool`` is ``jspec.kv.pool.set_kv_buffer``.
+    ``set_kv(pool, layer, slot_ids, k, v) -> pool`` is ``jspec.kv.pool.set_kv_buffer``;
+    ``impl``: the attention kernel (``EngineConfig.attention_kernel_impl``).
     """
 
     def attn_fn(layer: int, pool: Any, q: jax.Array, k: jax.Array, v: jax.Array):
         pool = set_kv(pool, layer, plan.write_slot_ids, k.astype(pool.k.dtype),
                       v.astype(pool.v.dtype))
-        return pool, run_plan(plan, pool.k[layer], pool.v[layer], q)
+        return pool, run_plan(plan, pool.k, pool.v, layer, q, impl)
 
     return attn_fn
 

@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
     g.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto",
                    help="bookkeeping kernels: auto = Pallas on GPU, pure jnp elsewhere")
+    g.add_argument("--attention-impl", choices=("auto", "xla", "pallas"), default="auto",
+                   help="paged attention of the model: auto = the fused Pallas kernel on GPU, "
+                        "gather + softmax in pure jnp elsewhere")
     g = p.add_argument_group("workload")
     g.add_argument("--num-prompts", type=int, default=6)
     g.add_argument("--max-new-tokens", type=int, default=48)
@@ -132,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_draft_tokens=args.draft_tokens, context_len=context_len,
         max_running_requests=args.max_running, max_prompt_len=max_prompt,
         draft_attention=args.draft_attention, tensor_parallel=args.tensor_parallel,
-        impl=args.impl)
+        impl=args.impl, attention_impl=args.attention_impl)
     devices = jax.devices()
     layout = (f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"
               if args.tensor_parallel > 1 else f"{args.devices}")
@@ -144,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = ecfg.spec
     print(f"  spec: page_size {spec.page_size}, topk {spec.topk}, steps {spec.num_steps}, "
           f"draft tokens {spec.num_draft_tokens}, draft attention {ecfg.draft_attention}, "
-          f"kernels {ecfg.kernel_impl}; "
+          f"kernels {ecfg.kernel_impl}, attention {ecfg.attention_kernel_impl}; "
           f"{spec.num_pages} pages/device, buckets {ecfg.batch_buckets}")
     print(f"  workload: {len(prompts)} prompts (len {int(min(lens))}-{max_prompt}), "
           f"{args.max_new_tokens} new tokens each, <= {args.max_running} running per device")

@@ -47,8 +47,9 @@ def _greedy_body(ecfg: EngineConfig, params: TargetParams, state: EngineState,
         plan = AttnPlan(write_slot_ids=jnp.where(live, slots, 0),
                         passes=(AttnPass(row_slot_ids(r2t, rpi, width),
                                          causal_mask(seq, 1, width)),))
+        attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
         pool, hidden = target_forward(ecfg.model, params, state.target_pool, tokens, seq,
-                                      make_attn_fn(plan, set_kv_buffer), ecfg.tp_axis)
+                                      attn_fn, ecfg.tp_axis)
         nxt = jnp.argmax(target_logits(params, hidden), -1).astype(jnp.int32)
         new = replace(
             state, allocator=allocator, req_to_token=r2t, target_pool=pool,

@@ -71,7 +71,7 @@ def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams |
         row = row_slot_ids(r2t, rpi, lp)  # i32[Bp, Lp]
         plan = AttnPlan(write_slot_ids=jnp.where(tok_valid, row, 0).reshape(-1),
                         passes=(AttnPass(row, causal_mask(zeros, lp, lp, lengths=lens)),))
-        attn_fn = make_attn_fn(plan, set_kv_buffer)
+        attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
         positions = jnp.tile(pos, bp)
         tpool, hidden = target_forward(cfg, params, state.target_pool, prompt_ids.reshape(-1),
                                        positions, attn_fn, ecfg.tp_axis)

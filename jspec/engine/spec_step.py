@@ -179,7 +179,7 @@ def phase_draft(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c:
         if i == s - 1:
             break  # the last step's tokens are leaves: no forward
         plan = AttnPlan(write_slot_ids=cache_loc[:, i], passes=c["passes"][i])
-        attn_fn = make_attn_fn(plan, set_kv_buffer)
+        attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
         dpool, hidden = draft_forward(cfg, draft, params, dpool, input_ids, hidden,
                                       c["positions"] + i, attn_fn, ecfg.tp_axis)
         topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, hidden), k,
@@ -211,7 +211,7 @@ def phase_verify(ecfg: EngineConfig, params: TargetParams, draft, c: dict) -> di
         AttnPass(row_slot_ids(c["r2t"], reqs.req_pool_indices, width),
                  length_mask(reqs.committed_lens, n, width)),
         AttnPass(c["verify_loc"].reshape(batch, n), tree.tree_mask)))
-    attn_fn = make_attn_fn(plan, set_kv_buffer)
+    attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
     tpool, target_hidden = target_forward(ecfg.model, params, c["tpool"], tree.draft_tokens,
                                           tree.positions, attn_fn, ecfg.tp_axis)
     return {**c, "tpool": tpool, "target_hidden": target_hidden,
@@ -256,7 +256,7 @@ def phase_extend(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c
                  length_mask(seq_lens, n, width)),
         AttnPass(c["verify_loc"].reshape(batch, n),
                  causal_mask(jnp.zeros((batch,), jnp.int32), n, n))))
-    attn_fn = make_attn_fn(plan, set_kv_buffer)
+    attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
     dpool, ext_hidden = draft_forward(cfg, draft, params, c["dpool"], c["predict"],
                                       c["target_hidden"], ext_pos, attn_fn, ecfg.tp_axis)
     select = jnp.arange(batch) * n + jnp.maximum(c["accept_lens"], 1) - 1

@@ -64,6 +64,11 @@ class EngineConfig:
         it identically, as sglang's TP ranks do; the KV pools hold its KV heads only. With
         ``tensor_parallel > 1`` the model bodies call ``psum`` over the mesh axis
         :attr:`tp_axis`, so they run only under ``jspec.engine.sharding.sharded``.
+      attention_impl: the paged attention of every model forward
+        (:func:`jspec.kernels.paged_attention.paged_attention`): ``"xla"`` (gather + masked
+        softmax in pure jnp), ``"pallas"`` (one fused kernel per pass) or ``"auto"`` (default:
+        ``"pallas"`` on GPU, ``"xla"`` elsewhere); see :attr:`attention_kernel_impl`. Greedy
+        and speculative runs of one config use the same impl, so they stay token-identical.
     """
 
     model: ModelConfig
@@ -74,6 +79,7 @@ class EngineConfig:
     draft_attention: str = "cascade"
     impl: str = "auto"
     tensor_parallel: int = 1
+    attention_impl: str = "auto"
 
     def __post_init__(self) -> None:
         m, s = self.model, self.spec
@@ -100,6 +106,8 @@ class EngineConfig:
                              f"[1, max_running_requests={s.max_running_requests}]")
         if self.impl not in IMPLS:
             raise ValueError(f"impl={self.impl!r} must be one of {IMPLS}")
+        if self.attention_impl not in IMPLS:
+            raise ValueError(f"attention_impl={self.attention_impl!r} must be one of {IMPLS}")
         if self.draft_attention not in DRAFT_ATTENTION:
             raise ValueError(f"draft_attention={self.draft_attention!r} must be one of "
                              f"{DRAFT_ATTENTION}")
@@ -109,6 +117,13 @@ class EngineConfig:
         """``impl`` with ``"auto"`` resolved for the current backend (read at trace time)."""
         if self.impl != "auto":
             return self.impl
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
+
+    @property
+    def attention_kernel_impl(self) -> str:
+        """``attention_impl`` with ``"auto"`` resolved for the current backend (trace time)."""
+        if self.attention_impl != "auto":
+            return self.attention_impl
         return "pallas" if jax.default_backend() == "gpu" else "xla"
 
     @property
@@ -139,7 +154,7 @@ def make_engine_config(model: ModelConfig, *, page_size: int = 16, topk: int = 4
                        num_pages: int | None = None,
                        batch_buckets: tuple[int, ...] | None = None, prefill_batch: int = 1,
                        draft_attention: str = "cascade", impl: str = "auto",
-                       tensor_parallel: int = 1) -> EngineConfig:
+                       tensor_parallel: int = 1, attention_impl: str = "auto") -> EngineConfig:
     """An :class:`EngineConfig` whose pools match ``model`` (num_pages sized to never run out)."""
     spec_like = {"page_size": page_size, "topk": topk, "num_steps": num_steps,
                      "num_draft_tokens": num_draft_tokens, "context_len": context_len,
@@ -156,7 +171,7 @@ def make_engine_config(model: ModelConfig, *, page_size: int = 16, topk: int = 4
     return EngineConfig(model=model, spec=spec, max_prompt_len=max_prompt_len,
                         batch_buckets=tuple(batch_buckets), prefill_batch=prefill_batch,
                         draft_attention=draft_attention, impl=impl,
-                        tensor_parallel=tensor_parallel)
+                        tensor_parallel=tensor_parallel, attention_impl=attention_impl)
 
 
 @pytree_dataclass

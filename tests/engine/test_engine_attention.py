@@ -1,9 +1,13 @@
-"""Paged attention: gather + masked softmax vs numpy, LSE merge, slot-id expansion."""
+"""Paged attention passes: masked softmax vs numpy (both impls), LSE merge, slot-id expansion.
+
+The Pallas kernel against its reference over many shapes: tests/engine/test_paged_attention.py.
+"""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jspec.engine.attention import (
     AttnPass,
@@ -37,7 +41,8 @@ def _np_attend(q, k_pool, v_pool, slots, mask):
     return out, lse
 
 
-def test_attend_matches_numpy_with_empty_rows():
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_attend_matches_numpy_with_empty_rows(impl):
     rng = np.random.default_rng(0)
     num_slots, hkv, hq, d = 40, 2, 4, 8
     k_pool = rng.standard_normal((num_slots, hkv, d)).astype(np.float32)
@@ -47,7 +52,7 @@ def test_attend_matches_numpy_with_empty_rows():
     mask = rng.random((3, 2, 6)) < 0.6
     mask[1, 0] = False  # a query that sees nothing
     out, lse = attend(jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool),
-                      jnp.asarray(slots), jnp.asarray(mask))
+                      jnp.asarray(slots), jnp.asarray(mask), impl=impl)
     ref_out, ref_lse = _np_attend(q, k_pool, v_pool, slots, mask)
     np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-5, atol=1e-5)
@@ -66,10 +71,10 @@ def test_split_passes_merge_to_single_pass():
     split = rng.random((4, 3, width)) < 0.5
     split[0] = True  # pass B empty for request 0
     one = run_plan(AttnPlan(jnp.zeros(12, jnp.int32), (AttnPass(slots, jnp.asarray(mask)),)),
-                   k_pool, v_pool, q)
+                   k_pool[None], v_pool[None], 0, q)
     two = run_plan(AttnPlan(jnp.zeros(12, jnp.int32), (
         AttnPass(slots, jnp.asarray(mask & split)), AttnPass(slots, jnp.asarray(mask & ~split)))),
-        k_pool, v_pool, q)
+        k_pool[None], v_pool[None], 0, q)
     np.testing.assert_allclose(np.asarray(two), np.asarray(one), rtol=1e-5, atol=1e-5)
 
 

@@ -32,13 +32,13 @@ def _num_draft_tokens(topk: int, steps: int) -> int:
 
 
 def _run(page_size, topk, steps, num_draft_tokens, *, draft_attention="cascade",
-         max_running=4, check_every_step=False, impl="auto"):
+         max_running=4, check_every_step=False, impl="auto", attention_impl="auto"):
     params, draft = tiny_model()
     ecfg = make_engine_config(TINY, page_size=page_size, topk=topk, num_steps=steps,
                               num_draft_tokens=num_draft_tokens, context_len=CONTEXT_LEN,
                               max_running_requests=max_running, max_prompt_len=MAX_PROMPT,
                               batch_buckets=(max_running,), draft_attention=draft_attention,
-                              impl=impl)
+                              impl=impl, attention_impl=attention_impl)
     engine = Engine(ecfg, params, draft, check_every_step=check_every_step)
     out, stats = engine.generate(tiny_prompts(), MAX_NEW, arrivals=ARRIVALS)
     return out, stats
@@ -85,6 +85,16 @@ def test_lossless_with_the_kernels(draft_attention):
     out, stats = _run(16, 4, 3, 8, draft_attention=draft_attention, impl="pallas")
     _check(out, stats, 3)
     _, ref = _run(16, 4, 3, 8, draft_attention=draft_attention, impl="xla")
+    assert stats.request_accept_lens == ref.request_accept_lens
+
+
+def test_lossless_with_the_attention_kernel():
+    """attention_impl="pallas": every attention pass of every forward (prefill, draft passes,
+    verify, extend) through the fused Pallas kernel (interpret mode on CPU): the greedy tokens
+    of the XLA-attention baseline, and the accept lengths of the XLA-attention spec run."""
+    out, stats = _run(16, 4, 3, 8, attention_impl="pallas")
+    _check(out, stats, 3)
+    _, ref = _run(16, 4, 3, 8, attention_impl="xla")
     assert stats.request_accept_lens == ref.request_accept_lens
 
 

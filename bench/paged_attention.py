@@ -1,0 +1,154 @@
+"""Bench one paged attention pass (``jspec.kernels.paged_attention``): xla (gather + masked
+softmax, the reference) vs the fused Pallas kernel vs the same gather + softmax in torch.
+
+    python -m bench.paged_attention [--quick] [--geometry tiny,llama] [--sets 8]
+
+Shapes are the passes of the e2e ``bs64`` spec step (bs 64, topk 8, steps 5, 32 draft tokens,
+page 16, context 128): greedy decode, draft pass A (K queries over the full prefix pages) and
+pass B (one query per branch over ``S * P`` slots), the verify prefix and tree passes. Geometry
+``tiny`` = the e2e model (4/2 heads x 32, f32 pool); ``llama`` = 32/8 heads x 128, bf16 pool,
+context 1024 (an 8B-class layer). Slot ids are random over the pool; masks as the engine builds
+them (length masks, a random ~half-dense tree mask). ``GB/s`` counts the K and V rows each pass
+lists (read once) plus q and the outputs: the floor of any implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench._timing import format_table, time_device, time_torch, time_wall
+from jspec.kernels.paged_attention import paged_attention
+
+COLUMNS = ["geometry", "pass", "shape", "impl", "device us", "wall us", "GB/s", "torch us",
+           "x vs xla", "x vs torch", "max err", "error"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    name: str
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    context: int
+    num_slots: int
+
+
+GEOMETRIES = {
+    "tiny": Geometry("tiny", 4, 2, 32, "float32", 128, 64 * 16 * 16),
+    "llama": Geometry("llama", 32, 8, 128, "bfloat16", 1024, 64 * 1024 + 4096),
+}
+
+
+def _passes(g: Geometry, quick: bool) -> list[tuple[str, int, int, int, str]]:
+    """(pass, Bp, Qp, W, mask kind) of the bs64 / K8 / S5 / N32 / P16 spec step."""
+    if quick:
+        return [("decode", 4, 1, 32, "length"), ("tree", 2, 8, 8, "tree")]
+    bs, k, s, n, p = 64, 8, 5, 32, 16
+    return [("decode", bs, 1, g.context, "length"), ("draft A", bs, k, g.context, "length"),
+            ("draft B", bs * k, 1, s * p, "length"), ("verify prefix", bs, n, g.context, "length"),
+            ("verify tree", bs, n, n, "tree")]
+
+
+def _pools(rng, g: Geometry, num_layers: int = 2):
+    """K and V pools ``[L, S, Hkv, D]`` (layer 1 is read), shared by every arg set."""
+    shape = (num_layers, g.num_slots, g.num_kv_heads, g.head_dim)
+    return tuple(jnp.asarray(rng.standard_normal(shape, np.float32), jnp.dtype(g.dtype))
+                 for _ in range(2))
+
+
+def _arg_set(rng, g: Geometry, pools, bp: int, qp: int, w: int, kind: str):
+    q = jnp.asarray(rng.standard_normal((bp, qp, g.num_heads, g.head_dim)), jnp.float32)
+    k_pool, v_pool = pools
+    slots = jnp.asarray(rng.integers(1, g.num_slots, (bp, w)), jnp.int32)
+    if kind == "tree":
+        mask = (rng.random((bp, qp, w)) < 0.5) | np.eye(qp, w, dtype=bool)[None]
+    else:
+        lens = rng.integers(w // 2, w + 1, bp)
+        mask = np.broadcast_to((np.arange(w)[None, :] < lens[:, None])[:, None, :], (bp, qp, w))
+    return q, k_pool, v_pool, slots, jnp.asarray(np.array(mask))
+
+
+def _torch_us(args) -> float:
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    pool_dtype = torch.bfloat16 if args[1].dtype == jnp.bfloat16 else torch.float32
+    q, k_pool, v_pool, slots, mask = (torch.as_tensor(np.array(x.astype(jnp.float32)
+                                                                 if x.dtype == jnp.bfloat16
+                                                                 else x), device=dev)
+                                      for x in args)
+    k_pool, v_pool = k_pool.to(pool_dtype), v_pool.to(pool_dtype)
+    bp, qp, hq, d = q.shape
+    hkv = k_pool.shape[2]
+    slots = slots.long()
+
+    def run():
+        k = k_pool[1][slots].float()  # [Bp, W, Hkv, D]
+        v = v_pool[1][slots].float()
+        qg = q.reshape(bp, qp, hkv, hq // hkv, d)
+        s = torch.einsum("bqhgd,bwhd->bqhgw", qg, k) * d ** -0.5
+        s = s.masked_fill(~mask[:, :, None, None, :], float("-inf"))
+        return torch.einsum("bqhgw,bwhd->bqhgd", torch.softmax(s, -1).nan_to_num(), v)
+
+    return time_torch(run, iters=30)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny CPU smoke run")
+    parser.add_argument("--geometry", default="tiny,llama")
+    parser.add_argument("--sets", type=int, default=0, help="distinct input sets per timing")
+    args = parser.parse_args(argv)
+    geometries = ["tiny"] if args.quick else [x for x in args.geometry.split(",") if x]
+    sets = args.sets or (2 if args.quick else 8)
+    rng = np.random.default_rng(0)
+    out = []
+    for name in geometries:
+        g = GEOMETRIES[name]
+        if args.quick:
+            g = dataclasses.replace(g, num_slots=256)
+        pools = _pools(rng, g)
+        for pass_name, bp, qp, w, kind in _passes(g, args.quick):
+            arg_sets = [_arg_set(rng, g, pools, bp, qp, w, kind) for _ in range(sets)]
+            shape = f"Bp={bp} Qp={qp} W={w}"
+            itemsize = jnp.dtype(g.dtype).itemsize
+            num_bytes = (2 * bp * w * g.num_kv_heads * g.head_dim * itemsize
+                         + 2 * bp * qp * g.num_heads * g.head_dim * 4)
+            try:
+                torch_us = _torch_us(arg_sets[0])
+            except Exception as exc:  # noqa: BLE001 - report and continue
+                torch_us = f"error: {type(exc).__name__}"
+            ref = [np.asarray(x) for x in paged_attention(*arg_sets[0][:3], 1, *arg_sets[0][3:])]
+            xla_us = None
+            for impl in ("xla", "pallas"):
+                row = {"geometry": name, "pass": pass_name, "shape": shape, "impl": impl,
+                       "torch us": torch_us}
+                try:
+                    def op(q, k, v, s, m, impl=impl):
+                        return paged_attention(q, k, v, 1, s, m, impl=impl)
+                    got = op(*arg_sets[0])
+                    row["max err"] = float(np.max(np.abs(np.asarray(got[0]) - ref[0])))
+                    us = time_device(op, arg_sets)
+                    xla_us = us if impl == "xla" else xla_us
+                    row.update({"device us": us, "GB/s": num_bytes / us / 1e3,
+                                "wall us": time_wall(jax.jit(op), *arg_sets[0],
+                                                     iters=5 if args.quick else 20),
+                                "x vs xla": xla_us / us if xla_us else None,
+                                "x vs torch": torch_us / us
+                                if isinstance(torch_us, float) else None})
+                except Exception:  # noqa: BLE001 - one failing impl must not hide the others
+                    row["error"] = traceback.format_exc(limit=1).strip().splitlines()[-1][:160]
+                out.append(row)
+    print(format_table(out, COLUMNS), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
