@@ -1,7 +1,7 @@
 """Bench one paged attention pass (``jspec.kernels.paged_attention``): xla (gather + masked
 softmax, the reference) vs the fused Pallas kernel vs the same gather + softmax in torch.
 
-    python -m bench.paged_attention [--quick] [--geometry tiny,llama] [--sets 8]
+    python -m bench.paged_attention [--quick] [--geometry tiny,llama] [--sets 8] [--sweep]
 
 Shapes are the passes of the e2e ``bs64`` spec step (bs 64, topk 8, steps 5, 32 draft tokens,
 page 16, context 128): greedy decode, draft pass A (K queries over the full prefix pages) and
@@ -25,8 +25,14 @@ import numpy as np
 from bench._timing import format_table, time_device, time_torch, time_wall
 from jspec.kernels.paged_attention import paged_attention
 
-COLUMNS = ["geometry", "pass", "shape", "impl", "device us", "wall us", "GB/s", "torch us",
+COLUMNS = ["geometry", "pass", "shape", "impl", "tuning", "device us", "wall us", "GB/s", "torch us",
            "x vs xla", "x vs torch", "max err", "error"]
+
+
+# --sweep: Pallas launches besides the default (block_q / block_w / block_d / num_warps).
+SWEEP = [{"block_q": 16}, {"block_q": 32}, {"block_w": 16}, {"block_w": 64},
+         {"block_d": 16}, {"block_d": 64}, {"num_warps": 2}, {"num_warps": 8},
+         {"block_q": 32, "block_w": 64, "num_warps": 8}]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +111,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--quick", action="store_true", help="tiny CPU smoke run")
     parser.add_argument("--geometry", default="tiny,llama")
     parser.add_argument("--sets", type=int, default=0, help="distinct input sets per timing")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time other Pallas launches (block_q/block_w/block_d/warps)")
     args = parser.parse_args(argv)
     geometries = ["tiny"] if args.quick else [x for x in args.geometry.split(",") if x]
     sets = args.sets or (2 if args.quick else 8)
@@ -127,12 +135,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 torch_us = f"error: {type(exc).__name__}"
             ref = [np.asarray(x) for x in paged_attention(*arg_sets[0][:3], 1, *arg_sets[0][3:])]
             xla_us = None
-            for impl in ("xla", "pallas"):
+            cases = [("xla", {}), ("pallas", {})] + [("pallas", t) for t in SWEEP * args.sweep]
+            for impl, tuning in cases:
                 row = {"geometry": name, "pass": pass_name, "shape": shape, "impl": impl,
-                       "torch us": torch_us}
+                       "torch us": torch_us, "tuning": "/".join(
+                           str(tuning.get(k, "-")) for k in ("block_q", "block_w", "block_d",
+                                                             "num_warps")) if tuning else ""}
                 try:
-                    def op(q, k, v, s, m, impl=impl):
-                        return paged_attention(q, k, v, 1, s, m, impl=impl)
+                    def op(q, k, v, s, m, impl=impl, tuning=tuning):
+                        return paged_attention(q, k, v, 1, s, m, impl=impl, **tuning)
                     got = op(*arg_sets[0])
                     row["max err"] = float(np.max(np.abs(np.asarray(got[0]) - ref[0])))
                     us = time_device(op, arg_sets)

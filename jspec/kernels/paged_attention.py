@@ -21,18 +21,21 @@ log-sum-exp. One pass: the queries ``q[b, i]`` (``i < Qp``) see the keys at toke
       rows r = (query i = r // G, head h = kv_head * G + r % G)      [BQ]   (masked: i < Qp)
       for w0 in 0, BW, 2 BW, ... < W:
           slots = kv_slot_ids[b, w0 : w0 + BW]                      [BW]   (masked: w < W)
-          k, v  = pool[layer, slots, kv_head, :]                    [BW, BD] (f32)
-          s     = (q @ k.T) * scale, masked -> -inf                  [BQ, BW]
+          k, v  = pool[layer, slots, kv_head, chunk c]              [BW, BD] per chunk (f32)
+          s     = sum_c q[c] @ k[c].T * scale, masked -> -inf        [BQ, BW]
           m'    = max(m, max_w s);  p = exp(s - m');  a = exp(m - m')
-          l     = a * l + sum_w p;  acc = a * acc + p @ v
+          l     = a * l + sum_w p;  acc[c] = a * acc[c] + p @ v[c]
           m     = m'
       out = acc / l; lse = m + log(l)       (l == 0: 0 and -inf, as the reference)
 
-  Both products are ``jnp.dot(..., precision=HIGHEST)`` on f32 tiles: the Triton lowering
-  makes them IEEE-f32 ``tl.dot`` (no TF32), which keeps greedy and speculative decoding on the
-  same argmax (the lossless guarantee; ``jspec.engine.model.MATMUL_PRECISION``). ``tl.dot``
-  wants every tile dimension >= 16, so ``BQ``, ``BW`` and ``BD`` are padded powers of 2 >= 16
-  (``D`` need not be a power of 2: the tail columns are masked).
+  The head dim is processed in chunks of ``block_d`` columns (default 32). Both products are
+  ``jnp.dot(..., precision=HIGHEST)`` on f32 tiles: the Triton lowering makes them IEEE-f32
+  ``tl.dot`` (no TF32), which keeps greedy and speculative decoding on the same argmax (the
+  lossless guarantee; ``jspec.engine.model.MATMUL_PRECISION``). An IEEE-f32 ``tl.dot`` runs on
+  FMA units and keeps its whole inner dimension in registers: unchunked, D = 128 spilled
+  (measured on the H200: 30x slower than XLA on the verify prefix pass). ``tl.dot`` wants every
+  tile dimension >= 16, so ``BQ``, ``BW`` and ``BD`` are powers of 2 >= 16 (``D`` need not be a
+  power of 2: the tail columns are masked).
 
 The pool is passed whole (``[L, S, Hkv, D]`` viewed as ``[L, S, Hkv * D]``, a free reshape)
 and the static layer index offsets the kernel's loads, so no per-layer slice of the pool is
@@ -59,16 +62,18 @@ from jspec.kernels import _common
 IMPLS = ("xla", "pallas")
 # Smallest tile side: tl.dot needs every dimension of its operands >= 16.
 MIN_DOT = 16
-# Query x group rows per program at most (more rows: more programs along grid axis 2).
+# Default launch. Query x group rows per program at most (more rows: more programs along grid
+# axis 2); key slots per loop iteration; head-dim columns per chunk (the dots run per chunk).
+# The [BQ, BW] scores and per chunk the [BQ, BD] q / accumulator and [BW, BD] K / V tiles live
+# in registers.
 MAX_BLOCK_Q = 64
-# Key slots per loop iteration (default); the [BQ, BW] score tile and the [BW, BD] K and V
-# tiles live in registers.
 DEFAULT_BLOCK_W = 32
+MAX_BLOCK_D = 32
 DEFAULT_NUM_WARPS = 4
 
 
 def _validate(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, kv_slot_ids: jax.Array,
-              kv_mask: jax.Array, block_w: int | None, num_warps: int | None) -> None:
+              kv_mask: jax.Array, tuning: dict[str, int | None]) -> None:
     probes.static_check(q.ndim == 4, f"q.shape={tuple(q.shape)} must be 4-D (f32[Bp, Qp, Hq, D])")
     probes.static_check(k_pool.ndim == 4 and k_pool.shape == v_pool.shape,
                         f"k_pool.shape={tuple(k_pool.shape)} and v_pool.shape="
@@ -83,7 +88,7 @@ def _validate(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, kv_slot_ids: j
     probes.static_check_shape(kv_mask, (bp, qp, kv_slot_ids.shape[1]), "kv_mask")
     probes.static_check(jnp.issubdtype(kv_slot_ids.dtype, jnp.integer),
                         f"kv_slot_ids.dtype={kv_slot_ids.dtype} must be an integer dtype")
-    for name, val in (("block_w", block_w), ("num_warps", num_warps)):
+    for name, val in tuning.items():
         probes.static_check(val is None or (isinstance(val, int) and val >= 1
                                             and val & (val - 1) == 0),
                             f"{name}={val!r} must be None or a power of 2 >= 1")
@@ -139,70 +144,88 @@ def _paged_attention_kernel(q_ref,  # f32[Bp, Qp, Hq * D]
                             block_q: int, block_w: int, block_d: int, scale: float):
     from jax.experimental.pallas import triton as pltriton
 
+    hp = jax.lax.Precision.HIGHEST
     b, kv_head, qb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     rows = qb * block_q + jnp.arange(block_q, dtype=jnp.int32)  # [BQ] query x group rows
     query = rows // group
     head = kv_head * group + rows % group  # [BQ] query head of each row
     row_ok = query < num_queries
-    cols = jnp.arange(block_d, dtype=jnp.int32)  # [BD]
-    col_ok = cols < dim
-    q_mask = row_ok[:, None] & col_ok[None, :]
-    q = pltriton.load(q_ref.at[b, query[:, None], head[:, None] * dim + cols[None, :]],
-                      mask=q_mask, other=0.0).astype(jnp.float32)  # [BQ, BD]
-    kv_cols = kv_head * dim + cols  # [BD] columns of this KV head in the [Hkv * D] row
+    # Head dim in chunks of BD columns: every dot has a small inner dimension (the FMA dot of
+    # an IEEE-f32 tl.dot keeps its whole inner dimension in registers).
+    chunks = []  # (cols [BD] within the head, ok [BD])
+    for c0 in range(0, dim, block_d):
+        cols = c0 + jnp.arange(block_d, dtype=jnp.int32)
+        chunks.append((cols, cols < dim))
+    q = [pltriton.load(q_ref.at[b, query[:, None], head[:, None] * dim + cols[None, :]],
+                       mask=row_ok[:, None] & ok[None, :], other=0.0).astype(jnp.float32)
+         for cols, ok in chunks]  # [BQ, BD] each
 
     def body(blk, carry):
-        m, l, acc = carry  # [BQ], [BQ], [BQ, BD]
+        m, l, acc = carry  # [BQ], [BQ], list of [BQ, BD]
         w = blk * block_w + jnp.arange(block_w, dtype=jnp.int32)  # [BW]
         w_ok = w < width
         slots = pltriton.load(slot_ref.at[b, w], mask=w_ok, other=0)  # [BW] token slots
-        kv_mask = w_ok[:, None] & col_ok[None, :]
-        k = pltriton.load(k_ref.at[layer, slots[:, None], kv_cols[None, :]], mask=kv_mask,
-                          other=0).astype(jnp.float32)  # [BW, BD]
-        v = pltriton.load(v_ref.at[layer, slots[:, None], kv_cols[None, :]], mask=kv_mask,
-                          other=0).astype(jnp.float32)  # [BW, BD]
+
+        def load_kv(ref, cols, ok):  # [BW, BD] f32: the chunk of this KV head's rows
+            return pltriton.load(ref.at[layer, slots[:, None], kv_head * dim + cols[None, :]],
+                                 mask=w_ok[:, None] & ok[None, :], other=0).astype(jnp.float32)
+
         visible = pltriton.load(mask_ref.at[b, query[:, None], w[None, :]],
                                 mask=row_ok[:, None] & w_ok[None, :], other=0) != 0  # [BQ, BW]
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),  # q @ k.T: [BQ, BW]
-                                precision=jax.lax.Precision.HIGHEST) * scale
-        s = jnp.where(visible, s, -jnp.inf)
+        s = None
+        for q_c, (cols, ok) in zip(q, chunks):  # s = q @ k.T over the chunks: [BQ, BW]
+            part = jax.lax.dot_general(q_c, load_kv(k_ref, cols, ok), (((1,), (1,)), ((), ())),
+                                       precision=hp)
+            s = part if s is None else s + part
+        s = jnp.where(visible, s * scale, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         # NOTE: rows with nothing visible yet keep m = -inf; shift by 0 so no inf - inf.
         shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         p = jnp.where(visible, jnp.exp(s - shift[:, None]), 0.0)  # [BQ, BW]
         alpha = jnp.exp(m - shift)  # [BQ]; 0 while m = -inf
         l = l * alpha + jnp.sum(p, axis=1)
-        acc = acc * alpha[:, None] + jnp.dot(p, v, precision=jax.lax.Precision.HIGHEST)
+        acc = [a * alpha[:, None] + jnp.dot(p, load_kv(v_ref, cols, ok), precision=hp)
+               for a, (cols, ok) in zip(acc, chunks)]
         return m_new, l, acc
 
     carry = (jnp.full((block_q,), -jnp.inf, jnp.float32), jnp.zeros((block_q,), jnp.float32),
-             jnp.zeros((block_q, block_d), jnp.float32))
+             [jnp.zeros((block_q, block_d), jnp.float32) for _ in chunks])
     m, l, acc = jax.lax.fori_loop(0, pl.cdiv(width, block_w), body, carry)
     has_key = l > 0
     safe_l = jnp.where(has_key, l, 1.0)
-    out = jnp.where(has_key[:, None], acc / safe_l[:, None], 0.0)
-    lse = jnp.where(has_key, m + jnp.log(safe_l), -jnp.inf)
-    pltriton.store(out_ref.at[b, query[:, None], head[:, None] * dim + cols[None, :]], out,
-                   mask=q_mask)
-    pltriton.store(lse_ref.at[b, query, head], lse, mask=row_ok)
+    for a, (cols, ok) in zip(acc, chunks):
+        pltriton.store(out_ref.at[b, query[:, None], head[:, None] * dim + cols[None, :]],
+                       jnp.where(has_key[:, None], a / safe_l[:, None], 0.0),
+                       mask=row_ok[:, None] & ok[None, :])
+    pltriton.store(lse_ref.at[b, query, head], jnp.where(has_key, m + jnp.log(safe_l), -jnp.inf),
+                   mask=row_ok)
 
 
-def _launch_shape(num_rows: int, width: int, dim: int,
-                  block_w: int | None) -> tuple[int, int, int]:
-    """Static ``(block_q, block_w, block_d)``: powers of 2, each >= :data:`MIN_DOT`."""
-    block_q = min(MAX_BLOCK_Q, max(MIN_DOT, _common.next_power_of_2(num_rows)))
+def _launch_shape(num_rows: int, width: int, dim: int, block_q: int | None, block_w: int | None,
+                  block_d: int | None, num_warps: int | None) -> tuple[int, int, int, int]:
+    """Static ``(block_q, block_w, block_d, num_warps)``: powers of 2, tiles >= :data:`MIN_DOT`.
+
+    Defaults: see :data:`MAX_BLOCK_Q`, :data:`DEFAULT_BLOCK_W`, :data:`MAX_BLOCK_D`.
+    """
+    if block_q is None:
+        block_q = min(MAX_BLOCK_Q, _common.next_power_of_2(num_rows))
     if block_w is None:
         block_w = min(DEFAULT_BLOCK_W, _common.next_power_of_2(width))
-    return block_q, max(MIN_DOT, block_w), max(MIN_DOT, _common.next_power_of_2(dim))
+    if block_d is None:
+        block_d = min(MAX_BLOCK_D, _common.next_power_of_2(dim))
+    return (max(MIN_DOT, block_q), max(MIN_DOT, block_w), max(MIN_DOT, block_d),
+            num_warps or DEFAULT_NUM_WARPS)
 
 
 def _paged_attention_pallas(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask, *, interpret: bool,
-                            block_w: int | None, num_warps: int | None):
+                            block_q: int | None, block_w: int | None, block_d: int | None,
+                            num_warps: int | None):
     bp, qp, hq, dim = q.shape
     num_layers, num_slots, hkv, _ = k_pool.shape
     width = kv_slot_ids.shape[1]
     group = hq // hkv
-    block_q, block_w, block_d = _launch_shape(qp * group, width, dim, block_w)
+    block_q, block_w, block_d, num_warps = _launch_shape(qp * group, width, dim, block_q,
+                                                         block_w, block_d, num_warps)
     kernel = functools.partial(
         _paged_attention_kernel, layer=layer, num_queries=qp, width=width, dim=dim, group=group,
         block_q=block_q, block_w=block_w, block_d=block_d, scale=float(dim) ** -0.5)
@@ -212,8 +235,7 @@ def _paged_attention_pallas(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask, *, i
                    jax.ShapeDtypeStruct((bp, qp, hq), jnp.float32)),
         grid=(bp, hkv, pl.cdiv(qp * group, block_q)),
         interpret=interpret,
-        compiler_params=None if interpret else _common.triton_params(
-            num_warps=num_warps or DEFAULT_NUM_WARPS),
+        compiler_params=None if interpret else _common.triton_params(num_warps=num_warps),
         name="jspec_paged_attention",
     )(q.astype(jnp.float32).reshape(bp, qp, hq * dim),
       k_pool.reshape(num_layers, num_slots, hkv * dim),
@@ -223,11 +245,12 @@ def _paged_attention_pallas(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask, *, i
 
 
 # ---- public wrapper --------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("layer", "impl", "interpret", "block_w",
-                                             "num_warps"))
+@functools.partial(jax.jit, static_argnames=("layer", "impl", "interpret", "block_q", "block_w",
+                                             "block_d", "num_warps"))
 def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: int,
                     kv_slot_ids: jax.Array, kv_mask: jax.Array, *, impl: str = "xla",
-                    interpret: bool | None = None, block_w: int | None = None,
+                    interpret: bool | None = None, block_q: int | None = None,
+                    block_w: int | None = None, block_d: int | None = None,
                     num_warps: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Masked GQA attention of ``q`` over the pool rows at ``kv_slot_ids`` (one pass).
 
@@ -240,19 +263,23 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
       kv_mask: bool[Bp, Qp, W]: query ``(b, i)`` sees key ``w``.
       impl: ``"xla"`` (:func:`paged_attention_reference`) or ``"pallas"``.
       interpret: Pallas interpret mode; ``None`` means interpret off the GPU.
-      block_w: static key slots per loop iteration (power of 2; at least 16 is used).
+      block_q: static query x group rows per program (power of 2; at least 16 is used);
+        default ``min(64, next_pow2(Qp * Hq / Hkv))``.
+      block_w: static key slots per loop iteration (power of 2, >= 16 used; default 32).
+      block_d: static head-dim columns per chunk (power of 2, >= 16 used; default 32).
       num_warps: static Triton warps per program (power of 2; default 4).
 
     Returns:
       ``(out f32[Bp, Qp, Hq, D], lse f32[Bp, Qp, Hq])``: a query that sees no key gets
       ``out = 0`` and ``lse = -inf`` (so a log-sum-exp merge ignores this pass).
     """
-    _validate(q, k_pool, v_pool, kv_slot_ids, kv_mask, block_w, num_warps)
+    tuning = {"block_q": block_q, "block_w": block_w, "block_d": block_d,
+              "num_warps": num_warps}
+    _validate(q, k_pool, v_pool, kv_slot_ids, kv_mask, tuning)
     _validate_layer(layer, k_pool.shape[0])
     impl = _common.resolve_impl(impl, IMPLS, "paged_attention")
     bp, qp = q.shape[:2]
     if impl == "xla" or bp * qp * kv_slot_ids.shape[1] == 0:
         return paged_attention_reference(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask)
     return _paged_attention_pallas(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask,
-                                   interpret=_common.resolve_interpret(interpret),
-                                   block_w=block_w, num_warps=num_warps)
+                                   interpret=_common.resolve_interpret(interpret), **tuning)

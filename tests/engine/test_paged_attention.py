@@ -24,6 +24,8 @@ SHAPES = [
     pytest.param(2, 40, 4, 2, 8, 64, id="prefill-q40-d8"),
     pytest.param(3, 5, 8, 1, 16, 37, id="mqa-w37"),
     pytest.param(2, 3, 2, 2, 24, 19, id="mha-d24"),
+    pytest.param(2, 4, 8, 2, 128, 40, id="gqa4-d128"),
+    pytest.param(2, 3, 4, 2, 80, 33, id="d80-chunk-tail"),
 ]
 
 
@@ -106,17 +108,18 @@ def test_kernel_matches_reference(interpret, bp, qp, hq, hkv, d, w, mask_kind):
     _check(paged_attention(*args, impl="pallas", interpret=interpret), *want, rtol=2e-5)
 
 
-@pytest.mark.parametrize("block_w,num_warps", [(16, 1), (64, 4), (128, 8)])
-def test_kernel_tuning_and_bf16_pool(interpret, block_w, num_warps):
-    """Other key blocks / warps; a bf16 pool (read as bf16, computed in f32)."""
+@pytest.mark.parametrize("block_q,block_w,block_d,num_warps", [
+    (16, 16, 16, 1), (None, 64, 32, 4), (32, 128, 64, 8), (16, 32, 128, 4)])
+def test_kernel_tuning_and_bf16_pool(interpret, block_q, block_w, block_d, num_warps):
+    """Other query / key / head-dim blocks and warps; a bf16 pool (computed in f32)."""
     rng = np.random.default_rng(block_w)
-    q, k_pool, v_pool, slots, mask = _case(rng, 3, 8, 4, 2, 32, 100, num_layers=2, layer=0,
+    q, k_pool, v_pool, slots, mask = _case(rng, 3, 12, 4, 2, 96, 100, num_layers=2, layer=0,
                                            dtype=jnp.bfloat16)
     args = (jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool), 0, jnp.asarray(slots),
             jnp.asarray(mask))
     want = [np.asarray(x) for x in paged_attention_reference(*args)]
-    got = paged_attention(*args, impl="pallas", interpret=interpret, block_w=block_w,
-                          num_warps=num_warps)
+    got = paged_attention(*args, impl="pallas", interpret=interpret, block_q=block_q,
+                          block_w=block_w, block_d=block_d, num_warps=num_warps)
     _check(got, *want, rtol=2e-5)
 
 
@@ -148,6 +151,8 @@ def test_empty_shapes():
     ({"mask": (2, 2, 5)}, "kv_mask.shape"),
     ({"layer": 2}, "layer=2"),
     ({"block_w": 24}, "block_w=24"),
+    ({"block_d": 0}, "block_d=0"),
+    ({"block_q": 3}, "block_q=3"),
     ({"impl": "triton"}, "impl='triton'"),
 ])
 def test_static_validation(kwargs, match):
@@ -157,4 +162,5 @@ def test_static_validation(kwargs, match):
     mask = jnp.zeros(kwargs.get("mask", (2, 1, 5)), bool)
     with pytest.raises(ValueError, match=match):
         paged_attention(q, pool, pool, kwargs.get("layer", 0), slots, mask,
-                        impl=kwargs.get("impl", "pallas"), block_w=kwargs.get("block_w"))
+                        impl=kwargs.get("impl", "pallas"), block_w=kwargs.get("block_w"),
+                        block_d=kwargs.get("block_d"), block_q=kwargs.get("block_q"))
