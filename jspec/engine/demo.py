@@ -31,8 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto",
                    help="bookkeeping kernels: auto = Pallas on GPU, pure jnp elsewhere")
     g.add_argument("--attention-impl", choices=("auto", "xla", "pallas"), default="auto",
-                   help="paged attention of the model: auto = the fused Pallas kernel on GPU, "
-                        "gather + softmax in pure jnp elsewhere")
+                   help="paged attention of the model: auto = the fused Pallas kernel on GPU "
+                        "for head_dim <= 32, gather + softmax in pure jnp otherwise")
     g = p.add_argument_group("workload")
     g.add_argument("--num-prompts", type=int, default=6)
     g.add_argument("--max-new-tokens", type=int, default=48)

@@ -38,6 +38,12 @@ from jspec.kv.req_to_token import ReqRowAllocator, init_req_rows, init_req_to_to
 
 DRAFT_ATTENTION = ("cascade", "kv_indices")
 IMPLS = ("auto", "xla", "pallas")
+# attention_impl="auto" takes the Pallas kernel on GPU up to this head dim. Measured on the
+# H200 (bench/paged_attention.py, bench/RESULTS.md): at 4/2 heads x 32 the kernel is 1.4-2.9x
+# XLA's gather + softmax on every pass but one (draft pass B: equal) and cuts the bs64 spec
+# step from 4.3 to 3.1 ms; at 32/8 heads x 128 (bf16 pool) it is 0.4-0.85x XLA (f32 FMA dots,
+# one program per row and KV head), so XLA keeps those.
+AUTO_PALLAS_MAX_HEAD_DIM = 32
 DP_AXIS, TP_AXIS = "dp", "tp"  # mesh axes: data-parallel shards, tensor-parallel heads
 
 
@@ -67,8 +73,9 @@ class EngineConfig:
       attention_impl: the paged attention of every model forward
         (:func:`jspec.kernels.paged_attention.paged_attention`): ``"xla"`` (gather + masked
         softmax in pure jnp), ``"pallas"`` (one fused kernel per pass) or ``"auto"`` (default:
-        ``"pallas"`` on GPU, ``"xla"`` elsewhere); see :attr:`attention_kernel_impl`. Greedy
-        and speculative runs of one config use the same impl, so they stay token-identical.
+        ``"pallas"`` on GPU for ``head_dim <= 32``, else ``"xla"``); see
+        :attr:`attention_kernel_impl`. Greedy and speculative runs of one config use the same
+        impl, so they stay token-identical.
     """
 
     model: ModelConfig
@@ -121,10 +128,13 @@ class EngineConfig:
 
     @property
     def attention_kernel_impl(self) -> str:
-        """``attention_impl`` with ``"auto"`` resolved for the current backend (trace time)."""
+        """``attention_impl`` with ``"auto"`` resolved (trace time): the Pallas kernel on GPU
+        for head dims up to :data:`AUTO_PALLAS_MAX_HEAD_DIM`, the XLA reference otherwise."""
         if self.attention_impl != "auto":
             return self.attention_impl
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
+        if jax.default_backend() == "gpu" and self.model.head_dim <= AUTO_PALLAS_MAX_HEAD_DIM:
+            return "pallas"
+        return "xla"
 
     @property
     def tp_axis(self) -> str | None:

@@ -61,6 +61,22 @@ def test_eos_and_single_token_requests():
     assert stats.leak_check.startswith("ok")
 
 
+def test_attention_impl_resolution():
+    """auto: the Pallas kernel only on GPU and only up to AUTO_PALLAS_MAX_HEAD_DIM."""
+    import dataclasses
+
+    import jax
+
+    from jspec.engine.state import AUTO_PALLAS_MAX_HEAD_DIM
+
+    on_gpu = jax.default_backend() == "gpu"
+    assert make_engine_config(TINY).attention_kernel_impl == ("pallas" if on_gpu else "xla")
+    wide = dataclasses.replace(TINY, head_dim=2 * AUTO_PALLAS_MAX_HEAD_DIM)
+    assert make_engine_config(wide).attention_kernel_impl == "xla"
+    for impl in ("xla", "pallas"):
+        assert make_engine_config(wide, attention_impl=impl).attention_kernel_impl == impl
+
+
 def test_validation_errors():
     engine = _spec_engine()
     with pytest.raises(ValueError, match="max_prompt_len"):
@@ -73,6 +89,8 @@ def test_validation_errors():
         make_engine_config(TINY, max_running_requests=2, batch_buckets=(4,))
     with pytest.raises(ValueError, match="draft_attention"):
         make_engine_config(TINY, draft_attention="flash")
+    with pytest.raises(ValueError, match="attention_impl='triton' must be one of"):
+        make_engine_config(TINY, attention_impl="triton")
     with pytest.raises(ValueError, match="tensor_parallel=4 must divide num_kv_heads=2"):
         make_engine_config(TINY, tensor_parallel=4)
     with pytest.raises(ValueError, match="tensor_parallel=0"):
