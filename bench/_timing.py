@@ -354,6 +354,13 @@ def copy_bandwidth_tbs(num_bytes: int = 1 << 30) -> float:
     return 2 * n * passes / best / 1e12
 
 
+def error_cell(max_len: int = 160) -> str:
+    """The exception being handled, as one short table cell: its last traceback line."""
+    import traceback
+
+    return traceback.format_exc(limit=1).strip().splitlines()[-1][:max_len]
+
+
 def format_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
     """A markdown table of ``rows`` (floats printed with 1 decimal)."""
     if not rows:

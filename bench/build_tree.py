@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench._timing import format_table, time_device, time_torch, time_wall
+from bench._timing import error_cell, format_table, time_device, time_torch, time_wall
 from jspec.kernels.build_tree import num_closure_rounds
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
 
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 row["wall us"] = time_wall(jax.jit(op), *arg_sets[0],
                                            iters=5 if args.quick else 30)
             except Exception:  # noqa: BLE001 - one failing impl must not hide the others
-                row["error"] = traceback.format_exc(limit=1).strip().splitlines()[-1][:160]
+                row["error"] = error_cell()
             rows.append(row)
     print(format_table(rows, COLUMNS), flush=True)
     return rows

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench._timing import format_table, time_device, time_torch, time_wall
+from bench._timing import error_cell, format_table, time_device, time_torch, time_wall
 from jspec.kernels.paged_attention import paged_attention
 
 COLUMNS = ["geometry", "pass", "shape", "impl", "tuning", "device us", "wall us", "GB/s", "torch us",
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                 "x vs torch": torch_us / us
                                 if isinstance(torch_us, float) else None})
                 except Exception:  # noqa: BLE001 - one failing impl must not hide the others
-                    row["error"] = traceback.format_exc(limit=1).strip().splitlines()[-1][:160]
+                    row["error"] = error_cell()
                 out.append(row)
     print(format_table(out, COLUMNS), flush=True)
     return out

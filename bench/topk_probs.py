@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import traceback
 
 import jax
 import numpy as np
 
-from bench._timing import format_table, time_device, time_torch, time_wall
+from bench._timing import error_cell, format_table, time_device, time_torch, time_wall
 from jspec.kernels.topk_probs import topk_probs
 
 COLUMNS = ["shape", "impl", "tuning", "device us", "wall us", "GB/s", "torch us", "error"]
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                 "wall us": time_wall(jax.jit(op), *arg_sets[0],
                                                      iters=5 if args.quick else 30)})
                 except Exception:  # noqa: BLE001 - one failing impl must not hide the others
-                    row["error"] = traceback.format_exc(limit=1).strip().splitlines()[-1][:160]
+                    row["error"] = error_cell()
                 out.append(row)
     print(format_table(out, COLUMNS), flush=True)
     return out

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import traceback
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench._timing import format_table, time_device, time_torch, time_wall
+from bench._timing import error_cell, format_table, time_device, time_torch, time_wall
 from bench.build_tree import random_trees
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
 from jspec.tree.verify import verify_tree_greedy
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 row["wall us"] = time_wall(jax.jit(op), *arg_sets[0],
                                            iters=5 if args.quick else 30)
             except Exception:  # noqa: BLE001 - one failing impl must not hide the others
-                row["error"] = traceback.format_exc(limit=1).strip().splitlines()[-1][:160]
+                row["error"] = error_cell()
             rows.append(row)
     print(format_table(rows, COLUMNS), flush=True)
     return rows
