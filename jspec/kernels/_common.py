@@ -49,6 +49,17 @@ def triton_params(num_warps: int = 4, num_stages: int = 1):
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
+def validate_tuning(**knobs: int | None) -> None:
+    """Trace-time check of launch knobs (``block_*``, ``num_warps``): each None (the default)
+    or a power of 2 >= 1; ``ValueError`` naming the knob otherwise."""
+    from jspec import probes
+
+    for name, val in knobs.items():
+        probes.static_check(val is None or (isinstance(val, int) and val >= 1
+                                            and val & (val - 1) == 0),
+                            f"{name}={val!r} must be None or a power of 2 >= 1")
+
+
 def next_power_of_2(x: int) -> int:
     x = int(x)
     return 1 if x <= 1 else 1 << (x - 1).bit_length()

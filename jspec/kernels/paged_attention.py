@@ -72,8 +72,8 @@ MAX_BLOCK_D = 32
 DEFAULT_NUM_WARPS = 4
 
 
-def _validate(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, kv_slot_ids: jax.Array,
-              kv_mask: jax.Array, tuning: dict[str, int | None]) -> None:
+def _validate(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: int,
+              kv_slot_ids: jax.Array, kv_mask: jax.Array) -> None:
     probes.static_check(q.ndim == 4, f"q.shape={tuple(q.shape)} must be 4-D (f32[Bp, Qp, Hq, D])")
     probes.static_check(k_pool.ndim == 4 and k_pool.shape == v_pool.shape,
                         f"k_pool.shape={tuple(k_pool.shape)} and v_pool.shape="
@@ -88,16 +88,9 @@ def _validate(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, kv_slot_ids: j
     probes.static_check_shape(kv_mask, (bp, qp, kv_slot_ids.shape[1]), "kv_mask")
     probes.static_check(jnp.issubdtype(kv_slot_ids.dtype, jnp.integer),
                         f"kv_slot_ids.dtype={kv_slot_ids.dtype} must be an integer dtype")
-    for name, val in tuning.items():
-        probes.static_check(val is None or (isinstance(val, int) and val >= 1
-                                            and val & (val - 1) == 0),
-                            f"{name}={val!r} must be None or a power of 2 >= 1")
-
-
-def _validate_layer(layer: int, num_layers: int) -> None:
     probes.static_check(isinstance(layer, int) and not isinstance(layer, bool)
-                        and 0 <= layer < num_layers,
-                        f"layer={layer!r} must be a static int in [0, L={num_layers})")
+                        and 0 <= layer < k_pool.shape[0],
+                        f"layer={layer!r} must be a static int in [0, L={k_pool.shape[0]})")
 
 
 # ---- reference ------------------------------------------------------------------------------
@@ -275,8 +268,8 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
     """
     tuning = {"block_q": block_q, "block_w": block_w, "block_d": block_d,
               "num_warps": num_warps}
-    _validate(q, k_pool, v_pool, kv_slot_ids, kv_mask, tuning)
-    _validate_layer(layer, k_pool.shape[0])
+    _validate(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask)
+    _common.validate_tuning(**tuning)
     impl = _common.resolve_impl(impl, IMPLS, "paged_attention")
     bp, qp = q.shape[:2]
     if impl == "xla" or bp * qp * kv_slot_ids.shape[1] == 0:

@@ -65,10 +65,7 @@ def _validate(logits: jax.Array, topk: int, block_rows: int | None,
     vocab = logits.shape[1]
     probes.static_check(isinstance(topk, int) and 1 <= topk <= vocab,
                         f"topk={topk!r} must be an int in [1, V={vocab}]")
-    for name, val in (("block_rows", block_rows), ("num_warps", num_warps)):
-        probes.static_check(val is None or (isinstance(val, int) and val >= 1
-                                            and val & (val - 1) == 0),
-                            f"{name}={val!r} must be None or a power of 2 >= 1")
+    _common.validate_tuning(block_rows=block_rows, num_warps=num_warps)
 
 
 # ---- reference ------------------------------------------------------------------------------
