@@ -34,8 +34,7 @@ import numpy as np
 
 from bench._timing import copy_bandwidth_tbs, device_name, format_table, time_torch
 from jspec.kernels._common import on_gpu
-from jspec.kernels.move_kv_cache import move_kv_cache
-from jspec.kv.pool import KVPool
+from jspec.kv.pool import KVPool, move_kv_cache
 
 # shared/ANCHORS.md: device-to-device copy rate measured on the project's H200 (read + write).
 ANCHOR_COPY_TBS = 4.25

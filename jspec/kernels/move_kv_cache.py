@@ -1,4 +1,7 @@
-"""``move_kv_cache``: copy token-slot rows of every layer's K and V (SPEC.md §9.2).
+"""``move_kv_cache`` kernels: copy token-slot rows of every layer's K and V (SPEC.md §9.2).
+
+Array level: ``k, v`` in, ``k, v`` out. The ``KVPool`` entry point is
+:func:`jspec.kv.pool.move_kv_cache`, which calls :func:`move_kv_cache` here.
 
 Semantics (sglang ``MHATokenToKVPool.move_kv_cache`` / ``copy_all_layer_kv_cache_tiled``)::
 
@@ -30,7 +33,7 @@ a real pair that targets slot 0 may lose its write there; compiled masked stores
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +42,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
-from jspec._pytree import replace
 from jspec.kernels._common import (
     next_power_of_2,
     on_gpu,
@@ -47,9 +49,6 @@ from jspec.kernels._common import (
     resolve_interpret,
     triton_params,
 )
-
-if TYPE_CHECKING:
-    from jspec.kv.pool import KVPool
 
 IMPLS = ("xla", "pallas", "triton")
 # "auto" on a GPU backend: bench/move_kv_cache.py on the H200 measured pallas and triton within
@@ -278,18 +277,19 @@ def _check_locs(x: jax.Array, name: str) -> jax.Array:
     jax.jit,
     static_argnames=("impl", "interpret", "block_rows", "block_elems", "num_warps",
                      "single_block_rows"),
-    donate_argnames=("pool",),
+    donate_argnames=("k", "v"),
 )
-def move_kv_cache(pool: KVPool, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array, *,
-                  impl: str = "auto", interpret: bool | None = None,
+def move_kv_cache(k: jax.Array, v: jax.Array, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array,
+                  *, impl: str = "auto", interpret: bool | None = None,
                   block_rows: int = BLOCK_ROWS, block_elems: int = BLOCK_ELEMS,
                   num_warps: int = NUM_WARPS,
-                  single_block_rows: int = SINGLE_BLOCK_ROWS) -> KVPool:
+                  single_block_rows: int = SINGLE_BLOCK_ROWS) -> tuple[jax.Array, jax.Array]:
     """Copy K and V rows ``src -> tgt`` in every layer (gather-then-scatter), in place.
 
     Args:
-      pool: ``KVPool`` with k, v: dtype[num_layers, num_slots, num_kv_heads, head_dim]
-        (donated: updated in place outside an outer ``jit``).
+      k: dtype[num_layers, num_slots, num_kv_heads, head_dim] (donated: updated in place
+        outside an outer ``jit``).
+      v: same shape and dtype as ``k`` (donated).
       tgt_slot_ids: i32[n] target token slots (int32; sglang's are int64). Padding pairs are
         ``(0 -> 0)``. Probe: in ``[0, num_slots)``.
       src_slot_ids: i32[n] source token slots. Probe: in ``[0, num_slots)``.
@@ -302,8 +302,8 @@ def move_kv_cache(pool: KVPool, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array
         largest ``next_pow2(n)`` handled by one row block (no stash pass).
 
     Returns:
-      The pool with ``k[:, tgt] = k[:, src]`` and ``v[:, tgt] = v[:, src]``, every source row
-      read before any target row is written. Zero-layer pool or n == 0: unchanged.
+      ``(k, v)`` with ``k[:, tgt] = k[:, src]`` and ``v[:, tgt] = v[:, src]``, every source row
+      read before any target row is written. Zero layers or n == 0: unchanged.
 
     NOTE: with more than one row block the kernels allocate a stash of
     ``2 * num_layers * n_pad * H*D`` elements (512 MiB for n=4096, 32 layers, 2 KB rows),
@@ -314,42 +314,40 @@ def move_kv_cache(pool: KVPool, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array
     probes.static_check(tgt.shape == src.shape,
                         f"tgt_slot_ids.shape={tgt.shape} must equal "
                         f"src_slot_ids.shape={src.shape}")
+    probes.static_check(k.shape == v.shape and k.ndim == 4,
+                        f"k.shape={k.shape} and v.shape={v.shape} must be equal and 4-D "
+                        "[num_layers, num_slots, num_kv_heads, head_dim]")
     if impl == "auto":
         impl = AUTO_GPU_IMPL if on_gpu() else "xla"
     impl = resolve_impl(impl, IMPLS, "move_kv_cache")
-    num_slots = pool.k.shape[1]
+    num_slots = k.shape[1]
     probes.detect_oob(tgt, 0, num_slots, "move_kv_cache: tgt_slot_ids out of range")
     probes.detect_oob(src, 0, num_slots, "move_kv_cache: src_slot_ids out of range")
-    if pool.k.shape[0] == 0 or tgt.shape[0] == 0:
-        return pool
+    if k.shape[0] == 0 or tgt.shape[0] == 0:
+        return k, v
     if impl == "xla":
-        return move_kv_cache_reference(pool, tgt, src)
+        return move_kv_cache_reference(k, v, tgt, src)
     tuning = {"block_rows": block_rows, "block_elems": block_elems, "num_warps": num_warps,
               "single_block_rows": single_block_rows}
     if impl == "pallas":
-        k, v = _move_pallas(pool.k, pool.v, tgt, src, interpret=resolve_interpret(interpret),
-                            **tuning)
-    else:
-        from jspec.kernels.move_kv_cache_triton import move_kv_triton
+        return _move_pallas(k, v, tgt, src, interpret=resolve_interpret(interpret), **tuning)
+    from jspec.kernels.move_kv_cache_triton import move_kv_triton
 
-        k, v = move_kv_triton(pool.k, pool.v, tgt, src, **tuning)
-    return replace(pool, k=k, v=v)
+    return move_kv_triton(k, v, tgt, src, **tuning)
 
 
-def move_kv_cache_reference(pool: KVPool, tgt_slot_ids: jax.Array,
-                            src_slot_ids: jax.Array) -> KVPool:
-    """XLA oracle: ``pool.k.at[:, tgt].set(pool.k[:, src])`` and the same for v.
+def move_kv_cache_reference(k: jax.Array, v: jax.Array, tgt_slot_ids: jax.Array,
+                            src_slot_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """XLA oracle: ``k.at[:, tgt].set(k[:, src])`` and the same for v.
 
     Args:
-      pool: the pool (not donated here; donation is the caller's ``jit``'s business).
+      k, v: dtype[num_layers, num_slots, num_kv_heads, head_dim] (not donated here).
       tgt_slot_ids: i32[n] target token slots.
       src_slot_ids: i32[n] source token slots.
 
     Returns:
-      The updated pool (gather-then-scatter by construction).
+      The updated ``(k, v)`` (gather-then-scatter by construction).
     """
     tgt = jnp.asarray(tgt_slot_ids, jnp.int32)
     src = jnp.asarray(src_slot_ids, jnp.int32)
-    k = pool.k.at[:, tgt].set(pool.k[:, src])
-    v = pool.v.at[:, tgt].set(pool.v[:, src])
-    return replace(pool, k=k, v=v)
+    return k.at[:, tgt].set(k[:, src]), v.at[:, tgt].set(v[:, src])

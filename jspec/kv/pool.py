@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jspec import probes
 from jspec._pytree import pytree_dataclass, replace, static_field
 from jspec.config import SpecConfig
-from jspec.kernels.move_kv_cache import move_kv_cache, move_kv_cache_reference
+from jspec.kernels import move_kv_cache as _move
 
 __all__ = [
     "KVPool",
@@ -143,3 +143,57 @@ def get_kv(pool: KVPool, layer: int, slot_ids: jax.Array) -> tuple[jax.Array, ja
     slot_ids = _check_slot_ids(slot_ids, "slot_ids")
     probes.detect_oob(slot_ids, 0, pool.num_slots, "get_kv: slot_ids out of range")
     return pool.k[layer, slot_ids], pool.v[layer, slot_ids]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("impl", "interpret", "block_rows", "block_elems", "num_warps",
+                     "single_block_rows"),
+    donate_argnames=("pool",),
+)
+def move_kv_cache(pool: KVPool, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array, *,
+                  impl: str = "auto", interpret: bool | None = None,
+                  block_rows: int = _move.BLOCK_ROWS, block_elems: int = _move.BLOCK_ELEMS,
+                  num_warps: int = _move.NUM_WARPS,
+                  single_block_rows: int = _move.SINGLE_BLOCK_ROWS) -> KVPool:
+    """Copy K and V rows ``src -> tgt`` in every layer (sglang ``move_kv_cache``), in place.
+
+    Gather-then-scatter for the whole call (sglang: within 256-pair chunks); self pairs,
+    including the ``(0 -> 0)`` padding pairs, are no-ops; with duplicate targets which write
+    wins is undefined (as in sglang). Kernels: :mod:`jspec.kernels.move_kv_cache`.
+
+    Args:
+      pool: the pool (donated: updated in place outside an outer ``jit``).
+      tgt_slot_ids: i32[n] target token slots (int32; sglang's are int64). Probe: in
+        ``[0, num_slots)``.
+      src_slot_ids: i32[n] source token slots. Probe: in ``[0, num_slots)``.
+      impl: static; ``"xla"`` (the reference), ``"pallas"``, ``"triton"`` (GPU only) or
+        ``"auto"`` (Pallas on GPU, XLA elsewhere).
+      interpret: static; Pallas interpret mode (None: interpret unless on GPU).
+      block_rows, block_elems, num_warps, single_block_rows: static kernel tuning (powers
+        of 2), see :func:`jspec.kernels.move_kv_cache.move_kv_cache`.
+
+    Returns:
+      The pool with ``k[:, tgt] = k[:, src]`` and ``v[:, tgt] = v[:, src]``.
+    """
+    k, v = _move.move_kv_cache(pool.k, pool.v, tgt_slot_ids, src_slot_ids, impl=impl,
+                               interpret=interpret, block_rows=block_rows,
+                               block_elems=block_elems, num_warps=num_warps,
+                               single_block_rows=single_block_rows)
+    return replace(pool, k=k, v=v)
+
+
+def move_kv_cache_reference(pool: KVPool, tgt_slot_ids: jax.Array,
+                            src_slot_ids: jax.Array) -> KVPool:
+    """XLA oracle of :func:`move_kv_cache`: ``pool.k.at[:, tgt].set(pool.k[:, src])``, same for v.
+
+    Args:
+      pool: the pool (not donated here).
+      tgt_slot_ids: i32[n] target token slots.
+      src_slot_ids: i32[n] source token slots.
+
+    Returns:
+      The updated pool.
+    """
+    k, v = _move.move_kv_cache_reference(pool.k, pool.v, tgt_slot_ids, src_slot_ids)
+    return replace(pool, k=k, v=v)
