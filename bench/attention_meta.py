@@ -255,7 +255,7 @@ def _bench_kv(rows, rng, bs: int, page: int, *, context: int, lens: tuple[int, i
                 fn = lambda: _torch_kv_indices(buffer, indptr, rpi, rtt, seq_lens,
                                                seq_lens_sum, TOPK, STEPS, page)
             else:
-                from jspec.kernels import triton_meta
+                from interop import triton_meta
 
                 fn = lambda: triton_meta.draft_kv_indices_torch(
                     rpi, rtt, seq_lens, topk=TOPK, num_steps=STEPS, page_size=page,

@@ -332,6 +332,6 @@ REGISTRY: tuple[Op, ...] = (
         "sizing",
         meta_ops.op_sizing,
         ("xla",),
-        ("jspec.tree.decode_alloc:page_aligned_decode_alloc_lens",),
+        ("jspec.kv.decode_alloc:page_aligned_decode_alloc_lens",),
     ),
 )

@@ -334,12 +334,12 @@ def get_alloc_len_per_decode(
 
 
 def page_aligned_decode_alloc_lens(reqs: list[Any], reserve: int, page_size: int):
-    """``(cur i64[B], nxt i64[B], need)`` through ``jspec.tree.decode_alloc``."""
+    """``(cur i64[B], nxt i64[B], need)`` through ``jspec.kv.decode_alloc``."""
     committed = torch.tensor([int(r.kv_committed_len) for r in reqs], dtype=torch.int32)
     allocated = torch.tensor(
         [int(getattr(r, "kv", r).kv_allocated_len) for r in reqs], dtype=torch.int32
     )
-    cur, nxt, need = _mod("jspec.tree.decode_alloc").page_aligned_decode_alloc_lens(
+    cur, nxt, need = _mod("jspec.kv.decode_alloc").page_aligned_decode_alloc_lens(
         _j(committed, "committed"), _j(allocated, "allocated"), reserve=reserve, page_size=page_size
     )
     return _t(cur, device="cpu"), _t(nxt, device="cpu"), int(need)

@@ -169,3 +169,37 @@ class SpecConfig:
     def max_new_pages_per_decode(self) -> int:
         """Upper bound on pages one request gains in one ``prepare_for_decode``."""
         return ceil_div(self.alloc_reserve_per_decode + self.page_size - 1, self.page_size) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchBuckets:
+    """Sorted, distinct batch buckets (sglang ``capture_bs``), each ``>= 1``.
+
+    One jit compile per bucket: a raw batch runs padded to :meth:`bucket_for` its size.
+    """
+
+    sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        sizes = tuple(self.sizes)
+        if not sizes:
+            raise ValueError("sizes=() must hold at least one bucket")
+        if any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in sizes):
+            raise ValueError(f"sizes={sizes} must be ints >= 1")
+        if list(sizes) != sorted(set(sizes)):
+            raise ValueError(f"sizes={sizes} must be sorted ascending without duplicates")
+        object.__setattr__(self, "sizes", sizes)
+
+    @property
+    def max_bs(self) -> int:
+        return self.sizes[-1]
+
+    def bucket_for(self, raw_bs: int) -> int:
+        """The smallest bucket ``>= raw_bs``; ``ValueError`` if ``raw_bs`` exceeds them all."""
+        if raw_bs < 0:
+            raise ValueError(f"raw_bs={raw_bs} must be >= 0")
+        for size in self.sizes:
+            if size >= raw_bs:
+                return size
+        raise ValueError(f"raw_bs={raw_bs} exceeds the largest bucket {self.max_bs} "
+                         f"(sizes={self.sizes})")

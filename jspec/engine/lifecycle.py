@@ -43,7 +43,7 @@ from jspec.kernels.topk_probs import topk_probs
 from jspec.kv.allocator import alloc_extend
 from jspec.kv.pool import set_kv_buffer
 from jspec.kv.req_to_token import alloc_req_rows, assign_req_to_token_pool, free_req_rows
-from jspec.tree.decode_alloc import ReqKVState, release_kv_cache
+from jspec.kv.decode_alloc import ReqKVState, release_kv_cache
 
 
 def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams | None,

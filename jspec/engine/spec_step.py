@@ -64,7 +64,7 @@ from jspec.kernels.topk_probs import topk_probs
 from jspec.kv.pool import set_kv_buffer
 from jspec.tree.accept import move_accept_tokens_to_target_kvcache, verify_out_cache_loc
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
-from jspec.tree.decode_alloc import ReqKVState, commit_kv_lens, prepare_for_decode
+from jspec.kv.decode_alloc import ReqKVState, commit_kv_lens, prepare_for_decode
 from jspec.tree.layout import prepare_for_draft
 from jspec.tree.select import organize_draft_results, select_top_k_tokens
 from jspec.tree.verify import compact_accept_to_front, eagle_sample_greedy, fill_bonus_tokens

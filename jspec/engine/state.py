@@ -29,8 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import pytree_dataclass
-from jspec.attention_meta.buckets import BatchBuckets
-from jspec.config import SpecConfig, ceil_div
+from jspec.config import BatchBuckets, SpecConfig, ceil_div
 from jspec.engine.model import ModelConfig
 from jspec.kv.allocator import PagedAllocator, init_allocator
 from jspec.kv.pool import KVPool, init_kv_pool

@@ -12,15 +12,10 @@ import pytest
 from _attn_meta_cases import ceil_div, make_draft_batch
 
 from jspec import probes
-from jspec.attention_meta.buckets import (
-    BatchBuckets,
-    BucketedFunction,
-    DraftInputs,
-    pad_draft_inputs,
-    unpad,
-)
+from _bucket_padding import BucketedFunction, DraftInputs, pad_draft_inputs, unpad
 from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
 from jspec.attention_meta.page_table import draft_decode_metadata
+from jspec.config import BatchBuckets
 
 I32 = np.int32
 TOPK, STEPS, PAGE, HIDDEN, VOCAB = 2, 3, 4, 8, 100

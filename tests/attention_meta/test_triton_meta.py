@@ -33,6 +33,7 @@ torch = pytest.importorskip("torch")
 
 from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
 from jspec.attention_meta.page_table import draft_decode_set_expand_metadata
+from interop import triton_meta as torch_launch
 from jspec.kernels import triton_meta
 from jspec.kernels.expand_page_table import expand_page_table_reference
 
@@ -80,7 +81,7 @@ def test_expand_triton_golden(case):
     rows = len(cache_loc)
     out = (torch.full((rows,), POISON, dtype=torch.int32),
            torch.full((rows, width), POISON, dtype=torch.int32))
-    got_seqlens, got_table = triton_meta.expand_page_table_torch(
+    got_seqlens, got_table = torch_launch.expand_page_table_torch(
         _t(lp), _t(cache_loc), decode_length=d, topk=2, page_size=4, page_table_width=width,
         out=out)
     assert got_table is out[1]
@@ -105,7 +106,7 @@ def test_expand_triton_vs_reference(page_size, topk, ncols, d, width):
     rows = num_seqs * topk
     out = (torch.full((rows,), POISON, dtype=torch.int32),
            torch.full((rows, width), POISON, dtype=torch.int32))
-    got = triton_meta.expand_page_table_torch(_t(lp), _t(cache_loc), decode_length=d, topk=topk,
+    got = torch_launch.expand_page_table_torch(_t(lp), _t(cache_loc), decode_length=d, topk=topk,
                                               page_size=page_size, page_table_width=width,
                                               num_cols=d, block_rows=16, out=out)
     for g, w, o in zip(got, want, loop):
@@ -115,7 +116,7 @@ def test_expand_triton_vs_reference(page_size, topk, ncols, d, width):
 
 @in_process
 def test_expand_triton_empty_batch():
-    seqlens, table = triton_meta.expand_page_table_torch(
+    seqlens, table = torch_launch.expand_page_table_torch(
         _t(np.zeros((0,))), _t(np.zeros((0, 4))), decode_length=2, topk=4, page_size=16,
         page_table_width=3, num_cols=2)
     assert tuple(seqlens.shape) == (0,) and tuple(table.shape) == (0, 3)
@@ -135,7 +136,7 @@ def test_kv_indices_triton_vs_loop(page_size, topk, num_steps):
                            fill=POISON)
     buffer = torch.full((num_steps, width), POISON, dtype=torch.int32)
     indptr = torch.full((num_steps, 3 * topk + 1), POISON, dtype=torch.int32)
-    got = triton_meta.draft_kv_indices_torch(
+    got = torch_launch.draft_kv_indices_torch(
         _t(batch["req_pool_indices"]), _t(batch["req_to_token"]), _t(batch["seq_lens"]),
         topk=topk, num_steps=num_steps, page_size=page_size, kv_indices_width=width,
         kv_indices_buffer=buffer, kv_indptr_out=indptr, block_tokens=8)
@@ -158,7 +159,7 @@ def test_kv_indices_triton_masks_writes_past_width():
     width = 70  # needs 2*38 + 4*3 = 88 at the last step
     want = kv_indices_loop(batch["req_to_token"], batch["req_pool_indices"], batch["seq_lens"],
                            topk=2, num_steps=3, page_size=4, width=width)
-    got = triton_meta.draft_kv_indices_torch(
+    got = torch_launch.draft_kv_indices_torch(
         _t(batch["req_pool_indices"]), _t(batch["req_to_token"]), _t(batch["seq_lens"]), topk=2,
         num_steps=3, page_size=4, kv_indices_width=width, block_tokens=8)
     np.testing.assert_array_equal(got[0].numpy(), want[0])
@@ -167,7 +168,7 @@ def test_kv_indices_triton_masks_writes_past_width():
 
 @in_process
 def test_kv_indices_triton_empty_batch():
-    kv_indices, kv_indptr = triton_meta.draft_kv_indices_torch(
+    kv_indices, kv_indptr = torch_launch.draft_kv_indices_torch(
         _t(np.zeros((0,))), _t(np.zeros((2, 8))), _t(np.zeros((0,))), topk=2, num_steps=3,
         page_size=4, kv_indices_width=16)
     assert tuple(kv_indices.shape) == (3, 16) and tuple(kv_indptr.shape) == (3, 1)

@@ -22,7 +22,7 @@ from jspec.kv.integrity import check_integrity, owned_page_mask
 from jspec.kv.pool import KVPool, init_kv_pool
 from jspec.kv.req_to_token import assign_req_to_token_pool, init_req_to_token
 from jspec.tree.accept import move_accept_tokens_to_target_kvcache, verify_out_cache_loc
-from jspec.tree.decode_alloc import (
+from jspec.kv.decode_alloc import (
     ReqKVState,
     commit_kv_lens,
     init_req_kv_state,

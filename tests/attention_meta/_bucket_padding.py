@@ -1,4 +1,9 @@
-"""Padded batch buckets: the JAX form of sglang's EAGLE draft CUDA-graph capture/replay (SPEC §12).
+"""Test helper: pad draft inputs to a batch bucket, sglang's CUDA-graph replay padding (SPEC §12).
+
+NOTE: test-only. The engine pads its own batches (``jspec.engine``); these helpers let the
+attention_meta tests check that the metadata ops give the unpadded results on the live rows of a
+padded bucket. Bucket choice is :class:`jspec.config.BatchBuckets`.
+
 
 sglang captures one CUDA graph per batch bucket and, at replay, pads a raw batch of ``raw_bs``
 requests up to the smallest captured bucket ``bs >= raw_bs``. jspec does the same with ``jax.jit``:
@@ -24,7 +29,6 @@ Probes (off by default) run on the raw inputs before the copy-in, as in the seed
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +37,7 @@ import jax.numpy as jnp
 
 from jspec import probes
 from jspec._pytree import pytree_dataclass
+from jspec.config import BatchBuckets
 
 # sglang's ``get_cuda_graph_seq_len_fill_value()`` for FA3, FlashInfer and Triton.
 SEQ_LEN_FILL_VALUE = 1
@@ -67,37 +72,6 @@ class DraftInputs:
     @property
     def batch_size(self) -> int:
         return int(self.seq_lens.shape[0])
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchBuckets:
-    """Sorted, distinct batch buckets (sglang ``capture_bs``), each ``>= 1``."""
-
-    sizes: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        sizes = tuple(self.sizes)
-        if not sizes:
-            raise ValueError("sizes=() must hold at least one bucket")
-        if any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in sizes):
-            raise ValueError(f"sizes={sizes} must be ints >= 1")
-        if list(sizes) != sorted(set(sizes)):
-            raise ValueError(f"sizes={sizes} must be sorted ascending without duplicates")
-        object.__setattr__(self, "sizes", sizes)
-
-    @property
-    def max_bs(self) -> int:
-        return self.sizes[-1]
-
-    def bucket_for(self, raw_bs: int) -> int:
-        """The smallest bucket ``>= raw_bs``; ``ValueError`` if ``raw_bs`` exceeds them all."""
-        if raw_bs < 0:
-            raise ValueError(f"raw_bs={raw_bs} must be >= 0")
-        for size in self.sizes:
-            if size >= raw_bs:
-                return size
-        raise ValueError(f"raw_bs={raw_bs} exceeds the largest bucket {self.max_bs} "
-                         f"(sizes={self.sizes})")
 
 
 def _pad_rows(x: jax.Array, rows: int, fill: Any) -> jax.Array:

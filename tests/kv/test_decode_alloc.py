@@ -28,7 +28,7 @@ from jspec.tree.accept import (
     move_accept_tokens_to_target_kvcache,
     verify_out_cache_loc,
 )
-from jspec.tree.decode_alloc import (
+from jspec.kv.decode_alloc import (
     ReqKVState,
     commit_kv_lens,
     init_req_kv_state,
