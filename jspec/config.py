@@ -27,6 +27,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from jspec._layout import holey_geometry
+
 _DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
 INT32_LIMIT = 2**31
 # sglang's build-tree kernel precondition (SPEC.md §7.4).
@@ -144,8 +146,9 @@ class SpecConfig:
         s, k, p = self.num_steps, self.topk, self.page_size
         if p == 1 or k == 1:
             return max(s * k, self.ndt_max)
-        nnp_worst = ((p - 1) + s + p - 1) // p
-        return max(nnp_worst * p * k, self.ndt_max)
+        # Worst branch region: a prefix tail of P - 1 tokens (lp = P - 1).
+        _, _, region = holey_geometry(p - 1, num_steps=s, page_size=p)
+        return max(region * k, self.ndt_max)
 
     @property
     def alloc_reserve_per_decode(self) -> int:

@@ -1,0 +1,32 @@
+"""Draft-decode attention metadata for FA3 (page tables) and FlashInfer (kv_indices).
+
+sglang's ``draft_decode_set_expand_metadata`` (FA3 pass B), the pass-A page table and
+``generate_draft_decode_kv_indices`` over the holey draft layout. Every op takes arrays plus
+keyword geometry (``topk=``, ``num_steps=``, ``page_size=``); ``impl=`` picks the kernel.
+"""
+
+from __future__ import annotations
+
+from jspec.attention_meta.kv_indices import (
+    draft_kv_indices_used_len,
+    generate_draft_decode_kv_indices,
+)
+from jspec.attention_meta.page_table import (
+    DraftDecodeMetadata,
+    ExpandMetadata,
+    NormalMetadata,
+    draft_decode_metadata,
+    draft_decode_normal_metadata,
+    draft_decode_set_expand_metadata,
+)
+
+__all__ = [
+    "DraftDecodeMetadata",
+    "ExpandMetadata",
+    "NormalMetadata",
+    "draft_decode_metadata",
+    "draft_decode_normal_metadata",
+    "draft_decode_set_expand_metadata",
+    "draft_kv_indices_used_len",
+    "generate_draft_decode_kv_indices",
+]

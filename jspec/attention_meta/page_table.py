@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._layout import holey_geometry
 from jspec._pytree import pytree_dataclass
 from jspec.kernels import expand_page_table as _expand
 
@@ -171,7 +172,7 @@ def draft_decode_normal_metadata(req_to_token: jax.Array, req_pool_indices: jax.
                         f"max_pages={max_pages!r} must be an int in [1, ceil(R / page_size) = "
                         f"{row_pages}] (R={row_width}, page_size={page_size})")
     num_seqs = seq_lens.shape[0]
-    cache_seqlens = seq_lens - seq_lens % page_size
+    _, cache_seqlens, _ = holey_geometry(seq_lens, num_steps=1, page_size=page_size)  # base
     num_live_pages = cache_seqlens // page_size
     probes.detect_oob(req_pool_indices, 0, req_to_token.shape[0],
                       "draft_decode_normal_metadata: req_pool_indices")
@@ -220,7 +221,7 @@ def draft_decode_metadata(req_to_token: jax.Array, req_pool_indices: jax.Array,
     normal = draft_decode_normal_metadata(req_to_token, req_pool_indices, seq_lens,
                                           page_size=page_size, topk=topk, max_pages=max_pages)
     cache_loc = out_cache_loc.reshape(num_rows, num_steps)
-    last_page_lens = seq_lens % page_size
+    last_page_lens, _, _ = holey_geometry(seq_lens, num_steps=num_steps, page_size=page_size)
     width = num_steps
     seqlens, tables = [], []
     for step in range(num_steps - 1):

@@ -43,10 +43,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
+from jspec.sentinels import NO_NODE
 
 IMPLS = ("xla", "pallas")
-# Node sentinel: "no node" in next_token / next_sibling / first_invalid.
-NO_NODE = -1
 # Largest N the Pallas kernel takes (one (NP, NP) tile per program); use impl="xla" above.
 MAX_PALLAS_NODES = 256
 # Smallest tile edge: tl.dot needs M, N, K >= 16.

@@ -34,13 +34,15 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._compact import pack_to
+from jspec._layout import draft_footprint, holey_geometry
 from jspec.config import INT32_LIMIT
+from jspec.sentinels import PAD_SLOT_ID
 from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
 
 IMPLS = ("xla", "pallas")
 # Value of unused out_cache_loc entries (padding rows) and of unused (tgt, src) pair entries:
 # slot 0 lies in the reserved padding page 0, so a (0 -> 0) move is harmless.
-PAD_SLOT_ID = 0
 
 
 def max_prefix_tail_pairs(batch_size: int, *, topk: int, page_size: int) -> int:
@@ -74,8 +76,7 @@ def _probe_positions(req_to_token: jax.Array, req_pool_indices: jax.Array,
                      page_size: int) -> None:
     """Probes: row indices in range and the draft footprint ``base + K*nnp*P`` inside the row."""
     rows, width = req_to_token.shape
-    lp = seq_lens % page_size
-    footprint = seq_lens - lp + topk * ((lp + num_steps + page_size - 1) // page_size) * page_size
+    footprint = draft_footprint(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
     probes.detect_oob(req_pool_indices, 0, rows, "draft_cache_loc: req_pool_indices",
                       where=valid)
     probes.detect_in_closed_range(seq_lens, 0, width, "draft_cache_loc: seq_lens", where=valid)
@@ -93,9 +94,7 @@ def draft_cache_loc_reference(req_to_token: jax.Array, req_pool_indices: jax.Arr
     width = req_to_token.shape[1]
     k, s, p = topk, num_steps, page_size
     flat = req_to_token.reshape(-1)
-    lp = seq_lens % p                                                  # i32[B]
-    base = seq_lens - lp                                               # i32[B]
-    region = (lp + s + p - 1) // p * p                                 # nnp * P, i32[B]
+    lp, base, region = holey_geometry(seq_lens, num_steps=s, page_size=p)  # i32[B] each
     row_start = req_pool_indices * width                               # i32[B]
 
     def gather(pos: jax.Array, live: jax.Array) -> jax.Array:
@@ -120,12 +119,10 @@ def draft_cache_loc_reference(req_to_token: jax.Array, req_pool_indices: jax.Arr
     live = valid[:, None, None] & (o < lp[:, None, None])             # bool[B, K-1, P-1]
     dst = cu[:, None, None] + (tb - 1) * lp[:, None, None] + o
     live = live & (dst < max_pairs)
-    dst = jnp.where(live, dst, max_pairs)                              # dropped by the scatter
     tgt_val = gather(base[:, None, None] + tb * region[:, None, None] + o, live)
     src_val = gather(jnp.broadcast_to(base[:, None, None] + o, live.shape), live)
-    zeros = jnp.zeros((max_pairs,), jnp.int32)
-    tgt = zeros.at[dst.reshape(-1)].set(tgt_val.reshape(-1), mode="drop")
-    src = zeros.at[dst.reshape(-1)].set(src_val.reshape(-1), mode="drop")
+    tgt = pack_to(dst, tgt_val, live, max_pairs, fill=PAD_SLOT_ID)
+    src = pack_to(dst, src_val, live, max_pairs, fill=PAD_SLOT_ID)
     return out_cache_loc, tgt, src, num_pairs
 
 
@@ -150,9 +147,7 @@ def _draft_cache_loc_kernel(rpi_ref, seq_ref, valid_ref, cu_ref, r2t_ref, tgt_in
     seq_len = seq_ref[b]
     is_live = valid_ref[b] != 0
     row_start = rpi_ref[b] * width
-    lp = seq_len % p
-    base = seq_len - lp
-    region = (lp + num_steps + p - 1) // p * p
+    lp, base, region = holey_geometry(seq_len, num_steps=num_steps, page_size=p)
 
     # out_cache_loc: entry j = t*S + s -> row position base + t*region + lp + s.
     j = jnp.arange(loc_block, dtype=jnp.int32)
@@ -190,7 +185,7 @@ def _draft_cache_loc_pallas(req_to_token, req_pool_indices, seq_lens, valid, *, 
     batch = req_pool_indices.shape[0]
     _rows, width = req_to_token.shape
     k, s, p = topk, num_steps, page_size
-    lp = seq_lens % p
+    lp, _, _ = holey_geometry(seq_lens, num_steps=s, page_size=p)
     counts = jnp.where(valid, (k - 1) * lp, 0)
     num_pairs = jnp.sum(counts).astype(jnp.int32)
     cu = (jnp.cumsum(counts) - counts).astype(jnp.int32)

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from jspec import _layout
 from jspec.kernels import _common
 
 # Token slots copied per block (power of 2): wide blocks, the op is a big copy.
@@ -64,13 +65,8 @@ def draft_ext_start(seq_lens: jax.Array, *, topk: int, num_steps: int,
                     page_size: int) -> jax.Array:
     """Row position of each branch's step-0 draft slot: i32[B, K] (SPEC.md §4.2, §6.1)."""
     branch = jnp.arange(topk, dtype=jnp.int32)[None, :]
-    lens = seq_lens[:, None]
-    if page_size == 1 or topk == 1:
-        return lens + branch * num_steps
-    last_page_len = lens % page_size
-    base = lens - last_page_len
-    num_new_pages = (last_page_len + num_steps + page_size - 1) // page_size
-    return base + branch * num_new_pages * page_size + last_page_len
+    return _layout.draft_ext_start(seq_lens[:, None], branch, num_steps=num_steps,
+                                   page_size=page_size)
 
 
 # ---- reference ------------------------------------------------------------------------------
@@ -164,12 +160,7 @@ def _draft_kv_indices_kernel(req_pool_indices_ref,  # i32[B]
     jax.lax.fori_loop(0, num_blocks, copy_block, jnp.int32(0))
 
     # Draft slots: row[ext + s] for s <= i, right after the prefix.
-    if page_size == 1 or topk == 1:
-        ext = seq_len + branch * num_steps
-    else:
-        last_page_len = seq_len % page_size
-        num_new_pages = (last_page_len + num_steps + page_size - 1) // page_size
-        ext = seq_len - last_page_len + branch * num_new_pages * page_size + last_page_len
+    ext = _layout.draft_ext_start(seq_len, branch, num_steps=num_steps, page_size=page_size)
     step = jnp.arange(block_steps, dtype=jnp.int32)  # [BSt]
     draft_slots = pltriton.load(
         req_to_token_ref.at[req, pl.ds(ext, block_steps)],

@@ -114,7 +114,8 @@ def _draft_kv_indices_triton_kernel(
                      mask=(tok < seq_len) & (start + tok < WIDTH))
         tok0 += BLOCK_TOKENS
 
-    # Draft slots: row[ext + s] for s <= i, right after the prefix.
+    # Draft slots: row[ext + s] for s <= i, right after the prefix. NOTE: jspec._layout's
+    # draft_ext_start spelled out in tl code (a Triton kernel calls only triton.jit functions).
     if PAGE_SIZE == 1 or TOPK == 1:
         ext = seq_len + branch * NUM_STEPS
     else:

@@ -40,11 +40,9 @@ from jax.experimental import pallas as pl
 
 from jspec import probes
 from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
+from jspec.sentinels import NO_NODE, NOT_ACCEPTED
 
 IMPLS = ("xla", "pallas")
-NO_NODE = -1
-# accept_index padding.
-ACCEPT_PAD = -1
 
 
 def _validate(candidates, retrive_index, retrive_next_token, retrive_next_sibling,
@@ -128,7 +126,7 @@ def _verify_tree_greedy_kernel(
     zero = jnp.int32(0)
     state = (zero, pick(nxt_tok, 0), zero, jnp.int32(1), zero, jnp.bool_(max_depth == 0),
              jnp.full((block,), predicts_init, jnp.int32),
-             jnp.where(acc_lanes == 0, pick(ridx, 0), ACCEPT_PAD))
+             jnp.where(acc_lanes == 0, pick(ridx, 0), NOT_ACCEPTED))
     _, _, last, _, num, _, pred, acc = jax.lax.while_loop(cond, body, state)
     pred = jnp.where(lanes == last, pick(tgt, last), pred)  # bonus token
     pltriton.store(predicts_ref.at[idx], pred, mask=live)
@@ -209,7 +207,7 @@ def verify_tree_greedy_reference(candidates, retrive_index, retrive_next_token,
         return cur, last, depth, num, done, pred, written, acc
 
     zeros = jnp.zeros((bsz,), jnp.int32)
-    acc0 = jnp.full((bsz, num_spec_steps), ACCEPT_PAD, jnp.int32).at[:, 0].set(retrive_index[:, 0])
+    acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32).at[:, 0].set(retrive_index[:, 0])
     state = (retrive_next_token[:, 0], zeros, zeros + 1, zeros,
              jnp.full((bsz,), max_depth == 0), jnp.zeros((bsz, n), jnp.int32),
              jnp.zeros((bsz, n), bool), acc0)

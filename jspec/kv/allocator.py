@@ -35,9 +35,8 @@ from jspec._pytree import pytree_dataclass, replace, static_field
 from jspec.config import SpecConfig, ceil_div
 from jspec.kernels.alloc_decode import alloc_decode_slots
 from jspec.kernels.alloc_extend import alloc_extend_slots
+from jspec.sentinels import PAD_PAGE_ID  # the free-list buffers' padding past their live prefix
 
-# Padding value of the free-list buffers past their live prefix (also the padding page id).
-PAD_PAGE_ID = 0
 # Sort key that places dead entries after every live page id.
 _SORT_PAD = jnp.iinfo(jnp.int32).max
 # Merge-before-alloc rules in need_sort mode: "exact" (merge iff the free list is short of the

@@ -20,9 +20,7 @@ from jspec import probes
 from jspec._pytree import pytree_dataclass, replace
 from jspec.config import SpecConfig
 from jspec.kernels import assign_req_to_token_pool as _assign
-
-# Padding row of req_to_token (and value of unused row ids).
-PAD_ROW = 0
+from jspec.sentinels import PAD_ROW  # padding row of req_to_token, value of unused row ids
 
 
 def init_req_to_token(cfg: SpecConfig) -> jax.Array:

@@ -25,18 +25,17 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._compact import compact, pack_to
 from jspec.kv.pool import KVPool, move_kv_cache
+from jspec.sentinels import NOT_ACCEPTED, PAD_SLOT_ID
 
 __all__ = [
-    "PAD_SLOT_ID",
     "accept_kv_move_pairs",
     "get_src_tgt_cache_loc",
     "move_accept_tokens_to_target_kvcache",
     "verify_out_cache_loc",
 ]
 
-PAD_SLOT_ID = 0
-NOT_ACCEPTED = -1  # accept_index filler (sglang initialises accept_index with -1)
 
 
 def _valid_or_all(valid: jax.Array | None, batch: int) -> jax.Array:
@@ -44,13 +43,6 @@ def _valid_or_all(valid: jax.Array | None, batch: int) -> jax.Array:
         return jnp.ones((batch,), bool)
     probes.static_check_shape(valid, (batch,), "valid")
     return valid.astype(bool)
-
-
-def _pack(dst: jax.Array, values: jax.Array, live: jax.Array, size: int) -> jax.Array:
-    """Scatter ``values`` where ``live`` to ``dst`` of a zero i32[size] buffer."""
-    dst = jnp.where(live & (dst < size), dst, size).reshape(-1)
-    vals = jnp.where(live, values, PAD_SLOT_ID).reshape(-1)
-    return jnp.zeros((size,), jnp.int32).at[dst].set(vals, mode="drop")
 
 
 def _row_gather(req_to_token: jax.Array, req_pool_indices: jax.Array, pos: jax.Array,
@@ -121,15 +113,14 @@ def accept_kv_move_pairs(req_to_token: jax.Array, req_pool_indices: jax.Array,
         row=lambda: jnp.argmax(jnp.sum(accepted, axis=1) != accept_lens))
     # src: stream compaction of the accepted entries.
     flat_acc = accepted.reshape(-1)
-    src_dst = jnp.cumsum(flat_acc) - 1
     src_val = out_cache_loc.at[jnp.where(flat_acc, accept_index.reshape(-1), 0)].get(mode="clip")
-    src = _pack(src_dst, src_val, flat_acc, size)
+    src = compact(src_val, flat_acc, size, fill=PAD_SLOT_ID, dtype=jnp.int32)
     # tgt: the front of each request's verify window, packed by accept_lens.
     r = jnp.arange(width, dtype=jnp.int32)[None, :]
     front = valid[:, None] & (r < accept_lens[:, None])                     # bool[B, S+1]
     cu = jnp.cumsum(accept_lens) - accept_lens
     tgt_val = _row_gather(req_to_token, req_pool_indices, seq_lens[:, None] + r, front)
-    tgt = _pack(cu[:, None] + r, tgt_val, front, size)
+    tgt = pack_to(cu[:, None] + r, tgt_val, front, size, fill=PAD_SLOT_ID)
     return tgt, src, jnp.sum(accept_lens).astype(jnp.int32)
 
 
@@ -187,19 +178,20 @@ def get_src_tgt_cache_loc(seq_lens: jax.Array, out_cache_loc: jax.Array,
     accepted = (accept_index != NOT_ACCEPTED) & valid[:, None]
     flat_acc = accepted.reshape(-1)
     src_val = out_cache_loc.at[jnp.where(flat_acc, accept_index.reshape(-1), 0)].get(mode="clip")
-    src = _pack(jnp.cumsum(flat_acc) - 1, src_val, flat_acc, size)
+    src = compact(src_val, flat_acc, size, fill=PAD_SLOT_ID, dtype=jnp.int32)
 
     window = out_cache_loc.reshape(batch, n)
     keep_front = jnp.where(valid, accept_length + 1, 0)                         # ncd + 1
     r = jnp.arange(n, dtype=jnp.int32)[None, :]
     front = (r < keep_front[:, None]) & (r < width)
     cu = jnp.cumsum(keep_front) - keep_front
-    tgt = _pack(cu[:, None] + r, window, front, size)
+    tgt = pack_to(cu[:, None] + r, window, front, size, fill=PAD_SLOT_ID)
 
     extended = seq_lens + n
     keep = jnp.minimum((seq_lens + accept_length + 1 + p - 1) // p * p, extended)
     to_free_num = jnp.where(valid, extended - keep, 0)
     tail = valid[:, None] & (r >= n - to_free_num[:, None])
     cu_free = jnp.cumsum(to_free_num) - to_free_num
-    to_free = _pack(cu_free[:, None] + r - (n - to_free_num[:, None]), window, tail, batch * n)
+    to_free = pack_to(cu_free[:, None] + r - (n - to_free_num[:, None]), window, tail, batch * n,
+                      fill=PAD_SLOT_ID)
     return src, tgt, to_free, jnp.sum(to_free_num).astype(jnp.int32)

@@ -32,17 +32,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jspec.kernels.draft_cache_loc import (
-    PAD_SLOT_ID,
-    draft_cache_loc,
-    draft_cache_loc_reference,
-    max_prefix_tail_pairs,
-)
+from jspec.kernels.draft_cache_loc import draft_cache_loc, max_prefix_tail_pairs
 from jspec.kv.pool import KVPool, move_kv_cache
 
 __all__ = [
-    "PAD_SLOT_ID",
-    "draft_cache_loc_reference",
     "draft_out_cache_loc",
     "draft_positions",
     "duplicate_prefix_tail_to_draft_branches",

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
-from jspec.kernels.verify_tree_greedy import ACCEPT_PAD
+from jspec.sentinels import NOT_ACCEPTED
 
 # FlashInfer caps threshold_acc away from 0 (division).
 _MIN_THRESHOLD_ACC = 1e-9
@@ -123,7 +123,7 @@ def tree_speculative_sampling_target_only(
         return cur, last, depth, num, done, prob_acc, coin, rejected, pred, written, acc
 
     zeros = jnp.zeros((bsz,), jnp.int32)
-    acc0 = jnp.full((bsz, num_spec_steps), ACCEPT_PAD, jnp.int32).at[:, 0].set(retrive_index[:, 0])
+    acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32).at[:, 0].set(retrive_index[:, 0])
     state = (next_token[:, 0], zeros, zeros + 1, zeros, jnp.full((bsz,), max_depth == 0),
              jnp.zeros((bsz,), jnp.float32), coins[:, 0], jnp.zeros((bsz, n), bool),
              jnp.zeros((bsz, n), jnp.int32), jnp.zeros((bsz, n), bool), acc0)

@@ -27,8 +27,6 @@ import jax.numpy as jnp
 
 from jspec import probes
 
-# parents entry of the root (step-0 tree info, column 0).
-ROOT_PARENT = -1
 
 
 def _probe_draft(topk_p: jax.Array, topk_index: jax.Array, vocab_size: int | None,

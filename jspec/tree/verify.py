@@ -24,14 +24,13 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._compact import compact
 from jspec.kernels.verify_tree_greedy import (
-    ACCEPT_PAD,
     verify_tree_greedy,
     verify_tree_greedy_reference,
 )
 
 __all__ = [
-    "ACCEPT_PAD",
     "compact_accept_to_front",
     "eagle_sample_greedy",
     "fill_accept_out_cache_loc",
@@ -107,10 +106,7 @@ def fill_accept_out_cache_loc(accept_index: jax.Array, out_cache_loc: jax.Array)
     flat = accept_index.reshape(-1)
     probes.detect_oob(flat, -1, out_cache_loc.shape[0],
                       "fill_accept_out_cache_loc: accept_index vs [-1, len(out_cache_loc))")
-    keep = flat >= 0
-    dest = jnp.where(keep, jnp.cumsum(keep) - 1, flat.shape[0])
-    vals = out_cache_loc[jnp.maximum(flat, 0)]
-    return jnp.zeros(flat.shape, out_cache_loc.dtype).at[dest].set(vals, mode="drop")
+    return compact(out_cache_loc[jnp.maximum(flat, 0)], flat >= 0)
 
 
 @functools.partial(jax.jit, static_argnames=("num_spec_steps", "impl", "interpret"))

@@ -38,12 +38,8 @@ import jax.numpy as jnp
 from jspec import probes
 from jspec._pytree import pytree_dataclass
 from jspec.config import BatchBuckets
+from jspec.sentinels import PAD_ROW, PAD_SLOT_ID, SEQ_LEN_FILL_VALUE
 
-# sglang's ``get_cuda_graph_seq_len_fill_value()`` for FA3, FlashInfer and Triton.
-SEQ_LEN_FILL_VALUE = 1
-# Padding rows point at req_to_token row 0 and slot 0 (page 0 is the reserved dummy page).
-PAD_REQ_POOL_INDEX = 0
-PAD_SLOT_ID = 0
 
 
 @pytree_dataclass
@@ -126,7 +122,7 @@ def pad_draft_inputs(inputs: DraftInputs, bucket: int, *, vocab_size: int | None
     pad = bucket - raw_bs
     padded = DraftInputs(
         seq_lens=_pad_rows(inputs.seq_lens, pad, SEQ_LEN_FILL_VALUE),
-        req_pool_indices=_pad_rows(inputs.req_pool_indices, pad, PAD_REQ_POOL_INDEX),
+        req_pool_indices=_pad_rows(inputs.req_pool_indices, pad, PAD_ROW),
         out_cache_loc=_pad_rows(inputs.out_cache_loc, pad * topk * steps, PAD_SLOT_ID),
         positions=_pad_rows(inputs.positions, pad * topk, 0),
         topk_p=_pad_rows(inputs.topk_p, pad, 0),
