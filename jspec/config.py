@@ -29,6 +29,15 @@ import numpy as np
 
 from jspec._layout import holey_geometry
 
+__all__ = [
+    "INT32_LIMIT",
+    "MAX_NUM_DRAFT_TOKENS",
+    "BatchBuckets",
+    "SpecConfig",
+    "ceil_div",
+    "ceil_to_multiple",
+]
+
 _DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
 INT32_LIMIT = 2**31
 # sglang's build-tree kernel precondition (SPEC.md §7.4).
