@@ -1,5 +1,6 @@
 import jax
 import jax.numpy as jnp
+
 from jspec import SpecConfig, attention_meta, kv, tree
 
 cfg = SpecConfig(page_size=4, topk=2, num_steps=3, num_draft_tokens=4, context_len=64,

@@ -13,7 +13,12 @@ from typing import Any
 
 import triton
 
-from jspec.kernels.triton_meta import NUM_WARPS, _expand_meta, _kv_meta, get_kernel
+from jspec.kernels.triton_meta import (
+    NUM_WARPS,
+    expand_launch_meta,
+    get_kernel,
+    kv_indices_launch_meta,
+)
 
 __all__ = ["draft_kv_indices_torch", "expand_page_table_torch"]
 
@@ -39,9 +44,9 @@ def expand_page_table_torch(last_page_lens: Any, cache_loc: Any, *, decode_lengt
     cache_seqlens, page_table = out
     if num_rows == 0:
         return cache_seqlens, page_table
-    meta = _expand_meta(num_rows, row_stride, decode_length=decode_length, topk=topk,
-                        page_size=page_size, page_table_width=width, num_cols=num_cols,
-                        block_rows=block_rows)
+    meta = expand_launch_meta(num_rows, row_stride, decode_length=decode_length, topk=topk,
+                              page_size=page_size, page_table_width=width, num_cols=num_cols,
+                              block_rows=block_rows)
     grid = (triton.cdiv(num_rows, meta["BLOCK_ROWS"]),)
     get_kernel("expand_page_table")[grid](last_page_lens.contiguous(), cache_loc, cache_seqlens,
                                           page_table, num_warps=NUM_WARPS, num_stages=1, **meta)
@@ -71,8 +76,9 @@ def draft_kv_indices_torch(req_pool_indices: Any, req_to_token: Any, seq_lens: A
     if num_seqs == 0:
         return kv_indices_buffer, kv_indptr
     req_to_token = req_to_token.contiguous()
-    meta = _kv_meta(num_seqs, kv_indices_width, req_to_token.shape[1], topk=topk,
-                    num_steps=num_steps, page_size=page_size, block_tokens=block_tokens)
+    meta = kv_indices_launch_meta(num_seqs, kv_indices_width, req_to_token.shape[1], topk=topk,
+                                  num_steps=num_steps, page_size=page_size,
+                                  block_tokens=block_tokens)
     get_kernel("draft_kv_indices")[(num_seqs, topk)](
         req_pool_indices.contiguous(), req_to_token, seq_lens.contiguous(), kv_indices_buffer,
         kv_indices_buffer, kv_indptr, num_warps=NUM_WARPS, num_stages=1, **meta)

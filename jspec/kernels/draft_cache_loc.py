@@ -37,8 +37,8 @@ from jspec import probes
 from jspec._compact import pack_to
 from jspec._layout import draft_footprint, holey_geometry
 from jspec.config import INT32_LIMIT
-from jspec.sentinels import PAD_SLOT_ID
 from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
+from jspec.sentinels import PAD_SLOT_ID
 
 IMPLS = ("xla", "pallas")
 # Value of unused out_cache_loc entries (padding rows) and of unused (tgt, src) pair entries:

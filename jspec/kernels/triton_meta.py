@@ -152,9 +152,10 @@ def get_kernel(name: str) -> Any:
     return _JITTED[key]
 
 
-def _expand_meta(num_rows: int, row_stride: int, *, decode_length: int, topk: int,
-                 page_size: int, page_table_width: int, num_cols: int,
-                 block_rows: int) -> dict[str, int]:
+def expand_launch_meta(num_rows: int, row_stride: int, *, decode_length: int, topk: int,
+                       page_size: int, page_table_width: int, num_cols: int,
+                       block_rows: int) -> dict[str, int]:
+    """The expand kernel's constexpr metaparameters (shared by the JAX and torch launchers)."""
     return {"NUM_ROWS": num_rows, "NUM_COLS": num_cols, "ROW_STRIDE": row_stride,
                 "DECODE_LENGTH": decode_length, "TOPK": topk,
                 "PAGE_SHIFT": int(page_size).bit_length() - 1, "WIDTH": page_table_width,
@@ -162,8 +163,9 @@ def _expand_meta(num_rows: int, row_stride: int, *, decode_length: int, topk: in
                 "BLOCK_COLS": _common.next_power_of_2(page_table_width)}
 
 
-def _kv_meta(num_seqs: int, width: int, row_width: int, *, topk: int, num_steps: int,
-             page_size: int, block_tokens: int) -> dict[str, int]:
+def kv_indices_launch_meta(num_seqs: int, width: int, row_width: int, *, topk: int,
+                           num_steps: int, page_size: int, block_tokens: int) -> dict[str, int]:
+    """The kv_indices kernel's constexpr metaparameters (shared by both launchers)."""
     return {"NUM_SEQS": num_seqs, "TOPK": topk, "NUM_STEPS": num_steps, "PAGE_SIZE": page_size,
                 "WIDTH": width, "ROW_WIDTH": row_width,
                 "BLOCK_TOKENS": _common.next_power_of_2(block_tokens),
@@ -181,9 +183,9 @@ def expand_page_table_triton(last_page_lens: Any, cache_loc: Any, *, decode_leng
     jt = _common.import_jax_triton()
 
     num_rows = cache_loc.shape[0]
-    meta = _expand_meta(num_rows, cache_loc.shape[1], decode_length=decode_length, topk=topk,
-                        page_size=page_size, page_table_width=page_table_width,
-                        num_cols=num_cols, block_rows=block_rows)
+    meta = expand_launch_meta(num_rows, cache_loc.shape[1], decode_length=decode_length,
+                              topk=topk, page_size=page_size, page_table_width=page_table_width,
+                              num_cols=num_cols, block_rows=block_rows)
     return jt.triton_call(
         last_page_lens, cache_loc, kernel=get_kernel("expand_page_table"),
         out_shape=(jax.ShapeDtypeStruct((num_rows,), jnp.int32),
@@ -202,8 +204,9 @@ def draft_kv_indices_triton(req_pool_indices: Any, req_to_token: Any, seq_lens: 
 
     num_seqs = seq_lens.shape[0]
     width = kv_indices_buffer.shape[1]
-    meta = _kv_meta(num_seqs, width, req_to_token.shape[1], topk=topk, num_steps=num_steps,
-                    page_size=page_size, block_tokens=block_tokens)
+    meta = kv_indices_launch_meta(num_seqs, width, req_to_token.shape[1], topk=topk,
+                                  num_steps=num_steps, page_size=page_size,
+                                  block_tokens=block_tokens)
     return jt.triton_call(
         req_pool_indices, req_to_token, seq_lens, kv_indices_buffer,
         kernel=get_kernel("draft_kv_indices"),

@@ -207,7 +207,8 @@ def verify_tree_greedy_reference(candidates, retrive_index, retrive_next_token,
         return cur, last, depth, num, done, pred, written, acc
 
     zeros = jnp.zeros((bsz,), jnp.int32)
-    acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32).at[:, 0].set(retrive_index[:, 0])
+    acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32)
+    acc0 = acc0.at[:, 0].set(retrive_index[:, 0])
     state = (retrive_next_token[:, 0], zeros, zeros + 1, zeros,
              jnp.full((bsz,), max_depth == 0), jnp.zeros((bsz, n), jnp.int32),
              jnp.zeros((bsz, n), bool), acc0)

@@ -123,7 +123,8 @@ def tree_speculative_sampling_target_only(
         return cur, last, depth, num, done, prob_acc, coin, rejected, pred, written, acc
 
     zeros = jnp.zeros((bsz,), jnp.int32)
-    acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32).at[:, 0].set(retrive_index[:, 0])
+    acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32)
+    acc0 = acc0.at[:, 0].set(retrive_index[:, 0])
     state = (next_token[:, 0], zeros, zeros + 1, zeros, jnp.full((bsz,), max_depth == 0),
              jnp.zeros((bsz,), jnp.float32), coins[:, 0], jnp.zeros((bsz, n), bool),
              jnp.zeros((bsz, n), jnp.int32), jnp.zeros((bsz, n), bool), acc0)

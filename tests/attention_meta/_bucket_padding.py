@@ -41,7 +41,6 @@ from jspec.config import BatchBuckets
 from jspec.sentinels import PAD_ROW, PAD_SLOT_ID, SEQ_LEN_FILL_VALUE
 
 
-
 @pytree_dataclass
 class DraftInputs:
     """The per-request inputs of one draft-decode call (sglang's graph-runner buffers).

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _attn_meta_cases import ceil_div, make_draft_batch
+from _bucket_padding import BucketedFunction, DraftInputs, pad_draft_inputs, unpad
 
 from jspec import probes
-from _bucket_padding import BucketedFunction, DraftInputs, pad_draft_inputs, unpad
 from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
 from jspec.attention_meta.page_table import draft_decode_metadata
 from jspec.config import BatchBuckets

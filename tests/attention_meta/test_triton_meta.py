@@ -31,9 +31,9 @@ from _attn_meta_cases import expand_loop, kv_indices_loop, make_draft_batch
 
 torch = pytest.importorskip("torch")
 
+from interop import triton_meta as torch_launch
 from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
 from jspec.attention_meta.page_table import draft_decode_set_expand_metadata
-from interop import triton_meta as torch_launch
 from jspec.kernels import triton_meta
 from jspec.kernels.expand_page_table import expand_page_table_reference
 
@@ -191,10 +191,10 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                                   options=dict(num_warps=tm.NUM_WARPS, num_stages=1))
         assert "cubin" in compiled.asm, name
 
-    build("expand_page_table", 4, tm._expand_meta(2048, 5, decode_length=4, topk=8,
+    build("expand_page_table", 4, tm.expand_launch_meta(2048, 5, decode_length=4, topk=8,
           page_size=16, page_table_width=5, num_cols=4, block_rows=128))
-    build("draft_kv_indices", 6, tm._kv_meta(256, 256 * 8 * 8192, 8300, topk=8, num_steps=5,
-          page_size=16, block_tokens=1024))
+    build("draft_kv_indices", 6, tm.kv_indices_launch_meta(256, 256 * 8 * 8192, 8300, topk=8,
+          num_steps=5, page_size=16, block_tokens=1024))
     print("COMPILED_OK")
 """)
 
