@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 
-
 def _valid_or_all(valid: jax.Array | None, batch: int) -> jax.Array:
     if valid is None:
         return jnp.ones((batch,), bool)

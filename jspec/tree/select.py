@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from jspec import probes
 
 
-
 def _probe_draft(topk_p: jax.Array, topk_index: jax.Array, vocab_size: int | None,
                  where: str) -> None:
     """NaN probe on the draft probabilities and an OOB probe on the draft tokens (SPEC §11)."""
