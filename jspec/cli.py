@@ -33,7 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module, func = COMMANDS[cmd]
     run = getattr(importlib.import_module(module), func)
-    return int(run(rest) or 0)
+    from jspec.kernels._common import quiet_pallas_triton
+
+    with quiet_pallas_triton():  # jspec's own kernels compile in here (jax 0.11 GPU warning)
+        return int(run(rest) or 0)
 
 
 if __name__ == "__main__":
