@@ -28,8 +28,11 @@ def _packaged_top_levels() -> list[str]:
     """Top-level packages the wheel holds (pyproject's ``packages.find`` include patterns)."""
     cfg = tomllib.loads((REPO / "pyproject.toml").read_text())
     patterns = cfg["tool"]["setuptools"]["packages"]["find"]["include"]
-    return sorted(p.name for p in REPO.iterdir()
-                  if (p / "__init__.py").is_file() and any(fnmatch(p.name, pat) for pat in patterns))
+    return sorted(
+        p.name
+        for p in REPO.iterdir()
+        if (p / "__init__.py").is_file() and any(fnmatch(p.name, pat) for pat in patterns)
+    )
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -46,12 +49,20 @@ def packaged_only(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
     for name in _packaged_top_levels():
         (site / name).symlink_to(REPO / name, target_is_directory=True)
     env = {**os.environ, "PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu"}
-    probe = _run([sys.executable, "-c", "import importlib.util as u; "
-                  "print([m for m in ('bench', 'tests', 'examples') if u.find_spec(m)])"],
-                 cwd, env)
+    probe = _run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util as u; "
+            "print([m for m in ('bench', 'tests', 'examples') if u.find_spec(m)])",
+        ],
+        cwd,
+        env,
+    )
     assert probe.returncode == 0 and probe.stdout.strip() == "[]", (
         f"unpackaged modules importable from a clean directory, the test proves nothing: "
-        f"{probe.stdout}{probe.stderr}")
+        f"{probe.stdout}{probe.stderr}"
+    )
     return cwd, env
 
 

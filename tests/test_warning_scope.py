@@ -29,9 +29,14 @@ print(repr(added))
 
 
 def test_importing_jspec_adds_no_warning_filter() -> None:
-    out = subprocess.run([sys.executable, "-c", _IMPORT_ALL], cwd=REPO, capture_output=True,
-                         text=True, timeout=300, env={"JAX_PLATFORMS": "cpu",
-                                                      **_env_without_warning_flags()})
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"JAX_PLATFORMS": "cpu", **_env_without_warning_flags()},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
@@ -43,8 +48,10 @@ def test_quiet_pallas_triton_is_scoped() -> None:
             warnings.warn(PALLAS_TRITON_DEPRECATION + " and will be removed", DeprecationWarning)
             warnings.warn("another deprecation", DeprecationWarning)
         warnings.warn(PALLAS_TRITON_DEPRECATION + " and will be removed", DeprecationWarning)
-    assert [str(w.message)[:21] for w in seen] == ["another deprecation",
-                                                   PALLAS_TRITON_DEPRECATION[:21]]
+    assert [str(w.message)[:21] for w in seen] == [
+        "another deprecation",
+        PALLAS_TRITON_DEPRECATION[:21],
+    ]
 
 
 def _env_without_warning_flags() -> dict[str, str]:
