@@ -1,34 +1,63 @@
-# The README's two commands: `make demo` and `make test`. Both create and fill a local .venv on
-# first use. On CPU, torch is pinned to the local 2.13.0 CPU build: an unpinned torch would pull
-# several GB of CUDA wheels. `make test-gpu` is for the device machine, where jax, torch and triton
-# are preinstalled: it installs nothing and runs the suite with kernels compiled for the GPU.
+# The README's two commands: `make demo` and `make test`. Both create and fill a virtualenv
+# ($(VENV), default .venv) on first use, then install this project (distribution jspec-jax) with
+# its cpu, test, triton and lint extras: pyproject.toml is the one list of dependencies.
+#
+# torch on CPU: the plain index's Linux torch is the CUDA build (~527 MB plus ~20 CUDA packages,
+# and torch 2.13's needs triton 3.7.1, not the 3.6 that jax-triton 0.3.1 needs). So torch is
+# installed first, on its own: from the PyTorch CPU index when a 3 s probe reaches it; otherwise
+# from the plain index (and pip's find-links, which on CI carries the 2.13.0 CPU wheel), so an
+# unreachable CPU index costs at most the probe. The package install then finds torch satisfied.
+#
+# `make test-gpu` / `make bench-gpu` are for the device machine, where jax, torch and triton are
+# preinstalled: they install nothing.
 PY ?= python3
-VENV := .venv
-VPY := $(VENV)/bin/python
-STAMP := $(VENV)/.jspec-installed
+VENV ?= .venv
+VPY = $(VENV)/bin/python
+STAMP = $(VENV)/.jspec-installed
+TORCH_VERSION ?= 2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+EXTRAS ?= cpu,test,triton,lint
+LINT_PATHS = jspec interop tests bench examples
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-gpu bench bench-gpu compare lint clean venv
+.PHONY: demo test test-gpu bench-gpu compare lint fmt clean venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q "torch==2.13.0"
-	$(VPY) -m pip install -q "jax==0.10.2" "jaxlib==0.10.2" chex numpy pytest hypothesis \
-	    pytest-xdist "triton==3.6.0" "jax-triton==0.3.1"
-	$(VPY) -m pip install -q --no-deps -e .
+	@if [ -n "$(TORCH_CPU_INDEX)" ] && timeout 4 $(VPY) -c 'import sys, urllib.request; \
+	    urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=3)' "$(TORCH_CPU_INDEX)" \
+	    >/dev/null 2>&1; then \
+	  echo "torch $(TORCH_VERSION): from the PyTorch CPU index $(TORCH_CPU_INDEX)"; \
+	  $(VPY) -m pip install -q --index-url "$(TORCH_CPU_INDEX)" "torch==$(TORCH_VERSION)"; \
+	else \
+	  echo "torch $(TORCH_VERSION): CPU index not reachable, plain index (+ pip find-links)"; \
+	  $(VPY) -m pip install -q "torch==$(TORCH_VERSION)"; \
+	fi
+	$(VPY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(VPY) -m jspec.cli demo
+	$(VENV)/bin/jspec demo
 
 test: $(STAMP)
 	JAX_PLATFORMS=cpu $(VPY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 compare: $(STAMP)
-	$(VPY) -m jspec.cli compare
+	$(VENV)/bin/jspec compare
+
+# Format check and lint over the whole tree (`make fmt` rewrites it).
+lint: $(STAMP)
+	@rc=0; \
+	$(VPY) -m ruff format --check $(LINT_PATHS) || rc=1; \
+	$(VPY) -m ruff check $(LINT_PATHS) || rc=1; \
+	exit $$rc
+
+fmt: $(STAMP)
+	$(VPY) -m ruff format $(LINT_PATHS)
+	$(VPY) -m ruff check --fix $(LINT_PATHS)
 
 # Device machine: preinstalled stack, nothing installed here.
 test-gpu:
@@ -37,9 +66,6 @@ test-gpu:
 
 bench-gpu:
 	XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(CURDIR) $(PY) -m bench.run_all
-
-lint: $(STAMP)
-	$(VPY) -m pip install -q ruff && $(VPY) -m ruff check jspec interop tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

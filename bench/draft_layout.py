@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     impls = [i for i in args.impls.split(",") if i]
     print(f"# draft_layout on {device_name()}: K={TOPK} S={NUM_STEPS}, L in [{lo}, {hi})",
           flush=True)
+    print("\n".join(format_table([dict.fromkeys(COLUMNS, "")], COLUMNS).splitlines()[:2]),
+          flush=True)
     rng = np.random.default_rng(0)
     rows: list[dict] = []
     for page_size in pages:
@@ -155,8 +157,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     traceback.print_exc()
                 rows.append(row)
                 print(format_table([row], COLUMNS).splitlines()[-1], flush=True)
-    print(format_table(rows, COLUMNS), flush=True)
-    return rows
+    return rows  # the header and every row are printed as they come: one table
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in lens]
     layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",") if item]
     rows, reference = [], None
+    print("\n".join(format_table([dict.fromkeys(COLUMNS, "")], COLUMNS).splitlines()[:2]),
+          flush=True)
     for dp, tp in [(1, 1)] + [lt for lt in layouts if lt != (1, 1)]:
         ecfg = make_engine_config(cfg, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
                                   context_len=128, max_running_requests=8,
@@ -54,7 +56,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "accept len": stats.mean_accept_len if mode == "spec" else 1.0,
                          "equal to 1 device": out == reference, "leak check": stats.leak_check})
             print(format_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
-    print(format_table(rows, COLUMNS))
     assert all(r["equal to 1 device"] for r in rows), "a layout changed the tokens"
     return rows
 

@@ -1,19 +1,24 @@
 """Run every benchmark in one process and print (and optionally save) one markdown report.
 
     python -m bench.run_all [--quick] [--only move_kv_cache,build_tree] [--out report.md]
+
+Each bench prints its own tables as it runs; the report is that output, captured as it is
+printed (run_all renders nothing a second time: it used to re-print every bench's rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
+import io
 import subprocess
 import sys
 import time
 import traceback
 
-from bench._timing import copy_bandwidth_tbs, device_name, format_table
+from bench._timing import copy_bandwidth_tbs, device_name
 
 BENCHES = (
     "move_kv_cache",
@@ -39,6 +44,22 @@ def _commit() -> str:
         return "unknown"
 
 
+class _Tee(io.TextIOBase):
+    """Writes to every stream: the console (live progress) and the report buffer."""
+
+    def __init__(self, *streams: io.TextIOBase) -> None:
+        self._streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
@@ -53,19 +74,19 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for name in names:
         t0 = time.perf_counter()
+        print(f"## {name}\n", flush=True)
+        captured = io.StringIO()
         try:
-            module = importlib.import_module(f"bench.{name}")
-            rows = module.main(["--quick"] if args.quick else [])
-            # A bench may name its columns (COLUMNS); its rows can carry more keys.
-            text = f"## {name}\n\n{format_table(rows, getattr(module, 'COLUMNS', None))}\n"
-            if hasattr(module, "DEVICE_COLUMNS") and any("step us (device)" in r for r in rows):
-                text += f"\n{format_table(rows, module.DEVICE_COLUMNS)}\n"
+            with contextlib.redirect_stdout(_Tee(sys.stdout, captured)):
+                importlib.import_module(f"bench.{name}").main(["--quick"] if args.quick else [])
         except Exception:  # noqa: BLE001 - one broken bench must not hide the others
             failed += 1
-            text = f"## {name}\n\nFAILED:\n```\n{traceback.format_exc()}```\n"
-        text += f"\n({time.perf_counter() - t0:.1f} s)\n"
-        print(text, flush=True)
-        parts.append(text)
+            failure = f"\nFAILED:\n```\n{traceback.format_exc()}```\n"
+            print(failure, flush=True)
+            captured.write(failure)
+        tail = f"\n({time.perf_counter() - t0:.1f} s)\n"
+        print(tail, flush=True)
+        parts.append(f"## {name}\n\n{captured.getvalue().rstrip()}\n{tail}")
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(parts))

@@ -1,32 +1,42 @@
 """``jspec`` command line: a thin dispatcher over library entry points (no logic here).
 
     jspec demo [...]      end-to-end jitted spec decode on a small model (jspec.engine.demo)
-    jspec compare [...]   jspec vs PyTorch reference side by side (interop.compare)
-    jspec bench [...]     all benchmarks in one run (bench.run_all)
+    jspec compare [...]   jspec vs PyTorch reference side by side (interop.compare; needs torch)
+
+Every command lives in an installed package (``jspec`` or ``interop``): the benchmarks are not
+packaged and run from a checkout (``python -m bench.run_all``, ``make bench-gpu``).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+
+# command -> (module, function taking argv and returning an exit code). Only modules of the
+# installed distribution (pyproject's packages.find: jspec*, interop*); tests/test_cli.py runs
+# every entry's --help from a clean directory to hold that.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("jspec.engine.demo", "main"),
+    "compare": ("interop.compare", "main"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: jspec {demo,compare,bench} [options]   (jspec CMD --help for options)"
+    usage = f"usage: jspec {{{','.join(COMMANDS)}}} [options]   (jspec CMD --help for options)"
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip() if argv else usage)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    if cmd == "demo":
-        from jspec.engine.demo import main as run
-    elif cmd == "compare":
-        from interop.compare import main as run
-    elif cmd == "bench":
-        from bench.run_all import main as run
-    else:
+    if cmd not in COMMANDS:
         print(f"jspec: unknown command {cmd!r}\n{usage}", file=sys.stderr)
         return 2
-    return int(run(rest) or 0)
+    module, func = COMMANDS[cmd]
+    run = getattr(importlib.import_module(module), func)
+    from jspec.kernels._common import quiet_pallas_triton
+
+    with quiet_pallas_triton():  # jspec's own kernels compile in here (jax 0.11 GPU warning)
+        return int(run(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -14,13 +14,33 @@ elements; integer vector atomics are broken up to jax 0.11.2; no checks inside k
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 
 import jax
 
-warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated")
-
 IMPLS = ("xla", "pallas", "triton")
+
+PALLAS_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
+
+
+@contextlib.contextmanager
+def quiet_pallas_triton() -> Iterator[None]:
+    """Silence jax 0.11's Pallas-Triton ``DeprecationWarning`` inside this block only.
+
+    NOTE (shared/PLATFORM.md fact 2): jax >= 0.11 warns from the pallas_call GPU *lowering*
+    rule, i.e. when the ``jit`` that encloses a kernel compiles, not when ``pallas_call`` is
+    traced. jspec's kernel ops are jitted, so a filter around their ``pallas_call`` lines would
+    never see it; this scope goes around what compiles them in the processes jspec owns (the
+    ``jspec`` CLI). Importing jspec changes no warning filter; under pytest the filter in
+    pyproject.toml applies. Python's default filters already hide a DeprecationWarning raised
+    inside jax (it is shown only under ``-W`` or pytest). 0.10 (CPU) does not warn.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PALLAS_TRITON_DEPRECATION,
+                                category=DeprecationWarning)
+        yield
 
 
 def resolve_impl(impl: str, available: tuple[str, ...], op: str) -> str:
