@@ -174,9 +174,8 @@ def test_switch_is_part_of_the_jit_key() -> None:
 
 
 def test_eager_probe_fires_when_on() -> None:
-    with probes.probes_enabled():
-        with pytest.raises(Exception, match=r"p\.count: max value 11 >= high bound 10"):
-            _counting([])(jnp.array([0, 11, 2], jnp.int32))
+    with probes.probes_enabled(), pytest.raises(Exception, match=r"p\.count: max value 11"):
+        _counting([])(jnp.array([0, 11, 2], jnp.int32))
     _counting([])(jnp.array([0, 11, 2], jnp.int32))             # off: nothing
 
 
@@ -209,6 +208,6 @@ def test_env_switch_under_plain_jit(tmp_path) -> None:
     )
     env = {**os.environ, "JSPEC_ENABLE_ASYNC_ASSERT": "1", "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "FIRED" in out.stdout

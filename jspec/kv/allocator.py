@@ -147,7 +147,8 @@ def alloc(a: PagedAllocator, num_slots: jax.Array, *,
 
 @functools.partial(jax.jit, static_argnames=("max_new_slots", "impl", "interpret", "merge_rule"))
 def alloc_extend(a: PagedAllocator, prefix_lens: jax.Array, seq_lens: jax.Array,
-                 last_loc: jax.Array, *, max_new_slots: int, impl: str = "xla",
+                 last_loc: jax.Array, *, max_new_slots: int, valid: jax.Array | None = None,
+                 impl: str = "xla",
                  interpret: bool | None = None,
                  merge_rule: str = "sglang") -> tuple[PagedAllocator, jax.Array, jax.Array]:
     """sglang ``alloc_extend``: grow each request from ``prefix_lens`` to ``seq_lens`` tokens.
@@ -165,10 +166,12 @@ def alloc_extend(a: PagedAllocator, prefix_lens: jax.Array, seq_lens: jax.Array,
       last_loc: i32[B]; slot of position ``prefix-1`` (``-1`` if prefix is 0), see
         ``get_last_loc``; ``(last_loc+1) % P == prefix % P`` on growing rows (sglang debug mode).
       max_new_slots: static capacity of ``slot_ids`` (Python int >= 0).
+      valid: bool[B] or None (all valid); invalid rows are padding: they take nothing and do
+        not count in sglang's ``bs`` (a drop-in padding sglang's batch passes its real rows).
       impl: ``"xla"`` or ``"pallas"`` for the slot computation.
       interpret: Pallas interpret flag (None: interpret off-GPU).
       merge_rule: need_sort merge trigger: ``"sglang"`` (default, sglang 0.5.23's quick bound
-        ``tokens//P + B + 1 > len(free)``) or ``"exact"`` (see ``MERGE_RULES``).
+        ``tokens//P + bs + 1 > len(free)``, ``bs`` the valid rows) or ``"exact"``.
 
     Returns:
       ``(a', slot_ids i32[max_new_slots] (0 past the total), ok)``; ``ok`` is False (state
@@ -180,12 +183,16 @@ def alloc_extend(a: PagedAllocator, prefix_lens: jax.Array, seq_lens: jax.Array,
     _fl.check_1d_int(prefix_lens, "prefix_lens")
     probes.static_check_shape(seq_lens, prefix_lens.shape, "seq_lens")
     probes.static_check_shape(last_loc, prefix_lens.shape, "last_loc")
+    if valid is not None:
+        probes.static_check_shape(valid, prefix_lens.shape, "valid")
     p = a.page_size
+    valid = jnp.ones(prefix_lens.shape, bool) if valid is None else valid.astype(bool)
     prefix_lens = prefix_lens.astype(jnp.int32)
-    seq_lens = seq_lens.astype(jnp.int32)
+    # Invalid rows become empty padding rows (seq == prefix), so every kernel skips them.
+    seq_lens = jnp.where(valid, seq_lens.astype(jnp.int32), prefix_lens)
     last_loc = last_loc.astype(jnp.int32)
     grows = seq_lens > prefix_lens
-    lens_ok = (seq_lens >= prefix_lens) & (prefix_lens >= 0)
+    lens_ok = ~valid | ((seq_lens >= prefix_lens) & (prefix_lens >= 0))
     aligned = _fl.aligned_rows(last_loc, prefix_lens, grows, p, 1)
     if probes.probes_on():
         probes.assert_async(jnp.all(lens_ok),
@@ -200,7 +207,7 @@ def alloc_extend(a: PagedAllocator, prefix_lens: jax.Array, seq_lens: jax.Array,
     new_pages = jnp.where(grows, _fl.ceil_div(seq_lens, p) - _fl.ceil_div(prefix_lens, p), 0)
     total_pages = jnp.sum(new_pages)
     if merge_rule == "sglang":
-        short = total_slots // p + prefix_lens.shape[0] + 1 > a.num_free
+        short = total_slots // p + jnp.sum(valid.astype(jnp.int32)) + 1 > a.num_free
     else:
         short = total_pages > a.num_free
     work = _fl.ensure_free(a, inputs_ok & short)

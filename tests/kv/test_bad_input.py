@@ -71,7 +71,7 @@ def test_free_bad_slots_rejected_whole(slots) -> None:
     assert not bool(ok)
     _same(a2, a)
     _same(A.free(a, _i32(slots)), a)                                     # default return: state only
-    a3, _, ok = A.alloc(a2, 4, max_slots=4)
+    _, _, ok = A.alloc(a2, 4, max_slots=4)
     assert not bool(ok)                                                  # page 0 never handed out
 
 
@@ -178,7 +178,7 @@ def test_req_rows_double_free_rejected() -> None:
         r2, ok = T.free_req_rows(r, _i32(bad), return_ok=True)
         assert not bool(ok)
         _same(r2, r)
-    r3, rows, ok = T.alloc_req_rows(T.free_req_rows(r, _i32([2])), 3, max_rows=3)
+    _, rows, ok = T.alloc_req_rows(T.free_req_rows(r, _i32([2])), 3, max_rows=3)
     assert bool(ok) and np.asarray(rows).tolist() == [3, 4, 2]           # distinct rows
     with pytest.raises(probes.ProbeError, match=r"free_req_rows: double free of row 2"):
         probes.checked(T.free_req_rows)(r, _i32([2]))

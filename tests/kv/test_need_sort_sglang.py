@@ -44,7 +44,7 @@ def _lists(a):
 
 def _run_jspec(merge_rule: str):
     a = A.init_allocator(NUM_PAGES, P, need_sort=True)
-    ext = dict(max_new_slots=512, merge_rule=merge_rule)
+    ext = {"max_new_slots": 512, "merge_rule": merge_rule}
     a, s, ok = A.alloc_extend(a, _i32([0, 0]), _i32([147, 154]), _i32([-1, -1]), **ext)
     assert bool(ok) and np.asarray(s[:301]).tolist() == ROW_A[:147] + ROW_B[:154]
     a, s, ok = A.alloc_extend(a, _i32([147, 154]), _i32([339, 311]), _i32([210, 409]), **ext)
@@ -92,3 +92,17 @@ def test_torch_reference_merges_like_sglang() -> None:
     out = r.alloc_extend(t([0]), t([0]), t([13]), t([13]), t([-1]), 13)
     assert out.tolist() == LAST_SLOTS
     assert r.free_pages.tolist() == FREE_AFTER and len(r.release_pages) == 0
+
+
+def test_padding_rows_do_not_count_in_bs() -> None:
+    """A drop-in pads sglang's batch; ``valid`` keeps the padding out of sglang's ``bs``."""
+    a = A.init_allocator(6, 4, need_sort=True)
+    a = A.alloc(a, 16, max_slots=16)[0]                                  # free [5, 6]
+    a = A.free(a, _i32([4]))                                             # staged [1]
+    # sglang, one request 0 -> 1: 1//4 + 1 + 1 = 2 > 2 is False: no merge, page 5.
+    _, s, ok = A.alloc_extend(a, _i32([0, 0]), _i32([1, 0]), _i32([-1, -1]), max_new_slots=4,
+                              valid=jnp.array([True, False]))
+    assert bool(ok) and np.asarray(s).tolist() == [20, 0, 0, 0]
+    # Counted as a row of sglang's batch, the padding would trigger the merge: page 1.
+    _, s, ok = A.alloc_extend(a, _i32([0, 0]), _i32([1, 0]), _i32([-1, -1]), max_new_slots=4)
+    assert bool(ok) and np.asarray(s).tolist() == [4, 0, 0, 0]
