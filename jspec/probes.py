@@ -8,91 +8,142 @@ Two kinds of check live here:
 * **Dynamic probes** (off by default): ``detect_nan``, ``detect_inf``, ``detect_oob``,
   ``detect_in_closed_range``, ``detect_page_aligned``, ``assert_async``. When probes are off
   they return before touching the tracer, so they add **nothing** to the jaxpr. When on, they
-  emit ``checkify.check``s naming the probe message and the offending value; run the function
-  under :func:`checked` to surface them (or set ``runtime_errors=True`` for plain ``jit``).
+  emit ``checkify.check``s whose message names the probe and the offending value.
 
-Probes are on when ``JSPEC_ENABLE_ASYNC_ASSERT=1`` (read in ``jspec.env``) or inside
-``with probes_enabled():``. The switch is read at trace time; toggling it clears JAX's
-compilation caches so that functions traced in the other mode are retraced.
+The switch, one mechanism everywhere:
+
+* Probes are on when ``JSPEC_ENABLE_ASYNC_ASSERT=1`` (read once in ``jspec.env``) or inside
+  ``with probes_enabled():``. The switch is a ``jax.make_user_context`` value, so it is part of
+  every ``jax.jit`` cache key: a function traced with probes off and the same function traced
+  with probes on are two cache entries, both kept. Toggling the switch never clears JAX's
+  caches and never recompiles unrelated functions.
+* While probes are on, ``jax_experimental_unsafe_xla_runtime_errors`` is on too, so a probe
+  works wherever the code runs: eagerly (raises ``checkify.JaxRuntimeError`` at once), under
+  plain ``jax.jit`` (raises ``jax.errors.JaxRuntimeError`` at sync time, the analogue of
+  sglang's async asserts; the text holds the probe message and value), and under
+  ``checkify.checkify`` (functionalized: an ``Error`` value, no host callback).
+* :func:`checked` (``jax.jit(checkify.checkify(fn))``, cached per function) runs ``fn`` with
+  probes on and raises :class:`ProbeError`, an ``AssertionError`` like sglang's debug asserts,
+  naming the probe and the value. The engine's steps and the PyTorch drop-in go through it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 from jspec import env
 
-_STATE = {"enabled": env.ENABLE_ASYNC_ASSERT}
+_RUNTIME_ERRORS_FLAG = "jax_experimental_unsafe_xla_runtime_errors"
+# The switch: a jit-cache-keyed context value (public since jax 0.7; 0.10.2 and 0.11.x have it).
+_SWITCH = jax.make_user_context(default_value=bool(env.ENABLE_ASYNC_ASSERT))
+if env.ENABLE_ASYNC_ASSERT:
+    jax.config.update(_RUNTIME_ERRORS_FLAG, True)
 
-# Error classes surfaced by `checked`: user checks (our probes) plus OOB indexing and NaN
-# from checkify's own instrumentation are not included by default: probes are explicit.
+# Error classes surfaced by `checked`: our probes (user checks). checkify's own OOB / NaN
+# instrumentation is not included: probes are explicit.
 PROBE_ERRORS = checkify.user_checks
 
 
-class ProbeError(RuntimeError):
-    """A dynamic probe fired: the message names the probe and the offending value."""
+class ProbeError(AssertionError):
+    """A dynamic probe fired: the message names the probe and the offending value.
+
+    An ``AssertionError``, like sglang's debug asserts, so PyTorch callers' handlers work.
+    """
 
 
 def probes_on() -> bool:
     """Whether dynamic probes are emitted by functions traced now."""
-    return _STATE["enabled"]
+    return bool(_SWITCH.value)
 
 
 @contextlib.contextmanager
-def probes_enabled(enabled: bool = True, *, runtime_errors: bool = False) -> Iterator[None]:
-    """Turn dynamic probes on (or off) for functions traced inside the block.
+def probes_enabled(enabled: bool = True, *, runtime_errors: bool = True) -> Iterator[None]:
+    """Turn dynamic probes on (or off) for functions traced and run inside the block.
+
+    No cache is cleared: the switch is part of the jit cache key (see the module docstring).
 
     Args:
       enabled: the probe switch inside the block.
-      runtime_errors: also set ``jax_experimental_unsafe_xla_runtime_errors`` so that probes
-        fire under plain ``jax.jit`` (raising ``JaxRuntimeError`` at sync time, like sglang's
-        async asserts) instead of requiring :func:`checked`.
+      runtime_errors: while ``enabled``, also set ``jax_experimental_unsafe_xla_runtime_errors``
+        so probes fire under plain ``jax.jit`` (``JaxRuntimeError`` at sync time) instead of
+        failing to lower. Restored on exit.
     """
-    prev = _STATE["enabled"]
-    prev_rt = jax.config.jax_experimental_unsafe_xla_runtime_errors
-    changed = prev != enabled
-    _STATE["enabled"] = enabled
-    if runtime_errors:
-        jax.config.update("jax_experimental_unsafe_xla_runtime_errors", True)
-    if changed:
-        jax.clear_caches()
+    prev_rt = bool(getattr(jax.config, _RUNTIME_ERRORS_FLAG))
+    set_rt = enabled and runtime_errors and not prev_rt
+    if set_rt:
+        jax.config.update(_RUNTIME_ERRORS_FLAG, True)
     try:
-        yield
+        with _SWITCH(bool(enabled)):
+            yield
     finally:
-        _STATE["enabled"] = prev
-        if runtime_errors:
-            jax.config.update("jax_experimental_unsafe_xla_runtime_errors", prev_rt)
-        if changed:
-            jax.clear_caches()
+        if set_rt:
+            jax.config.update(_RUNTIME_ERRORS_FLAG, prev_rt)
+
+
+def _is_static(value: Any) -> bool:
+    """Keyword values without array leaves (ints, strings, configs, None) are static."""
+    leaves = jax.tree.leaves(value)
+    if any(isinstance(x, (jax.Array, np.ndarray, np.generic)) for x in leaves):
+        return False
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+# fn -> {(raise_error, static kwargs) -> jitted checkified fn}; weak so closures are not kept.
+_CHECKED_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def _checkified(fn: Callable[..., Any], static: dict[str, Any]) -> Callable[..., Any]:
+    key = tuple(sorted(static.items()))
+    try:
+        per_fn = _CHECKED_CACHE.setdefault(fn, {})
+    except TypeError:  # not weak-referenceable: cache on nothing (still one jit per call)
+        per_fn = {}
+    jf = per_fn.get(key)
+    if jf is None:
+        body = functools.partial(fn, **static) if static else fn
+        jf = jax.jit(checkify.checkify(body, errors=PROBE_ERRORS))
+        per_fn[key] = jf
+    return jf
 
 
 def checked(fn: Callable[..., Any], *, raise_error: bool = True) -> Callable[..., Any]:
-    """Run ``fn`` with probes on under ``checkify.checkify``.
+    """Run ``fn`` with probes on under ``jax.jit(checkify.checkify(fn))``.
+
+    The compiled function is cached per ``fn`` (second call: no retrace). Positional arguments
+    are traced; keyword arguments without array leaves (``max_slots=8``, ``impl="xla"``, a
+    config) are static, one compile per value.
 
     Returns a function with ``fn``'s signature. With ``raise_error=True`` it returns ``fn``'s
     output and raises :class:`ProbeError` (message names the probe and value) if a probe fired;
     with ``raise_error=False`` it returns ``(err, out)`` where ``err.get()`` is the message or
     None.
     """
-    checked_fn = checkify.checkify(fn, errors=PROBE_ERRORS)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with probes_enabled(True):
-            err, out = checked_fn(*args, **kwargs)
-            msg = err.get()
-        if raise_error:
-            if msg is not None:
-                raise ProbeError(msg)
-            return out
-        return err, out
+        static = {k: v for k, v in kwargs.items() if _is_static(v)}
+        dynamic = {k: v for k, v in kwargs.items() if k not in static}
+        with _SWITCH(True):
+            err, out = _checkified(fn, static)(*args, **dynamic)
+        if not raise_error:
+            return err, out
+        msg = err.get()
+        if msg is not None:
+            raise ProbeError(msg)
+        return out
 
     return wrapper
 

@@ -128,3 +128,86 @@ def test_static_checks() -> None:
         probes.static_check_shape(jnp.zeros(3), (4,), "x")
     with pytest.raises(ValueError, match="x.dtype=float32"):
         probes.static_check_dtype(jnp.zeros(3), jnp.int32, "x")
+
+
+# ---- the switch: one mechanism under checked, plain jit, eager and the env var -------------------
+def _counting(counter):
+    def f(idx):
+        counter.append(1)
+        probes.detect_oob(idx, 0, 10, "p.count")
+        return idx + 1
+    return f
+
+
+def test_probe_error_is_assertion_error() -> None:
+    assert issubclass(probes.ProbeError, AssertionError)
+    with pytest.raises(AssertionError, match=r"p\.oob: max value 12"):
+        probes.checked(_all_probes)(GOOD_X, jnp.array([0, 4, 12], jnp.int32))
+
+
+def test_checked_caches_and_leaves_other_jits_alone() -> None:
+    traces, other = [], []
+    f = _counting(traces)
+    g = jax.jit(lambda x: (other.append(1), x * 2)[1])
+    g(GOOD_IDX)
+    for _ in range(3):
+        probes.checked(f)(GOOD_IDX)
+    assert len(traces) == 1                      # traced once, then cached (no clear_caches)
+    with pytest.raises(probes.ProbeError, match=r"p\.count: max value 11 >= high bound 10"):
+        probes.checked(f)(jnp.array([0, 11, 2], jnp.int32))
+    assert len(traces) == 1
+    g(GOOD_IDX)
+    assert len(other) == 1                       # an unrelated jitted function did not retrace
+
+
+def test_switch_is_part_of_the_jit_key() -> None:
+    traces = []
+    f = jax.jit(_counting(traces))
+    bad = jnp.array([0, 11, 2], jnp.int32)
+    np.testing.assert_array_equal(f(bad), [1, 12, 3])          # off: no check in the program
+    with probes.probes_enabled():
+        with pytest.raises(Exception, match=r"p\.count: max value 11 >= high bound 10"):
+            jax.block_until_ready(f(bad))                       # plain jit: runtime error
+        np.testing.assert_array_equal(f(GOOD_IDX), [1, 5, 9])
+    np.testing.assert_array_equal(f(bad), [1, 12, 3])          # off variant reused
+    assert len(traces) == 2                                    # one trace per switch value
+
+
+def test_eager_probe_fires_when_on() -> None:
+    with probes.probes_enabled(), pytest.raises(Exception, match=r"p\.count: max value 11"):
+        _counting([])(jnp.array([0, 11, 2], jnp.int32))
+    _counting([])(jnp.array([0, 11, 2], jnp.int32))             # off: nothing
+
+
+def test_checked_static_kwargs() -> None:
+    def f(idx, *, high, name):
+        probes.detect_oob(idx, 0, high, name)
+        return idx * high
+
+    np.testing.assert_array_equal(probes.checked(f)(GOOD_IDX, high=10, name="kw"), [0, 40, 80])
+    with pytest.raises(probes.ProbeError, match=r"kw2: max value 8 >= high bound 5"):
+        probes.checked(f)(GOOD_IDX, high=5, name="kw2")
+
+
+def test_env_switch_under_plain_jit(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from jspec import probes\n"
+        "assert probes.probes_on()\n"
+        "f = jax.jit(lambda i: (probes.detect_oob(i, 0, 10, 'env.oob'), i + 1)[1])\n"
+        "assert f(jnp.array([1, 2], jnp.int32)).tolist() == [2, 3]\n"
+        "try:\n"
+        "    jax.block_until_ready(f(jnp.array([1, 42], jnp.int32)))\n"
+        "except Exception as e:\n"
+        "    assert 'env.oob: max value 42 >= high bound 10' in str(e), str(e)\n"
+        "    print('FIRED')\n"
+    )
+    env = {**os.environ, "JSPEC_ENABLE_ASYNC_ASSERT": "1", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "FIRED" in out.stdout

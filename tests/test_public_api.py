@@ -96,12 +96,12 @@ RECORDED: dict[str, dict[str, str]] = {
             "def(a: 'PagedAllocator', seq_lens: 'jax.Array', last_loc: 'jax.Array', *, "
             "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
             "interpret: 'bool | None' = None, "
-            "merge_rule: 'str' = 'exact') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
+            "merge_rule: 'str' = 'sglang') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
         'alloc_extend':
             "def(a: 'PagedAllocator', prefix_lens: 'jax.Array', seq_lens: 'jax.Array', "
-            "last_loc: 'jax.Array', *, max_new_slots: 'int', impl: 'str' = 'xla', "
-            "interpret: 'bool | None' = None, "
-            "merge_rule: 'str' = 'exact') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
+            "last_loc: 'jax.Array', *, max_new_slots: 'int', valid: 'jax.Array | None' = None, "
+            "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
+            "merge_rule: 'str' = 'sglang') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
         'alloc_req_rows':
             "def(r: 'ReqRowAllocator', num: 'jax.Array', *, "
             "max_rows: 'int') -> 'tuple[ReqRowAllocator, jax.Array, jax.Array]'",
@@ -110,7 +110,8 @@ RECORDED: dict[str, dict[str, str]] = {
         'assign_req_to_token_pool':
             "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
             "start_offset: 'jax.Array', end_offset: 'jax.Array', out_cache_loc: 'jax.Array', *, "
-            "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'jax.Array'",
+            "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
+            "return_ok: 'bool' = False) -> 'Any'",
         'available_size': "def(a: 'PagedAllocator') -> 'jax.Array'",
         'check_integrity':
             "def(a: 'PagedAllocator', owned_mask: 'jax.Array | None' = None, *, "
@@ -118,16 +119,16 @@ RECORDED: dict[str, dict[str, str]] = {
         'commit_kv_lens': "def(reqs: 'ReqKVState', accept_lens: 'jax.Array') -> 'ReqKVState'",
         'free':
             "def(a: 'PagedAllocator', slot_ids: 'jax.Array', *, "
-            "valid: 'jax.Array | None' = None) -> 'PagedAllocator'",
+            "valid: 'jax.Array | None' = None, return_ok: 'bool' = False) -> 'Any'",
         'free_page_ids':
             "def(a: 'PagedAllocator', page_ids: 'jax.Array', *, "
-            "valid: 'jax.Array | None' = None) -> 'PagedAllocator'",
+            "valid: 'jax.Array | None' = None, return_ok: 'bool' = False) -> 'Any'",
         'free_req_rows':
-            "def(r: 'ReqRowAllocator', rows: 'jax.Array', *, "
-            "valid: 'jax.Array | None' = None) -> 'ReqRowAllocator'",
+            "def(r: 'ReqRowAllocator', rows: 'jax.Array', *, valid: 'jax.Array | None' = None, "
+            "return_ok: 'bool' = False) -> 'Any'",
         'free_segment':
             "def(a: 'PagedAllocator', row_slot_ids: 'jax.Array', start: 'jax.Array', "
-            "end: 'jax.Array') -> 'PagedAllocator'",
+            "end: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
         'get_kv':
             "def(pool: 'KVPool', layer: 'int', slot_ids: 'jax.Array') -> 'tuple[jax.Array, "
             "jax.Array]'",

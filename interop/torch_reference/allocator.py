@@ -13,9 +13,10 @@ Free-list order (what makes jspec and this reference hand out identical slot ids
                        (need_sort: APPENDED to release_pages instead)
     free_group_*       frees inside a group are deferred and released by one free() at the end
 
-NOTE: sglang's ``alloc_extend`` merges staged pages when a quick bound
-(``extend_num_tokens // P + bs + 1 > len(free_pages)``) fails; this reference (like jspec) merges
-only when the exact page count is short, which is SPEC §10's "if short" rule.
+need_sort merges follow sglang 0.5.23's bounds, not the exact page count: ``alloc`` merges when
+``pages > len(free_pages)``, ``alloc_extend`` when ``extend_num_tokens // P + bs + 1 >
+len(free_pages)``, ``alloc_decode`` when ``bs > len(free_pages)`` (then the exact count decides
+None).
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ class PagedTokenToKVPoolAllocator:
             self.free_pages = torch.sort(merged).values
             self.release_pages = torch.empty(0, dtype=torch.int64, device=self.device)
 
-    def _ensure_pages(self, num_pages: int) -> bool:
-        if self.need_sort and num_pages > len(self.free_pages):
+    def _ensure_pages(self, num_pages: int, bound: int | None = None) -> bool:
+        """Merge first (need_sort) when ``bound`` (sglang's quick bound; default the exact
+        ``num_pages``) exceeds the free list; then say whether ``num_pages`` fit."""
+        if self.need_sort and (num_pages if bound is None else bound) > len(self.free_pages):
             self.merge_and_sort_free()
         return num_pages <= len(self.free_pages)
 
@@ -116,7 +119,8 @@ class PagedTokenToKVPoolAllocator:
         new_pages = [_ceil_div(s, P) - _ceil_div(p, P) for p, s in zip(pre, seq)]
         num_new_pages = sum(new_pages)
         # NOTE: 0.5.23 checks the exact count before launching (the Aug kernel could read OOB).
-        if not self._ensure_pages(num_new_pages):
+        bound = extend_num_tokens // P + len(pre) + 1
+        if not self._ensure_pages(num_new_pages, bound):
             return None
         free = [int(x) for x in self.free_pages[:num_new_pages]]
         out: list[int] = []
@@ -147,7 +151,7 @@ class PagedTokenToKVPoolAllocator:
                 assert (last[b] + 2) % P == seq[b] % P, f"last_loc misaligned for request {b}"
         needs_page = [_ceil_div(s, P) - _ceil_div(s - 1, P) for s in seq]
         num_new_pages = sum(needs_page)
-        if not self._ensure_pages(num_new_pages):
+        if not self._ensure_pages(num_new_pages, len(seq)):
             return None
         out, rank = [], 0
         for s, ll, new in zip(seq, last, needs_page):

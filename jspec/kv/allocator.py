@@ -9,14 +9,20 @@ Free-list layout (all int32; sglang keeps int64 page ids, jspec keeps int32)::
     free_pages   [ p0 p1 ... p(num_free-1) | PAD_PAGE_ID ... ]   sglang order, taken from the front
     staged_pages [ s0 ... s(num_staged-1)  | PAD_PAGE_ID ... ]   sglang ``release_pages``
 
-Order semantics (what makes JAX and sglang hand out identical slot ids):
+Order semantics (what makes JAX and sglang 0.5.23 hand out identical slot ids):
 
 * ``alloc``/``alloc_extend``/``alloc_decode`` take pages from the front of ``free_pages``. In
-  ``need_sort`` mode, when the free list is short of what is needed, ``merge_and_sort_free`` runs
-  first (``free_pages = sort(free ++ staged)``), then the exact count is checked.
+  ``need_sort`` mode ``merge_and_sort_free`` (``free_pages = sort(free ++ staged)``) runs first
+  when sglang's bound says the free list may be short: ``alloc``: ``pages > len(free)``;
+  ``alloc_extend``: ``tokens//P + B + 1 > len(free)``; ``alloc_decode``: ``B > len(free)``.
 * ``free`` computes ``unique(slot_ids // P)`` (ascending, like ``torch.unique``) and prepends it to
   ``free_pages``, or appends it to ``staged_pages`` when ``need_sort``.
 * ``free_page_ids`` / ``free_segment`` free exactly the given pages (no unique), in given order.
+
+Bad input never corrupts the state: an unaligned or oversized size, a row contract violation
+(``seq < prefix``, misaligned ``last_loc``), or a bad free (page 0, out of range, already free)
+gives ``ok=False`` and the input state unchanged (``free*`` take ``return_ok=True`` to get the
+flag); with probes on a probe also names the value. Static mistakes raise ``ValueError``.
 
 NOTE: deliberate deviation. In sglang a failed ``alloc*`` in need_sort mode keeps the merge it did
 before failing; here a failed call returns the input state bit-identical (no merge either).
@@ -31,14 +37,16 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
-from jspec._pytree import pytree_dataclass, replace, static_field
+from jspec._pytree import pytree_dataclass, static_field
 from jspec.config import SpecConfig, ceil_div
 from jspec.kernels.alloc_decode import alloc_decode_slots
 from jspec.kernels.alloc_extend import alloc_extend_slots
-from jspec.sentinels import PAD_PAGE_ID  # the free-list buffers' padding past their live prefix
+from jspec.kv import _freelist as _fl
+from jspec.kv._freelist import PAD_PAGE_ID, merge_and_sort_free
 
-# Sort key that places dead entries after every live page id.
-_SORT_PAD = jnp.iinfo(jnp.int32).max
+__all__ = ["MERGE_RULES", "PAD_PAGE_ID", "FreeGroup", "PagedAllocator", "alloc", "alloc_decode",
+           "alloc_extend", "allocator_from_config", "available_size", "free", "free_page_ids",
+           "free_segment", "init_allocator", "merge_and_sort_free"]
 # Merge-before-alloc rules in need_sort mode: "exact" (merge iff the free list is short of the
 # exact page count) or "sglang" (sglang's quick bounds: extend ``tokens//P + bs + 1 > len(free)``,
 # decode ``bs > len(free)``; they may merge when not strictly needed).
@@ -104,103 +112,6 @@ def available_size(a: PagedAllocator) -> jax.Array:
     return (a.num_free + a.num_staged) * a.page_size
 
 
-# ---- free-list primitives (XLA) -----------------------------------------------------------------
-def _ceil_div(x: jax.Array, p: int) -> jax.Array:
-    """``ceil(x / p)`` for int arrays (``p`` static, > 0)."""
-    return (x + (p - 1)) // p
-
-
-def _select(ok: jax.Array, new: PagedAllocator, old: PagedAllocator) -> PagedAllocator:
-    return jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, old)
-
-
-def _pop_front(a: PagedAllocator, n: jax.Array) -> PagedAllocator:
-    """Drop ``n`` pages from the front of the free list (caller guarantees ``n <= num_free``)."""
-    i = jnp.arange(a.num_pages, dtype=jnp.int32)
-    src = i + n
-    free = jnp.where(src < a.num_free, a.free_pages[jnp.minimum(src, a.num_pages - 1)],
-                     PAD_PAGE_ID)
-    return replace(a, free_pages=free, num_free=a.num_free - n)
-
-
-def _compact(page_ids: jax.Array, keep: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Stable compaction of ``page_ids[keep]`` to the front: (i32[M] padded with 0, count)."""
-    m = page_ids.shape[0]
-    dest = jnp.cumsum(keep.astype(jnp.int32)) - 1
-    out = jnp.zeros((m,), jnp.int32).at[jnp.where(keep, dest, m)].set(page_ids, mode="drop")
-    return out, jnp.sum(keep.astype(jnp.int32))
-
-
-def _release(a: PagedAllocator, pages: jax.Array, count: jax.Array) -> PagedAllocator:
-    """Give back ``pages[:count]``: prepend to ``free_pages`` or append to ``staged_pages``.
-
-    NOTE: a double free could push the count past ``num_pages``; the excess is dropped (the
-    double-free probe and ``check_integrity`` report it).
-    """
-    n = a.num_pages
-    i = jnp.arange(n, dtype=jnp.int32)
-    m = pages.shape[0]
-    if m == 0:
-        return a
-    if a.need_sort:
-        j = i - a.num_staged
-        staged = jnp.where(i < a.num_staged, a.staged_pages,
-                           jnp.where(j < count, pages[jnp.clip(j, 0, m - 1)], PAD_PAGE_ID))
-        return replace(a, staged_pages=staged,
-                       num_staged=jnp.minimum(a.num_staged + count, n))
-    j = i - count
-    free = jnp.where(i < count, pages[jnp.minimum(i, m - 1)],
-                     jnp.where(j < a.num_free, a.free_pages[jnp.clip(j, 0, n - 1)], PAD_PAGE_ID))
-    return replace(a, free_pages=free, num_free=jnp.minimum(a.num_free + count, n))
-
-
-@jax.jit
-def merge_and_sort_free(a: PagedAllocator) -> PagedAllocator:
-    """sglang ``merge_and_sort_free``: ``free_pages = sort(free ++ staged)``; staged emptied."""
-    n = a.num_pages
-    i = jnp.arange(n, dtype=jnp.int32)
-    both = jnp.concatenate([jnp.where(i < a.num_free, a.free_pages, _SORT_PAD),
-                            jnp.where(i < a.num_staged, a.staged_pages, _SORT_PAD)])
-    count = jnp.minimum(a.num_free + a.num_staged, n)
-    merged = jnp.sort(both)[:n]
-    return replace(a, free_pages=jnp.where(i < count, merged, PAD_PAGE_ID), num_free=count,
-                   staged_pages=jnp.full((n,), PAD_PAGE_ID, jnp.int32),
-                   num_staged=jnp.zeros((), jnp.int32))
-
-
-def _ensure_free(a: PagedAllocator, short: jax.Array) -> PagedAllocator:
-    """need_sort mode: merge staged pages in when ``short`` (a traced bool)."""
-    if not a.need_sort:
-        return a
-    return jax.lax.cond(short, merge_and_sort_free, lambda s: s, a)
-
-
-def _check_merge_rule(merge_rule: str) -> None:
-    probes.static_check(merge_rule in MERGE_RULES,
-                        f"merge_rule={merge_rule!r} must be one of {MERGE_RULES}")
-
-
-def _probe_double_free(a: PagedAllocator, page_ids: jax.Array, valid: jax.Array, what: str) -> None:
-    """Probe: freed pages are in [1, num_pages], not already free, not freed twice in one call."""
-    if not probes.probes_on():
-        return
-    probes.detect_in_closed_range(page_ids, 1, a.num_pages, f"{what}: freed page id",
-                                  where=valid)
-    i = jnp.arange(a.num_pages, dtype=jnp.int32)
-    # NOTE: dropped entries use index num_pages+1 (out of range); negative indices would wrap.
-    drop = a.num_pages + 1
-    live = jnp.concatenate([jnp.where(i < a.num_free, a.free_pages, drop),
-                            jnp.where(i < a.num_staged, a.staged_pages, drop)])
-    is_free = jnp.zeros((a.num_pages + 1,), jnp.int32).at[live].add(1, mode="drop")
-    freed = jnp.where(valid & (page_ids >= 0), page_ids, drop)
-    hits = jnp.zeros((a.num_pages + 1,), jnp.int32).at[freed].add(1, mode="drop")
-    bad = (hits > 0) & (is_free > 0)
-    first = jnp.argmax(bad)
-    probes.assert_async(~jnp.any(bad), what + ": double free of page {page} (already free)",
-                        page=first)
-    return
-
-
 # ---- allocation ---------------------------------------------------------------------------------
 @functools.partial(jax.jit, static_argnames=("max_slots",))
 def alloc(a: PagedAllocator, num_slots: jax.Array, *,
@@ -209,32 +120,37 @@ def alloc(a: PagedAllocator, num_slots: jax.Array, *,
 
     Args:
       a: allocator state.
-      num_slots: i32[]; must be a multiple of ``page_size`` (probe).
-      max_slots: static capacity of the returned ``slot_ids``.
+      num_slots: i32[]; a multiple of ``page_size`` in ``[0, max_slots]`` (else ``ok=False``;
+        a probe names an unaligned size when probes are on).
+      max_slots: static capacity of the returned ``slot_ids`` (Python int >= 0).
 
     Returns:
       ``(a', slot_ids, ok)``: slot_ids i32[max_slots] = ``page*P + arange(P)`` per page, 0 past
       ``num_slots`` (sglang returns int64; int32 here). ``ok`` is False (state unchanged, slot_ids
-      all 0) when pages are short or ``num_slots > max_slots``.
+      all 0) when pages are short, ``num_slots`` is unaligned, negative or ``> max_slots``.
     """
-    probes.static_check(max_slots >= 0, f"max_slots={max_slots} must be >= 0")
+    _fl.check_capacity(max_slots, "max_slots")
     p = a.page_size
     num_slots = jnp.asarray(num_slots, jnp.int32)
+    probes.static_check(num_slots.ndim == 0, f"num_slots must be a scalar, got shape "
+                        f"{num_slots.shape}")
     probes.detect_page_aligned(num_slots, p, "alloc: num_slots")
     n_pages = num_slots // p
-    work = _ensure_free(a, n_pages > a.num_free)
-    ok = (n_pages <= work.num_free) & (num_slots <= max_slots) & (num_slots >= 0)
+    valid_size = (num_slots % p == 0) & (num_slots >= 0) & (num_slots <= max_slots)
+    work = _fl.ensure_free(a, valid_size & (n_pages > a.num_free))
+    ok = valid_size & (n_pages <= work.num_free)
     j = jnp.arange(max_slots, dtype=jnp.int32)
     page = work.free_pages[jnp.minimum(j // p, a.num_pages - 1)]
     slot_ids = jnp.where(ok & (j < num_slots), page * p + j % p, 0)
-    return _select(ok, _pop_front(work, n_pages), a), slot_ids, ok
+    return _fl.select(ok, _fl.pop_front(work, jnp.where(ok, n_pages, 0)), a), slot_ids, ok
 
 
 @functools.partial(jax.jit, static_argnames=("max_new_slots", "impl", "interpret", "merge_rule"))
 def alloc_extend(a: PagedAllocator, prefix_lens: jax.Array, seq_lens: jax.Array,
-                 last_loc: jax.Array, *, max_new_slots: int, impl: str = "xla",
+                 last_loc: jax.Array, *, max_new_slots: int, valid: jax.Array | None = None,
+                 impl: str = "xla",
                  interpret: bool | None = None,
-                 merge_rule: str = "exact") -> tuple[PagedAllocator, jax.Array, jax.Array]:
+                 merge_rule: str = "sglang") -> tuple[PagedAllocator, jax.Array, jax.Array]:
     """sglang ``alloc_extend``: grow each request from ``prefix_lens`` to ``seq_lens`` tokens.
 
     Per request (SPEC §10): part 1 continues the partial page at ``last_loc + 1``; part 2 takes
@@ -245,56 +161,69 @@ def alloc_extend(a: PagedAllocator, prefix_lens: jax.Array, seq_lens: jax.Array,
 
     Args:
       a: allocator state.
-      prefix_lens: i32[B]; current allocated length per request.
-      seq_lens: i32[B]; target length (``>= prefix_lens``, probe).
+      prefix_lens: i32[B]; current allocated length per request (``>= 0``).
+      seq_lens: i32[B]; target length (``>= prefix_lens``).
       last_loc: i32[B]; slot of position ``prefix-1`` (``-1`` if prefix is 0), see
-        ``get_last_loc``. Probe: ``(last_loc+1) % P == prefix % P`` (sglang debug mode).
-      max_new_slots: static capacity of ``slot_ids``.
+        ``get_last_loc``; ``(last_loc+1) % P == prefix % P`` on growing rows (sglang debug mode).
+      max_new_slots: static capacity of ``slot_ids`` (Python int >= 0).
+      valid: bool[B] or None (all valid); invalid rows are padding: they take nothing and do
+        not count in sglang's ``bs`` (a drop-in padding sglang's batch passes its real rows).
       impl: ``"xla"`` or ``"pallas"`` for the slot computation.
       interpret: Pallas interpret flag (None: interpret off-GPU).
-      merge_rule: need_sort merge trigger, ``"exact"`` or ``"sglang"`` (see ``MERGE_RULES``).
+      merge_rule: need_sort merge trigger: ``"sglang"`` (default, sglang 0.5.23's quick bound
+        ``tokens//P + bs + 1 > len(free)``, ``bs`` the valid rows) or ``"exact"``.
 
     Returns:
       ``(a', slot_ids i32[max_new_slots] (0 past the total), ok)``; ``ok`` is False (state
-      unchanged, slot_ids all 0) when ``total > max_new_slots`` or pages are short.
+      unchanged, slot_ids all 0) when ``total > max_new_slots``, pages are short, or an input
+      contract above is violated (probes name the row when on).
     """
-    _check_merge_rule(merge_rule)
+    _fl.check_merge_rule(merge_rule, MERGE_RULES)
+    _fl.check_capacity(max_new_slots, "max_new_slots")
+    _fl.check_1d_int(prefix_lens, "prefix_lens")
     probes.static_check_shape(seq_lens, prefix_lens.shape, "seq_lens")
     probes.static_check_shape(last_loc, prefix_lens.shape, "last_loc")
+    if valid is not None:
+        probes.static_check_shape(valid, prefix_lens.shape, "valid")
     p = a.page_size
+    valid = jnp.ones(prefix_lens.shape, bool) if valid is None else valid.astype(bool)
     prefix_lens = prefix_lens.astype(jnp.int32)
-    seq_lens = seq_lens.astype(jnp.int32)
+    # Invalid rows become empty padding rows (seq == prefix), so every kernel skips them.
+    seq_lens = jnp.where(valid, seq_lens.astype(jnp.int32), prefix_lens)
     last_loc = last_loc.astype(jnp.int32)
     grows = seq_lens > prefix_lens
+    lens_ok = ~valid | ((seq_lens >= prefix_lens) & (prefix_lens >= 0))
+    aligned = _fl.aligned_rows(last_loc, prefix_lens, grows, p, 1)
     if probes.probes_on():
-        probes.assert_async(jnp.all(seq_lens >= prefix_lens),
-                            "alloc_extend: seq_lens >= prefix_lens violated at row {row}",
-                            row=jnp.argmax(seq_lens < prefix_lens))
-        bad = grows & ((last_loc + 1) % p != prefix_lens % p)
-        probes.assert_async(~jnp.any(bad), "alloc_extend: last_loc {loc} not aligned with "
+        probes.assert_async(jnp.all(lens_ok),
+                            "alloc_extend: 0 <= prefix_lens <= seq_lens violated at row {row}",
+                            row=jnp.argmax(~lens_ok))
+        probes.assert_async(jnp.all(aligned), "alloc_extend: last_loc {loc} not aligned with "
                             f"prefix_len {{pre}} (page_size={p})",
-                            loc=last_loc[jnp.argmax(bad)], pre=prefix_lens[jnp.argmax(bad)])
+                            loc=last_loc[jnp.argmax(~aligned)],
+                            pre=prefix_lens[jnp.argmax(~aligned)])
+    inputs_ok = jnp.all(lens_ok) & jnp.all(aligned)
     total_slots = jnp.sum(jnp.where(grows, seq_lens - prefix_lens, 0))
-    new_pages = jnp.where(grows, _ceil_div(seq_lens, p) - _ceil_div(prefix_lens, p), 0)
+    new_pages = jnp.where(grows, _fl.ceil_div(seq_lens, p) - _fl.ceil_div(prefix_lens, p), 0)
     total_pages = jnp.sum(new_pages)
     if merge_rule == "sglang":
-        short = total_slots // p + prefix_lens.shape[0] + 1 > a.num_free
+        short = total_slots // p + jnp.sum(valid.astype(jnp.int32)) + 1 > a.num_free
     else:
         short = total_pages > a.num_free
-    work = _ensure_free(a, short)
-    ok = (total_pages <= work.num_free) & (total_slots <= max_new_slots)
+    work = _fl.ensure_free(a, inputs_ok & short)
+    ok = inputs_ok & (total_pages <= work.num_free) & (total_slots <= max_new_slots)
     slot_ids = alloc_extend_slots(prefix_lens, seq_lens, last_loc, work.free_pages,
                                   page_size=p, max_new_slots=max_new_slots, impl=impl,
                                   interpret=interpret)
     slot_ids = jnp.where(ok, slot_ids, 0)
-    return _select(ok, _pop_front(work, total_pages), a), slot_ids, ok
+    return _fl.select(ok, _fl.pop_front(work, jnp.where(ok, total_pages, 0)), a), slot_ids, ok
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "interpret", "merge_rule"))
 def alloc_decode(a: PagedAllocator, seq_lens: jax.Array, last_loc: jax.Array, *,
                  valid: jax.Array | None = None, impl: str = "xla",
                  interpret: bool | None = None,
-                 merge_rule: str = "exact") -> tuple[PagedAllocator, jax.Array, jax.Array]:
+                 merge_rule: str = "sglang") -> tuple[PagedAllocator, jax.Array, jax.Array]:
     """sglang ``alloc_decode``: one new token per request (``seq_lens`` includes it).
 
     A request needs a new page iff ``ceil(seq/P) > ceil((seq-1)/P)`` (``seq % P == 1`` for P>1);
@@ -304,38 +233,44 @@ def alloc_decode(a: PagedAllocator, seq_lens: jax.Array, last_loc: jax.Array, *,
     Args:
       a: allocator state.
       seq_lens: i32[B]; lengths after this token (``>= 1`` on valid rows).
-      last_loc: i32[B]; slot of position ``seq-2``. Probe: ``(last_loc+2) % P == seq % P``.
+      last_loc: i32[B]; slot of position ``seq-2``; ``(last_loc+2) % P == seq % P`` on valid rows.
       valid: bool[B] or None (all valid); invalid rows get slot 0 and take nothing.
-      impl, interpret, merge_rule: as in :func:`alloc_extend` (sglang rule: ``bs > len(free)``).
+      impl, interpret: as in :func:`alloc_extend`.
+      merge_rule: ``"sglang"`` (default: merge when ``valid rows > len(free)``) or ``"exact"``.
 
     Returns:
-      ``(a', slot_ids i32[B], ok)``; on ``ok=False`` state unchanged and slot_ids all 0.
+      ``(a', slot_ids i32[B], ok)``; on ``ok=False`` (pages short or an input contract above
+      violated) state unchanged and slot_ids all 0.
     """
-    _check_merge_rule(merge_rule)
+    _fl.check_merge_rule(merge_rule, MERGE_RULES)
+    _fl.check_1d_int(seq_lens, "seq_lens")
     probes.static_check_shape(last_loc, seq_lens.shape, "last_loc")
+    if valid is not None:
+        probes.static_check_shape(valid, seq_lens.shape, "valid")
     p = a.page_size
     seq_lens = seq_lens.astype(jnp.int32)
     last_loc = last_loc.astype(jnp.int32)
     valid = jnp.ones(seq_lens.shape, bool) if valid is None else valid.astype(bool)
     probes.detect_oob(seq_lens, 1, jnp.iinfo(jnp.int32).max, "alloc_decode: seq_lens",
                       where=valid)
+    aligned = _fl.aligned_rows(last_loc, seq_lens, valid, p, 2)
     if probes.probes_on():
-        bad = valid & ((last_loc + 2) % p != seq_lens % p)
-        probes.assert_async(~jnp.any(bad), "alloc_decode: last_loc {loc} not aligned with "
+        probes.assert_async(jnp.all(aligned), "alloc_decode: last_loc {loc} not aligned with "
                             f"seq_len {{seq}} (page_size={p})",
-                            loc=last_loc[jnp.argmax(bad)], seq=seq_lens[jnp.argmax(bad)])
-    new_page = valid & (_ceil_div(seq_lens, p) > _ceil_div(seq_lens - 1, p))
+                            loc=last_loc[jnp.argmax(~aligned)], seq=seq_lens[jnp.argmax(~aligned)])
+    inputs_ok = jnp.all(aligned) & jnp.all(~valid | (seq_lens >= 1))
+    new_page = valid & (_fl.ceil_div(seq_lens, p) > _fl.ceil_div(seq_lens - 1, p))
     total_pages = jnp.sum(new_page.astype(jnp.int32))
     if merge_rule == "sglang":
         short = jnp.sum(valid.astype(jnp.int32)) > a.num_free
     else:
         short = total_pages > a.num_free
-    work = _ensure_free(a, short)
-    ok = total_pages <= work.num_free
+    work = _fl.ensure_free(a, inputs_ok & short)
+    ok = inputs_ok & (total_pages <= work.num_free)
     slot_ids = alloc_decode_slots(seq_lens, last_loc, work.free_pages, valid=valid,
                                   page_size=p, impl=impl, interpret=interpret)
     slot_ids = jnp.where(ok, slot_ids, 0)
-    return _select(ok, _pop_front(work, total_pages), a), slot_ids, ok
+    return _fl.select(ok, _fl.pop_front(work, jnp.where(ok, total_pages, 0)), a), slot_ids, ok
 
 
 # ---- freeing ------------------------------------------------------------------------------------
@@ -343,59 +278,71 @@ def _valid_or_all(x: jax.Array, valid: jax.Array | None) -> jax.Array:
     return jnp.ones(x.shape, bool) if valid is None else valid.astype(bool)
 
 
-@jax.jit
-def free(a: PagedAllocator, slot_ids: jax.Array, *, valid: jax.Array | None = None
-         ) -> PagedAllocator:
+def _result(new: PagedAllocator, old: PagedAllocator, ok: jax.Array, return_ok: bool) -> Any:
+    out = _fl.select(ok, new, old)
+    return (out, ok) if return_ok else out
+
+
+@functools.partial(jax.jit, static_argnames=("return_ok",))
+def free(a: PagedAllocator, slot_ids: jax.Array, *, valid: jax.Array | None = None,
+         return_ok: bool = False) -> Any:
     """sglang ``free(idx)``: pages ``unique(slot_ids // P)`` (ascending) back to the pool.
+
+    A bad free is rejected whole (state unchanged): a slot outside ``[P, (num_pages+1)*P)``
+    (the padding page 0 or out of range) or on a page already free (double free). Probes name
+    the slot / page when on.
 
     Args:
       a: allocator state.
-      slot_ids: i32[M]; token slots, any order, repeats allowed. Probe: in ``[P, (num_pages+1)*P)``
-        (never the padding page 0) and not already free.
+      slot_ids: i32[M]; token slots, any order, repeats allowed.
       valid: bool[M] or None; invalid entries are ignored.
+      return_ok: static; also return the ``ok`` flag.
 
     Returns:
-      The new state: pages prepended to ``free_pages`` (or appended to ``staged_pages`` when
-      ``need_sort``). All-invalid / empty input is a no-op.
+      The new state (pages prepended to ``free_pages``, or appended to ``staged_pages`` when
+      ``need_sort``), or ``(state, ok: bool[])`` with ``return_ok``. All-invalid / empty input
+      is a no-op with ``ok=True``.
     """
     slot_ids = slot_ids.reshape(-1).astype(jnp.int32)
     valid = _valid_or_all(slot_ids, valid).reshape(-1)
+    probes.static_check_shape(valid, slot_ids.shape, "valid")
     p = a.page_size
     probes.detect_oob(slot_ids, p, (a.num_pages + 1) * p, "free: slot_ids", where=valid)
-    pages = slot_ids // p
-    _probe_double_free(a, pages, valid, "free")
-    keys = jnp.sort(jnp.where(valid, pages, _SORT_PAD))
+    # NOTE: floor division keeps negative slots negative, so they land out of range.
+    pages = jnp.where(slot_ids < 0, -1, slot_ids // p)
+    ok = _fl.free_ok(a, pages, valid, "free", repeats_ok=True)
+    keys = jnp.sort(jnp.where(valid, pages, _fl.SORT_PAD))
     prev = jnp.concatenate([jnp.full((1,), -1, jnp.int32), keys[:-1]])
-    first = (keys != _SORT_PAD) & (keys != prev)
-    uniq, count = _compact(keys, first)
-    return _release(a, uniq, count)
+    first = (keys != _fl.SORT_PAD) & (keys != prev)
+    uniq, count = _fl.compact(keys, first)
+    return _result(_fl.release(a, uniq, count), a, ok, return_ok)
 
 
-@jax.jit
-def free_page_ids(a: PagedAllocator, page_ids: jax.Array, *, valid: jax.Array | None = None
-                  ) -> PagedAllocator:
+@functools.partial(jax.jit, static_argnames=("return_ok",))
+def free_page_ids(a: PagedAllocator, page_ids: jax.Array, *, valid: jax.Array | None = None,
+                  return_ok: bool = False) -> Any:
     """sglang ``free_page_ids``: exactly these pages (no unique), in the given order.
+
+    Rejected whole (state unchanged, ``ok=False``) when a valid page id is outside
+    ``[1, num_pages]``, already free, or given twice in this call.
 
     Args:
       a: allocator state.
-      page_ids: i32[M]; page ids in ``[1, num_pages]`` (probe), each freed once (probe).
+      page_ids: i32[M]; page ids.
       valid: bool[M] or None; invalid entries are skipped (the rest keep their order).
+      return_ok: static; also return the ``ok`` flag.
     """
     page_ids = page_ids.reshape(-1).astype(jnp.int32)
     valid = _valid_or_all(page_ids, valid).reshape(-1)
-    if probes.probes_on():
-        _probe_double_free(a, page_ids, valid, "free_page_ids")
-        keys = jnp.sort(jnp.where(valid, page_ids, _SORT_PAD))
-        dup = (keys[1:] == keys[:-1]) & (keys[1:] != _SORT_PAD)
-        probes.assert_async(~jnp.any(dup), "free_page_ids: page {page} freed twice in one call",
-                            page=keys[1:][jnp.argmax(dup)])
-    pages, count = _compact(page_ids, valid)
-    return _release(a, pages, count)
+    probes.static_check_shape(valid, page_ids.shape, "valid")
+    ok = _fl.free_ok(a, page_ids, valid, "free_page_ids", repeats_ok=False)
+    pages, count = _fl.compact(page_ids, valid)
+    return _result(_fl.release(a, pages, count), a, ok, return_ok)
 
 
-@jax.jit
+@functools.partial(jax.jit, static_argnames=("return_ok",))
 def free_segment(a: PagedAllocator, row_slot_ids: jax.Array, start: jax.Array,
-                 end: jax.Array) -> PagedAllocator:
+                 end: jax.Array, *, return_ok: bool = False) -> Any:
     """sglang ``free_segment(row[start:end], start)``: pages ``row[start:end:P] // P``.
 
     The row maps positions to slots with one physical page per row page (SPEC §4.1), so the page
@@ -404,25 +351,32 @@ def free_segment(a: PagedAllocator, row_slot_ids: jax.Array, start: jax.Array,
     Args:
       a: allocator state.
       row_slot_ids: i32[W]; one req_to_token row.
-      start: i32[]; first position, page-aligned (probe ``detect_page_aligned``, as 0.5.23 asserts).
-      end: i32[]; one past the last position (``start <= end <= W``, probe). Empty is a no-op.
+      start: i32[]; first position, page-aligned (0.5.23 asserts it).
+      end: i32[]; one past the last position, ``start <= end <= W``. Empty is a no-op.
+      return_ok: static; also return the ``ok`` flag.
+
+    Returns:
+      The new state, or ``(state, ok)``. Rejected whole (state unchanged, ``ok=False``) on an
+      unaligned or out-of-bounds segment or a bad page (as :func:`free_page_ids`).
     """
+    probes.static_check(row_slot_ids.ndim == 1, f"row_slot_ids must be 1-D, got shape "
+                        f"{row_slot_ids.shape}")
     row_slot_ids = row_slot_ids.astype(jnp.int32)
     width = row_slot_ids.shape[0]
     p = a.page_size
     start = jnp.asarray(start, jnp.int32)
     end = jnp.asarray(end, jnp.int32)
     probes.detect_page_aligned(start, p, "free_segment: start")
-    probes.assert_async(lambda: (start >= 0) & (start <= end) & (end <= width),
-                        f"free_segment: need 0 <= start <= end <= {width}, got start={{s}} "
-                        "end={e}", s=start, e=end)
+    bounds_ok = (start >= 0) & (start <= end) & (end <= width) & (start % p == 0)
+    probes.assert_async(lambda: bounds_ok, f"free_segment: need 0 <= start <= end <= {width}, "
+                        "got start={s} end={e}", s=start, e=end)
     pos = start + jnp.arange(ceil_div(width, p), dtype=jnp.int32) * p
-    keep = (pos < end) & (pos < width)
-    pages = row_slot_ids[jnp.clip(pos, 0, width - 1)] // p
-    if probes.probes_on():
-        probes.detect_oob(pages, 1, a.num_pages + 1, "free_segment: freed page id", where=keep)
-        _probe_double_free(a, pages, keep, "free_segment")
-    return _release(a, jnp.where(keep, pages, PAD_PAGE_ID), jnp.sum(keep.astype(jnp.int32)))
+    keep = (pos < end) & (pos < width) & bounds_ok
+    slots = row_slot_ids[jnp.clip(pos, 0, width - 1)]
+    pages = jnp.where(slots < 0, -1, slots // p)
+    ok = bounds_ok & _fl.free_ok(a, pages, keep, "free_segment", repeats_ok=False)
+    new = _fl.release(a, jnp.where(keep, pages, PAD_PAGE_ID), jnp.sum(keep.astype(jnp.int32)))
+    return _result(new, a, ok, return_ok)
 
 
 # ---- free groups (host side) --------------------------------------------------------------------

@@ -7,17 +7,21 @@ no duplicate free pages). Pages are counted, not slots; messages also give token
 * :func:`owned_page_mask` and :func:`integrity_violations` are jittable (counts as i32 scalars).
 * :func:`check_integrity` is host-side: it reads the state back and raises
   :class:`AllocatorIntegrityError` naming the offending page ids.
+* :func:`check_req_rows_integrity` does the same for the request-row allocator (sglang's
+  ``req_to_token_pool`` check ``free_slots + live == size``): duplicates, rows both free and live.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jspec.kv.allocator import PagedAllocator
+from jspec.kv.req_to_token import ReqRowAllocator
 
 
 class AllocatorIntegrityError(AssertionError):
@@ -146,3 +150,44 @@ def check_integrity(a: PagedAllocator, owned_mask: jax.Array | None = None, *,
             f"{prefix}token_to_kv_pool_allocator memory leak detected! "
             f"available={live.size * p} owned={num_owned * p} total={n * p} (tokens; "
             f"{n - live.size - num_owned} pages lost: {_ids(lost)})")
+
+
+def check_req_rows_integrity(r: ReqRowAllocator, live_rows: Any = None, *,
+                             what: str = "") -> None:
+    """Host-side check of the request-row free list; raises :class:`AllocatorIntegrityError`.
+
+    Checks the free list holds distinct rows in ``[1, max_running_requests]``; with
+    ``live_rows`` (rows owned by running requests, any int sequence) also that no row is both
+    free and live and that ``free + live == max_running_requests`` (no leaked row).
+
+    Args:
+      r: row allocator state.
+      live_rows: i32[L] or None.
+      what: prefix for the messages.
+    """
+    prefix = f"{what}: " if what else ""
+    cap = int(r.free_rows.shape[0])
+    nf = int(r.num_free)
+    if nf < 0 or nf > cap:
+        raise AllocatorIntegrityError(f"{prefix}bad request-row count num_free={nf} "
+                                      f"(max_running_requests={cap})")
+    free = np.asarray(r.free_rows)[:nf]
+    bad = free[(free < 1) | (free > cap)]
+    if bad.size:
+        raise AllocatorIntegrityError(f"{prefix}request-row free list holds rows outside "
+                                      f"[1, {cap}]: {_ids(bad)} (row 0 is the padding row)")
+    ids, counts = np.unique(free, return_counts=True)
+    if np.any(counts > 1):
+        raise AllocatorIntegrityError(f"{prefix}duplicate free request rows "
+                                      f"{_ids(ids[counts > 1])} (double free)")
+    if live_rows is None:
+        return
+    live = np.unique(np.asarray(live_rows, np.int64).reshape(-1))
+    both = np.intersect1d(live, ids)
+    if both.size:
+        raise AllocatorIntegrityError(f"{prefix}request rows {_ids(both)} are both free and live")
+    if ids.size + live.size != cap:
+        lost = np.setdiff1d(np.arange(1, cap + 1), np.concatenate([ids, live]))
+        raise AllocatorIntegrityError(
+            f"{prefix}req_to_token_pool memory leak detected! free={ids.size} live={live.size} "
+            f"total={cap} (rows lost: {_ids(lost)})")

@@ -12,6 +12,7 @@ token position to a token slot id (``slot = page*P + offset``); sglang keeps the
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,48 +29,70 @@ def init_req_to_token(cfg: SpecConfig) -> jax.Array:
     return jnp.zeros((cfg.num_req_rows, cfg.req_to_token_width), jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "interpret"))
+@functools.partial(jax.jit, static_argnames=("impl", "interpret", "return_ok"))
 def assign_req_to_token_pool(req_to_token: jax.Array, req_pool_indices: jax.Array,
                              start_offset: jax.Array, end_offset: jax.Array,
                              out_cache_loc: jax.Array, *, impl: str = "xla",
-                             interpret: bool | None = None) -> jax.Array:
+                             interpret: bool | None = None, return_ok: bool = False) -> Any:
     """sglang ``assign_req_to_token_pool``: write packed slots into request rows.
 
     ``row[req_pool_indices[b], start[b]:end[b]] = out_cache_loc[cu[b] : cu[b] + end[b]-start[b]]``
     with ``cu`` the exclusive cumsum of ``end - start`` in batch order.
+
+    Bad input never writes: unless every request has ``0 <= start <= end <= W``, every writing
+    request (``start < end``) a row in ``[0, R)``, and ``sum(end-start) <= M``, the table is
+    returned unchanged (``ok=False``); probes name the offending value when on.
 
     Args:
       req_to_token: i32[R, W]; the table.
       req_pool_indices: i32[B]; row per request (``PAD_ROW`` for padding rows).
       start_offset: i32[B]; first position written per request.
       end_offset: i32[B]; one past the last; ``start == end`` writes nothing (padding rows).
-        Probes: ``0 <= start <= end <= W``, rows in ``[0, R)``, ``sum(end-start) <= M``.
       out_cache_loc: i32[M]; packed slot ids (sglang int64; int32 here).
       impl: ``"xla"`` or ``"pallas"`` (in-place kernel, one program per request).
       interpret: Pallas interpret flag; None = interpret off-GPU.
+      return_ok: static; also return the ``ok`` flag.
 
     Returns:
-      i32[R, W]: the updated table.
+      i32[R, W]: the updated table, or ``(table, ok: bool[])`` with ``return_ok``.
     """
+    probes.static_check(req_to_token.ndim == 2, f"req_to_token must be 2-D, got shape "
+                        f"{req_to_token.shape}")
+    probes.static_check(req_pool_indices.ndim == 1, f"req_pool_indices must be 1-D, got shape "
+                        f"{req_pool_indices.shape}")
+    probes.static_check_shape(start_offset, req_pool_indices.shape, "start_offset")
+    probes.static_check_shape(end_offset, req_pool_indices.shape, "end_offset")
+    probes.static_check(out_cache_loc.ndim == 1, f"out_cache_loc must be 1-D, got shape "
+                        f"{out_cache_loc.shape}")
     num_rows, width = req_to_token.shape
+    rows = req_pool_indices.astype(jnp.int32)
+    start = start_offset.astype(jnp.int32)
+    end = end_offset.astype(jnp.int32)
+    writes = start < end
+    total = jnp.sum(jnp.where(writes, end - start, 0))
+    bad_range = (start < 0) | (start > end) | (end > width)
+    bad_row = writes & ((rows < 0) | (rows >= num_rows))
     if probes.probes_on():
-        start = start_offset.astype(jnp.int32)
-        end = end_offset.astype(jnp.int32)
         probes.detect_in_closed_range(end, 0, width,
                                       "assign_req_to_token_pool: end_offset (row width)")
         probes.detect_oob(start, 0, width + 1, "assign_req_to_token_pool: start_offset")
         probes.assert_async(jnp.all(start <= end),
                             "assign_req_to_token_pool: start > end at request {b}",
                             b=jnp.argmax(start > end))
-        probes.detect_oob(req_pool_indices, 0, num_rows,
-                          "assign_req_to_token_pool: req_pool_indices")
-        total = jnp.sum(jnp.maximum(end - start, 0))
+        probes.detect_oob(rows, 0, num_rows, "assign_req_to_token_pool: req_pool_indices",
+                          where=writes)
         probes.assert_async(total <= out_cache_loc.shape[0],
                             "assign_req_to_token_pool: sum(end-start)={total} > "
                             f"len(out_cache_loc)={out_cache_loc.shape[0]}", total=total)
-    return _assign.assign_req_to_token_pool(req_to_token, req_pool_indices, start_offset,
-                                            end_offset, out_cache_loc, impl=impl,
-                                            interpret=interpret)
+    ok = ~jnp.any(bad_range | bad_row) & (total <= out_cache_loc.shape[0])
+    # Rejected calls write nothing: every request becomes an empty padding write.
+    safe_rows = jnp.where(ok & writes, rows, PAD_ROW)
+    safe_end = jnp.where(ok, end, jnp.clip(start, 0, width))
+    out = _assign.assign_req_to_token_pool(req_to_token, safe_rows, jnp.clip(start, 0, width),
+                                           jnp.clip(safe_end, 0, width), out_cache_loc,
+                                           impl=impl, interpret=interpret)
+    out = jnp.where(ok, out, req_to_token)
+    return (out, ok) if return_ok else out
 
 
 @jax.jit
@@ -135,22 +158,43 @@ def alloc_req_rows(r: ReqRowAllocator, num: jax.Array, *,
     return jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, r), rows, ok
 
 
-@jax.jit
-def free_req_rows(r: ReqRowAllocator, rows: jax.Array, *,
-                  valid: jax.Array | None = None) -> ReqRowAllocator:
+@functools.partial(jax.jit, static_argnames=("return_ok",))
+def free_req_rows(r: ReqRowAllocator, rows: jax.Array, *, valid: jax.Array | None = None,
+                  return_ok: bool = False) -> Any:
     """sglang ``ReqToTokenPool.free``: append the valid ``rows`` (i32[M]) to the free list.
 
-    Probe: rows in ``[1, max_running_requests]``. Appending past capacity (a double free) drops
-    the excess.
+    Rejected whole (state unchanged, ``ok=False``) when a valid row is outside
+    ``[1, max_running_requests]``, already free (double free), or given twice; probes name the
+    row when on.
+
+    Returns:
+      The new state, or ``(state, ok: bool[])`` with ``return_ok``.
     """
     cap = r.free_rows.shape[0]
     rows = rows.reshape(-1).astype(jnp.int32)
     valid = jnp.ones(rows.shape, bool) if valid is None else valid.reshape(-1).astype(bool)
+    probes.static_check_shape(valid, rows.shape, "valid")
     probes.detect_in_closed_range(rows, 1, cap, "free_req_rows: rows", where=valid)
     m = rows.shape[0]
     if m == 0:
-        return r
+        return (r, jnp.asarray(True)) if return_ok else r
+    in_range = valid & (rows >= 1) & (rows <= cap)
+    idx = jnp.where(in_range, rows, cap + 1)
+    live = jnp.arange(cap) < r.num_free
+    is_free = jnp.zeros((cap + 2,), jnp.int32).at[jnp.where(live, r.free_rows, cap + 1)].add(
+        1, mode="drop")
+    hits = jnp.zeros((cap + 2,), jnp.int32).at[idx].add(1, mode="drop")
+    already = in_range & (is_free[idx] > 0)
+    repeated = in_range & (hits[idx] > 1)
+    if probes.probes_on():
+        probes.assert_async(~jnp.any(already), "free_req_rows: double free of row {row} "
+                            "(already free)", row=rows[jnp.argmax(already)])
+        probes.assert_async(~jnp.any(repeated), "free_req_rows: row {row} freed twice in one "
+                            "call", row=rows[jnp.argmax(repeated)])
+    ok = ~jnp.any(valid & ~in_range) & ~jnp.any(already | repeated)
     dest = jnp.cumsum(valid.astype(jnp.int32)) - 1 + r.num_free
     free_rows = r.free_rows.at[jnp.where(valid, dest, cap)].set(rows, mode="drop")
     count = jnp.sum(valid.astype(jnp.int32))
-    return replace(r, free_rows=free_rows, num_free=jnp.minimum(r.num_free + count, cap))
+    new = replace(r, free_rows=free_rows, num_free=jnp.minimum(r.num_free + count, cap))
+    out = jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, r)
+    return (out, ok) if return_ok else out

@@ -41,9 +41,11 @@ class ModelAllocator:
         self.free_pages = sorted(self.free_pages + self.staged)
         self.staged = []
 
-    def _take(self, n: int) -> list[int] | None:
+    def _take(self, n: int, bound: int | None = None) -> list[int] | None:
+        """Pop ``n`` pages; need_sort merges first when ``bound`` (sglang's quick bound, default
+        ``n``) exceeds the free list."""
         free, staged = self.free_pages, self.staged
-        if self.need_sort and n > len(free):
+        if self.need_sort and (n if bound is None else bound) > len(free):
             free, staged = sorted(free + staged), []
         if n > len(free):
             return None
@@ -73,7 +75,7 @@ class ModelAllocator:
         num_new_pages = (seq + P - 1) // P - (pre + P - 1) // P
         if max_new_slots is not None and total > max_new_slots:
             return None
-        pages = self._take(int(num_new_pages.sum()))
+        pages = self._take(int(num_new_pages.sum()), bound=total // P + len(pre) + 1)
         if pages is None:
             return None
         pages = np.asarray(pages, np.int64)
@@ -107,7 +109,7 @@ class ModelAllocator:
         P = self.P
         valid = [True] * len(seq) if valid is None else list(valid)
         needs = [bool(v) and cdiv(s, P) - cdiv(s - 1, P) == 1 for s, v in zip(seq, valid)]
-        pages = self._take(sum(needs))
+        pages = self._take(sum(needs), bound=sum(valid))
         if pages is None:
             return None
         out, rank = [], 0

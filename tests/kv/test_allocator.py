@@ -185,13 +185,13 @@ def test_merge_rule_sglang_quick_bound() -> None:
     a = A.alloc(a, I32(16), max_slots=16)[0]                   # free [5, 6]
     a = A.free(a, _arr([4]))                                    # staged [1]
     args = (a, _arr([0]), _arr([4]), _arr([-1]))
-    _, exact, _ = A.alloc_extend(*args, max_new_slots=4)
-    _, quick, _ = A.alloc_extend(*args, max_new_slots=4, merge_rule="sglang")
+    _, exact, _ = A.alloc_extend(*args, max_new_slots=4, merge_rule="exact")
+    _, quick, _ = A.alloc_extend(*args, max_new_slots=4)        # default: sglang 0.5.23
     assert list(np.asarray(exact)) == [20, 21, 22, 23]         # page 5, no merge
     assert list(np.asarray(quick)) == [4, 5, 6, 7]             # 1 + 1 + 1 > 2: merged, page 1
     dec_args = (a, _arr([1, 2, 1]), _arr([-1, 100, -1]))
-    _, exact, _ = A.alloc_decode(*dec_args)
-    _, quick, _ = A.alloc_decode(*dec_args, merge_rule="sglang")
+    _, exact, _ = A.alloc_decode(*dec_args, merge_rule="exact")
+    _, quick, _ = A.alloc_decode(*dec_args)
     assert list(np.asarray(exact)) == [20, 101, 24]            # 2 new pages fit: no merge
     assert list(np.asarray(quick)) == [4, 101, 20]             # bs 3 > 2: merged first
 
@@ -220,8 +220,9 @@ def test_free_segment_page_representatives() -> None:
         model.free_pages = []
         model.free_segment(row, start, end)
         assert state_lists(got)[0] == want == model.free_pages
-    staged = A.free_segment(A.init_allocator(8, p, need_sort=True), _arr(row), I32(4), I32(12))
-    assert state_lists(staged) == (list(range(1, 9)), [2, 5])
+    used = A.alloc(A.init_allocator(8, p, need_sort=True), I32(32), max_slots=32)[0]
+    staged = A.free_segment(used, _arr(row), I32(4), I32(12))
+    assert state_lists(staged) == ([], [2, 5])
 
 
 def test_free_page_ids_keeps_order() -> None:

@@ -87,7 +87,15 @@ def test_double_free_detected(need_sort: bool) -> None:
     a = A.init_allocator(NUM_PAGES, P, need_sort=need_sort)
     a = A.alloc(a, jnp.int32(8), max_slots=8)[0]
     a = A.free(a, _arr([4]))
-    a = A.free(a, _arr([5]))                                          # page 1 again (probes off)
+    again, ok = A.free(a, _arr([5]), return_ok=True)                  # page 1 again: refused
+    assert not bool(ok) and int(I.integrity_violations(again)["duplicate_free"]) == 0
+    # A state corrupted some other way (page 1 listed twice) is caught after the fact.
+    if need_sort:
+        a = dataclasses.replace(a, staged_pages=a.staged_pages.at[1].set(1),
+                                num_staged=a.num_staged + 1)
+    else:
+        a = dataclasses.replace(a, free_pages=a.free_pages.at[a.num_free].set(1),
+                                num_free=a.num_free + 1)
     assert int(I.integrity_violations(a)["duplicate_free"]) == 1
     with pytest.raises(I.AllocatorIntegrityError, match=r"duplicate free pages \[1\]"):
         I.check_integrity(a)
@@ -96,7 +104,9 @@ def test_double_free_detected(need_sort: bool) -> None:
 def test_page0_and_range_detected() -> None:
     a = A.init_allocator(NUM_PAGES, P)
     a = A.alloc(a, jnp.int32(8), max_slots=8)[0]
-    bad = A.free(a, _arr([2]))                                        # page 0 (probes off)
+    refused, ok = A.free(a, _arr([2]), return_ok=True)                # page 0: refused
+    assert not bool(ok) and int(I.integrity_violations(refused)["page0_free"]) == 0
+    bad = dataclasses.replace(a, free_pages=a.free_pages.at[0].set(0))  # corrupted elsewhere
     counts = I.integrity_violations(bad)
     assert int(counts["page0_free"]) == 1 and int(counts["out_of_range_free"]) == 0
     with pytest.raises(I.AllocatorIntegrityError, match=r"outside \[1, 8\]: \[0\]"):
