@@ -43,8 +43,34 @@ from jax.experimental import checkify
 from jspec import env
 
 _RUNTIME_ERRORS_FLAG = "jax_experimental_unsafe_xla_runtime_errors"
-# The switch: a jit-cache-keyed context value (public since jax 0.7; 0.10.2 and 0.11.x have it).
-_SWITCH = jax.make_user_context(default_value=bool(env.ENABLE_ASYNC_ASSERT))
+
+
+class _ClearingSwitch:
+    """Fallback for a jax without ``make_user_context``: clears caches when the value changes."""
+
+    def __init__(self, default_value: bool) -> None:
+        self.value = default_value
+
+    @contextlib.contextmanager
+    def __call__(self, new_value: bool) -> Iterator[None]:
+        prev, self.value = self.value, new_value
+        if prev != new_value:
+            jax.clear_caches()
+        try:
+            yield
+        finally:
+            self.value = prev
+            if prev != new_value:
+                jax.clear_caches()
+
+
+def _make_switch(default_value: bool) -> Any:
+    make = getattr(jax, "make_user_context", None)
+    return _ClearingSwitch(default_value) if make is None else make(default_value=default_value)
+
+
+# The switch: a jit-cache-keyed context value (``jax.make_user_context``, in jax 0.10.2).
+_SWITCH = _make_switch(bool(env.ENABLE_ASYNC_ASSERT))
 if env.ENABLE_ASYNC_ASSERT:
     jax.config.update(_RUNTIME_ERRORS_FLAG, True)
 
