@@ -81,7 +81,7 @@ def _safetensors_entries(directory: str, files: list[str]) -> dict[str, Any]:
         if not os.path.isfile(path):
             raise ValueError(f"shard {file!r} named by {INDEX_FILE} is missing from {directory}")
         with safe_open(path, framework="np") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 part = f.get_slice(name)
                 entries[name] = (file, tuple(int(d) for d in part.get_shape()), part.get_dtype())
     return entries

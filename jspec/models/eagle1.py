@@ -47,7 +47,7 @@ class Eagle1Draft:
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, LlamaConfig):
-            raise ValueError(f"config={type(self.config).__name__} must be a LlamaConfig")
+            raise TypeError(f"config={type(self.config).__name__} must be a LlamaConfig")
         if self.capture_layers != ():
             raise ValueError(f"capture_layers={self.capture_layers}: EAGLE-1 heads consume the "
                              "target's final hidden state, capture_layers must be ()")

@@ -69,7 +69,7 @@ class Eagle3Draft:
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, Eagle3Config):
-            raise ValueError(f"config={type(self.config).__name__} must be an Eagle3Config")
+            raise TypeError(f"config={type(self.config).__name__} must be an Eagle3Config")
         if len(self.capture_layers) != self.config.num_aux:
             raise ValueError(f"capture_layers={self.capture_layers} must name "
                              f"num_aux={self.config.num_aux} layers")

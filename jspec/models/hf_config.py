@@ -16,6 +16,7 @@ and ``llama3`` are supported; any other raises ``ValueError`` naming it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from typing import Any
@@ -108,7 +109,7 @@ class LlamaConfig:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
         for name in ("bos_token_ids", "eos_token_ids"):
             if not isinstance(getattr(self, name), tuple):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be a tuple of ints")
+                raise TypeError(f"{name}={getattr(self, name)!r} must be a tuple of ints")
 
     @property
     def jnp_dtype(self) -> Any:
@@ -177,7 +178,7 @@ class Eagle3Config:
             layers = (2, n // 2, n - 3)
         else:
             layers = tuple(i + 1 for i in self.aux_layer_ids)
-        if any(b <= a for a, b in zip(layers, layers[1:])) or layers[0] < 0 or layers[-1] >= n:
+        if any(b <= a for a, b in itertools.pairwise(layers)) or layers[0] < 0 or layers[-1] >= n:
             raise ValueError(
                 f"capture_layers={layers} (aux_layer_ids={self.aux_layer_ids}) must be strictly "
                 f"increasing layers of the {n}-layer target; name them with "
@@ -267,12 +268,12 @@ def _geometry(raw: dict[str, Any]) -> dict[str, Any]:
     heads = int(_require(raw, "num_attention_heads"))
     head_dim = raw.get("head_dim")
     theta, scaling = _parse_rope(raw)
-    return dict(
-        hidden_size=hidden, intermediate_size=int(_require(raw, "intermediate_size")),
-        num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim) if head_dim else hidden // heads,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-        rope_scaling=scaling)
+    return {
+        "hidden_size": hidden, "intermediate_size": int(_require(raw, "intermediate_size")),
+        "num_heads": heads, "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
+        "head_dim": int(head_dim) if head_dim else hidden // heads,
+        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
+        "rope_scaling": scaling}
 
 
 def parse_llama_config(raw: dict[str, Any], *, dtype: str | None = None,

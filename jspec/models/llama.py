@@ -97,7 +97,7 @@ class LlamaTarget:
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, LlamaConfig):
-            raise ValueError(f"config={type(self.config).__name__} must be a LlamaConfig")
+            raise TypeError(f"config={type(self.config).__name__} must be a LlamaConfig")
 
     # ---- the protocol's static attributes --------------------------------------------------
     @property

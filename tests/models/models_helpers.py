@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 # Tiny Llama geometry: GQA (4 query heads over 2 KV heads), head_dim != hidden / heads.
-TINY = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=12, rms_norm_eps=1e-5,
-            max_position_embeddings=512, bos_token_id=1, eos_token_id=[2, 3])
+TINY = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 512, "bos_token_id": 1,
+        "eos_token_id": [2, 3]}
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 

@@ -28,15 +28,15 @@ def _drop_head_dim(raw):
 
 
 CASES = [
-    pytest.param(dict(tie_word_embeddings=True, rope_parameters={**LLAMA3_ROPE,
-                                                                 "rope_theta": 500000.0}),
+    pytest.param({"tie_word_embeddings": True,
+                  "rope_parameters": {**LLAMA3_ROPE, "rope_theta": 500000.0}},
                  "20KB", None, id="tied-llama3-rope_parameters-sharded"),
-    pytest.param(dict(tie_word_embeddings=False, rope_parameters={**LLAMA3_ROPE,
-                                                                  "rope_theta": 10000.0}),
+    pytest.param({"tie_word_embeddings": False,
+                  "rope_parameters": {**LLAMA3_ROPE, "rope_theta": 10000.0}},
                  "30KB", _old_rope_keys, id="untied-llama3-rope_scaling-sharded"),
-    pytest.param(dict(tie_word_embeddings=False, head_dim=8), None, _drop_head_dim,
+    pytest.param({"tie_word_embeddings": False, "head_dim": 8}, None, _drop_head_dim,
                  id="untied-default-rope-no-head_dim-single"),
-    pytest.param(dict(tie_word_embeddings=False, num_key_value_heads=1), None, _old_rope_keys,
+    pytest.param({"tie_word_embeddings": False, "num_key_value_heads": 1}, None, _old_rope_keys,
                  id="mqa-old-keys-single"),
 ]
 
