@@ -24,6 +24,7 @@ from jspec.models.hf_config import (
 )
 from jspec.models.layers import MODEL_SCOPE, AttnFn
 from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget, random_llama_params
+from jspec.models.tokenizer import Tokenizer
 
 __all__ = [
     "MODEL_SCOPE",
@@ -38,6 +39,7 @@ __all__ = [
     "LlamaParams",
     "LlamaTarget",
     "RopeScaling",
+    "Tokenizer",
     "load_draft",
     "load_eagle1",
     "load_eagle3",
