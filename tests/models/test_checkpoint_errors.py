@@ -51,7 +51,10 @@ def write_llama(directory, tensors, raw=RAW, shards=1):
 
 def test_hand_written_checkpoint_loads(tmp_path):
     tensors = llama_tensors()
-    target, params = load_llama(write_llama(tmp_path, tensors, shards=3))
+    calls = []
+    target, params = load_llama(write_llama(tmp_path, tensors, shards=3),
+                                progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(i + 1, len(tensors)) for i in range(len(tensors))]
     np.testing.assert_array_equal(np.asarray(params.layers[1].wq),
                                   tensors["model.layers.1.self_attn.q_proj.weight"].T)
     np.testing.assert_array_equal(np.asarray(params.lm_head), tensors["lm_head.weight"].T)
