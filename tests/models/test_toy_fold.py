@@ -153,3 +153,18 @@ def _np_layer(x, t, pos, heads=4, kv_heads=2, head_dim=8):
     gate = h @ w["mlp.gate_proj.weight"].T
     return x + (gate / (1 + np.exp(-gate)) * (h @ w["mlp.up_proj.weight"].T)) @ (
         w["mlp.down_proj.weight"].T)
+
+
+def test_toy_init_is_the_engine_toy_init():
+    from jspec.models.synthetic import toy_llama_params
+
+    want = toy.init_target_params(CFG, 7, residual_scale=0.3)
+    got = toy_llama_params(LlamaTarget(LLAMA), 7, residual_scale=0.3)
+    for field in ("embed", "final_norm", "lm_head"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, field)),
+                                      np.asarray(getattr(want, field)))
+    for lg, lw in zip(got.layers, want.layers, strict=True):
+        for field in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up",
+                      "w_down"):
+            np.testing.assert_array_equal(np.asarray(getattr(lg, field)),
+                                          np.asarray(getattr(lw, field)))
