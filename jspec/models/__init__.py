@@ -7,6 +7,11 @@ Build a target and a draft from directories::
 
 ``target`` / ``draft`` are frozen static configs (``TargetModel`` / ``DraftModel``); the params
 are pytrees on the device. transformers is never imported here (tests only).
+
+Modules: ``hf_config`` (config.json -> LlamaConfig / Eagle3Config), ``layers`` (RMSNorm, RoPE,
+attention / MLP blocks, precision by dtype), ``llama`` (LlamaTarget), ``eagle3`` / ``eagle1``
+(draft heads), ``checkpoint`` (HF name tables + loaders), ``export`` (HF writers),
+``synthetic`` (toy target, constructed EAGLE-3 head), ``tokenizer`` (tokenizer.json).
 """
 
 from __future__ import annotations
