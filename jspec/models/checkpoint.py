@@ -116,10 +116,12 @@ def _load(source: TensorSource, wants: dict[str, _Want], dtype: Any, device: Any
                 host = np.asarray(arr, np.int32)
             else:
                 host = np.ascontiguousarray(arr.T if want.transpose else arr, dtype=dtype)
-            out[by_name[name]] = jax.device_put(host, device)
+            out[by_name[name]] = last = jax.device_put(host, device)
             del host, arr
             if progress is not None:
                 progress(len(out), len(by_name))
+        if out:  # one shard's host buffers in flight at most
+            last.block_until_ready()
     return out
 
 
