@@ -30,7 +30,7 @@ from jspec.models.hf_config import (
 )
 from jspec.models.layers import MODEL_SCOPE, AttnFn
 from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget, random_llama_params
-from jspec.models.synthetic import matched_eagle3, toy_llama_params
+from jspec.models.synthetic import matched_eagle3, toy_eagle1, toy_llama_params
 from jspec.models.tokenizer import Tokenizer
 
 __all__ = [
@@ -59,5 +59,6 @@ __all__ = [
     "random_llama_params",
     "save_eagle3",
     "save_llama",
+    "toy_eagle1",
     "toy_llama_params",
 ]

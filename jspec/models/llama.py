@@ -7,7 +7,7 @@ SwiGLU MLP -> residual] -> final RMSNorm -> LM head (the embedding when tied). W
 
 :class:`LlamaTarget` is static config only (frozen, hashable: a static jit argument); the
 weights are the :class:`LlamaParams` pytree passed beside it. jspec's toy target is a
-``LlamaTarget`` with its own init.
+``LlamaTarget`` with its own init (:func:`jspec.models.synthetic.toy_llama_params`).
 
 Tensor parallel (Megatron layout, ``tp_axis`` names the mesh axis inside ``shard_map``):
 ``wq/wk/wv/w_gate/w_up`` hold this shard's columns (its contiguous block of query / KV heads, its

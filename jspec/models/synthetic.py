@@ -1,5 +1,6 @@
-"""Seeded synthetic weights with a predictable greedy chain: the toy target, and an EAGLE-3
-head constructed (not trained) to draft it well. For tests, demos and examples.
+"""Seeded synthetic weights with a predictable greedy chain: the toy target and its EAGLE-1
+head (the engine demo's), and an EAGLE-3 head constructed (not trained) to draft the toy target
+well. For tests, demos and examples.
 
 Toy target (:func:`toy_llama_params`, the same RNG stream as the engine's toy
 ``init_target_params``): the LM head is the embedding composed with a fixed random permutation
@@ -24,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.models.eagle1 import Eagle1Draft, Eagle1Params
 from jspec.models.eagle3 import Eagle3Draft, Eagle3Params
 from jspec.models.hf_config import Eagle3Config
 from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget
@@ -66,6 +68,25 @@ def toy_llama_params(target: LlamaTarget, seed: int = 0, *,
                                   w_down=dense(inter, hid, residual_scale)))
     return LlamaParams(embed=put(embed), layers=tuple(layers), final_norm=put(np.ones(hid)),
                        lm_head=put(lm_head))
+
+
+def toy_eagle1(target: LlamaTarget, target_params: LlamaParams, seed: int = 1, *,
+               hidden_mix: float = 0.1) -> tuple[Eagle1Draft, Eagle1Params]:
+    """The toy's EAGLE-1 head (the engine toy's ``init_draft_params``), accepting well on a
+    :func:`toy_llama_params` target.
+
+    ``fc = [I; hidden_mix * R]`` passes the token embedding through (plus a little of the
+    incoming hidden state) and the decoder layer is the target's last layer, so the head
+    predicts the target's dominant transition ``sigma``.
+    """
+    cfg = target.config
+    rng = np.random.default_rng(seed)
+    hid = cfg.hidden_size
+    fc = np.concatenate([np.eye(hid), hidden_mix * rng.standard_normal((hid, hid)) / np.sqrt(hid)])
+    params = Eagle1Params(fc=jnp.asarray(fc, cfg.jnp_dtype), fc_bias=None,
+                          layer=target_params.layers[-1],
+                          final_norm=jnp.ones(hid, cfg.jnp_dtype))
+    return Eagle1Draft(cfg), params
 
 
 def matched_eagle3(target: LlamaTarget, target_params: LlamaParams, *, num_heads: int = 4,

@@ -168,3 +168,16 @@ def test_toy_init_is_the_engine_toy_init():
                       "w_down"):
             np.testing.assert_array_equal(np.asarray(getattr(lg, field)),
                                           np.asarray(getattr(lw, field)))
+
+
+def test_toy_eagle1_is_the_engine_toy_draft():
+    from jspec.models.synthetic import toy_eagle1, toy_llama_params
+
+    target = LlamaTarget(LLAMA)
+    tp = toy.init_target_params(CFG, 3)
+    want = toy.init_draft_params(CFG, tp, 4, hidden_mix=0.2)
+    draft, got = toy_eagle1(target, toy_llama_params(target, 3), 4, hidden_mix=0.2)
+    assert isinstance(draft, Eagle1Draft) and got.fc_bias is None
+    np.testing.assert_array_equal(np.asarray(got.fc), np.asarray(want.fc))
+    np.testing.assert_array_equal(np.asarray(got.final_norm), np.asarray(want.final_norm))
+    np.testing.assert_array_equal(np.asarray(got.layer.wq), np.asarray(want.layer.wq))
