@@ -60,10 +60,10 @@ def generate_draft_decode_kv_indices(
     page_size: int,
     window_size: int = 0,
     sink_size: int = 0,
-    NUM_STEPS: int = 0,  # noqa: N803 - sglang's name
-    ENTRY_PAGE_SIZE: int = 1,  # noqa: N803 - sglang's name
+    NUM_STEPS: int = 0,
+    ENTRY_PAGE_SIZE: int = 1,
     v2p: object = None,
-    TRANSLATE: bool = False,  # noqa: N803 - sglang's name
+    TRANSLATE: bool = False,
     *,
     topk: int | None = None,
     num_steps: int | None = None,

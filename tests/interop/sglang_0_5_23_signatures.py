@@ -253,8 +253,17 @@ DOCUMENTED_DIFFERENCES = {
             "draft_model_runner, topk, num_steps, *, target_translator, num_draft_tokens); the "
             "drop-in takes the tensors it reads and returns out_cache_loc"
         ),
-        ("req_to_token", "req_pool_indices", "seq_lens", "topk", "num_steps", "page_size",
-         "draft_token_to_kv_pool", "impl", "interpret"),
+        (
+            "req_to_token",
+            "req_pool_indices",
+            "seq_lens",
+            "topk",
+            "num_steps",
+            "page_size",
+            "draft_token_to_kv_pool",
+            "impl",
+            "interpret",
+        ),
     ),
     "move_accept_tokens_to_target_kvcache": (
         (
@@ -262,8 +271,17 @@ DOCUMENTED_DIFFERENCES = {
             "token_to_kv_pool_allocator); the drop-in takes the pool and the tensors it reads and "
             "returns the (tgt, src) pairs"
         ),
-        ("token_to_kv_pool", "req_to_token", "req_pool_indices", "seq_lens", "out_cache_loc",
-         "accept_index", "accept_lens", "impl", "interpret"),
+        (
+            "token_to_kv_pool",
+            "req_to_token",
+            "req_pool_indices",
+            "seq_lens",
+            "out_cache_loc",
+            "accept_index",
+            "accept_lens",
+            "impl",
+            "interpret",
+        ),
     ),
     "move_kv_cache": (
         (
