@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from interop._adapt import run_jspec
 from interop._adapt import to_jax_default as _j
 from interop._world import I32, POISON, Op, World, to_numpy
 from interop.attention_meta import dropin as api
@@ -44,7 +45,8 @@ def op_expand_metadata(w: World, rng: np.random.Generator, impl: str):
     ref_attn.draft_decode_set_expand_metadata(
         seqlens, table, lp, 1, out[:, :1].contiguous(), c.topk, c.page_size
     )
-    j_seqlens, j_table = jspec_pt.draft_decode_set_expand_metadata(
+    j_seqlens, j_table = run_jspec(
+        jspec_pt.draft_decode_set_expand_metadata,
         _j(lp, "last_page_lens"),
         1,
         _j(out, "cache_loc"),

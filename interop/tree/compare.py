@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from interop._adapt import run_jspec
 from interop._adapt import to_jax_default as _j
 from interop._world import (
     I32,
@@ -274,7 +275,8 @@ def op_get_src_tgt_cache_loc(w: World, rng: np.random.Generator, impl: str):
     )
     to_free = torch.zeros(int(nfree.sum()), dtype=I64)
     ref_spec.get_target_cache_loc(tgt, to_free, ncd, nfree, locs, c.num_draft_tokens)
-    j_src, j_tgt, j_free, j_num = accept.get_src_tgt_cache_loc(
+    j_src, j_tgt, j_free, j_num = run_jspec(
+        accept.get_src_tgt_cache_loc,
         _j(w.seq_lens, "seq_lens"),
         _j(locs, "out_cache_loc"),
         _j(accept_index, "accept_index"),
