@@ -18,8 +18,10 @@ the comparison harness draws continuous random scores so ties do not occur.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from interop.tree import oracle_np
 from interop.tree.reference_build_tree import (  # noqa: F401  (re-exports)
     TreeMaskMode,
     build_tree_kernel_efficient,
@@ -76,7 +78,27 @@ def organize_draft_results(
     return parent_list, top_scores_index, draft_tokens
 
 
-# ---- verify (SPEC §8.1, §8.2) ------------------------------------------------------------------
+# ---- verify (SPEC §8.1, §8.2): sglang's in-place convention over the one numpy port -----------
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy()
+
+
+def _write_accepted(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    out: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    """The kernels' write set: the accepted nodes' predicts, accept_index[b, :n+1], the counts."""
+    new_predicts, new_accept, new_num = out
+    for b, n in enumerate(new_num.tolist()):
+        nodes = new_accept[b, : n + 1]
+        accept_index[b, : n + 1] = torch.from_numpy(nodes).to(accept_index.dtype)
+        ids = torch.from_numpy(nodes).to(torch.int64)
+        predicts[ids] = torch.from_numpy(new_predicts[nodes]).to(predicts.dtype)
+    accept_token_num.copy_(torch.from_numpy(new_num))
+
+
 def verify_tree_greedy(
     predicts: torch.Tensor,
     accept_index: torch.Tensor,
@@ -90,26 +112,15 @@ def verify_tree_greedy(
     """Greedy tree acceptance, written in place into ``predicts`` (``[B*N]``, global node ids),
     ``accept_index`` (``[B, S+1]``, caller-initialised to -1) and ``accept_token_num`` (``[B]``,
     number of accepted drafts, root excluded). Unaccepted ``predicts`` entries are untouched."""
-    bs, num_spec = accept_index.shape
-    target_flat = target_predict.reshape(-1)
-    for b in range(bs):
-        last = int(retrive_index[b, 0])
-        accept_index[b, 0] = last
-        accepted, cur = 0, 0
-        for _ in range(1, num_spec):
-            cur = int(retrive_next_token[b, cur])
-            while cur != -1:
-                if int(candidates[b, cur]) == int(target_flat[last]):
-                    predicts[last] = target_flat[last]
-                    accepted += 1
-                    accept_index[b, accepted] = retrive_index[b, cur]
-                    last = int(retrive_index[b, cur])
-                    break
-                cur = int(retrive_next_sibling[b, cur])
-            if cur == -1:
-                break
-        accept_token_num[b] = accepted
-        predicts[last] = target_flat[last]
+    out = oracle_np.verify_tree_greedy_np(
+        _np(candidates),
+        _np(retrive_index),
+        _np(retrive_next_token),
+        _np(retrive_next_sibling),
+        _np(target_predict),
+        accept_index.shape[1],
+    )
+    _write_accepted(predicts, accept_index, accept_token_num, out)
 
 
 def tree_speculative_sampling_target_only(
@@ -134,37 +145,19 @@ def tree_speculative_sampling_target_only(
     zeros on entry, rejected siblings' target probs are written into it). ``uniform_samples``
     ``[B, N]`` are the per-node coins, ``uniform_samples_for_final_sampling`` ``[B]``.
     """
-    bs, num_spec = accept_index.shape
-    vocab = target_probs.shape[-1]
-    for b in range(bs):
-        prob_acc = torch.zeros((), dtype=target_probs.dtype)
-        coin = uniform_samples[b, 0]
-        row = 0  # local node whose target row is current
-        last = int(retrive_index[b, 0])
-        accept_index[b, 0] = last
-        accepted, cur = 0, 0
-        for _ in range(1, num_spec):
-            cur = int(retrive_next_token[b, cur])
-            while cur != -1:
-                token = int(candidates[b, cur])
-                q = target_probs[b, row, token]
-                prob_acc = prob_acc + q
-                if coin <= prob_acc / threshold_acc or q >= threshold_single:
-                    prob_acc = torch.zeros((), dtype=target_probs.dtype)
-                    row, coin = cur, uniform_samples[b, cur]
-                    predicts[last] = token
-                    accepted += 1
-                    accept_index[b, accepted] = retrive_index[b, cur]
-                    last = int(retrive_index[b, cur])
-                    break
-                draft_probs[b, row, token] = q
-                cur = int(retrive_next_sibling[b, cur])
-            if cur == -1:
-                break
-        accept_token_num[b] = accepted
-        q_row = target_probs[b, row]
-        p_row = draft_probs[b, row] if accepted != num_spec - 1 else torch.zeros_like(q_row)
-        relu = torch.clamp(q_row - p_row, min=0)
-        u = uniform_samples_for_final_sampling[b] * relu.sum()
-        hits = torch.nonzero((relu > 0) & (torch.cumsum(relu, 0) > u))
-        predicts[last] = int(hits[0, 0]) if hits.numel() else vocab - 1
+    rejected = _np(draft_probs).astype(np.float32, copy=True)
+    out = oracle_np.tree_sampling_np(
+        _np(candidates),
+        _np(retrive_index),
+        _np(retrive_next_token),
+        _np(retrive_next_sibling),
+        _np(uniform_samples),
+        _np(uniform_samples_for_final_sampling),
+        _np(target_probs),
+        accept_index.shape[1],
+        threshold_single,
+        threshold_acc,
+        draft_probs_out=rejected,
+    )
+    draft_probs.copy_(torch.from_numpy(rejected).to(draft_probs.dtype))
+    _write_accepted(predicts, accept_index, accept_token_num, out)
