@@ -19,7 +19,6 @@ power of 2 so that varying sizes reuse a few compiled variants; the padding is m
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax.numpy as jnp
@@ -27,16 +26,12 @@ import torch
 
 from interop._adapt import jspec_module, run_jspec, to_jax_default
 from interop.dlpack import to_torch
+from interop.kv._allocator_api import SglangAllocatorAPI, debug_mode_from_env
 from jspec.kernels._common import next_power_of_2
 
 
 def _kv_alloc() -> Any:
     return jspec_module("jspec.kv.allocator")  # resolved per call: tests may patch it
-
-
-def _env_debug() -> bool:
-    """sglang's ``get_bool_env_var("SGLANG_DEBUG_MEMORY_POOL")``."""
-    return os.environ.get("SGLANG_DEBUG_MEMORY_POOL", "false").strip().lower() in ("true", "1")
 
 
 def _padded(t: torch.Tensor, what: str) -> tuple[Any, Any]:
@@ -74,7 +69,7 @@ def _num_new_pages_extend(prefix_cpu: torch.Tensor, seq_cpu: torch.Tensor, page_
     return int((after - before).sum())
 
 
-class PagedTokenToKVPoolAllocator:
+class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
     """sglang 0.5.23's paged allocator over jspec (see the module docstring).
 
     Keyword-only extras (not in sglang): ``impl`` (jspec kernel), ``merge_rule`` (jspec's
@@ -102,7 +97,7 @@ class PagedTokenToKVPoolAllocator:
         self._kvcache = kvcache
         self.need_sort = need_sort
         self.num_pages = size // page_size
-        self.debug_mode = _env_debug() if debug_mode is None else bool(debug_mode)
+        self.debug_mode = debug_mode_from_env() if debug_mode is None else bool(debug_mode)
         self.impl = impl
         self.merge_rule = merge_rule
         self.clear()
@@ -112,14 +107,10 @@ class PagedTokenToKVPoolAllocator:
         self.state = run_jspec(
             _kv_alloc().init_allocator, self.num_pages, self.page_size, need_sort=self.need_sort
         )
-        self.free_group: list[torch.Tensor] | None = None
-        self.free_page_ids_group: list[torch.Tensor] = []
+        self._reset_groups()
 
     def available_size(self) -> int:
         return int(_kv_alloc().available_size(self.state))
-
-    def get_kvcache(self) -> Any:
-        return self._kvcache
 
     @property
     def free_pages(self) -> torch.Tensor:
@@ -140,9 +131,6 @@ class PagedTokenToKVPoolAllocator:
     def release_pages(self) -> torch.Tensor:
         """i64 staged pages in staging order (jspec's name), a copy."""
         return self._live(self.state.staged_pages, self.state.num_staged)
-
-    def get_all_free_pages(self) -> torch.Tensor:
-        return torch.cat((self.free_pages, *self.staged_pages))
 
     def _live(self, pages: Any, count: Any) -> torch.Tensor:
         return self._slots(pages, int(count))
@@ -235,90 +223,14 @@ class PagedTokenToKVPoolAllocator:
         self.state = state
         return out
 
-    # ---- free ------------------------------------------------------------------------------
-    def free(self, free_index: torch.Tensor) -> None:
-        if free_index.numel() == 0:
-            return
-        if self.free_group is None:
-            slots, valid = _padded(free_index, "free_index")
-            self.state = run_jspec(_kv_alloc().free, self.state, slots, valid=valid)
-        else:
-            self.free_group.append(free_index.clone())
-        if self.debug_mode:
-            self._debug_check_no_duplicate_pages()
+    # ---- free (groups, segments and debug checks: SglangAllocatorAPI) -----------------------
+    def _free_now(self, free_index: torch.Tensor) -> None:
+        slots, valid = _padded(free_index, "free_index")
+        self.state = run_jspec(_kv_alloc().free, self.state, slots, valid=valid)
 
-    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        """Free ``kv_row[start_pos : start_pos + n]``: pages ``free_index[::P] // P`` (no unique)."""
-        if free_index.numel() == 0:
-            return
-        ps = self.page_size
-        assert start_pos % ps == 0, f"segment start {start_pos} is not page-aligned"
-        reps = free_index[::ps]
-        if self.debug_mode:
-            assert torch.equal(
-                torch.sort(reps.cpu() // ps)[0], torch.unique(free_index.cpu() // ps)
-            ), f"free_segment: malformed page block (pages {(free_index.cpu() // ps).tolist()})"
-        self.free_page_ids(reps // ps)
-
-    def free_segments(self, segments: Any) -> None:
-        """Several ``(free_index, start_pos)`` segments of one request's row, page-disjoint."""
-        ps = self.page_size
-        prev_end = None
-        for free_index, start_pos in segments:
-            n = free_index.numel()
-            if n == 0:
-                continue
-            assert prev_end is None or start_pos // ps > (prev_end - 1) // ps, (
-                f"segment at {start_pos} shares a page with the one ending at {prev_end}"
-            )
-            prev_end = start_pos + n
-            self.free_segment(free_index, start_pos=start_pos)
-
-    def free_page_ids(self, page_ids: torch.Tensor) -> None:
-        """Free exactly these pages; no page twice, no dedup."""
-        if page_ids.numel() == 0:
-            return
-        if self.free_group is None:
-            pages, valid = _padded(page_ids, "page_ids")
-            self.state = run_jspec(_kv_alloc().free_page_ids, self.state, pages, valid=valid)
-            if self.debug_mode:
-                self._debug_check_no_duplicate_pages()
-        else:
-            self.free_page_ids_group.append(page_ids.clone())
-
-    def _debug_check_no_duplicate_pages(self) -> None:
-        pages = self.get_all_free_pages()
-        assert len(torch.unique(pages)) == len(pages), (
-            f"double free: a page is twice among the free pages {pages.tolist()}"
-        )
-
-    def free_group_begin(self) -> None:
-        assert self.free_group is None, "free groups cannot be nested"
-        self.free_group = []
-        self.free_page_ids_group = []
-
-    def free_group_end(self) -> None:
-        pending, self.free_group = self.free_group, None
-        if pending:
-            self.free(torch.cat(pending))
-        if self.free_page_ids_group:
-            group, self.free_page_ids_group = self.free_page_ids_group, []
-            self.free_page_ids(torch.cat(group))
-        if self.debug_mode:
-            self._debug_check_no_duplicate_pages()
-
-    # ---- host copies (delegated to the KV cache, as sglang) ----------------------------------
-    def get_cpu_copy(self, indices: Any, mamba_indices: Any = None, req_pool_index: Any = None):
-        return self._kvcache.get_cpu_copy(
-            indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index
-        )
-
-    def load_cpu_copy(
-        self, kv_cache_cpu: Any, indices: Any, mamba_indices: Any = None, req_pool_index: Any = None
-    ):
-        return self._kvcache.load_cpu_copy(
-            kv_cache_cpu, indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index
-        )
+    def _free_page_ids_now(self, page_ids: torch.Tensor) -> None:
+        pages, valid = _padded(page_ids, "page_ids")
+        self.state = run_jspec(_kv_alloc().free_page_ids, self.state, pages, valid=valid)
 
 
 def get_last_loc(

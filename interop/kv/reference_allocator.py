@@ -22,17 +22,18 @@ Debug mode (``SGLANG_DEBUG_MEMORY_POOL``, or ``debug_mode=``) adds sglang's debu
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
+
+from interop.kv._allocator_api import SglangAllocatorAPI, debug_mode_from_env
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class PagedTokenToKVPoolAllocator:
+class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
     """Paged token-slot allocator: slots ``page*P + offset`` for pages ``1..size//P``."""
 
     def __init__(
@@ -53,10 +54,7 @@ class PagedTokenToKVPoolAllocator:
         self._kvcache = kvcache
         self.need_sort = need_sort
         self.num_pages = size // page_size
-        if debug_mode is None:
-            env = os.environ.get("SGLANG_DEBUG_MEMORY_POOL", "false").strip().lower()
-            debug_mode = env in ("true", "1")
-        self.debug_mode = debug_mode
+        self.debug_mode = debug_mode_from_env() if debug_mode is None else bool(debug_mode)
         self.clear()
 
     # ---- state -----------------------------------------------------------------------------
@@ -64,8 +62,7 @@ class PagedTokenToKVPoolAllocator:
         self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
         self.staged_pages: list[torch.Tensor] = []
         self.num_staged_pages = 0
-        self.free_group: list[torch.Tensor] | None = None
-        self.free_page_ids_group: list[torch.Tensor] = []
+        self._reset_groups()
 
     @property
     def release_pages(self) -> torch.Tensor:
@@ -76,12 +73,6 @@ class PagedTokenToKVPoolAllocator:
 
     def available_size(self) -> int:
         return (len(self.free_pages) + self.num_staged_pages) * self.page_size
-
-    def get_kvcache(self) -> Any:
-        return self._kvcache
-
-    def get_all_free_pages(self) -> torch.Tensor:
-        return torch.cat((self.free_pages, *self.staged_pages))
 
     def merge_and_sort_free(self) -> None:
         if not self.staged_pages:
@@ -184,7 +175,7 @@ class PagedTokenToKVPoolAllocator:
         self.free_pages = self.free_pages[num_new_pages:]
         return torch.tensor(out, dtype=torch.int64, device=self.device)
 
-    # ---- free ------------------------------------------------------------------------------
+    # ---- free (groups, segments and debug checks: SglangAllocatorAPI) -----------------------
     def _release_page_ids(self, page_ids: torch.Tensor) -> None:
         if self.need_sort:
             self.staged_pages.append(page_ids)
@@ -192,86 +183,11 @@ class PagedTokenToKVPoolAllocator:
         else:
             self.free_pages = torch.cat((page_ids, self.free_pages))
 
-    def _debug_check_no_duplicate_pages(self) -> None:
-        pages = self.get_all_free_pages()
-        assert len(torch.unique(pages)) == len(pages), "double free detected"
+    def _free_now(self, free_index: torch.Tensor) -> None:
+        self._release_page_ids(torch.unique(free_index.to(torch.int64) // self.page_size))
 
-    def free(self, free_index: torch.Tensor) -> None:
-        """Free the pages ``unique(free_index // P)`` (deferred inside a free group)."""
-        if free_index.numel() == 0:
-            return
-        if self.free_group is None:
-            self._release_page_ids(torch.unique(free_index.to(torch.int64) // self.page_size))
-        else:
-            self.free_group.append(free_index.clone())
-        if self.debug_mode:
-            self._debug_check_no_duplicate_pages()
-
-    def free_page_ids(self, page_ids: torch.Tensor) -> None:
-        """Free exactly these pages (no ``unique``)."""
-        if page_ids.numel() == 0:
-            return
-        if self.free_group is None:
-            self._release_page_ids(page_ids.to(torch.int64))
-            if self.debug_mode:
-                self._debug_check_no_duplicate_pages()
-        else:
-            self.free_page_ids_group.append(page_ids.clone())
-
-    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        """Free a row segment ``free_index = row[start_pos:end]`` (``start_pos`` page aligned):
-        the pages ``free_index[::P] // P``."""
-        if free_index.numel() == 0:
-            return
-        ps = self.page_size
-        assert start_pos % ps == 0, f"segment start {start_pos} is not page-aligned"
-        reps = free_index[::ps]
-        if self.debug_mode:
-            assert torch.equal(
-                torch.sort(reps.cpu() // ps)[0], torch.unique(free_index.cpu() // ps)
-            ), "free_segment: malformed page block"
-        self.free_page_ids(reps // ps)
-
-    def free_segments(self, segments: Any) -> None:
-        """Page-disjoint ``(free_index, start_pos)`` segments of one row, in order."""
-        ps = self.page_size
-        prev_end = None
-        for free_index, start_pos in segments:
-            n = free_index.numel()
-            if n == 0:
-                continue
-            assert prev_end is None or start_pos // ps > (prev_end - 1) // ps, (
-                f"segment at {start_pos} shares a page with the one ending at {prev_end}"
-            )
-            prev_end = start_pos + n
-            self.free_segment(free_index, start_pos=start_pos)
-
-    def free_group_begin(self) -> None:
-        assert self.free_group is None, "free groups cannot be nested"
-        self.free_group = []
-        self.free_page_ids_group = []
-
-    def free_group_end(self) -> None:
-        pending, self.free_group = self.free_group, None
-        if pending:
-            self.free(torch.cat(pending))
-        if self.free_page_ids_group:
-            self._release_page_ids(torch.cat(self.free_page_ids_group))
-            self.free_page_ids_group = []
-        if self.debug_mode:
-            self._debug_check_no_duplicate_pages()
-
-    def get_cpu_copy(self, indices: Any, mamba_indices: Any = None, req_pool_index: Any = None):
-        return self._kvcache.get_cpu_copy(
-            indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index
-        )
-
-    def load_cpu_copy(
-        self, kv_cache_cpu: Any, indices: Any, mamba_indices: Any = None, req_pool_index: Any = None
-    ):
-        return self._kvcache.load_cpu_copy(
-            kv_cache_cpu, indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index
-        )
+    def _free_page_ids_now(self, page_ids: torch.Tensor) -> None:
+        self._release_page_ids(page_ids.to(torch.int64))
 
 
 def get_last_loc(
