@@ -25,25 +25,10 @@ import torch
 from interop._adapt import jspec_module as _mod
 from interop._adapt import run_jspec
 from interop._adapt import to_jax_default as _j
+from interop.attention_meta.reference import check_default_launch
 from interop.dlpack import to_jax, to_torch
 
 __all__ = ["draft_decode_set_expand_metadata", "generate_draft_decode_kv_indices"]
-
-
-def _check_default_launch(window_size, sink_size, entry_page_size, v2p, translate) -> None:
-    extras = {
-        "window_size": (window_size, 0),
-        "sink_size": (sink_size, 0),
-        "ENTRY_PAGE_SIZE": (entry_page_size, 1),
-        "v2p": (v2p, None),
-        "TRANSLATE": (translate, False),
-    }
-    for name, (value, default) in extras.items():
-        if value is not default and value != default:
-            raise NotImplementedError(
-                f"generate_draft_decode_kv_indices: {name}={value!r} (sglang 0.5.23's optional "
-                f"launch feature) is not implemented; only {name}={default!r}"
-            )
 
 
 def draft_decode_set_expand_metadata(
@@ -109,7 +94,7 @@ def generate_draft_decode_kv_indices(
     interpret: bool | None = None,
 ) -> None:
     """In place into ``kv_indices`` [S, W] and ``kv_indptr`` [S, >= B*K+1] (see module doc)."""
-    _check_default_launch(window_size, sink_size, ENTRY_PAGE_SIZE, v2p, TRANSLATE)
+    check_default_launch(window_size, sink_size, ENTRY_PAGE_SIZE, v2p, TRANSLATE)
     num_seqs = req_pool_indices.numel()
     if bs_upper < num_seqs:
         raise ValueError(f"bs_upper={bs_upper} must be >= the number of sequences {num_seqs}")

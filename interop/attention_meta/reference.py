@@ -44,6 +44,23 @@ def draft_decode_set_expand_metadata(
     page_table[: pages.shape[0], :].scatter_(1, col, pages.to(page_table.dtype))
 
 
+def check_default_launch(window_size, sink_size, entry_page_size, v2p, translate) -> None:
+    """sglang 0.5.23's optional launch features are not modelled: a non-default raises."""
+    extras = {
+        "window_size": (window_size, 0),
+        "sink_size": (sink_size, 0),
+        "ENTRY_PAGE_SIZE": (entry_page_size, 1),
+        "v2p": (v2p, None),
+        "TRANSLATE": (translate, False),
+    }
+    for name, (value, default) in extras.items():
+        if value is not default and value != default:
+            raise NotImplementedError(
+                f"generate_draft_decode_kv_indices: {name}={value!r} (sglang 0.5.23's optional "
+                f"launch feature) is not implemented; only {name}={default!r}"
+            )
+
+
 def generate_draft_decode_kv_indices(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -77,8 +94,7 @@ def generate_draft_decode_kv_indices(
     ``positions.numel() // num_seqs`` (the grid dims sglang passes implicitly). The optional
     launch features (window, ENTRY_PAGE_SIZE, TRANSLATE) are not modelled: non-defaults raise.
     """
-    if (window_size, sink_size, ENTRY_PAGE_SIZE, v2p, TRANSLATE) != (0, 0, 1, None, False):
-        raise NotImplementedError("window / ENTRY_PAGE_SIZE / TRANSLATE launches are not modelled")
+    check_default_launch(window_size, sink_size, ENTRY_PAGE_SIZE, v2p, TRANSLATE)
     num_seqs = req_pool_indices.numel()
     if bs_upper < num_seqs:
         raise ValueError(f"bs_upper={bs_upper} must be >= the number of sequences {num_seqs}")

@@ -88,58 +88,46 @@ def _tree_inputs(w: World, rng: np.random.Generator, vocab: int = VOCAB):
     return bonus, parent_list, sel, draft
 
 
+def _build_args(w: World, rng: np.random.Generator, mode: int, vocab: int = VOCAB) -> tuple:
+    """sglang's positional build_tree_kernel_efficient arguments for a random valid draft."""
+    c = w.case
+    bonus, parent_list, sel, draft = _tree_inputs(w, rng, vocab)
+    seq = w.seq_lens
+    return (bonus, parent_list, sel, draft, seq, int(seq.sum()), c.topk, c.num_steps,
+            c.num_draft_tokens, int(mode))  # fmt: skip
+
+
+BUILD_OUTPUTS = (
+    "tree_mask",
+    "positions",
+    "retrive_index",
+    "retrive_next_token",
+    "retrive_next_sibling",
+    "draft_tokens",
+)
+
+
 def op_build_tree(w: World, rng: np.random.Generator, impl: str):
     c = w.case
-    bonus, parent_list, sel, draft = _tree_inputs(w, rng)
+    modes = ref_tree.TreeMaskMode
+    args = _build_args(w, rng, modes.FULL_MASK)
     ref, got = {}, {}
     # FULL_MASK (with sglang's ragged flattening) always, plus one other mode (each is a fresh
     # compile): QLEN_ONLY for odd topk, QLEN_ONLY_BITPACKING for even topk
-    modes = ref_tree.TreeMaskMode
     for mode in (modes.FULL_MASK, modes.QLEN_ONLY if c.topk % 2 else modes.QLEN_ONLY_BITPACKING):
-        args = (
-            bonus,
-            parent_list,
-            sel,
-            draft,
-            w.seq_lens,
-            int(w.seq_lens.sum()),
-            c.topk,
-            c.num_steps,
-            c.num_draft_tokens,
-            int(mode),
-        )
-        names = (
-            "tree_mask",
-            "positions",
-            "retrive_index",
-            "retrive_next_token",
-            "retrive_next_sibling",
-            "draft_tokens",
-        )
+        mode_args = (*args[:-1], int(mode))
         for out, res in (
-            (ref, ref_tree.build_tree_kernel_efficient(*args)),
-            (got, api.build_tree_kernel_efficient(*args, impl=impl)),
+            (ref, ref_tree.build_tree_kernel_efficient(*mode_args)),
+            (got, api.build_tree_kernel_efficient(*mode_args, impl=impl)),
         ):
-            out.update({f"{mode.name}.{k}": to_numpy(v) for k, v in zip(names, res)})
-    return ref, got, {"parent_list": parent_list, "top_scores_index": sel, "seq_lens": w.seq_lens}
+            out.update({f"{mode.name}.{k}": to_numpy(v) for k, v in zip(BUILD_OUTPUTS, res)})
+    return ref, got, {"parent_list": args[1], "top_scores_index": args[2], "seq_lens": w.seq_lens}
 
 
 def _built_tree(w: World, rng: np.random.Generator, vocab: int):
-    c = w.case
-    bonus, parent_list, sel, draft = _tree_inputs(w, rng, vocab)
-    _, _, ridx, nxt, sib, tokens = ref_tree.build_tree_kernel_efficient(
-        bonus,
-        parent_list,
-        sel,
-        draft,
-        w.seq_lens,
-        int(w.seq_lens.sum()),
-        c.topk,
-        c.num_steps,
-        c.num_draft_tokens,
-        int(ref_tree.TreeMaskMode.QLEN_ONLY),
-    )
-    return tokens.reshape(c.batch, -1), ridx, nxt, sib
+    args = _build_args(w, rng, ref_tree.TreeMaskMode.QLEN_ONLY, vocab)
+    _, _, ridx, nxt, sib, tokens = ref_tree.build_tree_kernel_efficient(*args)
+    return tokens.reshape(w.case.batch, -1), ridx, nxt, sib
 
 
 def _accept_outputs(fn: Callable, case: Case, args: tuple, **kw) -> Outputs:

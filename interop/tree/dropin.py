@@ -33,6 +33,7 @@ from interop._adapt import to_jax_default as _j
 from interop._adapt import to_torch_as as _t
 from interop.dlpack import to_torch
 from interop.tree import reference_build_tree as _ref_build
+from interop.tree.reference import write_accepted
 from jspec.kernels._common import next_power_of_2
 
 __all__ = [
@@ -211,16 +212,18 @@ def build_tree_kernel_efficient(
     )
 
 
-def _write_accept(
-    predicts: torch.Tensor, accept_index: torch.Tensor, accept_token_num: torch.Tensor, out: tuple
-) -> None:
-    """sglang's write set: accepted nodes' predicts, written accept_index entries, counts."""
-    new_predicts, new_accept, new_num = (to_torch(x).to(predicts.device) for x in out)
-    written = new_accept != -1
-    accept_index[written] = new_accept[written].to(accept_index.dtype)
-    ids = new_accept[written].to(torch.int64)
-    predicts[ids] = new_predicts[ids].to(predicts.dtype)
-    accept_token_num.copy_(new_num)
+def _links(candidates, retrive_index, retrive_next_token, retrive_next_sibling) -> tuple:
+    """The four [B, N] tree tensors both verify kernels take, as JAX arrays."""
+    return (
+        _j(candidates, "candidates"),
+        _j(retrive_index, "retrive_index"),
+        _j(retrive_next_token, "retrive_next_token"),
+        _j(retrive_next_sibling, "retrive_next_sibling"),
+    )
+
+
+def _write_accept(predicts, accept_index, accept_token_num, out) -> None:
+    write_accepted(predicts, accept_index, accept_token_num, tuple(to_torch(x) for x in out))
 
 
 def verify_tree_greedy(
@@ -239,10 +242,7 @@ def verify_tree_greedy(
     """In place into ``predicts``, ``accept_index`` and ``accept_token_num`` (as sgl_kernel)."""
     out = run_jspec(
         _mod("jspec.tree.verify").verify_tree_greedy,
-        _j(candidates, "candidates"),
-        _j(retrive_index, "retrive_index"),
-        _j(retrive_next_token, "retrive_next_token"),
-        _j(retrive_next_sibling, "retrive_next_sibling"),
+        *_links(candidates, retrive_index, retrive_next_token, retrive_next_sibling),
         _j(target_predict, "target_predict"),
         num_spec_steps=accept_index.shape[1],
         impl=impl,
@@ -270,10 +270,7 @@ def tree_speculative_sampling_target_only(
     """In place like :func:`verify_tree_greedy` (``draft_probs`` is not written)."""
     out = run_jspec(
         _mod("jspec.tree.sampling").tree_speculative_sampling_target_only,
-        _j(candidates, "candidates"),
-        _j(retrive_index, "retrive_index"),
-        _j(retrive_next_token, "retrive_next_token"),
-        _j(retrive_next_sibling, "retrive_next_sibling"),
+        *_links(candidates, retrive_index, retrive_next_token, retrive_next_sibling),
         _j(uniform_samples, "coins"),
         _j(uniform_samples_for_final_sampling, "final coins"),
         _j(target_probs, "target_probs"),

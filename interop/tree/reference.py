@@ -83,20 +83,21 @@ def _np(x: torch.Tensor) -> np.ndarray:
     return x.detach().cpu().numpy()
 
 
-def _write_accepted(
+def write_accepted(
     predicts: torch.Tensor,
     accept_index: torch.Tensor,
     accept_token_num: torch.Tensor,
-    out: tuple[np.ndarray, np.ndarray, np.ndarray],
+    out: tuple,
 ) -> None:
-    """The kernels' write set: the accepted nodes' predicts, accept_index[b, :n+1], the counts."""
-    new_predicts, new_accept, new_num = out
-    for b, n in enumerate(new_num.tolist()):
-        nodes = new_accept[b, : n + 1]
-        accept_index[b, : n + 1] = torch.from_numpy(nodes).to(accept_index.dtype)
-        ids = torch.from_numpy(nodes).to(torch.int64)
-        predicts[ids] = torch.from_numpy(new_predicts[nodes]).to(predicts.dtype)
-    accept_token_num.copy_(torch.from_numpy(new_num))
+    """The verify kernels' write set from a full result ``(predicts, accept_index, num)`` (numpy or
+    torch): the accepted nodes' ``predicts``, the written (``!= -1``) ``accept_index`` entries and
+    the counts. Everything else keeps the caller's values."""
+    new_predicts, new_accept, new_num = (torch.as_tensor(x).to(predicts.device) for x in out)
+    written = new_accept != -1
+    accept_index[written] = new_accept[written].to(accept_index.dtype)
+    ids = new_accept[written].to(torch.int64)
+    predicts[ids] = new_predicts[ids].to(predicts.dtype)
+    accept_token_num.copy_(new_num)
 
 
 def verify_tree_greedy(
@@ -120,7 +121,7 @@ def verify_tree_greedy(
         _np(target_predict),
         accept_index.shape[1],
     )
-    _write_accepted(predicts, accept_index, accept_token_num, out)
+    write_accepted(predicts, accept_index, accept_token_num, out)
 
 
 def tree_speculative_sampling_target_only(
@@ -160,4 +161,4 @@ def tree_speculative_sampling_target_only(
         draft_probs_out=rejected,
     )
     draft_probs.copy_(torch.from_numpy(rejected).to(draft_probs.dtype))
-    _write_accepted(predicts, accept_index, accept_token_num, out)
+    write_accepted(predicts, accept_index, accept_token_num, out)
