@@ -191,3 +191,24 @@ def test_tree_adapters_on_the_golden_build():
     assert got[0] is buf and torch.equal(buf[:248], want[0]) and buf[248:].all()
     for a, b in zip(want[1:], got[1:]):
         assert torch.equal(a, b) and a.dtype == b.dtype
+
+
+def test_per_request_tensors_longer_than_the_batch_are_read_as_prefixes():
+    """sglang's launches read the first num_seqs / batch_size entries; the rest is not looked at."""
+    row = torch.arange(100, 148, dtype=I32)
+    req_to_token = torch.stack([torch.zeros_like(row), row])
+    outs = []
+    for lens in (_t([7]), _t([7, 99, -5])):
+        kv_indices = torch.full((3, 40), -7, dtype=I32)
+        kv_indptr = torch.full((3, 4), -7, dtype=I32)
+        api.generate_draft_decode_kv_indices(
+            _t([1]), req_to_token, lens, kv_indices, kv_indptr, _t([7, 7]), 48, 40, 4, 1, 4, 2, 4
+        )
+        outs.append((kv_indices, kv_indptr))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert outs[0][0][0, :9].tolist() == [*range(100, 108), 100]  # (b0, t0) then (b0, t1)
+    with pytest.raises(NotImplementedError, match="window_size=8"):
+        api.generate_draft_decode_kv_indices(
+            _t([1]), req_to_token, _t([7]), kv_indices, kv_indptr, _t([7, 7]), 48, 40, 4, 1, 4, 2,
+            4, 8,
+        )  # fmt: skip
