@@ -6,12 +6,18 @@ pytree; every method converts its torch arguments through the DLPack shim, calls
 function (through :func:`interop._adapt.run_jspec`: checked when jspec probes are on) and keeps
 the new state. Returned slot ids are int64 like sglang's (jspec computes int32).
 
-Debug mode (``SGLANG_DEBUG_MEMORY_POOL=1`` at construction, or ``debug_mode=True``) runs sglang's
-debug assertions, all as ``AssertionError``: ``alloc`` sizes page-aligned; ``alloc_extend`` /
+Free groups, ``free_segment(s)``, the debug checks and the host copies are
+:class:`interop.kv._allocator_api.SglangAllocatorAPI` (shared with the reference). Debug mode
+(``SGLANG_DEBUG_MEMORY_POOL=1`` at construction, or ``debug_mode=True``) runs sglang's debug
+assertions, all as ``AssertionError``: ``alloc`` sizes page-aligned; ``alloc_extend`` /
 ``alloc_decode`` ``last_loc`` aligned with the lengths and returned slots unique; after every free
 (``free``, ``free_page_ids``, ``free_segment``, ``free_group_end``) no page twice among the free
 and staged pages (a double free); ``free_segment`` page representatives ``free_index[::P]``
 equal to ``unique(free_index // P)`` (a malformed page block).
+
+Differences from sglang: a ``num_new_pages`` hint must equal the exact count (ValueError; sglang
+trusts it); a failed need_sort allocation follows :mod:`jspec.kv.allocator` (input state returned
+unchanged; sglang keeps the merge it did first); ``staged_pages`` is one tensor (sglang: one per free call, same pages in the same order).
 
 Static capacities (``max_slots``, ``max_new_slots``, free-list input lengths) are rounded up to a
 power of 2 so that varying sizes reuse a few compiled variants; the padding is masked.
