@@ -361,6 +361,41 @@ def error_cell(max_len: int = 160) -> str:
     return traceback.format_exc(limit=1).strip().splitlines()[-1][:max_len]
 
 
+def torch_us_cell(fn: Callable[[], float]) -> float | str:
+    """``fn()`` (the PyTorch timing of a bench row), or its error as a short cell."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - report and continue
+        return f"error: {type(exc).__name__}"
+
+
+def time_impl(row: dict[str, Any], op: Callable[..., Any], arg_sets: Sequence[tuple], *,
+              wall_iters: int, check: Callable[[Callable[..., Any]], None] | None = None,
+              extra: Callable[[float], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One impl x shape row of a kernel bench (the loop body every bench shared).
+
+    Runs ``check(op)`` first (a correctness check that may add columns), then fills
+    ``device us`` (:func:`time_device`), the ``extra(us)`` columns and ``wall us``
+    (:func:`time_wall` of ``jax.jit(op)``). An exception becomes ``row["error"]``: one failing
+    impl must not hide the others. Returns ``row``.
+    """
+    try:
+        if check is not None:
+            check(op)
+        us = time_device(op, arg_sets)
+        row["device us"] = us
+        row.update(extra(us) if extra is not None else {})
+        row["wall us"] = time_wall(jax.jit(op), *arg_sets[0], iters=wall_iters)
+    except Exception:  # noqa: BLE001 - one failing impl must not hide the others
+        row["error"] = error_cell()
+    return row
+
+
+def batch_sizes(arg: str, quick: bool, full: Sequence[int] = (1, 8, 64, 256)) -> list[int]:
+    """``--bs`` as ints, else ``[1, 8]`` (quick) or ``full``."""
+    return [int(b) for b in arg.split(",") if b] or ([1, 8] if quick else list(full))
+
+
 def format_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
     """A markdown table of ``rows`` (floats printed with 1 decimal)."""
     if not rows:

@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench._timing import error_cell, format_table, time_device, time_torch, time_wall
+from bench._timing import batch_sizes, format_table, time_impl, time_torch, torch_us_cell
 from jspec.kernels.build_tree import num_closure_rounds
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
 
@@ -94,12 +93,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--sets", type=int, default=0, help="distinct input sets per timing")
     args = parser.parse_args(argv)
     topk, num_steps, n = 8, 5, 32
-    batch_sizes = [int(b) for b in args.bs.split(",") if b] or ([1, 8] if args.quick
-                                                              else [1, 8, 64, 256])
     sets = args.sets or (2 if args.quick else 32)
     rng = np.random.default_rng(0)
     rows = []
-    for bs in batch_sizes:
+    for bs in batch_sizes(args.bs, args.quick):
         arg_sets = []
         for _ in range(sets):
             parent_list, sel = random_trees(rng, bs, topk, num_steps, n)
@@ -107,23 +104,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                              jnp.zeros((bs, n - 1), jnp.int32),
                              jnp.asarray(rng.integers(1, 2000, bs), jnp.int32)))
         shape = f"bs={bs} K={topk} S={num_steps} N={n}"
-        try:
-            torch_us = _torch_us(arg_sets[0][1], arg_sets[0][2], arg_sets[0][4], topk)
-        except Exception as exc:  # noqa: BLE001 - report and continue
-            torch_us = f"error: {type(exc).__name__}"
+        torch_us = torch_us_cell(
+            lambda a=arg_sets[0]: _torch_us(a[1], a[2], a[4], topk))
         for impl in ("xla", "pallas"):
             row = {"shape": shape, "impl": impl, "torch us": torch_us,
                    "anchor us": ANCHOR_US.get(bs, "")}
-            try:
-                op = functools.partial(
-                    build_tree_kernel_efficient, topk=topk, num_steps=num_steps,
-                    num_draft_tokens=n, mode=TreeMaskMode.QLEN_ONLY, impl=impl)
-                row["device us"] = time_device(op, arg_sets)
-                row["wall us"] = time_wall(jax.jit(op), *arg_sets[0],
-                                           iters=5 if args.quick else 30)
-            except Exception:  # noqa: BLE001 - one failing impl must not hide the others
-                row["error"] = error_cell()
-            rows.append(row)
+            op = functools.partial(
+                build_tree_kernel_efficient, topk=topk, num_steps=num_steps,
+                num_draft_tokens=n, mode=TreeMaskMode.QLEN_ONLY, impl=impl)
+            rows.append(time_impl(row, op, arg_sets, wall_iters=5 if args.quick else 30))
     print(format_table(rows, COLUMNS), flush=True)
     return rows
 

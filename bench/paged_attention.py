@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench._timing import error_cell, format_table, time_device, time_torch, time_wall
+from bench._timing import format_table, time_impl, time_torch, torch_us_cell
 from jspec.kernels.paged_attention import paged_attention
 
 COLUMNS = ["geometry", "pass", "shape", "impl", "tuning", "device us", "wall us", "GB/s", "torch us",
@@ -128,34 +127,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
             itemsize = jnp.dtype(g.dtype).itemsize
             num_bytes = (2 * bp * w * g.num_kv_heads * g.head_dim * itemsize
                          + 2 * bp * qp * g.num_heads * g.head_dim * 4)
-            try:
-                torch_us = _torch_us(arg_sets[0])
-            except Exception as exc:  # noqa: BLE001 - report and continue
-                torch_us = f"error: {type(exc).__name__}"
+            torch_us = torch_us_cell(lambda a=arg_sets[0]: _torch_us(a))
             ref = [np.asarray(x) for x in paged_attention(*arg_sets[0][:3], 1, *arg_sets[0][3:])]
-            xla_us = None
+            xla = {}
             cases = [("xla", {}), ("pallas", {})] + [("pallas", t) for t in SWEEP * args.sweep]
             for impl, tuning in cases:
                 row = {"geometry": name, "pass": pass_name, "shape": shape, "impl": impl,
                        "torch us": torch_us, "tuning": "/".join(
                            str(tuning.get(k, "-")) for k in ("block_q", "block_w", "block_d",
                                                              "num_warps")) if tuning else ""}
-                try:
-                    def op(q, k, v, s, m, impl=impl, tuning=tuning):
-                        return paged_attention(q, k, v, 1, s, m, impl=impl, **tuning)
-                    got = op(*arg_sets[0])
-                    row["max err"] = float(np.max(np.abs(np.asarray(got[0]) - ref[0])))
-                    us = time_device(op, arg_sets)
-                    xla_us = us if impl == "xla" else xla_us
-                    row.update({"device us": us, "GB/s": num_bytes / us / 1e3,
-                                "wall us": time_wall(jax.jit(op), *arg_sets[0],
-                                                     iters=5 if args.quick else 20),
-                                "x vs xla": xla_us / us if xla_us else None,
-                                "x vs torch": torch_us / us
-                                if isinstance(torch_us, float) else None})
-                except Exception:  # noqa: BLE001 - one failing impl must not hide the others
-                    row["error"] = error_cell()
-                out.append(row)
+
+                def op(q, k, v, s, m, impl=impl, tuning=tuning):
+                    return paged_attention(q, k, v, 1, s, m, impl=impl, **tuning)
+
+                def max_err(op, row=row, a=arg_sets[0], ref=ref):
+                    row["max err"] = float(np.max(np.abs(np.asarray(op(*a)[0]) - ref[0])))
+
+                def speedups(us, impl=impl, xla=xla, num_bytes=num_bytes, torch_us=torch_us):
+                    if impl == "xla":
+                        xla["us"] = us
+                    return {"GB/s": num_bytes / us / 1e3,
+                            "x vs xla": xla["us"] / us if xla.get("us") else None,
+                            "x vs torch": torch_us / us if isinstance(torch_us, float) else None}
+
+                out.append(time_impl(row, op, arg_sets, wall_iters=5 if args.quick else 20,
+                                     check=max_err, extra=speedups))
     print(format_table(out, COLUMNS), flush=True)
     return out
 

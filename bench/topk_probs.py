@@ -16,7 +16,7 @@ import functools
 import jax
 import numpy as np
 
-from bench._timing import error_cell, format_table, time_device, time_torch, time_wall
+from bench._timing import format_table, time_impl, time_torch, torch_us_cell
 from jspec.kernels.topk_probs import topk_probs
 
 COLUMNS = ["shape", "impl", "tuning", "device us", "wall us", "GB/s", "torch us", "error"]
@@ -51,30 +51,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
             arg_sets = [(jax.numpy.asarray(rng.standard_normal((r, v)), jax.numpy.float32),)
                         for _ in range(sets)]
             shape = f"R={r} V={v} K={TOPK}"
-            try:
-                torch_us = _torch_us(np.asarray(arg_sets[0][0]))
-            except Exception as exc:  # noqa: BLE001 - report and continue
-                torch_us = f"error: {type(exc).__name__}"
+            torch_us = torch_us_cell(lambda a=arg_sets[0]: _torch_us(np.asarray(a[0])))
+            ref = topk_probs(arg_sets[0][0], TOPK, impl="xla")
+
+            def same_indices(op, x=arg_sets[0][0], ref=ref):
+                if not np.array_equal(np.asarray(op(x)[1]), np.asarray(ref[1])):
+                    raise AssertionError("indices differ from the reference")
+
             cases = [("xla", None, None)] + [("pallas", br, nw) for br, nw in tunings]
             for impl, block_rows, num_warps in cases:
                 row = {"shape": shape, "impl": impl, "torch us": torch_us,
                        "tuning": "-" if impl == "xla" else
                        f"{block_rows or 'auto'}/{num_warps or 'auto'}"}
-                try:
-                    kw = {} if impl == "xla" else {"block_rows": block_rows,
-                                                   "num_warps": num_warps}
-                    op = functools.partial(topk_probs, topk=TOPK, impl=impl, **kw)
-                    ref = topk_probs(arg_sets[0][0], TOPK, impl="xla")
-                    got = op(arg_sets[0][0])
-                    if not np.array_equal(np.asarray(got[1]), np.asarray(ref[1])):
-                        raise AssertionError("indices differ from the reference")
-                    us = time_device(op, arg_sets)
-                    row.update({"device us": us, "GB/s": r * v * 4 / us / 1e3,
-                                "wall us": time_wall(jax.jit(op), *arg_sets[0],
-                                                     iters=5 if args.quick else 30)})
-                except Exception:  # noqa: BLE001 - one failing impl must not hide the others
-                    row["error"] = error_cell()
-                out.append(row)
+                kw = {} if impl == "xla" else {"block_rows": block_rows, "num_warps": num_warps}
+                op = functools.partial(topk_probs, topk=TOPK, impl=impl, **kw)
+                out.append(time_impl(row, op, arg_sets, wall_iters=5 if args.quick else 30,
+                                     check=same_indices,
+                                     extra=lambda us, r=r, v=v: {"GB/s": r * v * 4 / us / 1e3}))
     print(format_table(out, COLUMNS), flush=True)
     return out
 

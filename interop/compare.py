@@ -1,6 +1,6 @@
 """Side-by-side comparison of jspec and the PyTorch references (``jspec compare``).
 
-For every op of :data:`interop.compare_ops.REGISTRY`, every grid :class:`Case` and every
+For every op of :data:`interop.registry.REGISTRY`, every grid :class:`Case` and every
 requested ``impl``, fresh random **valid** inputs are drawn (the same inputs for every impl of
 one op and case), the torch reference and jspec run on clones of them, and every output is
 compared: integers and bools exactly, floats by max abs / rel error (``--rtol``, default exact).
@@ -39,7 +39,7 @@ MAX_SHOWN = 24
 
 
 def grid_cases(name: str) -> list[Any]:
-    from interop.compare_world import Case
+    from interop._world import Case
 
     return [Case(*c, max_draft_tokens=8 if name == "small" else 32) for c in GRIDS[name]]
 
@@ -176,7 +176,7 @@ def run_compare(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """One row per (op, case, impl); see the module docstring."""
-    from interop.compare_world import make_world
+    from interop._world import make_world
 
     gpu = _on_gpu()
     work = [
@@ -261,9 +261,9 @@ def sglang_rows() -> list[dict[str, Any]]:
                 "detail": "skipped: sglang not importable",
             }
         ]
-    from interop.compare_ops import allocator_script
-    from interop.compare_world import make_world
-    from interop.torch_reference.allocator import PagedTokenToKVPoolAllocator as Ref
+    from interop._world import make_world
+    from interop.kv.compare import allocator_script
+    from interop.kv.reference_allocator import PagedTokenToKVPoolAllocator as Ref
 
     rows = []
     try:
@@ -284,7 +284,11 @@ def sglang_rows() -> list[dict[str, Any]]:
         size = world.num_pages * case.page_size
         row = {"op": "allocator", "config": str(case), "impl": "sglang"}
         try:
-            ref = allocator_script(world, np.random.default_rng(7), Ref(size, case.page_size))
+            ref = allocator_script(
+                world,
+                np.random.default_rng(7),
+                Ref(size, case.page_size, None, "cpu", None, False),
+            )
             got = allocator_script(
                 world,
                 np.random.default_rng(7),
@@ -364,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
-    from interop.compare_ops import REGISTRY
+    from interop.registry import REGISTRY
 
     wanted = [o for o in args.ops.split(",") if o]
     unknown = sorted(set(wanted) - {op.name for op in REGISTRY})

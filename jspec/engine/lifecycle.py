@@ -158,7 +158,7 @@ def release(ecfg: EngineConfig, state: EngineState, slot_idx: jax.Array,
 
 
 def _req_kv_state(state: EngineState, slot_idx: jax.Array, live: jax.Array) -> ReqKVState:
-    """The bucket's rows as ``jspec.tree.decode_alloc.ReqKVState`` (padding rows invalid)."""
+    """The bucket's rows as ``jspec.kv.decode_alloc.ReqKVState`` (padding rows invalid)."""
     return ReqKVState(
         committed_lens=gather_slots(state.committed_lens, slot_idx, live),
         allocated_lens=gather_slots(state.allocated_lens, slot_idx, live),

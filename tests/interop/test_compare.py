@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("torch")
 
 from interop import compare
-from interop.compare_ops import REGISTRY
-from interop.compare_world import Case, make_world
+from interop._world import Case, make_world
+from interop.registry import REGISTRY
 
 CASE = Case(page_size=4, topk=2, num_steps=3, batch=3)
 
@@ -111,9 +111,11 @@ def test_planted_difference_in_a_kernel_module(monkeypatch):
 
 
 def test_errors_and_unavailable_ops(monkeypatch):
-    broken = dataclasses.replace(_op("sizing"), name="broken", run=lambda w, rng, impl: 1 / 0)
+    broken = dataclasses.replace(
+        _op("page_aligned_decode_alloc_lens"), name="broken", run=lambda w, rng, impl: 1 / 0
+    )
     missing = dataclasses.replace(
-        _op("sizing"), name="missing", requires=("jspec.no_such_module:fn",)
+        _op("page_aligned_decode_alloc_lens"), name="missing", requires=("jspec.no_such_module:fn",)
     )
     rows = compare.run_compare([CASE], [broken, missing], ["xla"], progress=False)
     by_op = {r["op"]: r for r in rows}
@@ -128,7 +130,7 @@ def test_main_json_exit_codes_and_sglang(tmp_path, capsys, monkeypatch):
     code = compare.main(
         [
             "--ops",
-            "sizing,get_last_loc",
+            "page_aligned_decode_alloc_lens,get_last_loc",
             "--impl",
             "xla",
             "--json",
@@ -155,7 +157,12 @@ def test_main_json_exit_codes_and_sglang(tmp_path, capsys, monkeypatch):
 def test_cli_dispatch():
     from jspec.cli import main as cli
 
-    assert cli(["compare", "--ops", "sizing", "--impl", "xla", "--no-progress"]) == 0
+    assert (
+        cli(
+            ["compare", "--ops", "page_aligned_decode_alloc_lens", "--impl", "xla", "--no-progress"]
+        )
+        == 0
+    )
 
 
 def test_worlds_are_valid():

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 from interop import compare
-from interop.compare_ops import REGISTRY
+from interop.registry import REGISTRY
 
 
 def _assert_all_ok(rows):

@@ -73,19 +73,19 @@ def test_jspec_merges_like_sglang() -> None:
 
 def test_torch_reference_merges_like_sglang() -> None:
     torch = pytest.importorskip("torch")
-    from interop.torch_reference.allocator import PagedTokenToKVPoolAllocator
+    from interop.kv.reference_allocator import PagedTokenToKVPoolAllocator
 
     def t(xs):
         return torch.tensor(xs, dtype=torch.int64)
 
-    r = PagedTokenToKVPoolAllocator(NUM_PAGES * P, P, need_sort=True)
+    r = PagedTokenToKVPoolAllocator(NUM_PAGES * P, P, torch.float16, "cpu", None, need_sort=True)
     out = r.alloc_extend(t([0, 0]), t([0, 0]), t([147, 154]), t([147, 154]), t([-1, -1]), 301)
     assert out.tolist() == ROW_A[:147] + ROW_B[:154]
     out = r.alloc_extend(t([147, 154]), t([147, 154]), t([339, 311]), t([339, 311]),
                          t([210, 409]), 349)
     assert out.tolist() == ROW_A[147:339] + ROW_B[154:311]
     assert r.alloc_decode(t([340, 312]), t([340, 312]), t([594, 758])).tolist() == [595, 759]
-    r.free_segment(t(ROW_B[192:312]), 192)
+    r.free_segment(t(ROW_B[192:312]), start_pos=192)
     assert r.alloc_decode(t([193]), t([193]), t([447])).tolist() == [768]
     r.free(t(ROW_A + ROW_B[:192] + [768]))
     assert len(r.free_pages) == 1 and len(r.release_pages) == 12

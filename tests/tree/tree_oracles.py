@@ -4,8 +4,9 @@
   select_top_k_tokens + organize_draft_results with random probabilities.
 * :func:`ref_build_tree` - ``_ref_build_tree``: serial loops, QLEN mask (+ optional invalid
   handling as jspec defines it).
-* :func:`ref_verify_tree_greedy` - ``_ref_verify_tree_greedy``.
-* :func:`ref_tree_sampling` - a serial port of the FlashInfer target-only sampling kernel.
+* :func:`ref_verify_tree_greedy` - ``_ref_verify_tree_greedy``, and :func:`ref_tree_sampling` - a
+  serial port of the FlashInfer target-only sampling kernel: the one port of each lives in
+  :mod:`interop.tree.oracle_np` (numpy only), shared with the PyTorch references.
 
 Nothing here imports jspec.
 """
@@ -13,6 +14,9 @@ Nothing here imports jspec.
 from __future__ import annotations
 
 import numpy as np
+
+from interop.tree.oracle_np import tree_sampling_np as ref_tree_sampling  # noqa: F401
+from interop.tree.oracle_np import verify_tree_greedy_np as ref_verify_tree_greedy  # noqa: F401
 
 
 def topk1_chain_inputs(bs: int, num_steps: int):
@@ -129,87 +133,3 @@ def ref_flat_full_mask(mask, seq_lens, fill: bool = True) -> np.ndarray:
         block[:, int(seq_lens[b]):] = mask[b]
         blocks.append(block.reshape(-1))
     return np.concatenate(blocks)
-
-
-def ref_verify_tree_greedy(candidates, retrive_index, next_token, next_sibling, target_predict,
-                           num_spec_steps: int, predicts_init: int = -1):
-    """Serial port of sglang's ``_ref_verify_tree_greedy``."""
-    candidates, retrive_index, next_token, next_sibling = (
-        np.asarray(x) for x in (candidates, retrive_index, next_token, next_sibling))
-    bs, n = candidates.shape
-    predicts = np.full(bs * n, predicts_init, np.int64)
-    accept = np.full((bs, num_spec_steps), -1, np.int64)
-    num = np.zeros(bs, np.int64)
-    target_flat = np.asarray(target_predict).reshape(-1)
-    for bx in range(bs):
-        last = int(retrive_index[bx, 0])
-        accept[bx, 0] = last
-        correct, cur = 0, 0
-        for _ in range(1, num_spec_steps):
-            cur = int(next_token[bx, cur])
-            while cur != -1:
-                draft_idx = int(retrive_index[bx, cur])
-                if int(candidates[bx, cur]) == int(target_flat[last]):
-                    predicts[last] = int(target_flat[last])
-                    correct += 1
-                    accept[bx, correct] = draft_idx
-                    last = draft_idx
-                    break
-                cur = int(next_sibling[bx, cur])
-            if cur == -1:
-                break
-        num[bx] = correct
-        predicts[last] = int(target_flat[last])
-    return predicts, accept, num
-
-
-def ref_tree_sampling(candidates, retrive_index, next_token, next_sibling, coins, final_coins,
-                      target_probs, num_spec_steps: int, threshold_single=1.0,
-                      threshold_acc=1.0, predicts_init: int = -1):
-    """Serial port of the FlashInfer-derived ``TreeSpeculativeSamplingTargetOnly`` kernel."""
-    candidates, retrive_index, next_token, next_sibling = (
-        np.asarray(x) for x in (candidates, retrive_index, next_token, next_sibling))
-    q = np.asarray(target_probs, np.float32)
-    coins = np.asarray(coins, np.float32)
-    bs, n = candidates.shape
-    v = q.shape[-1]
-    t_acc = np.float32(max(threshold_acc, 1e-9))
-    predicts = np.full(bs * n, predicts_init, np.int64)
-    accept = np.full((bs, num_spec_steps), -1, np.int64)
-    num = np.zeros(bs, np.int64)
-    for b in range(bs):
-        draft_probs = np.zeros((n, v), np.float32)
-        prob_acc = np.float32(0)
-        row = 0
-        coin = coins[b, 0]
-        last = int(retrive_index[b, 0])
-        accept[b, 0] = last
-        accepted, cur = 0, 0
-        for _ in range(1, num_spec_steps):
-            cur = int(next_token[b, cur])
-            while cur != -1:
-                tok = int(candidates[b, cur])
-                p = q[b, row, tok]
-                prob_acc = np.float32(prob_acc + p)
-                if coin <= prob_acc / t_acc or p >= threshold_single:
-                    prob_acc = np.float32(0)
-                    row = cur
-                    coin = coins[b, cur]
-                    predicts[last] = tok
-                    accepted += 1
-                    accept[b, accepted] = int(retrive_index[b, cur])
-                    last = int(retrive_index[b, cur])
-                    break
-                draft_probs[row, tok] = q[b, row, tok]
-                cur = int(next_sibling[b, cur])
-            if cur == -1:
-                break
-        num[b] = accepted
-        qrow = q[b, row]
-        prow = draft_probs[row] if accepted != num_spec_steps - 1 else np.zeros(v, np.float32)
-        resid = np.maximum(qrow - prow, 0).astype(np.float32)
-        u = np.float32(final_coins[b]) * resid.sum(dtype=np.float32)
-        cdf = np.cumsum(resid, dtype=np.float32)
-        hits = np.nonzero((cdf > u) & (resid > 0))[0]
-        predicts[last] = int(hits[0]) if hits.size else v - 1
-    return predicts, accept, num

@@ -44,6 +44,23 @@ def draft_decode_set_expand_metadata(
     page_table[: pages.shape[0], :].scatter_(1, col, pages.to(page_table.dtype))
 
 
+def check_default_launch(window_size, sink_size, entry_page_size, v2p, translate) -> None:
+    """sglang 0.5.23's optional launch features are not modelled: a non-default raises."""
+    extras = {
+        "window_size": (window_size, 0),
+        "sink_size": (sink_size, 0),
+        "ENTRY_PAGE_SIZE": (entry_page_size, 1),
+        "v2p": (v2p, None),
+        "TRANSLATE": (translate, False),
+    }
+    for name, (value, default) in extras.items():
+        if value is not default and value != default:
+            raise NotImplementedError(
+                f"generate_draft_decode_kv_indices: {name}={value!r} (sglang 0.5.23's optional "
+                f"launch feature) is not implemented; only {name}={default!r}"
+            )
+
+
 def generate_draft_decode_kv_indices(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -51,31 +68,40 @@ def generate_draft_decode_kv_indices(
     kv_indices: torch.Tensor,
     kv_indptr: torch.Tensor,
     positions: torch.Tensor,
-    pool_len: int,
+    row_stride: int,
     kv_indices_stride: int,
     kv_indptr_stride: int,
-    bs: int,
+    bs_upper: int,
     iter_upper: int,
     num_tokens_upper: int,
     page_size: int,
+    window_size: int = 0,
+    sink_size: int = 0,
+    NUM_STEPS: int = 0,
+    ENTRY_PAGE_SIZE: int = 1,
+    v2p: object = None,
+    TRANSLATE: bool = False,
     *,
     topk: int | None = None,
     num_steps: int | None = None,
 ) -> None:
     """In place, the Triton kernel's grid ``(num_steps, num_seqs, topk)`` as loops.
 
-    Args follow sglang's launch: ``bs`` / ``iter_upper`` / ``num_tokens_upper`` are the
-    kernel's power-of-2 block bounds (``bs >= num_seqs`` is checked, the others are unused);
-    ``pool_len`` is ``req_to_token``'s row width; strides are the buffers' row strides.
-    ``num_steps`` defaults to ``kv_indices.shape[0]`` and ``topk`` to
-    ``positions.numel() // num_seqs`` (the grid dims sglang passes implicitly).
+    Args follow sglang 0.5.23's launch: ``bs_upper`` / ``iter_upper`` / ``num_tokens_upper`` are
+    the kernel's power-of-2 block bounds (``bs_upper >= num_seqs`` is checked, the others are
+    unused); ``row_stride`` is ``req_to_token``'s row width; strides are the buffers' row
+    strides. ``num_steps`` defaults to ``NUM_STEPS or kv_indices.shape[0]`` and ``topk`` to
+    ``positions.numel() // num_seqs`` (the grid dims sglang passes implicitly). The optional
+    launch features (window, ENTRY_PAGE_SIZE, TRANSLATE) are not modelled: non-defaults raise.
     """
+    check_default_launch(window_size, sink_size, ENTRY_PAGE_SIZE, v2p, TRANSLATE)
     num_seqs = req_pool_indices.numel()
-    if bs < num_seqs:
-        raise ValueError(f"bs={bs} must be >= the number of sequences {num_seqs}")
-    num_steps = kv_indices.shape[0] if num_steps is None else num_steps
+    if bs_upper < num_seqs:
+        raise ValueError(f"bs_upper={bs_upper} must be >= the number of sequences {num_seqs}")
+    if num_steps is None:
+        num_steps = NUM_STEPS or kv_indices.shape[0]
     topk = positions.numel() // max(num_seqs, 1) if topk is None else topk
-    assert pool_len == req_to_token.shape[1], (pool_len, tuple(req_to_token.shape))
+    assert row_stride == req_to_token.shape[1], (row_stride, tuple(req_to_token.shape))
     flat_indices = kv_indices.reshape(-1)
     flat_indptr = kv_indptr.reshape(-1)
     lens = [int(x) for x in paged_kernel_lens[:num_seqs]]

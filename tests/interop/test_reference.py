@@ -6,11 +6,20 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from interop.torch_reference import attention, memory, sizing, spec, tree
-from interop.torch_reference.allocator import (
-    PagedTokenToKVPoolAllocator,
-    get_last_loc,
-)
+from interop.attention_meta import reference as attention
+from interop.kv import reference as memory
+from interop.kv.reference_allocator import PagedTokenToKVPoolAllocator as _Allocator
+from interop.kv.reference_allocator import get_last_loc
+from interop.tree import reference as tree
+from interop.tree import reference_layout as spec
+
+sizing = memory
+
+
+def PagedTokenToKVPoolAllocator(size, page_size, need_sort=False):
+    """The reference allocator in debug mode (sglang's constructor has no defaults)."""
+    return _Allocator(size, page_size, torch.float32, "cpu", None, need_sort, debug_mode=True)
+
 
 I64 = torch.int64
 
@@ -370,9 +379,11 @@ def test_worked_example_sizing():
         def __init__(self, committed, allocated):
             self.kv_committed_len, self.kv_allocated_len = committed, allocated
 
-    cur, nxt, need = sizing.page_aligned_decode_alloc_lens([Req(7, 7)], 32, P)
+    cur, nxt, need = sizing.page_aligned_decode_alloc_lens([Req(7, 7)], reserve=32, page_size=P)
     assert (cur.tolist(), nxt.tolist(), need) == ([7], [40], 33)
-    cur, nxt, need = sizing.page_aligned_decode_alloc_lens([Req(9, 40), Req(3, 50)], 32, P)
+    cur, nxt, need = sizing.page_aligned_decode_alloc_lens(
+        [Req(9, 40), Req(3, 50)], reserve=32, page_size=P
+    )
     assert (nxt.tolist(), need) == ([44, 50], 4)
 
 
@@ -501,11 +512,11 @@ def test_free_segment_and_groups():
         for end in range(start, 41):
             a = PagedTokenToKVPoolAllocator(size=64 * P4, page_size=P4)
             a.free_pages = alloc.free_pages.clone()
-            a.free_segment(row[start:end], start)
+            a.free_segment(row[start:end], start_pos=start)
             freed = a.free_pages[: len(a.free_pages) - len(alloc.free_pages)]
             assert sorted(freed.tolist()) == torch.unique(row[start:end] // P4).tolist()
-    with pytest.raises(AssertionError, match="not page aligned"):
-        alloc.free_segment(row[1:5], 1)
+    with pytest.raises(AssertionError, match="not page-aligned"):
+        alloc.free_segment(row[1:5], start_pos=1)
     alloc.free_group_begin()
     with pytest.raises(AssertionError, match="nested"):
         alloc.free_group_begin()
@@ -513,14 +524,15 @@ def test_free_segment_and_groups():
     alloc.free_page_ids(_t([5]))
     assert alloc.available_size() == 54 * P4
     alloc.free_group_end()
-    assert alloc.free_pages[:2].tolist() == [1, 5] and alloc.available_size() == 56 * P4
+    # 0.5.23 order: the deferred token frees first (page 1), then the page-id frees (page 5)
+    assert alloc.free_pages[:2].tolist() == [5, 1] and alloc.available_size() == 56 * P4
     with pytest.raises(AssertionError, match="double free"):
         alloc.free(row[:1])
 
 
 def test_assign_req_to_token_pool_and_move_kv_cache():
     req_to_token = torch.full((4, 8), -7, dtype=torch.int32)
-    memory.assign_req_to_token_pool(
+    memory.assign_req_to_token_pool_func(
         _t([2, 0, 3]), req_to_token, _t([1, 0, 4]), _t([3, 0, 7]), _t([10, 11, 12, 13, 14]), 3
     )
     assert req_to_token[2].tolist() == [-7, 10, 11, -7, -7, -7, -7, -7]

@@ -13,10 +13,11 @@ Free-list order (what makes jspec and this reference hand out identical slot ids
                        (need_sort: APPENDED to release_pages instead)
     free_group_*       frees inside a group are deferred and released by one free() at the end
 
-need_sort merges follow sglang 0.5.23's bounds, not the exact page count: ``alloc`` merges when
-``pages > len(free_pages)``, ``alloc_extend`` when ``extend_num_tokens // P + bs + 1 >
-len(free_pages)``, ``alloc_decode`` when ``bs > len(free_pages)`` (then the exact count decides
-None).
+need_sort merges follow 0.5.23's quick bounds: ``alloc_extend`` merges when
+``extend_num_tokens // P + bs + 1 > len(free_pages)``, ``alloc_decode`` when ``bs > len(free_pages)``,
+``alloc`` when the exact page count is short; a call that then fails keeps the merge.
+
+Debug mode (``SGLANG_DEBUG_MEMORY_POOL``, or ``debug_mode=``) adds sglang's debug assertions.
 """
 
 from __future__ import annotations
@@ -25,22 +26,26 @@ from typing import Any
 
 import torch
 
+from interop.kv._allocator_api import SglangAllocatorAPI, debug_mode_from_env
+
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class PagedTokenToKVPoolAllocator:
+class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
     """Paged token-slot allocator: slots ``page*P + offset`` for pages ``1..size//P``."""
 
     def __init__(
         self,
         size: int,
         page_size: int,
-        dtype: torch.dtype = torch.bfloat16,
-        device: Any = "cpu",
-        kvcache: Any = None,
-        need_sort: bool = False,
+        dtype: torch.dtype,
+        device: Any,
+        kvcache: Any,
+        need_sort: bool,
+        *,
+        debug_mode: bool | None = None,
     ) -> None:
         self.size = size
         self.page_size = page_size
@@ -49,34 +54,32 @@ class PagedTokenToKVPoolAllocator:
         self._kvcache = kvcache
         self.need_sort = need_sort
         self.num_pages = size // page_size
-        self.debug_mode = True
+        self.debug_mode = debug_mode_from_env() if debug_mode is None else bool(debug_mode)
         self.clear()
 
     # ---- state -----------------------------------------------------------------------------
     def clear(self) -> None:
         self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
-        self.release_pages = torch.empty(0, dtype=torch.int64, device=self.device)
-        self.is_not_in_free_group = True
-        self.free_group: list[torch.Tensor] = []
+        self.staged_pages: list[torch.Tensor] = []
+        self.num_staged_pages = 0
+        self._reset_groups()
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """The staged pages as one tensor (jspec's name for sglang's ``staged_pages``)."""
+        return torch.cat(
+            [torch.empty(0, dtype=torch.int64, device=self.device), *self.staged_pages]
+        )
 
     def available_size(self) -> int:
-        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
-
-    def get_kvcache(self) -> Any:
-        return self._kvcache
+        return (len(self.free_pages) + self.num_staged_pages) * self.page_size
 
     def merge_and_sort_free(self) -> None:
-        if len(self.release_pages) > 0:
-            merged = torch.cat((self.free_pages, self.release_pages))
-            self.free_pages = torch.sort(merged).values
-            self.release_pages = torch.empty(0, dtype=torch.int64, device=self.device)
-
-    def _ensure_pages(self, num_pages: int, bound: int | None = None) -> bool:
-        """Merge first (need_sort) when ``bound`` (sglang's quick bound; default the exact
-        ``num_pages``) exceeds the free list; then say whether ``num_pages`` fit."""
-        if self.need_sort and (num_pages if bound is None else bound) > len(self.free_pages):
-            self.merge_and_sort_free()
-        return num_pages <= len(self.free_pages)
+        if not self.staged_pages:
+            return
+        self.free_pages = torch.sort(self.get_all_free_pages()).values
+        self.staged_pages = []
+        self.num_staged_pages = 0
 
     def _page_slots(self, pages: torch.Tensor) -> torch.Tensor:
         offsets = torch.arange(self.page_size, dtype=torch.int64, device=self.device)
@@ -84,11 +87,13 @@ class PagedTokenToKVPoolAllocator:
 
     # ---- alloc -----------------------------------------------------------------------------
     def alloc(self, need_size: int) -> torch.Tensor | None:
-        """``need_size`` (a multiple of P) slots on whole pages from the front of the free list."""
+        """``need_size // P`` whole pages from the front of the free list."""
         if self.debug_mode:
             assert need_size % self.page_size == 0, "The allocation size should be page-aligned"
         num_pages = need_size // self.page_size
-        if not self._ensure_pages(num_pages):
+        if num_pages > len(self.free_pages):
+            self.merge_and_sort_free()
+        if num_pages > len(self.free_pages):
             return None
         pages = self.free_pages[:num_pages]
         self.free_pages = self.free_pages[num_pages:]
@@ -102,6 +107,7 @@ class PagedTokenToKVPoolAllocator:
         seq_lens_cpu: torch.Tensor,
         last_loc: torch.Tensor,
         extend_num_tokens: int,
+        num_new_pages: int = None,  # noqa: RUF013 - sglang's annotation
     ) -> torch.Tensor | None:
         """Slots for positions ``[prefix_lens[b], seq_lens[b])`` of every request, packed.
 
@@ -114,15 +120,16 @@ class PagedTokenToKVPoolAllocator:
         seq = [int(x) for x in seq_lens_cpu]
         last = [int(x) for x in last_loc.cpu()]
         if self.debug_mode:
-            for b in range(len(pre)):
-                assert (last[b] + 1) % P == pre[b] % P, f"last_loc misaligned for request {b}"
+            assert all((ll + 1) % P == p % P for ll, p in zip(last, pre))
         new_pages = [_ceil_div(s, P) - _ceil_div(p, P) for p, s in zip(pre, seq)]
-        num_new_pages = sum(new_pages)
-        # NOTE: 0.5.23 checks the exact count before launching (the Aug kernel could read OOB).
+        exact = sum(new_pages)
         bound = extend_num_tokens // P + len(pre) + 1
-        if not self._ensure_pages(num_new_pages, bound):
-            return None
-        free = [int(x) for x in self.free_pages[:num_new_pages]]
+        if bound > len(self.free_pages):
+            self.merge_and_sort_free()
+        need = exact if num_new_pages is None else num_new_pages
+        if bound > len(self.free_pages) and need > len(self.free_pages):
+            return None  # the bound could not prove the pool deep enough: exact count first
+        free = [int(x) for x in self.free_pages[:exact]]
         out: list[int] = []
         start = 0
         for p, s, ll, nb in zip(pre, seq, last, new_pages):
@@ -136,7 +143,9 @@ class PagedTokenToKVPoolAllocator:
                     out.extend(page * P + j for j in range(count))
             start += nb
         assert len(out) == extend_num_tokens, (len(out), extend_num_tokens)
-        self.free_pages = self.free_pages[num_new_pages:]
+        if self.debug_mode:
+            assert len(set(out)) == len(out)
+        self.free_pages = self.free_pages[exact if num_new_pages is None else num_new_pages :]
         return torch.tensor(out, dtype=torch.int64, device=self.device)
 
     def alloc_decode(
@@ -147,11 +156,12 @@ class PagedTokenToKVPoolAllocator:
         seq = [int(x) for x in seq_lens_cpu]
         last = [int(x) for x in last_loc.cpu()]
         if self.debug_mode:
-            for b in range(len(seq)):
-                assert (last[b] + 2) % P == seq[b] % P, f"last_loc misaligned for request {b}"
+            assert all((ll + 2) % P == s % P for ll, s in zip(last, seq))
+        if len(seq) > len(self.free_pages):
+            self.merge_and_sort_free()
         needs_page = [_ceil_div(s, P) - _ceil_div(s - 1, P) for s in seq]
         num_new_pages = sum(needs_page)
-        if not self._ensure_pages(num_new_pages, len(seq)):
+        if num_new_pages > len(self.free_pages):
             return None
         out, rank = [], 0
         for s, ll, new in zip(seq, last, needs_page):
@@ -160,63 +170,33 @@ class PagedTokenToKVPoolAllocator:
                 rank += 1
             else:
                 out.append(ll + 1)
+        if self.debug_mode:
+            assert len(set(out)) == len(out)
         self.free_pages = self.free_pages[num_new_pages:]
         return torch.tensor(out, dtype=torch.int64, device=self.device)
 
-    # ---- free ------------------------------------------------------------------------------
-    def _release(self, page_ids: torch.Tensor) -> None:
+    # ---- free (groups, segments and debug checks: SglangAllocatorAPI) -----------------------
+    def _release_page_ids(self, page_ids: torch.Tensor) -> None:
         if self.need_sort:
-            self.release_pages = torch.cat((self.release_pages, page_ids))
+            self.staged_pages.append(page_ids)
+            self.num_staged_pages += page_ids.numel()
         else:
             self.free_pages = torch.cat((page_ids, self.free_pages))
-        if self.debug_mode:
-            all_free = torch.cat((self.free_pages, self.release_pages))
-            assert len(torch.unique(all_free)) == len(all_free), "double free detected"
 
-    def free(self, free_index: torch.Tensor) -> None:
-        """Free the pages ``unique(free_index // P)`` (deferred inside a free group)."""
-        if free_index.numel() == 0:
-            return
-        if not self.is_not_in_free_group:
-            self.free_group.append(free_index.clone())
-            return
-        self._release(torch.unique(free_index.to(torch.int64) // self.page_size))
+    def _free_now(self, free_index: torch.Tensor) -> None:
+        self._release_page_ids(torch.unique(free_index.to(torch.int64) // self.page_size))
 
-    def free_page_ids(self, page_ids: torch.Tensor) -> None:
-        """Free exactly these pages (no ``unique``)."""
-        if page_ids.numel() == 0:
-            return
-        if not self.is_not_in_free_group:
-            self.free_group.append(page_ids.to(torch.int64) * self.page_size)
-            return
-        self._release(page_ids.to(torch.int64))
-
-    def free_segment(self, idx: torch.Tensor, start_pos: int) -> None:
-        """Free a row segment ``idx = row[start_pos:end]`` (``start_pos`` page aligned)."""
-        assert int(start_pos) % self.page_size == 0, (
-            f"free_segment: start_pos={int(start_pos)} is not page aligned (page_size="
-            f"{self.page_size})"
-        )
-        if idx.numel() == 0:
-            return
-        self.free_page_ids(idx[:: self.page_size].to(torch.int64) // self.page_size)
-
-    def free_group_begin(self) -> None:
-        assert self.is_not_in_free_group, "free_group_begin: nested free groups are forbidden"
-        self.is_not_in_free_group = False
-        self.free_group = []
-
-    def free_group_end(self) -> None:
-        self.is_not_in_free_group = True
-        if self.free_group:
-            self.free(torch.cat(self.free_group))
-        self.free_group = []
+    def _free_page_ids_now(self, page_ids: torch.Tensor) -> None:
+        self._release_page_ids(page_ids.to(torch.int64))
 
 
 def get_last_loc(
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor
+    req_to_token: torch.Tensor,
+    req_pool_indices_tensor: torch.Tensor,
+    prefix_lens_tensor: torch.Tensor,
 ) -> torch.Tensor:
     """``row[prefix - 1]`` if ``prefix > 0`` else -1, in ``prefix_lens``'s dtype."""
+    req_pool_indices, prefix_lens = req_pool_indices_tensor, prefix_lens_tensor
     rows = req_to_token[req_pool_indices.to(torch.int64)]
     col = (prefix_lens.to(torch.int64) - 1).clamp(min=0)
     last = torch.gather(rows, 1, col[:, None])[:, 0].to(prefix_lens.dtype)

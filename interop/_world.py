@@ -7,7 +7,7 @@ page (SPEC.md §4.1's page correspondence), in random req_to_token rows.
 
 An :class:`Op` draws its inputs from a world (torch tensors, sglang dtypes), runs the torch
 reference and jspec on clones of the same inputs, and returns both output dicts (numpy).
-The ops live in :mod:`interop.compare_ops` and :mod:`interop.compare_tree_ops`.
+The ops live in ``interop.{kv,tree,attention_meta}.compare``; :mod:`interop.registry` lists them.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from interop.torch_reference import memory as ref_mem
-from interop.torch_reference import sizing as ref_sizing
+from interop.kv import reference as ref_mem
 
 I64, I32 = torch.int64, torch.int32
 POISON = -7
@@ -69,7 +68,7 @@ def _straddling_lens(page_size: int, batch: int, rng: np.random.Generator) -> li
 
 def make_world(case: Case, rng: np.random.Generator) -> World:
     p = case.page_size
-    reserve = ref_sizing.get_alloc_reserve_per_decode(
+    reserve = ref_mem.get_alloc_reserve_per_decode(
         page_size=p,
         topk=case.topk,
         num_steps=case.num_steps,
@@ -137,7 +136,11 @@ def num_slots(w: World) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Op:
+    """One interop op: its sglang name, comparison, jspec impls, reference and drop-in."""
+
     name: str
     run: Callable[[World, np.random.Generator, str], tuple[Outputs, Outputs, dict]]
     impls: tuple[str, ...]
     requires: tuple[str, ...]  # "module:attr" that must import for the op to be available
+    reference: Any = None  # the PyTorch reference (sglang's signature)
+    dropin: Any = None  # jspec behind sglang's signature (None: sglang has no such function)

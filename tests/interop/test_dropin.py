@@ -1,4 +1,4 @@
-"""jspec behind sglang's signatures: in-place write-back semantics vs the torch references."""
+"""Drop-ins (jspec behind sglang's signatures): in-place write-back semantics vs the references."""
 
 from __future__ import annotations
 
@@ -7,8 +7,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from interop import torch_api as api
-from interop.torch_reference import attention, memory, spec, tree
-from interop.torch_reference.allocator import PagedTokenToKVPoolAllocator as Ref
+from interop.attention_meta import reference as attention
+from interop.kv import reference as memory
+from interop.kv.reference_allocator import PagedTokenToKVPoolAllocator as _Ref
+from interop.tree import reference as tree
+from interop.tree import reference_layout as spec
+
+
+def Ref(size, page_size, need_sort=False):
+    return _Ref(size, page_size, torch.float32, "cpu", None, need_sort)
+
 
 I64, I32 = torch.int64, torch.int32
 
@@ -62,7 +70,7 @@ def test_kv_indices_tail_and_indptr_head_untouched():
         assert (kv_indices[0, 16:] == -7).all()
         outs.append((kv_indices, kv_indptr))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    with pytest.raises(ValueError, match="bs=0 must be >= the number of sequences 1"):
+    with pytest.raises(ValueError, match="bs_upper=0 must be >= the number of sequences 1"):
         api.generate_draft_decode_kv_indices(
             _t([1]),
             req_to_token,
@@ -98,11 +106,11 @@ def test_move_kv_cache_lists_and_stacked():
 def test_int64_index_out_of_range_names_the_value():
     table = torch.zeros(2, 8, dtype=I32)
     with pytest.raises(ValueError, match=r"out_cache_loc .*1099511627776 at flat index 1"):
-        api.assign_req_to_token_pool(_t([1]), table, _t([0]), _t([2]), _t([5, 2**40]), 1)
+        api.assign_req_to_token_pool_func(_t([1]), table, _t([0]), _t([2]), _t([5, 2**40]), 1)
 
 
 def test_assign_req_to_token_pool_batch_size_prefix():
-    for fn in (memory.assign_req_to_token_pool, api.assign_req_to_token_pool):
+    for fn in (memory.assign_req_to_token_pool_func, api.assign_req_to_token_pool_func):
         table = torch.full((3, 6), -7, dtype=I32)
         fn(_t([2, 1]), table, _t([1, 0]), _t([3, 4]), _t([10, 11, 12, 13]), 1)
         assert table[2].tolist() == [-7, 10, 11, -7, -7, -7] and (table[:2] == -7).all()
@@ -134,7 +142,7 @@ def test_allocator_adapter_matches_reference_sequence():
     for need_sort in (False, True):
         ref, jsp = (
             Ref(24 * p, p, need_sort=need_sort),
-            api.PagedTokenToKVPoolAllocator(24 * p, p, need_sort=need_sort),
+            api.PagedTokenToKVPoolAllocator(24 * p, p, torch.float32, "cpu", None, need_sort),
         )
         for a in (ref, jsp):
             a.first = a.alloc_extend(
@@ -150,7 +158,7 @@ def test_allocator_adapter_matches_reference_sequence():
             a.free(a.first[5:14])
             a.free_page_ids(_t([int(a.first[14]) // p]))
             a.free_group_end()
-            a.free_segment(a.first[:0], 0)
+            a.free_segment(a.first[:0], start_pos=0)
         assert ref.free_pages.tolist() == jsp.free_pages.tolist()
         assert ref.release_pages.tolist() == jsp.release_pages.tolist()
         assert ref.available_size() == jsp.available_size()
@@ -177,10 +185,30 @@ def test_tree_adapters_on_the_golden_build():
     )
     args = (_t([29974, 13]), pl, sel, draft, _t([5, 10]), 15, 4, 4, 8)
     buf = torch.zeros(400, dtype=torch.bool)
-    pos_buf = torch.full((20,), -7, dtype=I64)
     want = tree.build_tree_kernel_efficient(*args)
-    got = api.build_tree_kernel_efficient(*args, tree_mask_buf=buf, position_buf=pos_buf)
-    assert got[0] is buf and torch.equal(buf[:248], want[0]) and not buf[248:].any()
-    assert got[1] is pos_buf and pos_buf[:16].tolist() == want[1].tolist()
-    for a, b in zip(want[2:], got[2:]):
+    got = api.build_tree_kernel_efficient(*args, tree_mask_buf=buf)
+    # sglang fills the whole buffer with True (fill_prefix_mask) before the kernel runs
+    assert got[0] is buf and torch.equal(buf[:248], want[0]) and buf[248:].all()
+    for a, b in zip(want[1:], got[1:]):
         assert torch.equal(a, b) and a.dtype == b.dtype
+
+
+def test_per_request_tensors_longer_than_the_batch_are_read_as_prefixes():
+    """sglang's launches read the first num_seqs / batch_size entries; the rest is not looked at."""
+    row = torch.arange(100, 148, dtype=I32)
+    req_to_token = torch.stack([torch.zeros_like(row), row])
+    outs = []
+    for lens in (_t([7]), _t([7, 99, -5])):
+        kv_indices = torch.full((3, 40), -7, dtype=I32)
+        kv_indptr = torch.full((3, 4), -7, dtype=I32)
+        api.generate_draft_decode_kv_indices(
+            _t([1]), req_to_token, lens, kv_indices, kv_indptr, _t([7, 7]), 48, 40, 4, 1, 4, 2, 4
+        )
+        outs.append((kv_indices, kv_indptr))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert outs[0][0][0, :9].tolist() == [*range(100, 108), 100]  # (b0, t0) then (b0, t1)
+    with pytest.raises(NotImplementedError, match="window_size=8"):
+        api.generate_draft_decode_kv_indices(
+            _t([1]), req_to_token, _t([7]), kv_indices, kv_indptr, _t([7, 7]), 48, 40, 4, 1, 4, 2,
+            4, 8,
+        )  # fmt: skip

@@ -1,17 +1,16 @@
-"""Comparison ops for the draft-decode attention metadata and the decode sizing."""
+"""Comparison ops for the draft-decode attention metadata: reference vs drop-in."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import torch
 
-from interop import torch_api as api
-from interop.compare_world import I32, POISON, World, to_numpy
-from interop.torch_reference import attention as ref_attn
-from interop.torch_reference import sizing as ref_sizing
-from interop.torch_reference import spec as ref_spec
+from interop._adapt import run_jspec
+from interop._adapt import to_jax_default as _j
+from interop._world import I32, POISON, Op, World, to_numpy
+from interop.attention_meta import dropin as api
+from interop.attention_meta import reference as ref_attn
+from interop.tree import reference_layout as ref_spec
 
 
 def op_expand_metadata(w: World, rng: np.random.Generator, impl: str):
@@ -46,10 +45,11 @@ def op_expand_metadata(w: World, rng: np.random.Generator, impl: str):
     ref_attn.draft_decode_set_expand_metadata(
         seqlens, table, lp, 1, out[:, :1].contiguous(), c.topk, c.page_size
     )
-    j_seqlens, j_table = jspec_pt.draft_decode_set_expand_metadata(
-        api._j(lp, "last_page_lens"),
+    j_seqlens, j_table = run_jspec(
+        jspec_pt.draft_decode_set_expand_metadata,
+        _j(lp, "last_page_lens"),
         1,
-        api._j(out, "cache_loc"),
+        _j(out, "cache_loc"),
         topk=c.topk,
         page_size=c.page_size,
         impl=impl,
@@ -95,39 +95,24 @@ def op_kv_indices(w: World, rng: np.random.Generator, impl: str):
     return outs[0], outs[1], {"seq_lens": w.seq_lens, "req_pool_indices": w.req_pool_indices}
 
 
-def op_sizing(w: World, rng: np.random.Generator, impl: str):
-    c = w.case
-    kw = {
-        "page_size": c.page_size,
-        "topk": c.topk,
-        "num_steps": c.num_steps,
-        "num_draft_tokens": c.num_draft_tokens,
-    }
-
-    @dataclasses.dataclass
-    class Req:
-        kv_committed_len: int
-        kv_allocated_len: int
-
-    reserve = ref_sizing.get_alloc_reserve_per_decode(**kw)
-    reqs = [
-        Req(int(n), int(a) - int(rng.integers(0, 2)) * int(a))
-        for n, a in zip(w.seq_lens, w.allocated)
-    ]
-    ref_cur, ref_nxt, ref_need = ref_sizing.page_aligned_decode_alloc_lens(
-        reqs, reserve, c.page_size
-    )
-    cur, nxt, need = api.page_aligned_decode_alloc_lens(reqs, reserve, c.page_size)
-    ref = {
-        "alloc_len": np.asarray([ref_sizing.get_alloc_len_per_decode(**kw)]),
-        "cur": to_numpy(ref_cur),
-        "nxt": to_numpy(ref_nxt),
-        "need": np.asarray([ref_need]),
-    }
-    got = {
-        "alloc_len": np.asarray([api.get_alloc_len_per_decode(**kw)]),
-        "cur": to_numpy(cur),
-        "nxt": to_numpy(nxt),
-        "need": np.asarray([need]),
-    }
-    return ref, got, {"seq_lens": w.seq_lens}
+OPS: tuple[Op, ...] = (
+    Op(
+        "draft_decode_set_expand_metadata",
+        op_expand_metadata,
+        ("xla", "pallas", "triton"),
+        (
+            "jspec.kernels.expand_page_table:expand_page_table",
+            "jspec.attention_meta.page_table:draft_decode_set_expand_metadata",
+        ),
+        ref_attn.draft_decode_set_expand_metadata,
+        api.draft_decode_set_expand_metadata,
+    ),
+    Op(
+        "generate_draft_decode_kv_indices",
+        op_kv_indices,
+        ("xla", "pallas", "triton"),
+        ("jspec.attention_meta.kv_indices:generate_draft_decode_kv_indices",),
+        ref_attn.generate_draft_decode_kv_indices,
+        api.generate_draft_decode_kv_indices,
+    ),
+)

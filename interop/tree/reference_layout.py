@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from interop.torch_reference.tree import (  # noqa: F401  (re-exports, see module docstring)
+from interop.tree.reference import (  # noqa: F401  (re-exports, see module docstring)
     TreeMaskMode,
     build_tree_kernel_efficient,
     organize_draft_results,
