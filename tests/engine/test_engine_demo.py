@@ -24,7 +24,15 @@ def test_checkify_engine_reports_a_fired_probe():
     """A NaN draft head: the draft ``topk_p`` NaN probe fires, naming itself."""
     import jax.numpy as jnp
     import pytest
-    from engine_helpers import CONTEXT_LEN, MAX_PROMPT, TINY, tiny_model, tiny_prompts
+    from engine_helpers import (
+        CONTEXT_LEN,
+        DRAFT,
+        MAX_PROMPT,
+        TARGET,
+        TINY,
+        tiny_model,
+        tiny_prompts,
+    )
 
     from jspec import probes
     from jspec._pytree import replace
@@ -37,6 +45,6 @@ def test_checkify_engine_reports_a_fired_probe():
                               context_len=CONTEXT_LEN, max_running_requests=1,
                               max_prompt_len=MAX_PROMPT, batch_buckets=(1,))
     with probes.probes_enabled(True):
-        engine = Engine(ecfg, params, bad, checkify=True)
+        engine = Engine(ecfg, TARGET, params, DRAFT, bad, checkify=True)
         with pytest.raises(probes.ProbeError, match="draft topk_p: .*NaN"):
             engine.generate(tiny_prompts()[:1], 4)
