@@ -1,6 +1,7 @@
 """``jspec`` command line: a thin dispatcher over library entry points (no logic here).
 
     jspec demo [...]      end-to-end jitted spec decode on a small model (jspec.engine.demo)
+    jspec generate [...]  greedy / EAGLE spec decode from checkpoint dirs (jspec.apps.generate)
     jspec compare [...]   jspec vs PyTorch reference side by side (interop.compare)
     jspec bench [...]     all benchmarks in one run (bench.run_all)
 """
@@ -12,13 +13,15 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: jspec {demo,compare,bench} [options]   (jspec CMD --help for options)"
+    usage = "usage: jspec {demo,generate,compare,bench} [options]   (jspec CMD --help for options)"
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip() if argv else usage)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
         from jspec.engine.demo import main as run
+    elif cmd == "generate":
+        from jspec.apps.generate import main as run
     elif cmd == "compare":
         from interop.compare import main as run
     elif cmd == "bench":

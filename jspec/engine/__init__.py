@@ -4,7 +4,7 @@ its params beside it).
 
 Module map:
   protocol.py    TargetModel / DraftModel / AttnFn: all the engine knows of a model
-  model.py       the built-in toy Llama-style target (ToyTarget) and EAGLE-1 head (Eagle1Draft)
+  model.py       the built-in toy Llama-style target (ToyTarget) and EAGLE-1 head (ToyDraft)
   weights.py     .npz / .safetensors loading of the toy model (jspec and Hugging Face names)
   attention.py   paged attention passes (gather slots + masked softmax, LSE merge)
   model_calls.py the engine's only calls into a model (protocol methods, named scopes)
@@ -37,9 +37,9 @@ from jspec.engine.inputs import InputError, validate_requests
 from jspec.engine.lifecycle import prefill, release
 from jspec.engine.model import (
     DraftParams,
-    Eagle1Draft,
     ModelConfig,
     TargetParams,
+    ToyDraft,
     ToyTarget,
     init_draft_params,
     init_target_params,
@@ -54,7 +54,6 @@ __all__ = [
     "AttnFn",
     "DraftModel",
     "DraftParams",
-    "Eagle1Draft",
     "Engine",
     "EngineConfig",
     "EngineState",
@@ -67,6 +66,7 @@ __all__ = [
     "SpecStepOutput",
     "TargetModel",
     "TargetParams",
+    "ToyDraft",
     "ToyTarget",
     "greedy_step",
     "init_draft_params",

@@ -146,8 +146,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     from jspec import probes
     from jspec.engine.model import (
-        Eagle1Draft,
         ModelConfig,
+        ToyDraft,
         ToyTarget,
         init_draft_params,
         init_target_params,
@@ -165,7 +165,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
                           head_dim=args.head_dim, dtype=args.dtype)
     except ValueError as e:
         raise InputError(str(e)) from None
-    target, draft_model = ToyTarget(cfg), Eagle1Draft(cfg)
+    target, draft_model = ToyTarget(cfg), ToyDraft(cfg)
     params = (load_target(args.weights, cfg) if args.weights
               else init_target_params(cfg, args.seed, residual_scale=args.residual_scale))
     draft = (load_draft(args.draft_weights, cfg) if args.draft_weights

@@ -37,8 +37,17 @@ from jspec._pytree import pytree_dataclass
 from jspec.engine.protocol import DTYPES as _DTYPES
 from jspec.engine.protocol import MODEL_SCOPE, AttnFn, matmul_precision
 
-__all__ = ["MODEL_SCOPE", "DraftParams", "Eagle1Draft", "LayerParams", "ModelConfig",
-           "TargetParams", "ToyTarget", "init_draft_params", "init_target_params"]
+__all__ = [
+    "MODEL_SCOPE",
+    "DraftParams",
+    "LayerParams",
+    "ModelConfig",
+    "TargetParams",
+    "ToyDraft",
+    "ToyTarget",
+    "init_draft_params",
+    "init_target_params",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -300,7 +309,7 @@ def cast_params(tree: Any, dtype: Any) -> Any:
 
 
 # ---- the model protocol (jspec.engine.protocol) -------------------------------------------------
-def _layer_partition_specs(tp_axis: str) -> LayerParams:
+def _layer_param_specs(tp_axis: str) -> LayerParams:
     cols, rows = P(None, tp_axis), P(tp_axis, None)
     return LayerParams(attn_norm=P(), wq=cols, wk=cols, wv=cols, wo=rows, mlp_norm=P(),
                        w_gate=cols, w_up=cols, w_down=rows)
@@ -359,14 +368,14 @@ class ToyTarget(_ToyGeometry):
     def logits(self, params: TargetParams, hidden: jax.Array) -> jax.Array:
         return target_logits(params, hidden)
 
-    def partition_specs(self, params: TargetParams, tp_axis: str) -> TargetParams:
+    def param_specs(self, params: TargetParams, tp_axis: str) -> TargetParams:
         """Layers head-sharded over ``tp_axis`` (Megatron), embedding / norms / LM head whole."""
         return TargetParams(embed=P(), final_norm=P(), lm_head=P(),
-                            layers=tuple(_layer_partition_specs(tp_axis) for _ in params.layers))
+                            layers=tuple(_layer_param_specs(tp_axis) for _ in params.layers))
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle1Draft(_ToyGeometry):
+class ToyDraft(_ToyGeometry):
     """:class:`jspec.engine.protocol.DraftModel` over :class:`DraftParams` (EAGLE-1: one layer,
     the target's vocab, embedding and LM head; consumes the target's final-norm hidden)."""
 
@@ -392,7 +401,7 @@ class Eagle1Draft(_ToyGeometry):
         del params
         return draft_ids
 
-    def partition_specs(self, params: DraftParams, tp_axis: str) -> DraftParams:
+    def param_specs(self, params: DraftParams, tp_axis: str) -> DraftParams:
         """The layer head-sharded over ``tp_axis``; ``fc`` and the norm whole."""
         del params
-        return DraftParams(fc=P(), layer=_layer_partition_specs(tp_axis), final_norm=P())
+        return DraftParams(fc=P(), layer=_layer_param_specs(tp_axis), final_norm=P())

@@ -7,7 +7,7 @@ holding static config only (a static jit argument); its weights are a separate p
 passed beside it::
 
     target: TargetModel, target_params   # e.g. jspec.engine.model.ToyTarget, jspec.models.*
-    draft:  DraftModel,  draft_params    # e.g. jspec.engine.model.Eagle1Draft, EAGLE-3 heads
+    draft:  DraftModel,  draft_params    # e.g. jspec.engine.model.ToyDraft, EAGLE-3 heads
 
 Attention is injected: every layer calls ``attn_fn(layer, pool, q, k, v) -> (pool, out)``,
 which writes this layer's K/V at the slots jspec chose and attends through jspec's metadata.
@@ -18,9 +18,11 @@ precision with a bf16/f16 result (upcast after, e.g. for the f32 logits); only f
 ``precision=HIGHEST`` (f32 exactness, needed by the lossless tests on CPU and GPU).
 
 Optional extension (tensor parallelism): a model that supports ``tensor_parallel > 1`` also
-defines ``partition_specs(params, tp_axis: str) -> pytree of PartitionSpec`` (a prefix of its
+defines ``param_specs(params, tp_axis: str) -> pytree of PartitionSpec`` (a prefix of its
 params pytree: head / MLP blocks split over ``tp_axis``, the rest replicated) and sums its
-row-parallel products with ``jax.lax.psum(x, tp_axis)`` when ``forward`` gets ``tp_axis``.
+row-parallel products with ``jax.lax.psum(x, tp_axis)`` when ``forward`` gets ``tp_axis``; it
+may define ``check_tensor_parallel(tensor_parallel: int)`` raising ValueError for a split its
+weights do not allow (e.g. the MLP width).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class Engine:
       draft, draft_params: the draft head and its weights, or None (plain greedy).
       num_devices: data-parallel shards (requests are spread over them); each shard uses
         ``ecfg.tensor_parallel`` devices (``num_devices * tensor_parallel`` in all).
-      eos_token_id: optional stop token (kept in the output).
+      eos_token_id: optional stop token, or several (kept in the output).
       check_every_step: run the allocator integrity check after every decode step.
       checkify: run every jitted call under ``checkify`` with all probes on (trace inside
         ``jspec.probes.probes_enabled()``); a fired probe raises ``jspec.probes.ProbeError``.
@@ -104,7 +104,7 @@ class Engine:
 
     def __init__(self, ecfg: EngineConfig, target: Any, target_params: Any, draft: Any = None,
                  draft_params: Any = None, *, num_devices: int = 1,
-                 eos_token_id: int | None = None, check_every_step: bool = False,
+                 eos_token_id: int | Sequence[int] | None = None, check_every_step: bool = False,
                  checkify: bool = False) -> None:
         from jspec.engine.inputs import check_count
 
@@ -340,8 +340,11 @@ class Engine:
                 req.output.extend(new)
 
     def _finished(self, req: Request) -> bool:
-        if self.eos_token_id is not None and self.eos_token_id in req.output:
-            del req.output[req.output.index(self.eos_token_id) + 1:]
+        eos = self.eos_token_id
+        eos = () if eos is None else {int(eos)} if isinstance(eos, (int, np.integer)) else set(eos)
+        hit = [i for i, t in enumerate(req.output) if t in eos]
+        if hit:
+            del req.output[hit[0] + 1:]
             return True
         if len(req.output) >= req.max_new_tokens:
             del req.output[req.max_new_tokens:]

@@ -11,7 +11,7 @@ mesh ``("dp", "tp")`` of ``D * ecfg.tensor_parallel`` devices:
   leading axis.
 * ``tp`` (tensor parallel, Megatron layout): within a shard, device ``t`` holds the ``t``-th
   contiguous block of query / KV heads and of the KV pools' head axis, the params split as the
-  model's ``partition_specs(params, "tp")`` says (the toy model: ``wq/wk/wv`` columns, ``wo``
+  model's ``param_specs(params, "tp")`` says (the toy model: ``wq/wk/wv`` columns, ``wo``
   rows, ``w_gate/w_up`` columns, ``w_down`` rows; ``model.decoder_layer`` sums the two
   row-parallel products per layer with ``psum`` over ``tp``). The rest of the params are
   replicated, and so is the whole
@@ -67,15 +67,15 @@ def check_devices(num_devices: int, tensor_parallel: int = 1) -> None:
 
 # ---- partition specs ---------------------------------------------------------------------------
 def param_specs(model: Any, params: Any, tensor_parallel: int) -> Any:
-    """PartitionSpecs of a model's params: ``model.partition_specs(params, "tp")`` under tensor
+    """PartitionSpecs of a model's params: ``model.param_specs(params, "tp")`` under tensor
     parallelism, else replicated (``P()``). No ``dp`` entry: params are replicated across
     data-parallel shards."""
     if params is None or tensor_parallel == 1:
         return P()
-    if not hasattr(model, "partition_specs"):
+    if not hasattr(model, "param_specs"):
         raise ValueError(f"tensor_parallel={tensor_parallel}: {type(model).__name__} defines "
-                         "no partition_specs (jspec.engine.protocol)")
-    return model.partition_specs(params, TP_AXIS)
+                         "no param_specs (jspec.engine.protocol)")
+    return model.param_specs(params, TP_AXIS)
 
 
 def state_specs(state: Any, tensor_parallel: int) -> Any:

@@ -70,7 +70,7 @@ class EngineConfig:
         (default: ``"pallas"`` on GPU, ``"xla"`` elsewhere); see :attr:`kernel_impl`.
       tensor_parallel: devices that share one data-parallel shard, each holding a contiguous
         block of the query / KV heads and of the MLP (sglang ``--tp-size``). Needs
-        ``num_kv_heads`` divisible by it and models that define ``partition_specs``
+        ``num_kv_heads`` divisible by it and models that define ``param_specs``
         (``jspec.engine.protocol``). Each of these devices keeps
         its own copy of the bookkeeping (allocator, req_to_token, per-slot arrays) and computes
         it identically, as sglang's TP ranks do; the KV pools hold its KV heads only. With
@@ -227,9 +227,9 @@ def check_engine_models(ecfg: EngineConfig, target: Any, draft: Any = None) -> N
     for name, model in (("target", target), ("draft", draft)):
         if model is None or tp == 1:
             continue
-        if not hasattr(model, "partition_specs"):
+        if not hasattr(model, "param_specs"):
             raise ValueError(f"tensor_parallel={tp}: the {name} model {type(model).__name__} "
-                             "defines no partition_specs (jspec.engine.protocol)")
+                             "defines no param_specs (jspec.engine.protocol)")
         if model.num_kv_heads % tp:
             raise ValueError(f"tensor_parallel={tp} must divide {name}.num_kv_heads="
                              f"{model.num_kv_heads}")

@@ -14,8 +14,8 @@ import functools
 import numpy as np
 
 from jspec.engine.model import (
-    Eagle1Draft,
     ModelConfig,
+    ToyDraft,
     ToyTarget,
     init_draft_params,
     init_target_params,
@@ -23,7 +23,7 @@ from jspec.engine.model import (
 
 TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=8)
-TARGET, DRAFT = ToyTarget(TINY), Eagle1Draft(TINY)
+TARGET, DRAFT = ToyTarget(TINY), ToyDraft(TINY)
 # Prompt lengths straddle page boundaries of 16 and stay under one page of 64.
 PROMPT_LENS = (3, 17, 9, 30)
 ARRIVALS = (0, 0, 2, 4)

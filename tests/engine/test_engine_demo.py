@@ -48,3 +48,19 @@ def test_checkify_engine_reports_a_fired_probe():
         engine = Engine(ecfg, TARGET, params, DRAFT, bad, checkify=True)
         with pytest.raises(probes.ProbeError, match="draft topk_p: .*NaN"):
             engine.generate(tiny_prompts()[:1], 4)
+
+
+def test_demo_with_the_probe_switch_env():
+    """JSPEC_ENABLE_ASYNC_ASSERT=1 (issue 11 §1): the engine runs its steps checkified, so the
+    demo passes instead of dying on an unfunctionalized checkify.check."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JSPEC_ENABLE_ASYNC_ASSERT": "1", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "jspec.cli", "demo", *TINY_ARGS,
+                           "--num-prompts", "2", "--max-new-tokens", "6"], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "lossless check: PASS" in proc.stdout
+    assert "checkify: all probes on, none fired" in proc.stdout

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from engine_helpers import (
-    TARGET,
     ARRIVALS,
     CONTEXT_LEN,
     MAX_NEW,
     MAX_PROMPT,
+    TARGET,
     TINY,
     greedy_baseline,
     tiny_model,

@@ -12,12 +12,12 @@ import itertools
 import numpy as np
 import pytest
 from engine_helpers import (
-    DRAFT,
-    TARGET,
     ARRIVALS,
     CONTEXT_LEN,
+    DRAFT,
     MAX_NEW,
     MAX_PROMPT,
+    TARGET,
     TINY,
     greedy_baseline,
     tiny_model,

@@ -53,7 +53,7 @@ _TP_SCRIPT = textwrap.dedent("""
     import numpy as np
     from engine_helpers import (TINY, TARGET, DRAFT, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, tiny_model,
                                 tiny_prompts)
-    from jspec.engine.model import (Eagle1Draft, ModelConfig, ToyTarget, init_draft_params,
+    from jspec.engine.model import (ToyDraft, ModelConfig, ToyTarget, init_draft_params,
                                     init_target_params)
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
@@ -91,7 +91,7 @@ _TP_SCRIPT = textwrap.dedent("""
                        num_heads=8, num_kv_heads=4, head_dim=8)
     wparams = init_target_params(wide, 0, residual_scale=1.5)
     wdraft = init_draft_params(wide, wparams, 1, hidden_mix=1.0)
-    wtarget, wdraft_model = ToyTarget(wide), Eagle1Draft(wide)
+    wtarget, wdraft_model = ToyTarget(wide), ToyDraft(wide)
     wref, _ = Engine(ecfg(wide, 1, 4), wtarget, wparams, wdraft_model, wdraft).generate(
         prompts, MAX_NEW)
     wout, wstats = Engine(ecfg(wide, 4, 4), wtarget, wparams, wdraft_model, wdraft,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_helpers import (
-    DRAFT,
-    TARGET,
     CONTEXT_LEN,
+    DRAFT,
     MAX_NEW,
     MAX_PROMPT,
+    TARGET,
     TINY,
     greedy_baseline,
     tiny_model,
