@@ -1,0 +1,52 @@
+"""Real checkpoints behind jspec's model protocol: HF Llama targets, EAGLE-3 / EAGLE-1 heads.
+
+Build a target and a draft from directories::
+
+    target, params = load_llama("Llama-3.1-8B-Instruct", dtype="bfloat16")
+    draft, draft_params = load_draft("EAGLE3-LLaMA3.1-Instruct-8B", target)
+
+``target`` / ``draft`` are frozen static configs (``TargetModel`` / ``DraftModel``); the params
+are pytrees on the device. transformers is never imported here (tests only).
+"""
+
+from __future__ import annotations
+
+from jspec.models.checkpoint import load_draft, load_eagle1, load_eagle3, load_llama
+from jspec.models.eagle1 import Eagle1Draft, Eagle1Params
+from jspec.models.eagle3 import Eagle3Draft, Eagle3Params, random_eagle3_params
+from jspec.models.hf_config import (
+    Eagle3Config,
+    LlamaConfig,
+    RopeScaling,
+    load_llama_config,
+    parse_eagle3_config,
+    parse_llama_config,
+)
+from jspec.models.layers import MODEL_SCOPE, AttnFn
+from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget, random_llama_params
+from jspec.models.tokenizer import Tokenizer
+
+__all__ = [
+    "MODEL_SCOPE",
+    "AttnFn",
+    "Eagle1Draft",
+    "Eagle1Params",
+    "Eagle3Config",
+    "Eagle3Draft",
+    "Eagle3Params",
+    "LayerParams",
+    "LlamaConfig",
+    "LlamaParams",
+    "LlamaTarget",
+    "RopeScaling",
+    "Tokenizer",
+    "load_draft",
+    "load_eagle1",
+    "load_eagle3",
+    "load_llama",
+    "load_llama_config",
+    "parse_eagle3_config",
+    "parse_llama_config",
+    "random_eagle3_params",
+    "random_llama_params",
+]

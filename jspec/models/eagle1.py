@@ -1,0 +1,126 @@
+"""EAGLE-1/2 draft head (the layout of jspec's demo) behind the ``DraftModel`` protocol.
+
+``x = fc(concat(embed(token), hidden_in)) (+ fc_bias)`` -> one Llama decoder layer (layer 0 of
+the draft pool; published heads drop its ``input_layernorm``: ``attn_norm=None`` = identity) ->
+``hidden_out`` (the pre-norm residual stream). Logits: the TARGET's LM head over
+``norm(hidden_out)`` (or ``hidden_out`` itself when the head has no ``norm``, as sglang runs
+published EAGLE-1 heads). The head shares the target's embedding, LM head and vocabulary, and
+consumes the target's final-normed hidden state (``capture_layers == ()``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from jspec._pytree import pytree_dataclass, replace
+from jspec.models.hf_config import LlamaConfig
+from jspec.models.layers import AttnFn, lm_logits, matmul, model_scope, rms_norm, rope_inv_freq
+from jspec.models.llama import LayerParams, LlamaParams, decoder_layer, layer_specs
+
+
+@pytree_dataclass
+class Eagle1Params:
+    """EAGLE-1 head weights (``x @ W`` layout)."""
+
+    fc: jax.Array  # [2H, H]: concat(embed(token), hidden_in) -> H
+    fc_bias: jax.Array | None  # [H] or None
+    layer: LayerParams
+    final_norm: jax.Array | None  # [H], or None: logits straight from hidden_out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Eagle1Draft:
+    """An EAGLE-1 head (``DraftModel`` protocol); static config only.
+
+    Attributes:
+      config: the head's geometry as a one-layer :class:`LlamaConfig` (``vocab_size`` = the
+        target's; the head has no embedding or LM head of its own).
+    """
+
+    config: LlamaConfig
+    capture_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, LlamaConfig):
+            raise TypeError(f"config={type(self.config).__name__} must be a LlamaConfig")
+        if self.capture_layers != ():
+            raise ValueError(f"capture_layers={self.capture_layers}: EAGLE-1 heads consume the "
+                             "target's final hidden state, capture_layers must be ()")
+
+    num_layers = 1
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def dtype(self) -> str:
+        return self.config.dtype
+
+    @model_scope("draft")
+    def forward(self, params: Eagle1Params, target_params: LlamaParams, pool: Any,
+                token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
+                attn_fn: AttnFn, *, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+        """One draft forward over flat tokens.
+
+        Args:
+          token_ids, positions: i32[T]; hidden_in: dtype[T, H] (target hidden or the previous
+          ``hidden_out``).
+
+        Returns:
+          (pool, hidden_out dtype[T, H]).
+        """
+        cfg = self.config
+        dt = jnp.dtype(cfg.dtype)
+        x = jnp.concatenate([target_params.embed[token_ids].astype(dt), hidden_in.astype(dt)], -1)
+        x = matmul(x, params.fc)
+        if params.fc_bias is not None:
+            x = x + params.fc_bias.astype(dt)
+        return decoder_layer(params.layer, 0, pool, x, positions, attn_fn,
+                             head_dim=cfg.head_dim, eps=cfg.rms_norm_eps,
+                             inv_freq=rope_inv_freq(cfg.head_dim, cfg.rope_theta,
+                                                    cfg.rope_scaling), tp_axis=tp_axis)
+
+    @model_scope("draft")
+    def logits(self, params: Eagle1Params, target_params: LlamaParams,
+               hidden: jax.Array) -> jax.Array:
+        """f32[T, V]: the target's LM head over the head's normed ``hidden``."""
+        if params.final_norm is not None:
+            hidden = rms_norm(hidden, params.final_norm, self.config.rms_norm_eps)
+        if target_params.lm_head is None:
+            return lm_logits(hidden, target_params.embed, transposed=True)
+        return lm_logits(hidden, target_params.lm_head)
+
+    def to_target_ids(self, params: Eagle1Params, draft_ids: jax.Array) -> jax.Array:
+        """Identity: the head shares the target's vocabulary."""
+        del params
+        return draft_ids.astype(jnp.int32)
+
+    def param_specs(self, params: Eagle1Params, tp_axis: str | None) -> Eagle1Params:
+        """PartitionSpecs: the layer split over ``tp_axis``, the rest replicated."""
+        specs = layer_specs(tp_axis)
+        if params.layer.attn_norm is None:
+            specs = replace(specs, attn_norm=None)
+        return Eagle1Params(fc=P(), fc_bias=None if params.fc_bias is None else P(), layer=specs,
+                            final_norm=None if params.final_norm is None else P())

@@ -1,0 +1,186 @@
+"""EAGLE-3 draft head (``LlamaForCausalLMEagle3``) behind jspec's ``DraftModel`` protocol.
+
+Forward, as sglang runs it (``llama_eagle3.py``), over flat tokens::
+
+    hidden = fc(hidden_in) + fc_bias     iff hidden_in is [T, num_aux * H] (target aux states)
+           = hidden_in                   otherwise ([T, H]: the head's own previous hidden_out)
+    residual = hidden
+    x = concat(input_layernorm(embed(tokens)), hidden_norm(hidden))      # [T, 2H]
+    attn = o_proj(attention(q/k/v_proj(x)))      # RoPE, GQA, draft pool layer 0
+    residual = attn + residual;  h = mlp(post_attention_layernorm(residual))
+    hidden_out = h + residual                    # handed to the next draft step
+    logits = lm_head(norm(hidden_out))           # over the DRAFT vocabulary
+    target id = draft id + d2t[draft id]
+
+The token embedding is the target's (the head ships none); the LM head is the head's own
+``[H, draft_vocab]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from jspec._pytree import pytree_dataclass
+from jspec.models.hf_config import Eagle3Config
+from jspec.models.layers import (
+    AttnFn,
+    attention_block,
+    lm_logits,
+    matmul,
+    mlp_block,
+    model_scope,
+    rms_norm,
+    rope_inv_freq,
+)
+from jspec.models.llama import LayerParams, LlamaParams, layer_specs
+
+
+@pytree_dataclass
+class Eagle3Params:
+    """EAGLE-3 head weights (``x @ W`` layout). ``H`` hidden, ``Vd`` draft vocab."""
+
+    fc: jax.Array  # [num_aux*H, H]: fuses the target's captured states
+    fc_bias: jax.Array | None  # [H] or None
+    hidden_norm: jax.Array  # [H]: midlayer.hidden_norm, on the incoming hidden
+    layer: LayerParams  # midlayer: attn_norm = input_layernorm (on the embedding), wq/wk/wv [2H, .]
+    final_norm: jax.Array  # [H]: norm
+    lm_head: jax.Array  # [H, Vd]
+    d2t: jax.Array  # i32[Vd]: target id = draft id + d2t[draft id]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Eagle3Draft:
+    """An EAGLE-3 head (``DraftModel`` protocol); static config only.
+
+    Attributes:
+      config: the head's :class:`Eagle3Config`.
+      capture_layers: target layers whose incoming residual the head fuses
+        (``config.capture_layers(target.num_layers)``).
+    """
+
+    config: Eagle3Config
+    capture_layers: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, Eagle3Config):
+            raise TypeError(f"config={type(self.config).__name__} must be an Eagle3Config")
+        if len(self.capture_layers) != self.config.num_aux:
+            raise ValueError(f"capture_layers={self.capture_layers} must name "
+                             f"num_aux={self.config.num_aux} layers")
+
+    num_layers = 1  # the draft KV pool holds the midlayer only
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.draft_vocab_size
+
+    @property
+    def dtype(self) -> str:
+        return self.config.dtype
+
+    @model_scope("draft")
+    def forward(self, params: Eagle3Params, target_params: LlamaParams, pool: Any,
+                token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
+                attn_fn: AttnFn, *, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+        """One draft forward over flat tokens (its layer is layer 0 of the draft pool).
+
+        Args:
+          params: :class:`Eagle3Params`; target_params: the target's (for its embedding).
+          token_ids: i32[T] TARGET ids; positions: i32[T].
+          hidden_in: dtype[T, num_aux * H] (the target's aux states: ``fc`` applies) or
+            dtype[T, H] (the head's previous ``hidden_out``).
+          tp_axis: tensor-parallel mesh axis when the midlayer is head-sharded.
+
+        Returns:
+          (pool, hidden_out dtype[T, H]): the pre-norm sum, fed to the next draft step.
+        """
+        cfg = self.config
+        dt = jnp.dtype(cfg.dtype)
+        hid = cfg.hidden_size
+        hidden = hidden_in.astype(dt)
+        if hidden.shape[-1] == cfg.num_aux * hid:
+            hidden = matmul(hidden, params.fc)
+            if params.fc_bias is not None:
+                hidden = hidden + params.fc_bias.astype(dt)
+        elif hidden.shape[-1] != hid:
+            raise ValueError(f"hidden_in.shape={hidden_in.shape}: the last axis must be "
+                             f"hidden_size={hid} or num_aux * hidden_size={cfg.num_aux * hid}")
+        lp = params.layer
+        embeds = target_params.embed[token_ids].astype(dt)
+        x = jnp.concatenate([rms_norm(embeds, lp.attn_norm, cfg.rms_norm_eps),
+                             rms_norm(hidden, params.hidden_norm, cfg.rms_norm_eps)], -1)
+        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        pool, attn = attention_block(lp.wq, lp.wk, lp.wv, lp.wo, x, 0, pool, positions, attn_fn,
+                                     head_dim=cfg.head_dim, inv_freq=inv_freq, tp_axis=tp_axis)
+        residual = attn + hidden
+        h = mlp_block(lp.w_gate, lp.w_up, lp.w_down,
+                      rms_norm(residual, lp.mlp_norm, cfg.rms_norm_eps), tp_axis)
+        return pool, h + residual
+
+    @model_scope("draft")
+    def logits(self, params: Eagle3Params, target_params: LlamaParams,
+               hidden: jax.Array) -> jax.Array:
+        """f32[T, draft_vocab_size] from ``hidden_out: dtype[T, H]`` (``norm`` then lm_head)."""
+        del target_params  # the head has its own LM head over the draft vocabulary
+        return lm_logits(rms_norm(hidden, params.final_norm, self.config.rms_norm_eps),
+                         params.lm_head)
+
+    def to_target_ids(self, params: Eagle3Params, draft_ids: jax.Array) -> jax.Array:
+        """i32[...] draft ids -> i32[...] target ids (``id + d2t[id]``)."""
+        return (draft_ids + params.d2t[draft_ids]).astype(jnp.int32)
+
+    def param_specs(self, params: Eagle3Params, tp_axis: str | None) -> Eagle3Params:
+        """PartitionSpecs: the midlayer split over ``tp_axis``, the rest replicated."""
+        return Eagle3Params(fc=P(), fc_bias=None if params.fc_bias is None else P(),
+                            hidden_norm=P(), layer=layer_specs(tp_axis), final_norm=P(),
+                            lm_head=P(), d2t=P())
+
+
+def random_eagle3_params(draft: Eagle3Draft, seed: int = 0, *,
+                         target_vocab_size: int | None = None) -> Eagle3Params:
+    """Seeded random head weights with a random injective ``d2t`` (for tests)."""
+    cfg = draft.config
+    rng = np.random.default_rng(seed)
+    hid, inter, vd = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
+    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+
+    def put(x: np.ndarray) -> jax.Array:
+        return jnp.asarray(x, cfg.dtype)
+
+    def dense(fan_in: int, fan_out: int) -> jax.Array:
+        return put(rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in))
+
+    def norm() -> jax.Array:
+        return put(1.0 + 0.1 * rng.standard_normal(hid))
+
+    layer = LayerParams(attn_norm=norm(), wq=dense(2 * hid, qd), wk=dense(2 * hid, kvd),
+                        wv=dense(2 * hid, kvd), wo=dense(qd, hid), mlp_norm=norm(),
+                        w_gate=dense(hid, inter), w_up=dense(hid, inter),
+                        w_down=dense(inter, hid))
+    vocab = target_vocab_size or cfg.vocab_size
+    hot = np.sort(rng.choice(vocab, vd, replace=False))
+    return Eagle3Params(fc=dense(cfg.num_aux * hid, hid), fc_bias=None, hidden_norm=norm(),
+                        layer=layer, final_norm=norm(), lm_head=dense(hid, vd),
+                        d2t=jnp.asarray(hot - np.arange(vd), jnp.int32))

@@ -1,0 +1,149 @@
+"""Building blocks shared by the Llama target and the EAGLE heads (pure functions of arrays).
+
+Attention is injected: a model calls ``attn_fn(layer, pool, q, k, v) -> (pool, out)``, which
+writes this layer's K/V at the slots jspec chose and attends through jspec's metadata (the
+``AttnFn`` contract of protocol.md). Model code never sees a slot id or a page id.
+
+Matmul precision follows the weights' dtype: f32 models use ``Precision.HIGHEST`` (the GPU's
+default f32 matmul is TF32, ~1e-3 error, which breaks the lossless tests); bf16 / f16 models use
+the default precision with a bf16 / f16 result, upcast afterwards where f32 is needed (logits).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jspec.models.hf_config import RopeScaling
+
+# attn_fn(layer, pool, q dtype[T, Hq, D], k dtype[T, Hkv, D], v dtype[T, Hkv, D])
+#   -> (pool, out f32[T, Hq, D]); the softmax scale 1/sqrt(D) is the attn_fn's.
+AttnFn = Callable[[int, Any, jax.Array, jax.Array, jax.Array], tuple[Any, jax.Array]]
+
+# Every model computation runs under ``jax.named_scope(MODEL_SCOPE)`` and, inside it, "target"
+# or "draft": the HLO ops carry these in their ``op_name`` metadata, which is how bench/e2e.py
+# splits the device time of a fused step into target forward, draft forwards and bookkeeping.
+MODEL_SCOPE = "jspec_model"
+
+
+def model_scope(part: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: run the function under ``named_scope(MODEL_SCOPE) / named_scope(part)``."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with jax.named_scope(MODEL_SCOPE), jax.named_scope(part):
+                return fn(*args, **kwargs)
+
+        return wrapped
+
+    return decorate
+
+
+def precision_for(dtype: Any) -> jax.lax.Precision | None:
+    """HIGHEST for f32 operands, the default otherwise (see the module docstring)."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b`` in ``a``'s dtype, at the precision :func:`precision_for` gives."""
+    return jnp.matmul(a, b.astype(a.dtype), precision=precision_for(a.dtype))
+
+
+def lm_logits(hidden: jax.Array, lm_head: jax.Array, *, transposed: bool = False) -> jax.Array:
+    """f32[T, V] logits of ``hidden: dtype[T, H]``.
+
+    Args:
+      lm_head: dtype[H, V], or dtype[V, H] with ``transposed=True`` (a tied embedding).
+    """
+    dims = (((1,), (1 if transposed else 0,)), ((), ()))
+    prec = precision_for(hidden.dtype)
+    if jnp.dtype(hidden.dtype) == jnp.float32:
+        return jax.lax.dot_general(hidden, lm_head.astype(hidden.dtype), dims, precision=prec,
+                                   preferred_element_type=jnp.float32)
+    return jax.lax.dot_general(hidden, lm_head.astype(hidden.dtype), dims,
+                               precision=prec).astype(jnp.float32)
+
+
+def tp_sum(x: jax.Array, tp_axis: str | None) -> jax.Array:
+    """Sum the row-parallel partial products over the tensor-parallel mesh axis (if any)."""
+    return x if tp_axis is None else jax.lax.psum(x, tp_axis)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` in f32, cast back to ``x.dtype``."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+    """f32[head_dim // 2] RoPE inverse frequencies (a static constant of the model).
+
+    ``llama3`` scaling rescales them once: wavelength ``2*pi/f`` above
+    ``original / low_freq_factor`` -> ``f / factor``; below ``original / high_freq_factor`` ->
+    unchanged; in between, ``(1 - s) * f / factor + s * f`` with
+    ``s = (original / wavelength - low) / (high - low)``.
+    """
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    inv_freq = inv_freq.astype(np.float64)
+    if scaling is not None:
+        old = scaling.original_max_position_embeddings
+        low, high = scaling.low_freq_factor, scaling.high_freq_factor
+        wavelen = 2 * np.pi / inv_freq
+        scaled = np.where(wavelen > old / low, inv_freq / scaling.factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv_freq = np.where(medium, smoothed, scaled)
+    return inv_freq.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotary embedding, HF ``rotate_half`` convention (halves, not interleaved pairs).
+
+    Args:
+      x: dtype[T, heads, D].
+      positions: i32[T] token positions.
+      inv_freq: f32[D // 2] from :func:`rope_inv_freq`.
+    """
+    angles = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]
+    emb = jnp.concatenate([angles, angles], -1)  # [T, D]
+    cos, sin = jnp.cos(emb)[:, None, :], jnp.sin(emb)[:, None, :]
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], -1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+def attention_block(wq: jax.Array, wk: jax.Array, wv: jax.Array, wo: jax.Array, h: jax.Array,
+                    layer: int, pool: Any, positions: jax.Array, attn_fn: AttnFn, *,
+                    head_dim: int, inv_freq: np.ndarray,
+                    tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+    """GQA self-attention with RoPE over flat tokens, through the injected ``attn_fn``.
+
+    Args:
+      wq, wk, wv: dtype[Hin, heads * D] (this shard's heads under tensor parallelism);
+        wo: dtype[heads * D, H]. Head counts are read from the weights.
+      h: dtype[T, Hin] the (normed) input; positions: i32[T]; layer: the pool layer.
+
+    Returns:
+      (pool, out dtype[T, H]): ``wo`` applied and summed over ``tp_axis``.
+    """
+    num_tokens = h.shape[0]
+    q = apply_rope(matmul(h, wq).reshape(num_tokens, -1, head_dim), positions, inv_freq)
+    k = apply_rope(matmul(h, wk).reshape(num_tokens, -1, head_dim), positions, inv_freq)
+    v = matmul(h, wv).reshape(num_tokens, -1, head_dim)
+    pool, attn = attn_fn(layer, pool, q, k, v)
+    return pool, tp_sum(matmul(attn.astype(h.dtype).reshape(num_tokens, -1), wo), tp_axis)
+
+
+def mlp_block(w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, h: jax.Array,
+              tp_axis: str | None = None) -> jax.Array:
+    """SwiGLU MLP ``down(silu(gate(h)) * up(h))`` over ``h: dtype[T, H]``, summed over tp."""
+    return tp_sum(matmul(jax.nn.silu(matmul(h, w_gate)) * matmul(h, w_up), w_down), tp_axis)

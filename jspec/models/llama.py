@@ -1,0 +1,216 @@
+"""The Llama-family target model behind jspec's ``TargetModel`` protocol.
+
+Token embedding -> ``num_layers`` x [RMSNorm -> GQA attention with RoPE -> residual, RMSNorm ->
+SwiGLU MLP -> residual] -> final RMSNorm -> LM head (the embedding when tied). Weights use the
+``x @ W`` layout (``[in, out]``; checkpoints' ``nn.Linear`` weights are transposed on load by
+:mod:`jspec.models.checkpoint`).
+
+:class:`LlamaTarget` is static config only (frozen, hashable: a static jit argument); the
+weights are the :class:`LlamaParams` pytree passed beside it. jspec's toy target is a
+``LlamaTarget`` with its own init.
+
+Tensor parallel (Megatron layout, ``tp_axis`` names the mesh axis inside ``shard_map``):
+``wq/wk/wv/w_gate/w_up`` hold this shard's columns (its contiguous block of query / KV heads, its
+slice of the MLP), ``wo/w_down`` the matching rows; the two row-parallel products are summed over
+``tp_axis``. Head counts are read from the weights, so one code path runs full or sharded
+layers (:meth:`LlamaTarget.param_specs` gives the partition).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from jspec._pytree import pytree_dataclass
+from jspec.models.hf_config import LlamaConfig
+from jspec.models.layers import (
+    AttnFn,
+    attention_block,
+    lm_logits,
+    mlp_block,
+    model_scope,
+    rms_norm,
+    rope_inv_freq,
+)
+
+
+@pytree_dataclass
+class LayerParams:
+    """One decoder layer. ``H`` hidden, ``Hq``/``Hkv`` heads, ``D`` head_dim, ``I`` MLP,
+    ``Hin`` the attention input width (``H``; ``2H`` in an EAGLE-3 midlayer)."""
+
+    attn_norm: jax.Array | None  # [H] input_layernorm; None = identity (EAGLE-1 heads)
+    wq: jax.Array  # [Hin, Hq*D]
+    wk: jax.Array  # [Hin, Hkv*D]
+    wv: jax.Array  # [Hin, Hkv*D]
+    wo: jax.Array  # [Hq*D, H]
+    mlp_norm: jax.Array  # [H] post_attention_layernorm
+    w_gate: jax.Array  # [H, I]
+    w_up: jax.Array  # [H, I]
+    w_down: jax.Array  # [I, H]
+
+
+@pytree_dataclass
+class LlamaParams:
+    """Target weights."""
+
+    embed: jax.Array  # [V, H]
+    layers: tuple  # tuple[LayerParams, ...], one per layer
+    final_norm: jax.Array  # [H]
+    lm_head: jax.Array | None  # [H, V]; None = tied (the LM head is embed.T)
+
+
+def layer_specs(tp_axis: str | None) -> LayerParams:
+    """PartitionSpecs of one :class:`LayerParams`: heads / MLP split over ``tp_axis``."""
+    cols, rows = (P(None, tp_axis), P(tp_axis, None)) if tp_axis else (P(), P())
+    return LayerParams(attn_norm=P(), wq=cols, wk=cols, wv=cols, wo=rows, mlp_norm=P(),
+                       w_gate=cols, w_up=cols, w_down=rows)
+
+
+def decoder_layer(lp: LayerParams, layer: int, pool: Any, x: jax.Array, positions: jax.Array,
+                  attn_fn: AttnFn, *, head_dim: int, eps: float, inv_freq: np.ndarray,
+                  tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+    """One pre-norm Llama decoder layer over flat tokens ``x: dtype[T, H]`` -> ``(pool, x)``."""
+    h = x if lp.attn_norm is None else rms_norm(x, lp.attn_norm, eps)
+    pool, attn = attention_block(lp.wq, lp.wk, lp.wv, lp.wo, h, layer, pool, positions, attn_fn,
+                                 head_dim=head_dim, inv_freq=inv_freq, tp_axis=tp_axis)
+    x = x + attn
+    h = rms_norm(x, lp.mlp_norm, eps)
+    return pool, x + mlp_block(lp.w_gate, lp.w_up, lp.w_down, h, tp_axis)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LlamaTarget:
+    """A Llama-family target (``TargetModel`` protocol); static config only.
+
+    Attributes:
+      config: the model's :class:`LlamaConfig` (``dtype`` is the weights / activations / pool
+        dtype).
+    """
+
+    config: LlamaConfig
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, LlamaConfig):
+            raise TypeError(f"config={type(self.config).__name__} must be a LlamaConfig")
+
+    # ---- the protocol's static attributes --------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def dtype(self) -> str:
+        return self.config.dtype
+
+    @property
+    def inv_freq(self) -> np.ndarray:
+        """f32[head_dim // 2] RoPE inverse frequencies (llama3 scaling applied)."""
+        cfg = self.config
+        return rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    # ---- compute -----------------------------------------------------------------------------
+    @model_scope("target")
+    def forward(self, params: LlamaParams, pool: Any, token_ids: jax.Array,
+                positions: jax.Array, attn_fn: AttnFn, *, capture_layers: tuple[int, ...] = (),
+                tp_axis: str | None = None) -> tuple[Any, jax.Array, jax.Array | None]:
+        """The target over flat tokens.
+
+        Args:
+          params: :class:`LlamaParams` (this shard's slice under tensor parallelism).
+          pool: the target KV pool, threaded through ``attn_fn`` (layer ``i`` = decoder ``i``).
+          token_ids, positions: i32[T].
+          attn_fn: writes K/V into ``pool`` and attends (:data:`jspec.models.layers.AttnFn`).
+          capture_layers: static; target layers whose INCOMING residual stream is returned
+            (sglang's EAGLE-3 capture), each in ``[0, num_layers)``.
+          tp_axis: tensor-parallel mesh axis when the layers are head-sharded.
+
+        Returns:
+          (pool, hidden dtype[T, H], aux): hidden is the final-RMSNorm output (the LM-head
+          input); aux is dtype[T, len(capture_layers) * H], the captured states concatenated in
+          ``capture_layers`` order, or None when ``capture_layers == ()``.
+        """
+        cfg = self.config
+        for layer in capture_layers:
+            if not 0 <= layer < cfg.num_layers:
+                raise ValueError(f"capture_layers={capture_layers}: layer {layer} is outside "
+                                 f"[0, {cfg.num_layers})")
+        if len(params.layers) != cfg.num_layers:
+            raise ValueError(f"params.layers has {len(params.layers)} layers, "
+                             f"num_layers={cfg.num_layers}")
+        inv_freq = self.inv_freq
+        x = params.embed[token_ids].astype(cfg.jnp_dtype)
+        captured: dict[int, jax.Array] = {}
+        for layer, lp in enumerate(params.layers):
+            if layer in capture_layers:
+                captured[layer] = x
+            pool, x = decoder_layer(lp, layer, pool, x, positions, attn_fn,
+                                    head_dim=cfg.head_dim, eps=cfg.rms_norm_eps,
+                                    inv_freq=inv_freq, tp_axis=tp_axis)
+        hidden = rms_norm(x, params.final_norm, cfg.rms_norm_eps)
+        aux = (jnp.concatenate([captured[i] for i in capture_layers], -1)
+               if capture_layers else None)
+        return pool, hidden, aux
+
+    @model_scope("target")
+    def logits(self, params: LlamaParams, hidden: jax.Array) -> jax.Array:
+        """f32[T, vocab_size] from the final-normed ``hidden: dtype[T, H]``."""
+        if params.lm_head is None:
+            return lm_logits(hidden, params.embed, transposed=True)
+        return lm_logits(hidden, params.lm_head)
+
+    def param_specs(self, params: LlamaParams, tp_axis: str | None) -> LlamaParams:
+        """PartitionSpecs for ``params``: layers split over ``tp_axis``, the rest replicated."""
+        return LlamaParams(embed=P(), layers=tuple(layer_specs(tp_axis) for _ in params.layers),
+                           final_norm=P(), lm_head=None if params.lm_head is None else P())
+
+
+def random_llama_params(target: LlamaTarget, seed: int = 0, *, scale: float = 1.0) -> LlamaParams:
+    """Seeded random weights (``N(0, scale^2 / fan_in)`` matrices, norms around 1), for tests."""
+    cfg = target.config
+    rng = np.random.default_rng(seed)
+    hid, inter = cfg.hidden_size, cfg.intermediate_size
+    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+
+    def put(x: np.ndarray) -> jax.Array:
+        return jnp.asarray(x, cfg.jnp_dtype)
+
+    def dense(fan_in: int, fan_out: int) -> jax.Array:
+        return put(rng.standard_normal((fan_in, fan_out)) * (scale / np.sqrt(fan_in)))
+
+    def norm() -> jax.Array:
+        return put(1.0 + 0.1 * rng.standard_normal(hid))
+
+    layers = tuple(
+        LayerParams(attn_norm=norm(), wq=dense(hid, qd), wk=dense(hid, kvd), wv=dense(hid, kvd),
+                    wo=dense(qd, hid), mlp_norm=norm(), w_gate=dense(hid, inter),
+                    w_up=dense(hid, inter), w_down=dense(inter, hid))
+        for _ in range(cfg.num_layers))
+    embed = put(rng.standard_normal((cfg.vocab_size, hid)))
+    lm_head = None if cfg.tie_word_embeddings else dense(hid, cfg.vocab_size)
+    return LlamaParams(embed=embed, layers=layers, final_norm=norm(), lm_head=lm_head)

@@ -1,0 +1,123 @@
+"""config.json parsing: both RoPE layouts, defaults, token ids, dtype, unsupported inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from jspec.models import Eagle3Config, LlamaConfig, RopeScaling, parse_eagle3_config
+from jspec.models import parse_llama_config as parse
+from jspec.models.layers import rope_inv_freq
+
+BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128,
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": [1, 5],
+        "torch_dtype": "bfloat16", "tie_word_embeddings": True}
+SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+
+
+def test_old_and_new_rope_keys_give_the_same_config():
+    old = parse({**BASE, "rope_theta": 500000.0, "rope_scaling": SCALING})
+    new = parse({**BASE, "rope_parameters": {**SCALING, "rope_theta": 500000.0}})
+    assert old == new and hash(old) == hash(new)
+    assert old.rope_theta == 500000.0
+    assert old.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 8192)
+    assert old.head_dim == 8 and old.num_kv_heads == 2 and old.num_layers == 3
+    assert old.bos_token_ids == (0,) and old.eos_token_ids == (1, 5)
+    assert old.dtype == "bfloat16" and old.tie_word_embeddings
+    assert old.max_position_embeddings == 4096
+
+
+@pytest.mark.parametrize("rope", [
+    pytest.param({}, id="absent"),
+    pytest.param({"rope_theta": 10000.0, "rope_scaling": None}, id="old-none"),
+    pytest.param({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+                 id="new-default"),
+])
+def test_default_rope(rope):
+    cfg = parse({**BASE, **rope})
+    assert cfg.rope_scaling is None and cfg.rope_theta == 10000.0
+
+
+def test_llama3_inv_freq_bands():
+    """High frequencies unchanged, low ones divided by factor, the band between smoothed."""
+    scaling = RopeScaling(8.0, 1.0, 4.0, 64)
+    plain, scaled = rope_inv_freq(16, 10000.0, None), rope_inv_freq(16, 10000.0, scaling)
+    wavelen = 2 * 3.141592653589793 / plain
+    high, low = wavelen < 16, wavelen > 64
+    assert high.any() and low.any() and (~high & ~low).any()
+    assert (scaled[high] == plain[high]).all()
+    assert abs(scaled[low] / plain[low] - 1 / 8).max() < 1e-6
+    mid = ~high & ~low
+    assert ((scaled[mid] < plain[mid]) & (scaled[mid] > plain[mid] / 8)).all()
+
+
+def test_head_dim_dtype_and_token_ids():
+    assert parse({**BASE, "head_dim": 16}).head_dim == 16
+    assert parse(BASE, dtype="float32").dtype == "float32"
+    new_key = {k: v for k, v in BASE.items() if k != "torch_dtype"} | {"dtype": "float16"}
+    assert parse(new_key).dtype == "float16"
+    assert parse({**BASE, "eos_token_id": 7, "bos_token_id": None}).eos_token_ids == (7,)
+    assert parse({**BASE, "bos_token_id": None}).bos_token_ids == ()
+    assert parse({**BASE, "torch_dtype": None}).dtype == "float32"
+
+
+@pytest.mark.parametrize("raw,match", [
+    pytest.param({**BASE, "architectures": ["MistralForCausalLM"]}, "MistralForCausalLM",
+                 id="architecture"),
+    pytest.param({**BASE, "architectures": ["LlamaForCausalLMEagle3"]},
+                 "LlamaForCausalLMEagle3", id="eagle3-as-target"),
+    pytest.param({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn",
+                 id="rope-yarn"),
+    pytest.param({**BASE, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1.0}},
+                 "dynamic", id="rope-dynamic"),
+    pytest.param({**BASE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+                 "low_freq_factor", id="llama3-missing-key"),
+    pytest.param({**BASE, "torch_dtype": "int8"}, "dtype='int8'", id="dtype"),
+    pytest.param({**BASE, "hidden_act": "gelu"}, "hidden_act", id="activation"),
+    pytest.param({**BASE, "attention_bias": True}, "attention_bias", id="bias"),
+    pytest.param({k: v for k, v in BASE.items() if k != "vocab_size"}, "vocab_size",
+                 id="missing-key"),
+    pytest.param({**BASE, "num_key_value_heads": 3}, "num_kv_heads", id="gqa"),
+])
+def test_unsupported_configs_raise(raw, match):
+    with pytest.raises(ValueError, match=match):
+        parse(raw)
+
+
+def test_config_validation():
+    cfg = parse(BASE)
+    with pytest.raises(ValueError, match="head_dim"):
+        dataclasses.replace(cfg, head_dim=7)
+    with pytest.raises(ValueError, match="hidden_size"):
+        dataclasses.replace(cfg, hidden_size=0)
+    with pytest.raises(ValueError, match="dtype"):
+        LlamaConfig(8, 8, 8, 1, 1, 1, 8, dtype="f32")
+
+
+def _eagle3(**extra):
+    raw = {**BASE, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+           "draft_vocab_size": 32, "rope_theta": 500000.0, "rope_scaling": SCALING, **extra}
+    return parse_eagle3_config(raw)
+
+
+def test_eagle3_config():
+    cfg = _eagle3()
+    assert isinstance(cfg, Eagle3Config) and cfg.draft_vocab_size == 32 and cfg.vocab_size == 128
+    assert cfg.rope_scaling is not None and cfg.aux_layer_ids is None
+    assert cfg.capture_layers(32) == (2, 16, 29)  # Llama-3.1-8B: sglang's default
+    named = _eagle3(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 15, 28]})
+    assert named.capture_layers(32) == (2, 16, 29)
+    with pytest.raises(ValueError, match="capture_layers"):
+        cfg.capture_layers(4)  # (2, 2, 1): not strictly increasing
+    with pytest.raises(ValueError, match="capture_layers"):
+        named.capture_layers(20)  # layer 29 >= 20
+    with pytest.raises(ValueError, match="EAGLE-3"):
+        parse_eagle3_config(BASE)
+    with pytest.raises(ValueError, match="draft_vocab_size"):
+        _eagle3(draft_vocab_size=200)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        _eagle3(num_hidden_layers=2)

@@ -1,0 +1,155 @@
+"""The engine's toy target and EAGLE-1 head are a LlamaTarget / Eagle1Draft with a custom init.
+
+Same weights, same outputs (f32, exact up to op order): the toy can be folded onto
+jspec.models. NOTE: imports the toy from jspec.engine.model as it stands at this branch's base;
+drop this file when the toy moves.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from models_helpers import dense_attn_fn
+
+from jspec.engine import model as toy
+from jspec.models import (
+    Eagle1Draft,
+    Eagle1Params,
+    LayerParams,
+    LlamaConfig,
+    LlamaParams,
+    LlamaTarget,
+    load_draft,
+)
+
+CFG = toy.ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=48, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8)
+LLAMA = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=48, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=CFG.rms_norm_eps,
+                    rope_theta=CFG.rope_theta)
+
+
+def _layer(lp):
+    return LayerParams(**{f: getattr(lp, f) for f in ("attn_norm", "wq", "wk", "wv", "wo",
+                                                      "mlp_norm", "w_gate", "w_up", "w_down")})
+
+
+def _ids(num_tokens=11, seed=0):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.integers(0, CFG.vocab_size, num_tokens), jnp.int32),
+            jnp.arange(num_tokens, dtype=jnp.int32) + 3)
+
+
+def test_toy_target_is_a_llama_target():
+    tp = toy.init_target_params(CFG, 3, residual_scale=1.0)
+    params = LlamaParams(embed=tp.embed, layers=tuple(_layer(lp) for lp in tp.layers),
+                         final_norm=tp.final_norm, lm_head=tp.lm_head)
+    ids, pos = _ids()
+    _, want = toy.target_forward(CFG, tp, None, ids, pos, dense_attn_fn)
+    target = LlamaTarget(LLAMA)
+    _, got, _ = target.forward(params, None, ids, pos, dense_attn_fn)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(target.logits(params, got)),
+                               np.asarray(toy.target_logits(tp, want)), rtol=1e-5, atol=1e-5)
+
+
+def test_toy_draft_is_an_eagle1_draft():
+    tp = toy.init_target_params(CFG, 3)
+    dp = toy.init_draft_params(CFG, tp, 4, hidden_mix=0.5)
+    params = LlamaParams(embed=tp.embed, layers=tuple(_layer(lp) for lp in tp.layers),
+                         final_norm=tp.final_norm, lm_head=tp.lm_head)
+    head = Eagle1Params(fc=dp.fc, fc_bias=None, layer=_layer(dp.layer), final_norm=dp.final_norm)
+    ids, pos = _ids(seed=1)
+    hidden_in = jnp.asarray(np.random.default_rng(2).standard_normal((11, 32)), jnp.float32)
+    _, want = toy.draft_forward(CFG, dp, tp, None, ids, hidden_in, pos, dense_attn_fn)
+    draft = Eagle1Draft(LLAMA)
+    _, got = draft.forward(head, params, None, ids, hidden_in, pos, dense_attn_fn)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(draft.logits(head, params, got)),
+                               np.asarray(toy.draft_logits(CFG, dp, tp, want)),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(draft.to_target_ids(head, ids)), np.asarray(ids))
+
+
+@pytest.mark.parametrize("published", [False, True], ids=["full", "no-input-norm-no-norm"])
+def test_eagle1_head_from_hf_files(tmp_path, published):
+    """An EAGLE-1 directory (``fc`` + ``layers.0.*``) loads; published heads lack the layer's
+    input_layernorm and the final norm: identity, logits straight from hidden_out."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(5)
+    hid, inter, qd, kvd = 32, 48, 32, 16
+    shapes = {"fc.weight": (hid, 2 * hid), "fc.bias": (hid,), "norm.weight": (hid,),
+              "layers.0.input_layernorm.weight": (hid,),
+              "layers.0.self_attn.q_proj.weight": (qd, hid),
+              "layers.0.self_attn.k_proj.weight": (kvd, hid),
+              "layers.0.self_attn.v_proj.weight": (kvd, hid),
+              "layers.0.self_attn.o_proj.weight": (hid, qd),
+              "layers.0.post_attention_layernorm.weight": (hid,),
+              "layers.0.mlp.gate_proj.weight": (inter, hid),
+              "layers.0.mlp.up_proj.weight": (inter, hid),
+              "layers.0.mlp.down_proj.weight": (hid, inter)}
+    tensors = {k: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)
+               for k, s in shapes.items()}
+    if published:
+        del tensors["norm.weight"], tensors["layers.0.input_layernorm.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    raw = {"architectures": ["LlamaForCausalLM"], "hidden_size": hid, "intermediate_size": inter,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 48, "rms_norm_eps": CFG.rms_norm_eps}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    target = LlamaTarget(LLAMA)
+    tp = toy.init_target_params(CFG, 3)
+    params = LlamaParams(embed=tp.embed, layers=tuple(_layer(lp) for lp in tp.layers),
+                         final_norm=tp.final_norm, lm_head=tp.lm_head)
+    draft, head = load_draft(tmp_path, target)
+    assert isinstance(draft, Eagle1Draft) and draft.capture_layers == ()
+    assert (head.final_norm is None) == published and (head.layer.attn_norm is None) == published
+    np.testing.assert_array_equal(np.asarray(head.fc), tensors["fc.weight"].T)
+    ids, pos = _ids(seed=6)
+    hidden_in = jnp.asarray(rng.standard_normal((11, hid)), jnp.float32)
+    _, hidden = draft.forward(head, params, None, ids, hidden_in, pos, dense_attn_fn)
+    # Oracle: numpy, f64, the input norm written out (identity when absent).
+    x = np.concatenate([np.asarray(tp.embed)[np.asarray(ids)], np.asarray(hidden_in)], -1)
+    x = x @ tensors["fc.weight"].T + tensors["fc.bias"]
+    want = _np_layer(x, tensors, np.asarray(pos))
+    np.testing.assert_allclose(np.asarray(hidden), want, rtol=1e-5, atol=1e-5)
+    logits = np.asarray(draft.logits(head, params, hidden))
+    normed = want if published else _np_rms(want, tensors["norm.weight"])
+    np.testing.assert_allclose(logits, normed @ np.asarray(tp.lm_head), rtol=1e-5, atol=1e-5)
+
+
+def _np_rms(x, w, eps=CFG.rms_norm_eps):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def _np_layer(x, t, pos, heads=4, kv_heads=2, head_dim=8):
+    """One Llama layer, prefix ``layers.0.``; RoPE as complex rotation of (i, i + D/2)."""
+    w = {k.removeprefix("layers.0."): v.astype(np.float64) for k, v in t.items()}
+    num = len(x)
+    norm = w.get("input_layernorm.weight")
+    h = x if norm is None else _np_rms(x, norm)
+
+    def rope(y):
+        half = head_dim // 2
+        freqs = 1.0 / CFG.rope_theta ** (np.arange(half) * 2.0 / head_dim)
+        z = (y[..., :half] + 1j * y[..., half:]) * np.exp(1j * pos[:, None, None] * freqs)
+        return np.concatenate([z.real, z.imag], -1)
+
+    q = rope((h @ w["self_attn.q_proj.weight"].T).reshape(num, heads, head_dim))
+    k = rope((h @ w["self_attn.k_proj.weight"].T).reshape(num, kv_heads, head_dim))
+    v = (h @ w["self_attn.v_proj.weight"].T).reshape(num, kv_heads, head_dim)
+    out = np.zeros_like(q)
+    for head in range(heads):
+        kv = head // (heads // kv_heads)
+        s = np.where(np.tril(np.ones((num, num), bool)), q[:, head] @ k[:, kv].T, -np.inf)
+        e = np.exp(s / np.sqrt(head_dim) - (s / np.sqrt(head_dim)).max(-1, keepdims=True))
+        out[:, head] = (e / e.sum(-1, keepdims=True)) @ v[:, kv]
+    x = x + out.reshape(num, -1) @ w["self_attn.o_proj.weight"].T
+    h = _np_rms(x, w["post_attention_layernorm.weight"])
+    gate = h @ w["mlp.gate_proj.weight"].T
+    return x + (gate / (1 + np.exp(-gate)) * (h @ w["mlp.up_proj.weight"].T)) @ (
+        w["mlp.down_proj.weight"].T)
