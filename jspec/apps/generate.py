@@ -92,19 +92,20 @@ def hf_loader(model_dir: str, draft_dir: str | None, dtype: str | None,
     return target, params, draft, draft_params
 
 
-def _load_tokenizer(model_dir: str) -> Any | None:
-    """The ``tokenizers`` tokenizer of ``model_dir/tokenizer.json``, or None if absent."""
-    path = os.path.join(model_dir, "tokenizer.json")
-    if not os.path.exists(path):
+def _load_tokenizer(model_dir: str, target: Any) -> Any | None:
+    """``jspec.models.Tokenizer`` of ``model_dir/tokenizer.json`` (BOS / EOS from the target's
+    config), or None when the directory has none."""
+    if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
         return None
-    from tokenizers import Tokenizer
+    from jspec.models import Tokenizer
 
-    return Tokenizer.from_file(path)
+    config = getattr(target, "config", None)
+    return Tokenizer.from_dir(model_dir, config if hasattr(config, "bos_token_ids") else None)
 
 
 def _eos_ids(model_dir: str, target: Any) -> list[int]:
-    """EOS ids from the target config or ``generation_config.json`` / ``config.json``."""
-    eos = getattr(getattr(target, "config", None), "eos_token_id", None)
+    """EOS ids: the target config's, else ``generation_config.json`` / ``config.json``'s."""
+    eos = getattr(getattr(target, "config", None), "eos_token_ids", None)
     for name in ("generation_config.json", "config.json"):
         if eos is not None:
             break
@@ -134,16 +135,19 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
         if not args.no_progress:
             print(f"jspec generate: {msg}", file=sys.stderr, flush=True)
 
+    if prompt_ids is None and not os.path.isfile(os.path.join(args.model, "tokenizer.json")):
+        raise InputError(f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; "
+                         "or give --prompt-ids")
     t0 = time.perf_counter()
     target, params, draft, draft_params = loader(args.model, args.draft, args.dtype, say)
     say(f"loaded {type(target).__name__}" + (f" + {type(draft).__name__}" if draft else "")
         + f" [{time.perf_counter() - t0:.1f} s]")
-    tokenizer = _load_tokenizer(args.model)
+    tokenizer = _load_tokenizer(args.model, target)
     if prompt_ids is None:
         if tokenizer is None:
             raise InputError(f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; "
                              "or give --prompt-ids")
-        prompt_ids = tokenizer.encode(args.prompt).ids
+        prompt_ids = tokenizer.encode(args.prompt)
         if not prompt_ids:
             raise InputError(f"--prompt={args.prompt!r} encodes to no tokens")
     from jspec.probes import ProbeError
@@ -182,6 +186,10 @@ def generate_ids(args: argparse.Namespace, target: Any, params: Any, draft: Any,
     from jspec.engine.state import check_engine_models, make_engine_config
 
     max_new = check_count("--max-new-tokens", args.max_new_tokens)
+    limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    if limit is not None and len(prompt_ids) + max_new > limit:
+        raise InputError(f"len(prompt) + --max-new-tokens = {len(prompt_ids)} + {max_new} "
+                         f"exceeds the model's max_position_embeddings={limit}")
     context_len = 1 << (len(prompt_ids) + max_new + 1 - 1).bit_length()
     try:
         ecfg = make_engine_config(

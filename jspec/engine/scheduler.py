@@ -125,6 +125,7 @@ class Engine:
             [init_engine_state(ecfg, draft) for _ in range(num_devices)], num_devices, tp)
         self.checkify = checkify
         self._step_body = _spec_body if self.mode == "spec" else greedy_step_body
+        self._fns: dict[tuple, Any] = {}
 
     # ---- jitted calls ----------------------------------------------------------------------------
     @property
@@ -133,8 +134,11 @@ class Engine:
         return self.checkify or probes.probes_on()
 
     def _fn(self, body):
-        return sharding.sharded(body, self.ecfg, self.target, self.draft_model,
-                                self.num_devices, self._checked)
+        key = (body, self._checked)
+        if key not in self._fns:  # NOTE: cached here: hashing ecfg per host step costs
+            self._fns[key] = sharding.sharded(body, self.ecfg, self.target, self.draft_model,
+                                              self.num_devices, key[1])
+        return self._fns[key]
 
     @property
     def _step(self):
