@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from models_helpers import eagle3_config, eagle3_tensors, save_hf_llama, write_head  # noqa: E402
+from models_helpers import eagle3_config, eagle3_tensors, save_hf_llama, write_head
 
-from jspec.apps.generate import main  # noqa: E402
+from jspec.apps.generate import main
 
 PROMPT = [1, 17, 40, 5, 88, 23, 9]
 MAX_NEW = 10

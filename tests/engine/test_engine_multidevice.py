@@ -18,8 +18,8 @@ _SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {helpers!r})
     import jax
-    from engine_helpers import (TINY, TARGET, DRAFT, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, greedy_baseline,
-                                tiny_model, tiny_prompts)
+    from engine_helpers import (TINY, TARGET, DRAFT, CONTEXT_LEN, MAX_PROMPT, MAX_NEW,
+                                greedy_baseline, tiny_model, tiny_prompts)
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
