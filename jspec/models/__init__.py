@@ -7,6 +7,11 @@ Build a target and a draft from directories::
 
 ``target`` / ``draft`` are frozen static configs (``TargetModel`` / ``DraftModel``); the params
 are pytrees on the device. transformers is never imported here (tests only).
+
+Modules: ``hf_config`` (config.json -> LlamaConfig / Eagle3Config), ``layers`` (RMSNorm, RoPE,
+attention / MLP blocks, precision by dtype), ``llama`` (LlamaTarget), ``eagle3`` / ``eagle1``
+(draft heads), ``checkpoint`` (HF name tables + loaders), ``export`` (HF writers),
+``synthetic`` (toy target, constructed EAGLE-3 head), ``tokenizer`` (tokenizer.json).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from jspec.models.checkpoint import load_draft, load_eagle1, load_eagle3, load_llama
 from jspec.models.eagle1 import Eagle1Draft, Eagle1Params
 from jspec.models.eagle3 import Eagle3Draft, Eagle3Params, random_eagle3_params
+from jspec.models.export import save_eagle3, save_llama
 from jspec.models.hf_config import (
     Eagle3Config,
     LlamaConfig,
@@ -24,6 +30,7 @@ from jspec.models.hf_config import (
 )
 from jspec.models.layers import MODEL_SCOPE, AttnFn
 from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget, random_llama_params
+from jspec.models.synthetic import matched_eagle3, toy_eagle1, toy_llama_params
 from jspec.models.tokenizer import Tokenizer
 
 __all__ = [
@@ -45,8 +52,13 @@ __all__ = [
     "load_eagle3",
     "load_llama",
     "load_llama_config",
+    "matched_eagle3",
     "parse_eagle3_config",
     "parse_llama_config",
     "random_eagle3_params",
     "random_llama_params",
+    "save_eagle3",
+    "save_llama",
+    "toy_eagle1",
+    "toy_llama_params",
 ]

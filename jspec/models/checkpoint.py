@@ -116,10 +116,12 @@ def _load(source: TensorSource, wants: dict[str, _Want], dtype: Any, device: Any
                 host = np.asarray(arr, np.int32)
             else:
                 host = np.ascontiguousarray(arr.T if want.transpose else arr, dtype=dtype)
-            out[by_name[name]] = jax.device_put(host, device)
+            out[by_name[name]] = last = jax.device_put(host, device)
             del host, arr
             if progress is not None:
                 progress(len(out), len(by_name))
+        if out:  # one shard's host buffers in flight at most
+            last.block_until_ready()
     return out
 
 
@@ -245,6 +247,10 @@ def load_draft(directory: str | os.PathLike, target: LlamaTarget, *, dtype: str 
                ) -> tuple[Eagle3Draft | Eagle1Draft, Eagle3Params | Eagle1Params]:
     """:func:`load_eagle3` for ``LlamaForCausalLMEagle3`` configs, else :func:`load_eagle1`."""
     raw = hf_config.read_config_json(directory)
-    loader = (load_eagle3 if hf_config.architecture(raw) in hf_config.EAGLE3_ARCHITECTURES
-              else load_eagle1)
+    arch = hf_config.architecture(raw)
+    supported = hf_config.EAGLE3_ARCHITECTURES + hf_config.EAGLE1_ARCHITECTURES
+    if arch is not None and arch not in supported:
+        raise ValueError(f"draft architectures={raw['architectures']} is not supported "
+                         f"(jspec loads {', '.join(supported)})")
+    loader = load_eagle3 if arch in hf_config.EAGLE3_ARCHITECTURES else load_eagle1
     return loader(directory, target, dtype=dtype, device=device, progress=progress)

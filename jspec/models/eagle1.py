@@ -19,7 +19,15 @@ from jax.sharding import PartitionSpec as P
 
 from jspec._pytree import pytree_dataclass, replace
 from jspec.models.hf_config import LlamaConfig
-from jspec.models.layers import AttnFn, lm_logits, matmul, model_scope, rms_norm, rope_inv_freq
+from jspec.models.layers import (
+    AttnFn,
+    check_tensor_parallel,
+    lm_logits,
+    matmul,
+    model_scope,
+    rms_norm,
+    rope_inv_freq,
+)
 from jspec.models.llama import LayerParams, LlamaParams, decoder_layer, layer_specs
 
 
@@ -116,6 +124,11 @@ class Eagle1Draft:
         """Identity: the head shares the target's vocabulary."""
         del params
         return draft_ids.astype(jnp.int32)
+
+    def check_tensor_parallel(self, tensor_parallel: int) -> None:
+        """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
+        check_tensor_parallel(tensor_parallel, num_kv_heads=self.config.num_kv_heads,
+                              intermediate_size=self.config.intermediate_size)
 
     def param_specs(self, params: Eagle1Params, tp_axis: str | None) -> Eagle1Params:
         """PartitionSpecs: the layer split over ``tp_axis``, the rest replicated."""

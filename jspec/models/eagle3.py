@@ -31,6 +31,7 @@ from jspec.models.hf_config import Eagle3Config
 from jspec.models.layers import (
     AttnFn,
     attention_block,
+    check_tensor_parallel,
     lm_logits,
     matmul,
     mlp_block,
@@ -150,6 +151,11 @@ class Eagle3Draft:
     def to_target_ids(self, params: Eagle3Params, draft_ids: jax.Array) -> jax.Array:
         """i32[...] draft ids -> i32[...] target ids (``id + d2t[id]``)."""
         return (draft_ids + params.d2t[draft_ids]).astype(jnp.int32)
+
+    def check_tensor_parallel(self, tensor_parallel: int) -> None:
+        """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
+        check_tensor_parallel(tensor_parallel, num_kv_heads=self.config.num_kv_heads,
+                              intermediate_size=self.config.intermediate_size)
 
     def param_specs(self, params: Eagle3Params, tp_axis: str | None) -> Eagle3Params:
         """PartitionSpecs: the midlayer split over ``tp_axis``, the rest replicated."""

@@ -331,5 +331,19 @@ def parse_eagle3_config(raw: dict[str, Any], *, dtype: str | None = None) -> Eag
 
 
 def load_llama_config(directory: str | os.PathLike, *, dtype: str | None = None) -> LlamaConfig:
-    """:func:`parse_llama_config` of ``directory/config.json``."""
-    return parse_llama_config(read_config_json(directory), dtype=dtype)
+    """:func:`parse_llama_config` of ``directory/config.json``.
+
+    BOS / EOS ids named by ``generation_config.json`` take precedence over config.json's, as in
+    transformers' ``generate`` (Llama-3 instruct files list their end-of-turn ids there).
+    """
+    cfg = parse_llama_config(read_config_json(directory), dtype=dtype)
+    path = os.path.join(os.fspath(directory), "generation_config.json")
+    if not os.path.isfile(path):
+        return cfg
+    with open(path, encoding="utf-8") as f:
+        gen = json.load(f)
+    ids = {}
+    for key, field in (("bos_token_id", "bos_token_ids"), ("eos_token_id", "eos_token_ids")):
+        if gen.get(key) is not None:
+            ids[field] = _token_ids(gen[key])
+    return dataclasses.replace(cfg, **ids)

@@ -75,6 +75,17 @@ def tp_sum(x: jax.Array, tp_axis: str | None) -> jax.Array:
     return x if tp_axis is None else jax.lax.psum(x, tp_axis)
 
 
+def check_tensor_parallel(tensor_parallel: int, *, num_kv_heads: int,
+                          intermediate_size: int) -> None:
+    """ValueError unless ``tensor_parallel`` splits the KV heads (hence the query heads) and the
+    MLP width into equal contiguous blocks (the Megatron layout of ``param_specs``)."""
+    if not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+        raise ValueError(f"tensor_parallel={tensor_parallel!r} must be an int >= 1")
+    for name, value in (("num_kv_heads", num_kv_heads), ("intermediate_size", intermediate_size)):
+        if value % tensor_parallel:
+            raise ValueError(f"tensor_parallel={tensor_parallel} must divide {name}={value}")
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """``x * rsqrt(mean(x^2) + eps) * weight`` in f32, cast back to ``x.dtype``."""
     xf = x.astype(jnp.float32)

@@ -7,7 +7,7 @@ SwiGLU MLP -> residual] -> final RMSNorm -> LM head (the embedding when tied). W
 
 :class:`LlamaTarget` is static config only (frozen, hashable: a static jit argument); the
 weights are the :class:`LlamaParams` pytree passed beside it. jspec's toy target is a
-``LlamaTarget`` with its own init.
+``LlamaTarget`` with its own init (:func:`jspec.models.synthetic.toy_llama_params`).
 
 Tensor parallel (Megatron layout, ``tp_axis`` names the mesh axis inside ``shard_map``):
 ``wq/wk/wv/w_gate/w_up`` hold this shard's columns (its contiguous block of query / KV heads, its
@@ -31,6 +31,7 @@ from jspec.models.hf_config import LlamaConfig
 from jspec.models.layers import (
     AttnFn,
     attention_block,
+    check_tensor_parallel,
     lm_logits,
     mlp_block,
     model_scope,
@@ -183,6 +184,11 @@ class LlamaTarget:
         if params.lm_head is None:
             return lm_logits(hidden, params.embed, transposed=True)
         return lm_logits(hidden, params.lm_head)
+
+    def check_tensor_parallel(self, tensor_parallel: int) -> None:
+        """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
+        check_tensor_parallel(tensor_parallel, num_kv_heads=self.config.num_kv_heads,
+                              intermediate_size=self.config.intermediate_size)
 
     def param_specs(self, params: LlamaParams, tp_axis: str | None) -> LlamaParams:
         """PartitionSpecs for ``params``: layers split over ``tp_axis``, the rest replicated."""

@@ -137,6 +137,13 @@ def test_draft_missing_and_misshaped_tensors(tmp_path):
         load_eagle3(write_head(tmp_path / "b", tensors, eagle3_config()), TARGET)
 
 
+def test_unsupported_draft_architecture(tmp_path):
+    path = write_head(tmp_path, eagle3_tensors(),
+                      eagle3_config(architectures=["Qwen2ForCausalLMEagle3"]))
+    with pytest.raises(ValueError, match=r"Qwen2ForCausalLMEagle3.*LlamaForCausalLMEagle3"):
+        load_draft(path, TARGET)
+
+
 def test_d2t_outside_the_target_vocab(tmp_path):
     tensors = eagle3_tensors()
     tensors["d2t"][-1] = 1000

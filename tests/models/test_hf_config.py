@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
-from jspec.models import Eagle3Config, LlamaConfig, RopeScaling, parse_eagle3_config
+from jspec.models import (
+    Eagle3Config,
+    LlamaConfig,
+    RopeScaling,
+    load_llama_config,
+    parse_eagle3_config,
+)
 from jspec.models import parse_llama_config as parse
 from jspec.models.layers import rope_inv_freq
 
@@ -121,3 +128,27 @@ def test_eagle3_config():
         _eagle3(draft_vocab_size=200)
     with pytest.raises(ValueError, match="num_hidden_layers"):
         _eagle3(num_hidden_layers=2)
+
+
+def test_generation_config_eos_takes_precedence(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "eos_token_id": 1}))
+    assert load_llama_config(tmp_path).eos_token_ids == (1,)
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 0, "eos_token_id": [1, 9], "do_sample": True}))
+    cfg = load_llama_config(tmp_path, dtype="float32")
+    assert cfg.eos_token_ids == (1, 9) and cfg.bos_token_ids == (0,) and cfg.dtype == "float32"
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6}))
+    assert load_llama_config(tmp_path).eos_token_ids == (1,)
+
+
+def test_check_tensor_parallel():
+    from jspec.models import LlamaTarget
+
+    target = LlamaTarget(parse(BASE))  # 8 heads, 2 KV heads, MLP 96
+    target.check_tensor_parallel(2)
+    with pytest.raises(ValueError, match="num_kv_heads=2"):
+        target.check_tensor_parallel(4)
+    with pytest.raises(ValueError, match="tensor_parallel=0"):
+        target.check_tensor_parallel(0)
+    with pytest.raises(ValueError, match="intermediate_size=99"):
+        LlamaTarget(parse({**BASE, "intermediate_size": 99})).check_tensor_parallel(2)

@@ -153,3 +153,31 @@ def _np_layer(x, t, pos, heads=4, kv_heads=2, head_dim=8):
     gate = h @ w["mlp.gate_proj.weight"].T
     return x + (gate / (1 + np.exp(-gate)) * (h @ w["mlp.up_proj.weight"].T)) @ (
         w["mlp.down_proj.weight"].T)
+
+
+def test_toy_init_is_the_engine_toy_init():
+    from jspec.models.synthetic import toy_llama_params
+
+    want = toy.init_target_params(CFG, 7, residual_scale=0.3)
+    got = toy_llama_params(LlamaTarget(LLAMA), 7, residual_scale=0.3)
+    for field in ("embed", "final_norm", "lm_head"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, field)),
+                                      np.asarray(getattr(want, field)))
+    for lg, lw in zip(got.layers, want.layers, strict=True):
+        for field in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up",
+                      "w_down"):
+            np.testing.assert_array_equal(np.asarray(getattr(lg, field)),
+                                          np.asarray(getattr(lw, field)))
+
+
+def test_toy_eagle1_is_the_engine_toy_draft():
+    from jspec.models.synthetic import toy_eagle1, toy_llama_params
+
+    target = LlamaTarget(LLAMA)
+    tp = toy.init_target_params(CFG, 3)
+    want = toy.init_draft_params(CFG, tp, 4, hidden_mix=0.2)
+    draft, got = toy_eagle1(target, toy_llama_params(target, 3), 4, hidden_mix=0.2)
+    assert isinstance(draft, Eagle1Draft) and got.fc_bias is None
+    np.testing.assert_array_equal(np.asarray(got.fc), np.asarray(want.fc))
+    np.testing.assert_array_equal(np.asarray(got.final_norm), np.asarray(want.final_norm))
+    np.testing.assert_array_equal(np.asarray(got.layer.wq), np.asarray(want.layer.wq))
