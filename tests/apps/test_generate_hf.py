@@ -31,8 +31,8 @@ def _hf_greedy(model) -> list[int]:
     return gen[:stops[0] + 1] if stops else gen
 
 
-def _generate(capsys, *flags) -> dict:
-    code = main(["--prompt-ids", " ".join(map(str, PROMPT)), "--max-new-tokens", str(MAX_NEW),
+def _generate(capsys, *flags, prompt=PROMPT) -> dict:
+    code = main(["--prompt-ids", " ".join(map(str, prompt)), "--max-new-tokens", str(MAX_NEW),
                  "--page-size", "4", "--topk", "2", "--steps", "3", "--draft-tokens", "6",
                  "--json", "--no-progress", *flags])
     out = capsys.readouterr()
@@ -53,3 +53,25 @@ def test_generate_greedy_and_eagle3_spec_equal_transformers(tmp_path, capsys, sh
     spec = _generate(capsys, "--model", str(tmp_path / "target"), "--draft", str(head))
     assert spec["mode"] == "spec" and spec["token_ids"] == want
     assert spec["mean_accept_len"] >= 1.0 and np.isfinite(spec["tokens_per_s"])
+
+
+def test_generate_matched_eagle3_head_accepts_well(tmp_path, capsys):
+    """The demo's acceptance story with EAGLE-3 (issue 12 §4): a head constructed to draft its
+    target (jspec.models.synthetic.matched_eagle3) accepts > 1.5 tokens per step through
+    ``jspec generate`` from saved HF directories, and stays lossless."""
+    from jspec.models import LlamaConfig, LlamaTarget
+    from jspec.models.export import save_eagle3, save_llama
+    from jspec.models.synthetic import matched_eagle3, toy_llama_params
+
+    target = LlamaTarget(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96,
+                                     num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16))
+    params = toy_llama_params(target, seed=4)
+    draft, head = matched_eagle3(target, params, draft_vocab_size=48, seed=1)
+    save_llama(tmp_path / "target", target, params)
+    save_eagle3(tmp_path / "head", draft, head, num_target_layers=target.num_layers)
+    flags = ("--model", str(tmp_path / "target"), "--ignore-eos")
+    prompt = [3, 17, 40, 5, 28, 23, 9]
+    greedy = _generate(capsys, *flags, prompt=prompt)
+    spec = _generate(capsys, *flags, "--draft", str(tmp_path / "head"), prompt=prompt)
+    assert spec["token_ids"] == greedy["token_ids"] and len(spec["token_ids"]) == MAX_NEW
+    assert spec["mean_accept_len"] > 1.5, spec
