@@ -119,7 +119,13 @@ def _cases(quick: bool) -> dict[str, Case]:
 
 
 def _model(quick: bool):
-    from jspec.engine.model import ModelConfig, init_draft_params, init_target_params
+    from jspec.engine.model import (
+        ModelConfig,
+        ToyDraft,
+        ToyTarget,
+        init_draft_params,
+        init_target_params,
+    )
 
     if quick:
         cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -129,7 +135,7 @@ def _model(quick: bool):
         cfg = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4,
                           num_heads=4, num_kv_heads=2, head_dim=32)
         params = init_target_params(cfg, 0, residual_scale=2.0)
-    return cfg, params, init_draft_params(cfg, params, 1)
+    return ToyTarget(cfg), params, ToyDraft(cfg), init_draft_params(cfg, params, 1)
 
 
 def _median_ms(fn, make_args, iters: int) -> float:
@@ -232,14 +238,19 @@ def _split(engine, prompts, case: Case, iters: int) -> tuple[dict[str, float],
     from jspec.engine import spec_step as ss
 
     ecfg, params, draft = engine.ecfg, engine.params, engine.draft
+    models = (engine.target, engine.draft_model)
     state, slot_idx, live = _steady_state(engine, prompts, case.max_new_tokens)
     jit = functools.partial(jax.jit, donate_argnums=(0,))
-    prepare = jit(lambda st, si, lv: ss.phase_prepare(ecfg, params, draft, st, si, lv))
+
+    def call(phase, *args):
+        return phase(ecfg, models[0], params, models[1], draft, *args)
+
+    prepare = jit(lambda st, si, lv: call(ss.phase_prepare, st, si, lv))
     ms = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
     ms["bookkeeping"] += _median_ms(prepare, lambda: (_copy(state), slot_idx, live), iters)
     ctx = prepare(_copy(state), slot_idx, live)
     for kind, phase in ss.PHASES:
-        fn = jit(functools.partial(lambda ph, c: ph(ecfg, params, draft, c), phase))
+        fn = jit(functools.partial(lambda ph, c: call(ph, c), phase))
         snap = ctx
         ms[kind] += _median_ms(fn, lambda snap=snap: (_copy(snap),), iters)
         ctx = fn(_copy(ctx))
@@ -261,13 +272,13 @@ def _run_case(case: Case, model, quick: bool, split: bool = True,
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
-    cfg, params, draft = model
+    target, params, draft_model, draft = model
     rng = np.random.default_rng(0)
     lens = rng.integers(4, 41 if not quick else 20, case.num_prompts)
-    prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in lens]
+    prompts = [rng.integers(0, target.vocab_size, int(n)).tolist() for n in lens]
     context_len = 1 << int(np.ceil(np.log2(int(lens.max()) + case.max_new_tokens + 1)))
     ecfg = make_engine_config(
-        cfg, page_size=case.page_size, topk=case.topk, num_steps=case.num_steps,
+        target, page_size=case.page_size, topk=case.topk, num_steps=case.num_steps,
         num_draft_tokens=case.num_draft_tokens, context_len=context_len,
         max_running_requests=case.max_running, max_prompt_len=int(lens.max()),
         batch_buckets=(case.max_running,), prefill_batch=case.prefill_batch, impl=impl,
@@ -277,7 +288,8 @@ def _run_case(case: Case, model, quick: bool, split: bool = True,
     for mode in ("greedy", "spec"):
         row = {"config": case.name, "mode": mode}
         try:
-            engine = Engine(ecfg, params, draft if mode == "spec" else None)
+            engine = (Engine(ecfg, target, params, draft_model, draft) if mode == "spec"
+                      else Engine(ecfg, target, params))
             engine.generate(prompts[:1], 2)  # compile prefill / step / release
             out, stats = engine.generate(prompts, case.max_new_tokens)
             outputs[mode] = out

@@ -27,7 +27,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args(argv)
 
-    from jspec.engine.model import ModelConfig, init_draft_params, init_target_params
+    from jspec.engine.model import (
+        ModelConfig,
+        ToyDraft,
+        ToyTarget,
+        init_draft_params,
+        init_target_params,
+    )
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
@@ -35,6 +41,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                       num_heads=4, num_kv_heads=2, head_dim=32)
     params = init_target_params(cfg, 0, residual_scale=2.0)
     draft = init_draft_params(cfg, params, 1)
+    target, draft_model = ToyTarget(cfg), ToyDraft(cfg)
     rng = np.random.default_rng(0)
     lens = rng.integers(4, 41, args.num_prompts)
     prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in lens]
@@ -43,11 +50,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("\n".join(format_table([dict.fromkeys(COLUMNS, "")], COLUMNS).splitlines()[:2]),
           flush=True)
     for dp, tp in [(1, 1)] + [lt for lt in layouts if lt != (1, 1)]:
-        ecfg = make_engine_config(cfg, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
+        ecfg = make_engine_config(target, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
                                   context_len=128, max_running_requests=8,
                                   max_prompt_len=int(lens.max()), tensor_parallel=tp)
         for mode, d in (("greedy", None), ("spec", draft)):
-            engine = Engine(ecfg, params, d, num_devices=dp)
+            engine = (Engine(ecfg, target, params, num_devices=dp) if d is None
+                      else Engine(ecfg, target, params, draft_model, d, num_devices=dp))
             engine.warmup()
             out, stats = engine.generate(prompts, args.max_new_tokens)
             reference = out if reference is None else reference

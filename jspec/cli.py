@@ -1,6 +1,7 @@
 """``jspec`` command line: a thin dispatcher over library entry points (no logic here).
 
     jspec demo [...]      end-to-end jitted spec decode on a small model (jspec.engine.demo)
+    jspec generate [...]  greedy / EAGLE spec decode from checkpoint dirs (jspec.apps.generate)
     jspec compare [...]   jspec vs PyTorch reference side by side (interop.compare; needs torch)
 
 Every command lives in an installed package (``jspec`` or ``interop``): the benchmarks are not

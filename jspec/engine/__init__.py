@@ -1,41 +1,80 @@
-"""End-to-end engine: a small Llama-style target + EAGLE draft head over jspec's paged KV.
+"""End-to-end engine: EAGLE tree speculative decoding over jspec's paged KV, for any model that
+follows :mod:`jspec.engine.protocol` (a target + a draft head, each a static model object with
+its params beside it).
 
 Module map:
-  model.py      ModelConfig, target / draft params and forwards (RMSNorm, RoPE, GQA, SwiGLU)
-  weights.py    .npz / .safetensors loading (jspec and Hugging Face names), save_weights
-  attention.py  paged attention passes (gather slots + masked softmax, LSE merge)
-  state.py      EngineConfig, EngineState (allocator, req_to_token, pools, per-slot carry)
-  lifecycle.py  prefill (admission) and release of requests
-  greedy.py     plain greedy decode step (the lossless baseline)
-  spec_step.py  the jitted EAGLE tree speculative decode step, as phases
-  scheduler.py  Engine: continuous batching host loop, leak checks
-  sharding.py   data-parallel shards with shard_map
-  reference.py  dense no-cache greedy oracle
-  demo.py       ``jspec demo``
+  protocol.py    TargetModel / DraftModel / AttnFn: all the engine knows of a model
+  model.py       the built-in toy Llama-style target (ToyTarget) and EAGLE-1 head (ToyDraft)
+  weights.py     .npz / .safetensors loading of the toy model (jspec and Hugging Face names)
+  attention.py   paged attention passes (gather slots + masked softmax, LSE merge)
+  model_calls.py the engine's only calls into a model (protocol methods, named scopes)
+  state.py       EngineConfig, EngineState (allocator, req_to_token, pools, per-slot carry)
+  step_types.py  the typed values passed between step phases, and the steps' outputs
+  lifecycle.py   prefill (admission) and release of requests
+  greedy.py      plain greedy decode step (the lossless baseline)
+  spec_step.py   the jitted EAGLE tree speculative decode step, as phases
+  inputs.py      host-side validation of requests (before any compile)
+  scheduler.py   Engine: continuous batching host loop, leak checks
+  sharding.py    data / tensor parallel shards with shard_map
+  reference.py   dense no-cache greedy oracle
+  demo.py        ``jspec demo``
+
+The way in, one shard, your own loop::
+
+    ecfg = make_engine_config(target, page_size=16, topk=4, num_steps=3, ...)
+    state = init_engine_state(ecfg, draft)
+    state, out = prefill(ecfg, target, tparams, draft, dparams, state, slot_idx, ids, lens)
+    state, out = spec_decode_step(ecfg, target, tparams, draft, dparams, state, slot_idx, live)
+    state = release(ecfg, state, slot_idx, finished)
+
+or the continuous-batching loop: ``Engine(ecfg, target, tparams, draft, dparams).generate(...)``.
 """
 
 from __future__ import annotations
 
+from jspec.engine.greedy import greedy_step
+from jspec.engine.inputs import InputError, validate_requests
+from jspec.engine.lifecycle import prefill, release
 from jspec.engine.model import (
     DraftParams,
     ModelConfig,
     TargetParams,
+    ToyDraft,
+    ToyTarget,
     init_draft_params,
     init_target_params,
 )
+from jspec.engine.protocol import AttnFn, DraftModel, TargetModel
 from jspec.engine.scheduler import Engine, Request, RunStats
-from jspec.engine.state import EngineConfig, EngineState, make_engine_config
+from jspec.engine.spec_step import spec_decode_step
+from jspec.engine.state import EngineConfig, EngineState, init_engine_state, make_engine_config
+from jspec.engine.step_types import GreedyStepOutput, PrefillOutput, SpecStepOutput
 
 __all__ = [
+    "AttnFn",
+    "DraftModel",
     "DraftParams",
     "Engine",
     "EngineConfig",
     "EngineState",
+    "GreedyStepOutput",
+    "InputError",
     "ModelConfig",
+    "PrefillOutput",
     "Request",
     "RunStats",
+    "SpecStepOutput",
+    "TargetModel",
     "TargetParams",
+    "ToyDraft",
+    "ToyTarget",
+    "greedy_step",
     "init_draft_params",
+    "init_engine_state",
     "init_target_params",
     "make_engine_config",
+    "prefill",
+    "release",
+    "spec_decode_step",
+    "validate_requests",
 ]

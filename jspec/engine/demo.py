@@ -12,6 +12,7 @@ check (spec tokens == greedy tokens, asserted) and the allocator balance (leak c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -66,19 +67,44 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _force_host_devices(num: int) -> None:
-    """On CPU, ask XLA for ``num`` host devices if JAX has not started its backends yet."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if num <= 1 or "xla_force_host_platform_device_count" in flags:
-        return
-    try:
-        from jax._src import xla_bridge
+def force_host_devices(num: int) -> None:
+    """On CPU, ask for ``num`` host devices if JAX has not started its backends yet.
 
-        if xla_bridge.backends_are_initialized():
-            return
-    except Exception:  # noqa: BLE001 - private API; fall back to the explicit error later
+    ``jax.config.update("jax_num_cpu_devices", n)`` (public) raises once the backends are up;
+    then the devices stay as they are and :func:`jspec.engine.sharding.check_devices` reports
+    the shortfall in one line. Nothing happens when ``XLA_FLAGS`` already sets a count.
+    """
+    if num <= 1 or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
         return
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={num}".strip()
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", num)
+    except RuntimeError:  # backends already initialized: keep the devices there are
+        pass
+
+
+def check_spec_args(args: argparse.Namespace) -> None:
+    """Host checks of the spec / run flags shared by ``jspec demo`` and ``jspec generate``
+    (``InputError`` naming the flag, before anything is built or compiled)."""
+    from jspec.engine.inputs import check_count
+
+    for flag in ("page_size", "topk", "steps", "draft_tokens", "devices", "tensor_parallel",
+                 "max_new_tokens", "max_running"):
+        if hasattr(args, flag):
+            check_count("--" + flag.replace("_", "-"), getattr(args, flag))
+
+
+def run_cli(main_fn, prog: str, argv: Sequence[str] | None) -> int:
+    """Run a CLI ``main``: bad input (``InputError``, a config ``ValueError`` raised before
+    the first compile) becomes one line ``prog: error: ...`` on stderr and exit status 2."""
+    from jspec.engine.inputs import InputError
+
+    try:
+        return main_fn(argv)
+    except InputError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
 
 
 class _Progress:
@@ -104,22 +130,42 @@ class _Progress:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``jspec demo``; bad flags: one line on stderr, exit status 2."""
+    return run_cli(_main, "jspec demo", argv)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
-    _force_host_devices(args.devices * args.tensor_parallel)
+    from jspec.engine.inputs import InputError, check_count
+
+    check_spec_args(args)
+    check_count("--num-prompts", args.num_prompts)
+    force_host_devices(args.devices * args.tensor_parallel)
 
     import jax
 
     from jspec import probes
-    from jspec.engine.model import ModelConfig, init_draft_params, init_target_params
+    from jspec.engine.model import (
+        ModelConfig,
+        ToyDraft,
+        ToyTarget,
+        init_draft_params,
+        init_target_params,
+    )
     from jspec.engine.scheduler import Engine
-    from jspec.engine.state import make_engine_config
+    from jspec.engine.sharding import check_devices
+    from jspec.engine.state import check_engine_models, make_engine_config
     from jspec.engine.weights import load_draft, load_target
 
     t_build = time.perf_counter()
-    cfg = ModelConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-                      intermediate_size=args.intermediate_size, num_layers=args.num_layers,
-                      num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
-                      head_dim=args.head_dim, dtype=args.dtype)
+    try:
+        cfg = ModelConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
+                          intermediate_size=args.intermediate_size, num_layers=args.num_layers,
+                          num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+                          head_dim=args.head_dim, dtype=args.dtype)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    target, draft_model = ToyTarget(cfg), ToyDraft(cfg)
     params = (load_target(args.weights, cfg) if args.weights
               else init_target_params(cfg, args.seed, residual_scale=args.residual_scale))
     draft = (load_draft(args.draft_weights, cfg) if args.draft_weights
@@ -130,12 +176,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     arrivals = ([int(i * 3) for i in range(args.num_prompts)] if args.staggered else None)
     max_prompt = int(max(lens))
     context_len = 1 << int(np.ceil(np.log2(max_prompt + args.max_new_tokens + 1)))
-    ecfg = make_engine_config(
-        cfg, page_size=args.page_size, topk=args.topk, num_steps=args.steps,
-        num_draft_tokens=args.draft_tokens, context_len=context_len,
-        max_running_requests=args.max_running, max_prompt_len=max_prompt,
-        draft_attention=args.draft_attention, tensor_parallel=args.tensor_parallel,
-        impl=args.impl, attention_impl=args.attention_impl)
+    try:
+        ecfg = make_engine_config(
+            target, page_size=args.page_size, topk=args.topk, num_steps=args.steps,
+            num_draft_tokens=args.draft_tokens, context_len=context_len,
+            max_running_requests=args.max_running, max_prompt_len=max_prompt,
+            draft_attention=args.draft_attention, tensor_parallel=args.tensor_parallel,
+            impl=args.impl, attention_impl=args.attention_impl)
+        check_engine_models(ecfg, target, draft_model)
+        check_devices(args.devices, args.tensor_parallel)
+    except ValueError as e:
+        raise InputError(str(e)) from None
     devices = jax.devices()
     layout = (f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"
               if args.tensor_parallel > 1 else f"{args.devices}")
@@ -159,13 +210,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         bar.close()
         return out, stats
 
-    ctx = probes.probes_enabled(True) if args.checkify else _nullcontext()
+    # Probes on (--checkify or JSPEC_ENABLE_ASYNC_ASSERT=1): the engines run checkified.
+    checkify = args.checkify or probes.probes_on()
+    ctx = probes.probes_enabled(True) if args.checkify else contextlib.nullcontext()
     fired = None
     with ctx:
         t0 = time.perf_counter()
-        greedy = Engine(ecfg, params, None, num_devices=args.devices, checkify=args.checkify)
-        spec_engine = Engine(ecfg, params, draft, num_devices=args.devices,
-                             checkify=args.checkify)
+        greedy = Engine(ecfg, target, params, num_devices=args.devices, checkify=checkify)
+        spec_engine = Engine(ecfg, target, params, draft_model, draft,
+                             num_devices=args.devices, checkify=checkify)
         greedy.warmup()
         spec_engine.warmup()
         print(f"  compiled prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
@@ -191,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"lossless check: {'PASS' if lossless else 'FAIL'} (spec tokens == plain greedy "
           f"tokens for all {len(prompts)} prompts)")
     print(f"allocator balance: spec {s_stats.leak_check}; greedy {g_stats.leak_check}")
-    if args.checkify:
+    if checkify:
         print("checkify: all probes on, none fired")
     if not lossless:
         for i, (a, b) in enumerate(zip(out, ref, strict=True)):
@@ -202,14 +255,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"greedy {b[j:j + 5]}")
         return 1
     return 0
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 if __name__ == "__main__":

@@ -15,21 +15,34 @@ Padding entries allocate nothing, read the padding row 0 and write slot 0. The s
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
-from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, make_attn_fn, row_slot_ids
-from jspec.engine.model import TargetParams, target_forward, target_logits
-from jspec.engine.state import EngineConfig, EngineState, gather_slots, pack_valid, scatter_slots
+from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, row_slot_ids
+from jspec.engine.model_calls import run_target, target_logits
+from jspec.engine.state import (
+    EngineConfig,
+    EngineState,
+    check_engine_models,
+    gather_slots,
+    pack_valid,
+    scatter_slots,
+)
+from jspec.engine.step_types import GreedyStepOutput
 from jspec.kv.allocator import alloc_decode
-from jspec.kv.pool import set_kv_buffer
 from jspec.kv.req_to_token import assign_req_to_token_pool, get_last_loc
 
 
-def _greedy_body(ecfg: EngineConfig, params: TargetParams, state: EngineState,
-                 slot_idx: jax.Array, live: jax.Array):
+def greedy_step_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any,
+                     draft_params: Any, state: EngineState, slot_idx: jax.Array,
+                     live: jax.Array) -> tuple[EngineState, GreedyStepOutput]:
+    """The unjitted step (what :func:`greedy_step` jits and the sharded engine maps); the draft
+    arguments are ignored (the engines share one body signature)."""
+    del draft, draft_params
+    check_engine_models(ecfg, target)
     spec = ecfg.spec
     bb = slot_idx.shape[0]
     seq = gather_slots(state.committed_lens, slot_idx, live)
@@ -47,10 +60,8 @@ def _greedy_body(ecfg: EngineConfig, params: TargetParams, state: EngineState,
         plan = AttnPlan(write_slot_ids=jnp.where(live, slots, 0),
                         passes=(AttnPass(row_slot_ids(r2t, rpi, width),
                                          causal_mask(seq, 1, width)),))
-        attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
-        pool, hidden = target_forward(ecfg.model, params, state.target_pool, tokens, seq,
-                                      attn_fn, ecfg.tp_axis)
-        nxt = jnp.argmax(target_logits(params, hidden), -1).astype(jnp.int32)
+        pool, hidden, _ = run_target(ecfg, target, params, state.target_pool, tokens, seq, plan)
+        nxt = jnp.argmax(target_logits(target, params, hidden), -1).astype(jnp.int32)
         new = replace(
             state, allocator=allocator, req_to_token=r2t, target_pool=pool,
             committed_lens=scatter_slots(state.committed_lens, slot_idx, live, seq + 1),
@@ -62,20 +73,21 @@ def _greedy_body(ecfg: EngineConfig, params: TargetParams, state: EngineState,
         return state, jnp.zeros((bb,), jnp.int32)
 
     state, nxt = jax.lax.cond(ok, run, skip, state)
-    return state, nxt, ok
+    return state, GreedyStepOutput(next_tokens=nxt, ok=ok)
 
 
-@functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))
-def greedy_step(ecfg: EngineConfig, params: TargetParams, state: EngineState,
-                slot_idx: jax.Array, live: jax.Array) -> tuple[EngineState, jax.Array, jax.Array]:
-    """One plain greedy decode step over a padded bucket.
+@functools.partial(jax.jit, static_argnames=("ecfg", "target"), donate_argnames=("state",))
+def greedy_step(ecfg: EngineConfig, target: Any, params: Any, state: EngineState,
+                slot_idx: jax.Array, live: jax.Array) -> tuple[EngineState, GreedyStepOutput]:
+    """One plain greedy decode step over a padded bucket of one shard.
 
     Args:
       ecfg: static engine config (``spec.topk`` etc. unused).
+      target: static target model (``jspec.engine.protocol.TargetModel``); params: its weights.
       state: engine state (donated).
       slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
 
     Returns:
-      (state, next_tokens i32[Bb] (0 on padding entries), ok bool[]).
+      (state, :class:`GreedyStepOutput`).
     """
-    return _greedy_body(ecfg, params, state, slot_idx, live)
+    return greedy_step_body(ecfg, target, params, None, None, state, slot_idx, live)

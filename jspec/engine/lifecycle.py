@@ -9,8 +9,9 @@ marks a padding entry):
 3. the target runs the prompt (KV into the target pool at those slots, causal attention read
    back through the row) and emits the first token ``x[n]`` (greedy);
 4. with a draft: the draft runs positions ``0..n-1`` on the shifted ids ``x[1..n]`` and the
-   target hidden states (EAGLE), writing the draft pool at the same slots; its last row gives
-   the first tree level ``topk_p/topk_index`` and ``draft_hidden``.
+   target's feature (EAGLE-1: the final hidden; EAGLE-3: the aux of ``draft.capture_layers``),
+   writing the draft pool at the same slots; its last row gives the first tree level
+   ``topk_p/topk_index`` (target ids) and ``draft_hidden``.
 
 If the rows or pages are short, nothing changes and ``ok`` is False (the scheduler retries the
 prompt after other requests finish).
@@ -23,33 +24,34 @@ row, and clears its batch slot.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
 from jspec.config import ceil_to_multiple
-from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, make_attn_fn, row_slot_ids
-from jspec.engine.model import (
-    DraftParams,
-    TargetParams,
-    draft_forward,
-    draft_logits,
-    target_forward,
-    target_logits,
+from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, row_slot_ids
+from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
+from jspec.engine.state import (
+    EngineConfig,
+    EngineState,
+    check_engine_models,
+    gather_slots,
+    scatter_slots,
 )
-from jspec.engine.state import EngineConfig, EngineState, gather_slots, scatter_slots
-from jspec.kernels.topk_probs import topk_probs
+from jspec.engine.step_types import PrefillOutput
 from jspec.kv.allocator import alloc_extend
-from jspec.kv.pool import set_kv_buffer
 from jspec.kv.req_to_token import alloc_req_rows, assign_req_to_token_pool, free_req_rows
 from jspec.kv.decode_alloc import ReqKVState, release_kv_cache
 
 
-def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams | None,
-                  state: EngineState, slot_idx: jax.Array, prompt_ids: jax.Array,
-                  prompt_lens: jax.Array):
-    cfg, spec = ecfg.model, ecfg.spec
+def prefill_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
+                 state: EngineState, slot_idx: jax.Array, prompt_ids: jax.Array,
+                 prompt_lens: jax.Array) -> tuple[EngineState, PrefillOutput]:
+    """The unjitted prefill (what :func:`prefill` jits and the sharded engine maps)."""
+    check_engine_models(ecfg, target, draft)
+    spec = ecfg.spec
     bp, lp = prompt_ids.shape
     valid = prompt_lens > 0
     lens = jnp.where(valid, prompt_lens, 0).astype(jnp.int32)
@@ -71,13 +73,12 @@ def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams |
         row = row_slot_ids(r2t, rpi, lp)  # i32[Bp, Lp]
         plan = AttnPlan(write_slot_ids=jnp.where(tok_valid, row, 0).reshape(-1),
                         passes=(AttnPass(row, causal_mask(zeros, lp, lp, lengths=lens)),))
-        attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
         positions = jnp.tile(pos, bp)
-        tpool, hidden = target_forward(cfg, params, state.target_pool, prompt_ids.reshape(-1),
-                                       positions, attn_fn, ecfg.tp_axis)
+        tpool, hidden, feature = run_target(ecfg, target, params, state.target_pool,
+                                            prompt_ids.reshape(-1), positions, plan, draft)
         hidden = hidden.reshape(bp, lp, -1)
         last = jnp.clip(lens - 1, 0, lp - 1)
-        first = jnp.argmax(target_logits(params, hidden[jnp.arange(bp), last]), -1)
+        first = jnp.argmax(target_logits(target, params, hidden[jnp.arange(bp), last]), -1)
         first = first.astype(jnp.int32)
         new = replace(
             state, allocator=allocator, req_rows=req_rows, req_to_token=r2t, target_pool=tpool,
@@ -91,12 +92,10 @@ def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams |
         # EAGLE: draft position p consumes (embed(x[p+1]), target_hidden[p]).
         shifted = jnp.concatenate([prompt_ids[:, 1:], jnp.zeros((bp, 1), jnp.int32)], 1)
         shifted = shifted.at[jnp.arange(bp), last].set(first)
-        dpool, dhidden = draft_forward(cfg, draft, params, state.draft_pool, shifted.reshape(-1),
-                                       hidden.reshape(bp * lp, -1), positions, attn_fn,
-                                       ecfg.tp_axis)
+        dpool, dhidden = run_draft(ecfg, draft, draft_params, params, state.draft_pool,
+                                   shifted.reshape(-1), feature, positions, plan)
         dlast = dhidden.reshape(bp, lp, -1)[jnp.arange(bp), last]
-        topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, dlast), spec.topk,
-                                           impl=ecfg.kernel_impl)
+        topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, dlast)
         new = replace(
             new, draft_pool=dpool,
             topk_p=scatter_slots(new.topk_p, slot_idx, valid, topk_p),
@@ -108,31 +107,38 @@ def _prefill_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams |
         return state, jnp.zeros((bp,), jnp.int32)
 
     state, first = jax.lax.cond(ok, run, skip, state)
-    return state, first, ok
+    return state, PrefillOutput(first_tokens=first, ok=ok)
 
 
-@functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))
-def prefill(ecfg: EngineConfig, params: TargetParams, draft: DraftParams | None,
+@functools.partial(jax.jit, static_argnames=("ecfg", "target", "draft"),
+                   donate_argnames=("state",))
+def prefill(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
             state: EngineState, slot_idx: jax.Array, prompt_ids: jax.Array,
-            prompt_lens: jax.Array) -> tuple[EngineState, jax.Array, jax.Array]:
-    """Admit up to ``Bp`` prompts into free batch slots.
+            prompt_lens: jax.Array) -> tuple[EngineState, PrefillOutput]:
+    """Admit up to ``Bp`` prompts into free batch slots of one shard.
 
     Args:
       ecfg: static engine config.
-      params, draft: target params; draft params or None (plain greedy engine).
-      state: engine state (donated).
+      target, draft: static models (``jspec.engine.protocol``; ``draft`` None for a plain
+        greedy engine); params, draft_params: their weights (draft_params None without draft).
+      state: engine state (donated), from ``init_engine_state(ecfg, draft)``.
       slot_idx: i32[Bp] batch slot per prompt (any value for padding entries).
-      prompt_ids: i32[Bp, max_prompt_len] (padding: any token).
+      prompt_ids: i32[Bp, max_prompt_len] token ids in [0, target.vocab_size) (padding: any
+        valid id).
       prompt_lens: i32[Bp]; 0 marks a padding entry.
 
     Returns:
-      (state, first_tokens i32[Bp] (greedy token after each prompt), ok bool[]).
+      (state, :class:`PrefillOutput`).
     """
-    return _prefill_body(ecfg, params, draft, state, slot_idx, prompt_ids, prompt_lens)
+    return prefill_body(ecfg, target, params, draft, draft_params, state, slot_idx,
+                        prompt_ids, prompt_lens)
 
 
-def _release_body(ecfg: EngineConfig, state: EngineState, slot_idx: jax.Array,
-                  finished: jax.Array) -> EngineState:
+def release_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
+                 state: EngineState, slot_idx: jax.Array,
+                 finished: jax.Array) -> tuple[EngineState, tuple]:
+    """The unjitted release (the engines' shared body signature; the models are unused)."""
+    del target, params, draft, draft_params
     rpi = gather_slots(state.req_pool_indices, slot_idx, finished)
     reqs = _req_kv_state(state, slot_idx, finished)
     allocator, _ = release_kv_cache(state.allocator, state.req_to_token, reqs, finished)
@@ -143,7 +149,7 @@ def _release_body(ecfg: EngineConfig, state: EngineState, slot_idx: jax.Array,
         committed_lens=scatter_slots(state.committed_lens, slot_idx, finished, zero),
         allocated_lens=scatter_slots(state.allocated_lens, slot_idx, finished, zero),
         req_pool_indices=scatter_slots(state.req_pool_indices, slot_idx, finished, zero),
-        live=scatter_slots(state.live, slot_idx, finished, jnp.zeros(slot_idx.shape, bool)))
+        live=scatter_slots(state.live, slot_idx, finished, jnp.zeros(slot_idx.shape, bool))), ()
 
 
 @functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))
@@ -154,7 +160,7 @@ def release(ecfg: EngineConfig, state: EngineState, slot_idx: jax.Array,
     Args:
       slot_idx: i32[Bb] batch slots; finished: bool[Bb] which of them to release.
     """
-    return _release_body(ecfg, state, slot_idx, finished)
+    return release_body(ecfg, None, None, None, None, state, slot_idx, finished)[0]
 
 
 def _req_kv_state(state: EngineState, slot_idx: jax.Array, live: jax.Array) -> ReqKVState:

@@ -26,19 +26,28 @@ target deviates where the context tips the argmax, so acceptance is high but not
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from jspec._pytree import pytree_dataclass
+from jspec.engine.protocol import DTYPES as _DTYPES
+from jspec.engine.protocol import MODEL_SCOPE, AttnFn, matmul_precision
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-AttnFn = Callable[[int, Any, jax.Array, jax.Array, jax.Array], tuple[Any, jax.Array]]
+__all__ = [
+    "MODEL_SCOPE",
+    "DraftParams",
+    "LayerParams",
+    "ModelConfig",
+    "TargetParams",
+    "ToyDraft",
+    "ToyTarget",
+    "init_draft_params",
+    "init_target_params",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,33 +154,9 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return (xf * cos + rotated * sin).astype(x.dtype)
 
 
-# NOTE: full-precision matmuls. On GPU the default f32 matmul is TF32 (~1e-3 error): verify
-# (a batched tree forward) and plain greedy decode then compute near-tied logits differently and
-# can flip an argmax, breaking the lossless guarantee for f32 models. HIGHEST is exact for bf16.
-MATMUL_PRECISION = jax.lax.Precision.HIGHEST
-
-
 def _mm(a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.matmul(a, b, precision=MATMUL_PRECISION)
-
-
-# Every model computation (forwards and LM heads) runs under ``jax.named_scope(MODEL_SCOPE)``
-# and, inside it, ``"target"`` or ``"draft"``: the HLO ops it emits carry these in their
-# ``op_name`` metadata, which is how bench/e2e.py splits the device time of a fused step into
-# target (verify) forward, draft forwards and bookkeeping.
-MODEL_SCOPE = "jspec_model"
-
-
-def _model_scope(part: str):
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapped(*args, **kwargs):
-            with jax.named_scope(MODEL_SCOPE), jax.named_scope(part):
-                return fn(*args, **kwargs)
-
-        return wrapped
-
-    return decorate
+    """``a @ b`` at the dtype's precision (HIGHEST for f32 only; ``protocol.matmul_precision``)."""
+    return jnp.matmul(a, b, precision=matmul_precision(b.dtype))
 
 
 def _tp_sum(x: jax.Array, tp_axis: str | None) -> jax.Array:
@@ -205,10 +190,9 @@ def decoder_layer(cfg: ModelConfig, lp: LayerParams, layer: int, pool: Any, x: j
     return pool, x
 
 
-@_model_scope("target")
 def target_forward(cfg: ModelConfig, params: TargetParams, pool: Any, token_ids: jax.Array,
-                   positions: jax.Array, attn_fn: AttnFn,
-                   tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+                   positions: jax.Array, attn_fn: AttnFn, tp_axis: str | None = None, *,
+                   capture_layers: tuple[int, ...] = ()) -> tuple[Any, jax.Array]:
     """Target model over flat tokens.
 
     Args:
@@ -218,22 +202,28 @@ def target_forward(cfg: ModelConfig, params: TargetParams, pool: Any, token_ids:
 
     Returns:
       (pool, hidden dtype[T, H]): hidden is the final-RMSNorm output (LM-head input and the
-      feature handed to the EAGLE draft).
+      feature handed to the EAGLE draft). With ``capture_layers``: (pool, hidden, aux
+      dtype[T, len(capture_layers) * H]), the residual entering each listed layer.
     """
     x = params.embed[token_ids]
+    captured = {}
     for layer, lp in enumerate(params.layers):
+        if layer in capture_layers:
+            captured[layer] = x
         pool, x = decoder_layer(cfg, lp, layer, pool, x, positions, attn_fn, tp_axis)
-    return pool, rms_norm(x, params.final_norm, cfg.rms_norm_eps)
+    hidden = rms_norm(x, params.final_norm, cfg.rms_norm_eps)
+    if not capture_layers:
+        return pool, hidden
+    return pool, hidden, jnp.concatenate([captured[i] for i in capture_layers], -1)
 
 
-@_model_scope("target")
 def target_logits(params: TargetParams, hidden: jax.Array) -> jax.Array:
-    """f32[..., V] logits from the target's normed hidden states."""
-    return jnp.dot(hidden, params.lm_head, preferred_element_type=jnp.float32,
-                   precision=MATMUL_PRECISION)
+    """f32[..., V] logits from the target's normed hidden states (f32: exact f32 product;
+    bf16 / f16: a result in the model dtype, upcast after)."""
+    return jnp.dot(hidden, params.lm_head,
+                   precision=matmul_precision(params.lm_head.dtype)).astype(jnp.float32)
 
 
-@_model_scope("draft")
 def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, pool: Any,
                   token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
                   attn_fn: AttnFn, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
@@ -251,7 +241,6 @@ def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, po
     return decoder_layer(cfg, draft.layer, 0, pool, x, positions, attn_fn, tp_axis)
 
 
-@_model_scope("draft")
 def draft_logits(cfg: ModelConfig, draft: DraftParams, target: TargetParams,
                  hidden: jax.Array) -> jax.Array:
     """f32[..., V] draft logits: shared LM head over the draft's own final norm."""
@@ -317,3 +306,102 @@ def cast_params(tree: Any, dtype: Any) -> Any:
     """Cast every floating leaf of a params pytree to ``dtype``."""
     return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
                         else x, tree)
+
+
+# ---- the model protocol (jspec.engine.protocol) -------------------------------------------------
+def _layer_param_specs(tp_axis: str) -> LayerParams:
+    cols, rows = P(None, tp_axis), P(tp_axis, None)
+    return LayerParams(attn_norm=P(), wq=cols, wk=cols, wv=cols, wo=rows, mlp_norm=P(),
+                       w_gate=cols, w_up=cols, w_down=rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToyGeometry:
+    """The protocol's geometry fields, read from ``cfg``."""
+
+    cfg: ModelConfig
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.cfg.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.cfg.head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return self.cfg.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def dtype(self) -> str:
+        return self.cfg.dtype
+
+    def check_tensor_parallel(self, tensor_parallel: int) -> None:
+        """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
+        cfg = self.cfg
+        if cfg.num_kv_heads % tensor_parallel or cfg.intermediate_size % tensor_parallel:
+            raise ValueError(f"tensor_parallel={tensor_parallel} must divide num_kv_heads="
+                             f"{cfg.num_kv_heads} and intermediate_size="
+                             f"{cfg.intermediate_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyTarget(_ToyGeometry):
+    """:class:`jspec.engine.protocol.TargetModel` over :class:`TargetParams`."""
+
+    @property
+    def num_layers(self) -> int:
+        return self.cfg.num_layers
+
+    def forward(self, params: TargetParams, pool: Any, token_ids: jax.Array,
+                positions: jax.Array, attn_fn: AttnFn, *, capture_layers: tuple[int, ...] = (),
+                tp_axis: str | None = None) -> tuple[Any, jax.Array, jax.Array | None]:
+        out = target_forward(self.cfg, params, pool, token_ids, positions, attn_fn, tp_axis,
+                             capture_layers=tuple(capture_layers))
+        return out if capture_layers else (*out, None)
+
+    def logits(self, params: TargetParams, hidden: jax.Array) -> jax.Array:
+        return target_logits(params, hidden)
+
+    def param_specs(self, params: TargetParams, tp_axis: str) -> TargetParams:
+        """Layers head-sharded over ``tp_axis`` (Megatron), embedding / norms / LM head whole."""
+        return TargetParams(embed=P(), final_norm=P(), lm_head=P(),
+                            layers=tuple(_layer_param_specs(tp_axis) for _ in params.layers))
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyDraft(_ToyGeometry):
+    """:class:`jspec.engine.protocol.DraftModel` over :class:`DraftParams` (EAGLE-1: one layer,
+    the target's vocab, embedding and LM head; consumes the target's final-norm hidden)."""
+
+    @property
+    def num_layers(self) -> int:
+        return 1
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        return ()
+
+    def forward(self, params: DraftParams, target_params: TargetParams, pool: Any,
+                token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
+                attn_fn: AttnFn, *, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+        return draft_forward(self.cfg, params, target_params, pool, token_ids, hidden_in,
+                             positions, attn_fn, tp_axis)
+
+    def logits(self, params: DraftParams, target_params: TargetParams,
+               hidden: jax.Array) -> jax.Array:
+        return draft_logits(self.cfg, params, target_params, hidden)
+
+    def to_target_ids(self, params: DraftParams, draft_ids: jax.Array) -> jax.Array:
+        del params
+        return draft_ids
+
+    def param_specs(self, params: DraftParams, tp_axis: str) -> DraftParams:
+        """The layer head-sharded over ``tp_axis``; ``fc`` and the norm whole."""
+        del params
+        return DraftParams(fc=P(), layer=_layer_param_specs(tp_axis), final_norm=P())

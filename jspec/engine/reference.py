@@ -8,13 +8,13 @@ the speculative engine must both reproduce these tokens exactly (f32).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jspec.engine.attention import attend
-from jspec.engine.model import ModelConfig, TargetParams, target_forward, target_logits
 
 
 def _dense_attn_fn(length: jax.Array):
@@ -29,16 +29,20 @@ def _dense_attn_fn(length: jax.Array):
     return attn_fn
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def dense_next_token(cfg: ModelConfig, params: TargetParams, token_ids: jax.Array,
+@functools.partial(jax.jit, static_argnames=("target",))
+def dense_next_token(target: Any, params: Any, token_ids: jax.Array,
                      length: jax.Array) -> jax.Array:
-    """Greedy next token after ``token_ids[:length]`` (``token_ids: i32[T]`` padded)."""
+    """Greedy next token after ``token_ids[:length]`` (``token_ids: i32[T]`` padded).
+
+    ``target``: static :class:`jspec.engine.protocol.TargetModel` (its ``forward`` gets
+    ``pool=None`` and an ``attn_fn`` that attends over the forward's own K/V).
+    """
     positions = jnp.arange(token_ids.shape[0], dtype=jnp.int32)
-    _, hidden = target_forward(cfg, params, None, token_ids, positions, _dense_attn_fn(length))
-    return jnp.argmax(target_logits(params, hidden[length - 1])).astype(jnp.int32)
+    _, hidden, _ = target.forward(params, None, token_ids, positions, _dense_attn_fn(length))
+    return jnp.argmax(target.logits(params, hidden[length - 1][None])[0]).astype(jnp.int32)
 
 
-def dense_greedy_generate(cfg: ModelConfig, params: TargetParams, prompt: list[int],
+def dense_greedy_generate(target: Any, params: Any, prompt: list[int],
                           max_new_tokens: int, *, max_len: int | None = None,
                           eos_token_id: int | None = None) -> list[int]:
     """Plain greedy continuation of ``prompt`` by full recomputation (the oracle)."""
@@ -49,7 +53,7 @@ def dense_greedy_generate(cfg: ModelConfig, params: TargetParams, prompt: list[i
     out: list[int] = []
     length = len(prompt)
     for _ in range(max_new_tokens):
-        tok = int(dense_next_token(cfg, params, jnp.asarray(buf), jnp.int32(length)))
+        tok = int(dense_next_token(target, params, jnp.asarray(buf), jnp.int32(length)))
         out.append(tok)
         if eos_token_id is not None and tok == eos_token_id:
             break

@@ -30,10 +30,15 @@ import numpy as np
 from jspec import probes
 from jspec._pytree import replace
 from jspec.engine import sharding
-from jspec.engine.greedy import _greedy_body
-from jspec.engine.lifecycle import _prefill_body, _release_body
-from jspec.engine.model import DraftParams, TargetParams
-from jspec.engine.state import EngineConfig, EngineState, init_engine_state
+from jspec.engine.greedy import greedy_step_body
+from jspec.engine.inputs import validate_requests
+from jspec.engine.lifecycle import prefill_body, release_body
+from jspec.engine.state import (
+    EngineConfig,
+    EngineState,
+    check_engine_models,
+    init_engine_state,
+)
 from jspec.kv.allocator import available_size
 from jspec.kv.integrity import check_integrity, owned_page_mask
 
@@ -78,78 +83,91 @@ class RunStats:
         return self.num_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def _spec_body(*args: Any) -> Any:
-    from jspec.engine.spec_step import _spec_step_body
-
-    return _spec_step_body(*args)
-
-
-def _greedy(ecfg, params, draft, state, slot_idx, live):
-    del draft
-    return _greedy_body(ecfg, params, state, slot_idx, live)
-
-
-def _release(ecfg, params, draft, state, slot_idx, finished):
-    del params, draft
-    return (_release_body(ecfg, state, slot_idx, finished),)
-
-
 class Engine:
-    """A speculative (``draft`` given) or plain greedy (``draft=None``) engine.
+    """A speculative (``draft`` given) or plain greedy (``draft=None``) engine over any models
+    following :mod:`jspec.engine.protocol`.
 
     Args:
-      ecfg: static engine config.
-      params: target params; draft: EAGLE draft params or None.
+      ecfg: static engine config (``make_engine_config(target, ...)``).
+      target, target_params: the target model (static, hashable) and its weights.
+      draft, draft_params: the draft head and its weights, or None (plain greedy).
       num_devices: data-parallel shards (requests are spread over them); each shard uses
         ``ecfg.tensor_parallel`` devices (``num_devices * tensor_parallel`` in all).
-      eos_token_id: optional stop token (kept in the output).
+      eos_token_id: optional stop token, or several (kept in the output).
       check_every_step: run the allocator integrity check after every decode step.
       checkify: run every jitted call under ``checkify`` with all probes on (trace inside
         ``jspec.probes.probes_enabled()``); a fired probe raises ``jspec.probes.ProbeError``.
+        Also on, whatever this flag says, whenever probes are on at call time
+        (``JSPEC_ENABLE_ASYNC_ASSERT=1`` or inside ``probes_enabled()``): probes are always
+        functionalized, never left as bare ``checkify.check`` under ``jit``.
     """
 
-    def __init__(self, ecfg: EngineConfig, params: TargetParams, draft: DraftParams | None = None,
-                 *, num_devices: int = 1, eos_token_id: int | None = None,
-                 check_every_step: bool = False, checkify: bool = False) -> None:
-        self.ecfg = ecfg
+    def __init__(self, ecfg: EngineConfig, target: Any, target_params: Any, draft: Any = None,
+                 draft_params: Any = None, *, num_devices: int = 1,
+                 eos_token_id: int | Sequence[int] | None = None, check_every_step: bool = False,
+                 checkify: bool = False) -> None:
+        from jspec.engine.inputs import check_count
+
+        num_devices = check_count("num_devices", num_devices)
+        if (draft is None) != (draft_params is None):
+            raise ValueError("draft and draft_params: give both (spec) or neither (greedy)")
+        check_engine_models(ecfg, target, draft)
+        sharding.check_devices(num_devices, ecfg.tensor_parallel)
+        self.ecfg, self.target, self.draft_model = ecfg, target, draft
         self.mode = "greedy" if draft is None else "spec"
         self.num_devices = num_devices
         self.eos_token_id = eos_token_id
         self.check_every_step = check_every_step
         tp = ecfg.tensor_parallel
-        self.params = sharding.replicate(params, num_devices, tp)
-        self.draft = sharding.replicate(draft, num_devices, tp)
+        self.params = sharding.replicate(target, target_params, num_devices, tp)
+        self.draft = sharding.replicate(draft, draft_params, num_devices, tp)
         self.state: EngineState = sharding.stack_states(
-            [init_engine_state(ecfg) for _ in range(num_devices)], num_devices, tp)
-        step_body = _spec_body if self.mode == "spec" else _greedy
+            [init_engine_state(ecfg, draft) for _ in range(num_devices)], num_devices, tp)
         self.checkify = checkify
-        self._prefill = sharding.sharded(_prefill_fn, ecfg, num_devices, checkify)
-        self._step = sharding.sharded(step_body, ecfg, num_devices, checkify)
-        self._release = sharding.sharded(_release, ecfg, num_devices, checkify)
+        self._step_body = _spec_body if self.mode == "spec" else greedy_step_body
+        self._fns: dict[tuple, Any] = {}
 
     # ---- jitted calls ----------------------------------------------------------------------------
-    def _call(self, fn, *args):
+    @property
+    def _checked(self) -> bool:
+        """Run checkified: asked for, or probes on now (they would be traced into the step)."""
+        return self.checkify or probes.probes_on()
+
+    def _fn(self, body):
+        key = (body, self._checked)
+        if key not in self._fns:  # NOTE: cached here: hashing ecfg per host step costs
+            self._fns[key] = sharding.sharded(body, self.ecfg, self.target, self.draft_model,
+                                              self.num_devices, key[1])
+        return self._fns[key]
+
+    @property
+    def _step(self):
+        """The jitted decode step ``f(params, draft_params, state, slot_idx, live)``."""
+        return self._fn(self._step_body)
+
+    def _call(self, body, *args):
         # NOTE: device_put, not jnp.asarray: jnp.asarray dispatches an eager convert op per
         # argument (~0.3 ms each on the GPU host, measured), which the host loop paid every step.
-        out = fn(self.params, self.draft, self.state, *(jax.device_put(np.asarray(a))
-                                                        for a in args))
-        if self.checkify:
+        checked = self._checked
+        out = self._fn(body)(self.params, self.draft, self.state,
+                             *(jax.device_put(np.asarray(a)) for a in args))
+        if checked:
             out, errors = out
             msg = sharding.first_error(errors, self.num_devices)
             if msg is not None:
                 raise probes.ProbeError(msg)
-        self.state = out[0]
-        return [_to_host(x) for x in out[1:]]
+        self.state, result = out
+        return jax.tree.map(_to_host, result)
 
     def _call_prefill(self, slot_idx, prompt_ids, prompt_lens):
-        first, ok = self._call(self._prefill, slot_idx, prompt_ids, prompt_lens)
-        return first, ok
+        out = self._call(prefill_body, slot_idx, prompt_ids, prompt_lens)
+        return out.first_tokens, out.ok
 
     def _call_step(self, slot_idx, live):
-        return self._call(self._step, slot_idx, live)
+        return self._call(self._step_body, slot_idx, live)
 
     def _call_release(self, slot_idx, finished):
-        self._call(self._release, slot_idx, finished)
+        self._call(release_body, slot_idx, finished)
 
     def warmup(self) -> None:
         """Compile prefill, release and the decode step of every bucket (all-padding inputs)."""
@@ -169,10 +187,13 @@ class Engine:
                  ) -> tuple[list[list[int]], RunStats]:
         """Generate greedily for every prompt with continuous batching.
 
+        Every input is checked on the host first (``jspec.engine.inputs.validate_requests``:
+        ``InputError`` naming the prompt and field), before anything compiles.
+
         Args:
-          prompts: token id lists (1 <= len <= max_prompt_len).
-          max_new_tokens: per request (or one int for all); ``len(prompt) + max_new_tokens``
-            must be <= context_len.
+          prompts: token id lists (1 <= len <= max_prompt_len, ids in [0, vocab_size)).
+          max_new_tokens: per request (or one int for all), >= 1; ``len(prompt) +
+            max_new_tokens`` must be <= context_len.
           arrivals: decode-step index at which each request arrives (default all 0).
           progress: ``progress(tokens_done, tokens_total)`` after every step.
 
@@ -181,20 +202,12 @@ class Engine:
           max_new_tokens, or after the EOS token).
         """
         ecfg, spec = self.ecfg, self.ecfg.spec
+        prompts, max_new, arrivals = validate_requests(
+            prompts, max_new_tokens, vocab_size=self.target.vocab_size,
+            max_prompt_len=ecfg.max_prompt_len, context_len=spec.context_len, arrivals=arrivals)
         n = len(prompts)
-        max_new = ([int(max_new_tokens)] * n if isinstance(max_new_tokens, int)
-                   else [int(x) for x in max_new_tokens])
-        arrivals = [0] * n if arrivals is None else [int(a) for a in arrivals]
         reqs = []
         for i, prompt in enumerate(prompts):
-            prompt = [int(t) for t in prompt]
-            if not 1 <= len(prompt) <= ecfg.max_prompt_len:
-                raise ValueError(f"prompt {i}: length {len(prompt)} must be in "
-                                 f"[1, max_prompt_len={ecfg.max_prompt_len}]")
-            if max_new[i] < 1 or len(prompt) + max_new[i] > spec.context_len:
-                raise ValueError(f"prompt {i}: len(prompt) + max_new_tokens = "
-                                 f"{len(prompt) + max_new[i]} must be <= context_len="
-                                 f"{spec.context_len} (max_new_tokens >= 1)")
             reqs.append(Request(i, prompt, max_new[i], arrivals[i]))
             if self.lifetime_pages(reqs[-1]) > spec.num_pages:
                 raise ValueError(f"prompt {i}: needs up to {self.lifetime_pages(reqs[-1])} "
@@ -310,8 +323,8 @@ class Engine:
 
     def _decode_step(self, running: list[dict], stats: RunStats) -> None:
         slot_idx, live, order = self._bucket_arrays(running)
-        outs = self._call_step(slot_idx, live)
-        ok = outs[-1]
+        out = self._call_step(slot_idx, live)
+        ok = out.ok
         if not np.all(ok):
             raise RuntimeError(f"decode step {stats.num_decode_steps}: KV pool exhausted on "
                                f"shard(s) {np.flatnonzero(~ok).tolist()} (num_pages="
@@ -322,17 +335,20 @@ class Engine:
             for i, slot in enumerate(slots):
                 req = running[s][slot]
                 if self.mode == "greedy":
-                    new = [int(outs[0][s, i])]
+                    new = [int(out.next_tokens[s, i])]
                 else:
-                    n_acc = int(outs[1][s, i])
-                    new = [int(t) for t in outs[0][s, i, :n_acc]]
+                    n_acc = int(out.accept_lens[s, i])
+                    new = [int(t) for t in out.accept_tokens[s, i, :n_acc]]
                     req.accept_lens.append(n_acc)
                     stats.accept_lens.append(n_acc)
                 req.output.extend(new)
 
     def _finished(self, req: Request) -> bool:
-        if self.eos_token_id is not None and self.eos_token_id in req.output:
-            del req.output[req.output.index(self.eos_token_id) + 1:]
+        eos = self.eos_token_id
+        eos = () if eos is None else {int(eos)} if isinstance(eos, (int, np.integer)) else set(eos)
+        hit = [i for i, t in enumerate(req.output) if t in eos]
+        if hit:
+            del req.output[hit[0] + 1:]
             return True
         if len(req.output) >= req.max_new_tokens:
             del req.output[req.max_new_tokens:]
@@ -415,5 +431,7 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _prefill_fn(ecfg, params, draft, state, slot_idx, prompt_ids, prompt_lens):
-    return _prefill_body(ecfg, params, draft, state, slot_idx, prompt_ids, prompt_lens)
+def _spec_body(*args: Any) -> Any:
+    from jspec.engine.spec_step import spec_step_body
+
+    return spec_step_body(*args)

@@ -1,7 +1,8 @@
 """Multi-device engine: data-parallel shards x tensor-parallel heads, run with ``shard_map``.
 
-Every per-shard function here has the form ``body(ecfg, params, draft, state, *args) ->
-(state, *outs)`` over *one* data-parallel shard's state. :func:`sharded` turns it into a jitted
+Every per-shard function here has the form ``body(ecfg, target, params, draft, draft_params,
+state, *args) -> (state, out)`` over *one* data-parallel shard's state (the models static,
+``jspec.engine.protocol``). :func:`sharded` turns it into a jitted
 function over states stacked along a leading shard axis ``[D, ...]`` (state donated), on a 2-D
 mesh ``("dp", "tp")`` of ``D * ecfg.tensor_parallel`` devices:
 
@@ -9,10 +10,11 @@ mesh ``("dp", "tp")`` of ``D * ecfg.tensor_parallel`` devices:
   no cross-shard traffic at all. Every state leaf and per-shard argument is split on its
   leading axis.
 * ``tp`` (tensor parallel, Megatron layout): within a shard, device ``t`` holds the ``t``-th
-  contiguous block of query / KV heads (``wq/wk/wv`` columns, ``wo`` rows), of the MLP
-  (``w_gate/w_up`` columns, ``w_down`` rows) and of the KV pools' head axis; the model sums the
-  two row-parallel products per layer with ``psum`` over ``tp`` (``model.decoder_layer``).
-  Embedding, LM head, norms and the draft's ``fc`` are replicated, and so is the whole
+  contiguous block of query / KV heads and of the KV pools' head axis, the params split as the
+  model's ``param_specs(params, "tp")`` says (the toy model: ``wq/wk/wv`` columns, ``wo``
+  rows, ``w_gate/w_up`` columns, ``w_down`` rows; ``model.decoder_layer`` sums the two
+  row-parallel products per layer with ``psum`` over ``tp``). The rest of the params are
+  replicated, and so is the whole
   bookkeeping: every tp device runs the same allocator / tree / verify ops on identical
   (all-reduced) values, as sglang's TP ranks do.
 
@@ -20,7 +22,7 @@ With one device in all, it is a plain ``jax.jit`` (the leading axis is squeezed 
 Several hosts: after ``jax.distributed.initialize()`` in every process the mesh spans all
 processes' devices; every process runs the same host loop (SPMD) and the scheduler gathers step
 outputs with ``multihost_utils.process_allgather`` (tested: 2 CPU processes, dp across them).
-Compiled wrappers are cached per ``(body, ecfg, D)``.
+Compiled wrappers are cached per ``(body, ecfg, target, draft, D)``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jspec._pytree import replace
-from jspec.engine.model import DraftParams, LayerParams, TargetParams
 from jspec.engine.state import DP_AXIS, TP_AXIS
 
 
@@ -56,27 +57,25 @@ def make_mesh(num_devices: int, tensor_parallel: int = 1) -> Mesh:
     return Mesh(grid, (DP_AXIS, TP_AXIS))
 
 
+def check_devices(num_devices: int, tensor_parallel: int = 1) -> None:
+    """ValueError unless ``num_devices * tensor_parallel`` JAX devices exist (no compile)."""
+    if num_devices < 1:
+        raise ValueError(f"num_devices={num_devices} must be >= 1")
+    if num_devices * tensor_parallel > 1:
+        make_mesh(num_devices, tensor_parallel)
+
+
 # ---- partition specs ---------------------------------------------------------------------------
-def _layer_specs(tp: bool) -> LayerParams:
-    cols, rows = (P(None, TP_AXIS), P(TP_AXIS, None)) if tp else (P(), P())
-    return LayerParams(attn_norm=P(), wq=cols, wk=cols, wv=cols, wo=rows, mlp_norm=P(),
-                       w_gate=cols, w_up=cols, w_down=rows)
-
-
-def param_specs(params: TargetParams | DraftParams | None, tensor_parallel: int) -> Any:
-    """PartitionSpecs of target or draft params: layers head-sharded over ``tp``, rest replicated.
-
-    The specs have no ``dp`` entry: params are replicated across data-parallel shards.
-    """
-    tp = tensor_parallel > 1
-    if params is None or not tp:
+def param_specs(model: Any, params: Any, tensor_parallel: int) -> Any:
+    """PartitionSpecs of a model's params: ``model.param_specs(params, "tp")`` under tensor
+    parallelism, else replicated (``P()``). No ``dp`` entry: params are replicated across
+    data-parallel shards."""
+    if params is None or tensor_parallel == 1:
         return P()
-    if isinstance(params, TargetParams):
-        return TargetParams(embed=P(), layers=tuple(_layer_specs(tp) for _ in params.layers),
-                            final_norm=P(), lm_head=P())
-    if isinstance(params, DraftParams):
-        return DraftParams(fc=P(), layer=_layer_specs(tp), final_norm=P())
-    raise TypeError(f"param_specs: expected TargetParams or DraftParams, got {type(params)}")
+    if not hasattr(model, "param_specs"):
+        raise ValueError(f"tensor_parallel={tensor_parallel}: {type(model).__name__} defines "
+                         "no param_specs (jspec.engine.protocol)")
+    return model.param_specs(params, TP_AXIS)
 
 
 def state_specs(state: Any, tensor_parallel: int) -> Any:
@@ -89,8 +88,10 @@ def state_specs(state: Any, tensor_parallel: int) -> Any:
     if tensor_parallel == 1:
         return specs
     heads = P(DP_AXIS, None, None, TP_AXIS)
+    draft_pool = (None if specs.draft_pool is None
+                  else replace(specs.draft_pool, k=heads, v=heads))
     return replace(specs, target_pool=replace(specs.target_pool, k=heads, v=heads),
-                   draft_pool=replace(specs.draft_pool, k=heads, v=heads))
+                   draft_pool=draft_pool)
 
 
 # ---- the jitted wrapper ------------------------------------------------------------------------
@@ -103,9 +104,9 @@ def _unsqueeze(tree: Any) -> Any:
 
 
 @functools.cache
-def sharded(body: Callable[..., Any], ecfg: Any, num_devices: int,
+def sharded(body: Callable[..., Any], ecfg: Any, target: Any, draft: Any, num_devices: int,
             with_checkify: bool = False) -> Callable[..., Any]:
-    """Jitted ``f(params, draft, stacked_state, *stacked_args) -> stacked (state, *outs)``.
+    """Jitted ``f(params, draft_params, stacked_state, *stacked_args) -> stacked (state, out)``.
 
     ``num_devices`` is the number of data-parallel shards; each uses ``ecfg.tensor_parallel``
     devices. With ``with_checkify`` the per-shard body runs under ``checkify.checkify`` (the
@@ -114,9 +115,10 @@ def sharded(body: Callable[..., Any], ecfg: Any, num_devices: int,
     """
     tp = ecfg.tensor_parallel
 
-    def per_shard(params, draft, state, *args):
-        state, *outs = body(ecfg, params, draft, _squeeze(state), *_squeeze(args))
-        return _unsqueeze(state), _unsqueeze(tuple(outs))
+    def per_shard(params, draft_params, state, *args):
+        state, out = body(ecfg, target, params, draft, draft_params, _squeeze(state),
+                          *_squeeze(args))
+        return _unsqueeze(state), _unsqueeze(out)
 
     if with_checkify:
         from jax.experimental import checkify
@@ -125,29 +127,25 @@ def sharded(body: Callable[..., Any], ecfg: Any, num_devices: int,
 
         plain = per_shard
 
-        def per_shard(params, draft, state, *args):
+        def per_shard(params, draft_params, state, *args):
             err, out = checkify.checkify(plain, errors=probes.PROBE_ERRORS)(
-                params, draft, state, *args)
+                params, draft_params, state, *args)
             return out, _unsqueeze(err)
 
-    def flat(out):
-        (state, outs), rest = (out, None) if not with_checkify else out
-        return (state, *outs) if rest is None else ((state, *outs), rest)
-
     if num_devices * tp == 1:
-        return jax.jit(lambda *a: flat(per_shard(*a)), donate_argnums=(2,))
+        return jax.jit(per_shard, donate_argnums=(2,))
     mesh = make_mesh(num_devices, tp)
 
-    def fn(params, draft, state, *args):
+    def fn(params, draft_params, state, *args):
         st_specs = state_specs(state, tp)
-        in_specs = ((param_specs(params, tp), param_specs(draft, tp), st_specs)
-                    + (P(DP_AXIS),) * len(args))
+        in_specs = ((param_specs(target, params, tp), param_specs(draft, draft_params, tp),
+                     st_specs) + (P(DP_AXIS),) * len(args))
         out_specs = (st_specs, P(DP_AXIS))
         if with_checkify:
             out_specs = (out_specs, P(DP_AXIS))
         mapped = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                check_vma=False)
-        return flat(mapped(params, draft, state, *args))
+        return mapped(params, draft_params, state, *args)
 
     return jax.jit(fn, donate_argnums=(2,))
 
@@ -176,9 +174,10 @@ def stack_states(states: list[Any], num_devices: int, tensor_parallel: int = 1) 
                   make_mesh(num_devices, tensor_parallel))
 
 
-def replicate(params: Any, num_devices: int, tensor_parallel: int = 1) -> Any:
-    """Put params on the mesh: replicated over ``dp``, layers head-sharded over ``tp``."""
+def replicate(model: Any, params: Any, num_devices: int, tensor_parallel: int = 1) -> Any:
+    """Put params on the mesh: replicated over ``dp``, split over ``tp`` by
+    :func:`param_specs`."""
     if params is None or num_devices * tensor_parallel == 1:
         return params
-    return _place(params, param_specs(params, tensor_parallel),
+    return _place(params, param_specs(model, params, tensor_parallel),
                   make_mesh(num_devices, tensor_parallel))

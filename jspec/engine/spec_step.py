@@ -22,10 +22,18 @@ SPEC.md §2, for a padded bucket of batch slots (``K`` topk, ``S`` steps, ``N`` 
                                 row a-1 gives next topk_p/index/hidden
     9 commit                    L += accept_len, bonus = last accepted token
 
-The step is one ``jax.jit`` (state donated) per batch bucket; padding entries are invalid rows
+The models are seen only through ``jspec.engine.protocol`` (``target``, ``draft`` static,
+their params beside them, ``jspec.engine.model_calls``); the phases hand each other the typed
+dataclasses of ``jspec.engine.step_types``. The step is one ``jax.jit`` (state donated) per
+batch bucket; padding entries are invalid rows
 (row 0, slot 0, no allocation). If step 1 finds the pages short, every entry becomes padding
-and the step changes no state (``ok`` False). Outputs: ``accept_tokens i32[Bb, S+1]`` (the
-emitted tokens, ``[:accept_len]`` valid) and ``accept_lens i32[Bb]`` (0 on padding entries).
+and the step changes no state (``ok`` False). Output: :class:`SpecStepOutput`.
+
+Draft vocab and features: the draft's top-K over its own vocab is mapped to target ids at once
+(``draft.to_target_ids``), so tree tokens are target ids everywhere. The target forwards of
+verify (and prefill) capture ``draft.capture_layers``: the draft's first forward after them
+gets that feature (EAGLE-3 aux ``[T, len * H]``; EAGLE-1 the final hidden ``[T, H]``), its
+later forwards (the draft loop) its own hidden ``[T, Hd]``.
 
 Losslessness: every emitted token is the target's argmax given the prefix and the accepted
 path, i.e. exactly plain greedy decoding; the draft only decides how many are emitted per step.
@@ -36,6 +44,7 @@ different computations of the same logits and may flip a near-tied argmax: test 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,21 +56,28 @@ from jspec.engine.attention import (
     AttnPlan,
     causal_mask,
     length_mask,
-    make_attn_fn,
     page_table_slot_ids,
     row_slot_ids,
 )
-from jspec.engine.model import (
-    DraftParams,
-    TargetParams,
-    draft_forward,
-    draft_logits,
-    target_forward,
-    target_logits,
+from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
+from jspec.engine.state import (
+    EngineConfig,
+    EngineState,
+    check_engine_models,
+    gather_slots,
+    scatter_slots,
 )
-from jspec.engine.state import EngineConfig, EngineState, gather_slots, scatter_slots
-from jspec.kernels.topk_probs import topk_probs
-from jspec.kv.pool import set_kv_buffer
+from jspec.engine.step_types import (
+    AcceptResult,
+    DraftPlan,
+    DraftResult,
+    ExtendResult,
+    SpecStepOutput,
+    StepBatch,
+    StepBuffers,
+    VerifyPlan,
+    VerifyResult,
+)
 from jspec.tree.accept import move_accept_tokens_to_target_kvcache, verify_out_cache_loc
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
 from jspec.kv.decode_alloc import ReqKVState, commit_kv_lens, prepare_for_decode
@@ -123,13 +139,20 @@ def draft_decode_passes(ecfg: EngineConfig, req_to_token: jax.Array, req_pool_in
 
 
 # ---- phases ----------------------------------------------------------------------------------
-# The step is a composition of phases over a context dict ``c`` (a pytree). Each phase is also
-# jitted on its own by bench/e2e.py to split the step time into draft / verify / bookkeeping.
-# PHASES[name] = (kind, fn); kind is "bookkeeping", "draft" or "verify".
+# Every phase is ``phase(ecfg, target, target_params, draft, draft_params, x) -> y`` over the
+# typed values of jspec.engine.step_types; bench/e2e.py also jits each one on its own to split
+# the step time. PHASES = ((kind, phase), ...) after prepare; kind is "bookkeeping", "draft" or
+# "verify".
 
 
-def phase_prepare(ecfg: EngineConfig, params, draft, state: EngineState, slot_idx, live) -> dict:
-    """1-2: prepare_for_decode, draft layout + hole duplication, draft attention metadata."""
+def phase_prepare(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
+                  state: EngineState, slot_idx: jax.Array, live: jax.Array) -> DraftPlan:
+    """1-2: prepare_for_decode, draft layout + hole duplication, draft attention metadata.
+
+    Args:
+      slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
+    """
+    del target, params, draft, draft_params
     spec = ecfg.spec
     k, s, p = spec.topk, spec.num_steps, spec.page_size
     reqs = ReqKVState(committed_lens=gather_slots(state.committed_lens, slot_idx, live),
@@ -150,139 +173,156 @@ def phase_prepare(ecfg: EngineConfig, params, draft, state: EngineState, slot_id
     dpool, out_cache_loc, positions = prepare_for_draft(
         state.draft_pool, r2t, rpi, seq_lens, topk=k, num_steps=s, page_size=p, valid=live,
         impl=ecfg.kernel_impl)
-    return {
-        "allocator": allocator, "r2t": r2t, "reqs": reqs, "ok": ok, "slot_idx": slot_idx,
-        "live": live, "dpool": dpool, "tpool": state.target_pool,
-        "out_cache_loc": out_cache_loc, "positions": positions,
-        "passes": draft_decode_passes(ecfg, r2t, rpi, seq_lens, out_cache_loc),
-        "bonus": gather_slots(state.bonus_tokens, slot_idx, live),
-        "topk_p": gather_slots(state.topk_p, slot_idx, live),
-        "topk_index": gather_slots(state.topk_index, slot_idx, live),
-        "hidden": gather_slots(state.draft_hidden, slot_idx, live)}
+    return DraftPlan(
+        buffers=StepBuffers(allocator=allocator, req_to_token=r2t,
+                            target_pool=state.target_pool, draft_pool=dpool),
+        batch=StepBatch(slot_idx=slot_idx, live=live, reqs=reqs, ok=ok),
+        out_cache_loc=out_cache_loc, positions=positions,
+        passes=tuple(draft_decode_passes(ecfg, r2t, rpi, seq_lens, out_cache_loc)),
+        bonus_tokens=gather_slots(state.bonus_tokens, slot_idx, live),
+        topk_p=gather_slots(state.topk_p, slot_idx, live),
+        topk_index=gather_slots(state.topk_index, slot_idx, live),
+        draft_hidden=gather_slots(state.draft_hidden, slot_idx, live))
 
 
-def phase_draft(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c: dict) -> dict:
+def phase_draft(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
+                plan: DraftPlan) -> DraftResult:
     """3: S selections and S-1 draft forwards of width B*K, then organize_draft_results."""
-    cfg, spec = ecfg.model, ecfg.spec
+    spec = ecfg.spec
     k, s, n = spec.topk, spec.num_steps, spec.num_draft_tokens
-    batch = c["live"].shape[0]
-    cache_loc = c["out_cache_loc"].reshape(batch * k, s)
-    topk_p, topk_index, hidden, dpool = c["topk_p"], c["topk_index"], c["hidden"], c["dpool"]
+    batch = plan.batch.live.shape[0]
+    cache_loc = plan.out_cache_loc.reshape(batch * k, s)
+    topk_p, topk_index, hidden = plan.topk_p, plan.topk_index, plan.draft_hidden
+    dpool = plan.buffers.draft_pool
     score_list, token_list, parents_list = [], [], []
     scores = None
     for i in range(s):
         input_ids, hidden, scores, (sc, tok, par) = select_top_k_tokens(
-            i, topk_p, topk_index, hidden, scores, topk=k, vocab_size=cfg.vocab_size)
+            i, topk_p, topk_index, hidden, scores, topk=k, vocab_size=target.vocab_size)
         score_list.append(sc)
         token_list.append(tok)
         parents_list.append(par)
         if i == s - 1:
             break  # the last step's tokens are leaves: no forward
-        plan = AttnPlan(write_slot_ids=cache_loc[:, i], passes=c["passes"][i])
-        attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
-        dpool, hidden = draft_forward(cfg, draft, params, dpool, input_ids, hidden,
-                                      c["positions"] + i, attn_fn, ecfg.tp_axis)
-        topk_p, topk_index = topk_probs(draft_logits(cfg, draft, params, hidden), k,
-                                        impl=ecfg.kernel_impl)
+        attn = AttnPlan(write_slot_ids=cache_loc[:, i], passes=plan.passes[i])
+        dpool, hidden = run_draft(ecfg, draft, draft_params, params, dpool, input_ids, hidden,
+                                  plan.positions + i, attn)
+        topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, hidden)
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         score_list, token_list, parents_list, num_draft_tokens=n)
-    return {**c, "dpool": dpool, "parent_list": parent_list,
-            "top_scores_index": top_scores_index, "draft_tokens": draft_tokens}
+    return DraftResult(buffers=replace(plan.buffers, draft_pool=dpool), batch=plan.batch,
+                       bonus_tokens=plan.bonus_tokens, parent_list=parent_list,
+                       top_scores_index=top_scores_index, draft_tokens=draft_tokens)
 
 
-def phase_tree(ecfg: EngineConfig, params, draft, c: dict) -> dict:
+def phase_tree(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
+               res: DraftResult) -> VerifyPlan:
     """4: build the verify tree (QLEN_ONLY mask) and the verify window row[L : L+N]."""
-    spec = ecfg.spec
-    reqs = c["reqs"]
+    del target, params, draft, draft_params
+    spec, reqs = ecfg.spec, res.batch.reqs
     tree = build_tree_kernel_efficient(
-        c["bonus"], c["parent_list"], c["top_scores_index"], c["draft_tokens"],
+        res.bonus_tokens, res.parent_list, res.top_scores_index, res.draft_tokens,
         reqs.committed_lens, topk=spec.topk, num_steps=spec.num_steps,
         num_draft_tokens=spec.num_draft_tokens, mode=TreeMaskMode.QLEN_ONLY, impl=ecfg.kernel_impl)
-    verify_loc = verify_out_cache_loc(c["r2t"], reqs.req_pool_indices, reqs.committed_lens,
-                                      num_draft_tokens=spec.num_draft_tokens, valid=c["live"])
-    return {**c, "tree": tree, "verify_loc": verify_loc}
+    verify_loc = verify_out_cache_loc(res.buffers.req_to_token, reqs.req_pool_indices,
+                                      reqs.committed_lens, num_draft_tokens=spec.num_draft_tokens,
+                                      valid=res.batch.live)
+    return VerifyPlan(buffers=res.buffers, batch=res.batch, tree=tree, verify_loc=verify_loc)
 
 
-def phase_verify(ecfg: EngineConfig, params: TargetParams, draft, c: dict) -> dict:
+def phase_verify(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
+                 plan: VerifyPlan) -> VerifyResult:
     """5: the target over the N tree nodes: prefix pass over the row + tree-masked pass."""
-    spec, reqs, tree = ecfg.spec, c["reqs"], c["tree"]
-    batch, n, width = c["live"].shape[0], spec.num_draft_tokens, spec.context_len
-    plan = AttnPlan(write_slot_ids=c["verify_loc"], passes=(
-        AttnPass(row_slot_ids(c["r2t"], reqs.req_pool_indices, width),
+    del draft_params
+    spec, reqs, tree = ecfg.spec, plan.batch.reqs, plan.tree
+    batch, n, width = plan.batch.live.shape[0], spec.num_draft_tokens, spec.context_len
+    attn = AttnPlan(write_slot_ids=plan.verify_loc, passes=(
+        AttnPass(row_slot_ids(plan.buffers.req_to_token, reqs.req_pool_indices, width),
                  length_mask(reqs.committed_lens, n, width)),
-        AttnPass(c["verify_loc"].reshape(batch, n), tree.tree_mask)))
-    attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
-    tpool, target_hidden = target_forward(ecfg.model, params, c["tpool"], tree.draft_tokens,
-                                          tree.positions, attn_fn, ecfg.tp_axis)
-    return {**c, "tpool": tpool, "target_hidden": target_hidden,
-            "logits": target_logits(params, target_hidden)}
+        AttnPass(plan.verify_loc.reshape(batch, n), tree.tree_mask)))
+    tpool, hidden, feature = run_target(ecfg, target, params, plan.buffers.target_pool,
+                                        tree.draft_tokens, tree.positions, attn, draft)
+    return VerifyResult(buffers=replace(plan.buffers, target_pool=tpool), batch=plan.batch,
+                        tree=tree, verify_loc=plan.verify_loc, target_feature=feature,
+                        logits=target_logits(target, params, hidden))
 
 
-def phase_accept(ecfg: EngineConfig, params, draft, c: dict) -> dict:
+def phase_accept(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
+                 res: VerifyResult) -> AcceptResult:
     """6-7: greedy tree verification; K>1: move accepted target KV, compact to the front."""
-    spec, reqs, tree, live = ecfg.spec, c["reqs"], c["tree"], c["live"]
+    del target, params, draft, draft_params
+    spec, reqs, tree, live = ecfg.spec, res.batch.reqs, res.tree, res.batch.live
     k, s, n = spec.topk, spec.num_steps, spec.num_draft_tokens
     batch = live.shape[0]
     # accept_index width: the deepest possible path + 1 (S+1 unless the tree is shallower).
     predict, accept_lens, accept_index = eagle_sample_greedy(
-        c["logits"], tree.draft_tokens.reshape(batch, n), tree.retrive_index,
+        res.logits, tree.draft_tokens.reshape(batch, n), tree.retrive_index,
         tree.retrive_next_token, tree.retrive_next_sibling, num_spec_steps=min(s, n - 1) + 1,
         impl=ecfg.kernel_impl)
     accept_lens = jnp.where(live, accept_lens, 0).astype(jnp.int32)
     accept_tokens = jnp.where(accept_index >= 0, predict[jnp.maximum(accept_index, 0)], 0)
     accept_tokens = jnp.where(live[:, None], accept_tokens, 0).astype(jnp.int32)
-    tpool, target_hidden = c["tpool"], c["target_hidden"]
+    tpool, feature = res.buffers.target_pool, res.target_feature
     if k > 1:  # for K == 1 the accepted chain already sits at the front (as sglang)
         tpool = move_accept_tokens_to_target_kvcache(
-            tpool, c["r2t"], reqs.req_pool_indices, reqs.committed_lens, c["verify_loc"],
-            accept_index, accept_lens, valid=live)
-        predict, target_hidden = compact_accept_to_front(predict, target_hidden, accept_index,
-                                                         num_draft_tokens=n)
-    out = {key: v for key, v in c.items() if key != "logits"}
-    return {**out, "tpool": tpool, "predict": predict, "target_hidden": target_hidden,
-            "accept_lens": accept_lens, "accept_tokens": accept_tokens,
-            "new_bonus": fill_bonus_tokens(accept_tokens, jnp.maximum(accept_lens, 1))}
+            tpool, res.buffers.req_to_token, reqs.req_pool_indices, reqs.committed_lens,
+            res.verify_loc, accept_index, accept_lens, valid=live)
+        predict, feature = compact_accept_to_front(predict, feature, accept_index,
+                                                   num_draft_tokens=n)
+    return AcceptResult(
+        buffers=replace(res.buffers, target_pool=tpool), batch=res.batch,
+        verify_loc=res.verify_loc, predict=predict, target_feature=feature,
+        accept_lens=accept_lens, accept_tokens=accept_tokens,
+        new_bonus=fill_bonus_tokens(accept_tokens, jnp.maximum(accept_lens, 1)))
 
 
-def phase_extend(ecfg: EngineConfig, params: TargetParams, draft: DraftParams, c: dict) -> dict:
-    """8: draft extend of the N window tokens; row accept_len-1 seeds the next step."""
-    cfg, spec, reqs = ecfg.model, ecfg.spec, c["reqs"]
-    k, n, width = spec.topk, spec.num_draft_tokens, spec.context_len
-    batch = c["live"].shape[0]
+def phase_extend(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
+                 res: AcceptResult) -> ExtendResult:
+    """8: draft extend of the N window tokens on the target feature; row accept_len-1 seeds
+    the next step's first tree level."""
+    del target
+    spec, reqs = ecfg.spec, res.batch.reqs
+    n, width = spec.num_draft_tokens, spec.context_len
+    batch = res.batch.live.shape[0]
     seq_lens = reqs.committed_lens
     ext_pos = (seq_lens[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]).reshape(-1)
-    plan = AttnPlan(write_slot_ids=c["verify_loc"], passes=(
-        AttnPass(row_slot_ids(c["r2t"], reqs.req_pool_indices, width),
+    attn = AttnPlan(write_slot_ids=res.verify_loc, passes=(
+        AttnPass(row_slot_ids(res.buffers.req_to_token, reqs.req_pool_indices, width),
                  length_mask(seq_lens, n, width)),
-        AttnPass(c["verify_loc"].reshape(batch, n),
+        AttnPass(res.verify_loc.reshape(batch, n),
                  causal_mask(jnp.zeros((batch,), jnp.int32), n, n))))
-    attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
-    dpool, ext_hidden = draft_forward(cfg, draft, params, c["dpool"], c["predict"],
-                                      c["target_hidden"], ext_pos, attn_fn, ecfg.tp_axis)
-    select = jnp.arange(batch) * n + jnp.maximum(c["accept_lens"], 1) - 1
+    dpool, ext_hidden = run_draft(ecfg, draft, draft_params, params, res.buffers.draft_pool,
+                                  res.predict, res.target_feature, ext_pos, attn)
+    select = jnp.arange(batch) * n + jnp.maximum(res.accept_lens, 1) - 1
     next_hidden = ext_hidden[select]
-    next_p, next_index = topk_probs(draft_logits(cfg, draft, params, next_hidden), k,
-                                    impl=ecfg.kernel_impl)
-    return {**c, "dpool": dpool, "next_p": next_p, "next_index": next_index,
-            "next_hidden": next_hidden}
+    next_p, next_index = draft_topk(ecfg, draft, draft_params, params, next_hidden)
+    return ExtendResult(buffers=replace(res.buffers, draft_pool=dpool), batch=res.batch,
+                        accept_lens=res.accept_lens, accept_tokens=res.accept_tokens,
+                        new_bonus=res.new_bonus, next_p=next_p, next_index=next_index,
+                        next_hidden=next_hidden)
 
 
-def phase_commit(ecfg: EngineConfig, state: EngineState, c: dict) -> EngineState:
+def phase_commit(ecfg: EngineConfig, state: EngineState,
+                 res: ExtendResult) -> tuple[EngineState, SpecStepOutput]:
     """9: L += accept_len; write the bucket rows back to their batch slots."""
-    slot_idx, live = c["slot_idx"], c["live"]
-    new_reqs = commit_kv_lens(c["reqs"], c["accept_lens"])
+    del ecfg
+    slot_idx, live = res.batch.slot_idx, res.batch.live
+    new_reqs = commit_kv_lens(res.batch.reqs, res.accept_lens)
 
     def put(x, v):
         return scatter_slots(x, slot_idx, live, v)
 
-    return replace(
-        state, allocator=c["allocator"], req_to_token=c["r2t"], target_pool=c["tpool"],
-        draft_pool=c["dpool"],
+    buffers = res.buffers
+    state = replace(
+        state, allocator=buffers.allocator, req_to_token=buffers.req_to_token,
+        target_pool=buffers.target_pool, draft_pool=buffers.draft_pool,
         committed_lens=put(state.committed_lens, new_reqs.committed_lens),
         allocated_lens=put(state.allocated_lens, new_reqs.allocated_lens),
-        bonus_tokens=put(state.bonus_tokens, c["new_bonus"]),
-        topk_p=put(state.topk_p, c["next_p"]), topk_index=put(state.topk_index, c["next_index"]),
-        draft_hidden=put(state.draft_hidden, c["next_hidden"]))
+        bonus_tokens=put(state.bonus_tokens, res.new_bonus),
+        topk_p=put(state.topk_p, res.next_p), topk_index=put(state.topk_index, res.next_index),
+        draft_hidden=put(state.draft_hidden, res.next_hidden))
+    return state, SpecStepOutput(accept_tokens=res.accept_tokens, accept_lens=res.accept_lens,
+                                 ok=res.batch.ok)
 
 
 # Phases after prepare, in order, with the time class bench/e2e.py reports them under.
@@ -290,26 +330,32 @@ PHASES = (("draft", phase_draft), ("bookkeeping", phase_tree), ("verify", phase_
           ("bookkeeping", phase_accept), ("draft", phase_extend))
 
 
-def _spec_step_body(ecfg: EngineConfig, params: TargetParams, draft: DraftParams,
-                    state: EngineState, slot_idx: jax.Array, live: jax.Array):
-    c = phase_prepare(ecfg, params, draft, state, slot_idx, live)
+def spec_step_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
+                   state: EngineState, slot_idx: jax.Array,
+                   live: jax.Array) -> tuple[EngineState, SpecStepOutput]:
+    """The unjitted step (what :func:`spec_decode_step` jits and the sharded engine maps)."""
+    check_engine_models(ecfg, target, draft)
+    x = phase_prepare(ecfg, target, params, draft, draft_params, state, slot_idx, live)
     for _, phase in PHASES:
-        c = phase(ecfg, params, draft, c)
-    return phase_commit(ecfg, state, c), c["accept_tokens"], c["accept_lens"], c["ok"]
+        x = phase(ecfg, target, params, draft, draft_params, x)
+    return phase_commit(ecfg, state, x)
 
 
-@functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))
-def spec_decode_step(ecfg: EngineConfig, params: TargetParams, draft: DraftParams,
-                     state: EngineState, slot_idx: jax.Array, live: jax.Array):
-    """One speculative decode step over a padded bucket (see the module docstring).
+@functools.partial(jax.jit, static_argnames=("ecfg", "target", "draft"),
+                   donate_argnames=("state",))
+def spec_decode_step(ecfg: EngineConfig, target: Any, params: Any, draft: Any,
+                     draft_params: Any, state: EngineState, slot_idx: jax.Array,
+                     live: jax.Array) -> tuple[EngineState, SpecStepOutput]:
+    """One speculative decode step over a padded bucket of one shard (module docstring).
 
     Args:
-      ecfg: static engine config.
-      params, draft: target and draft params.
-      state: engine state (donated).
+      ecfg: static engine config (``make_engine_config(target, ...)``).
+      target, draft: static models (``jspec.engine.protocol``); params, draft_params: their
+        weights.
+      state: engine state (donated), from ``init_engine_state(ecfg, draft)`` and prefill.
       slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
 
     Returns:
-      (state, accept_tokens i32[Bb, S+1], accept_lens i32[Bb], ok bool[]).
+      (state, :class:`SpecStepOutput`).
     """
-    return _spec_step_body(ecfg, params, draft, state, slot_idx, live)
+    return spec_step_body(ecfg, target, params, draft, draft_params, state, slot_idx, live)

@@ -16,21 +16,26 @@ Per-slot arrays (``M`` = max_running_requests)::
     req_pool_indices i32[M]   req_to_token row (0 = padding row, free batch slot)
     live             bool[M]
     bonus_tokens     i32[M]   last generated token (the next tree root; no KV yet)
-    topk_p           f32[M, K], topk_index i32[M, K], draft_hidden dtype[M, H]
+    topk_p           f32[M, K], topk_index i32[M, K] (TARGET ids), draft_hidden dtype[M, Hd]
                               the draft's proposal for the first tree level (from the
-                              last draft extend / draft prefill)
+                              last draft extend / draft prefill); Hd = draft.hidden_size
+
+The configuration is model-agnostic: the target pool's geometry comes from the target model
+(:func:`make_engine_config`), the draft pool's from the draft model (:func:`draft_pool_spec`);
+the models themselves (``jspec.engine.protocol``) are passed beside the config.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jspec._pytree import pytree_dataclass
 from jspec.config import BatchBuckets, SpecConfig, ceil_div
-from jspec.engine.model import ModelConfig
+from jspec.engine.protocol import DTYPES, check_models
 from jspec.kv.allocator import PagedAllocator, init_allocator
 from jspec.kv.pool import KVPool, init_kv_pool
 from jspec.kv.req_to_token import ReqRowAllocator, init_req_rows, init_req_to_token
@@ -51,9 +56,9 @@ class EngineConfig:
     """Static engine configuration (hashable: a static jit argument).
 
     Attributes:
-      model: target geometry (the draft head uses the same hidden size / heads).
       spec: bookkeeping config (page_size, topk, num_steps, num_draft_tokens, context_len,
-        max_running_requests, num_pages) whose pool geometry matches ``model``.
+        max_running_requests, num_pages) whose pool geometry (num_layers, num_kv_heads,
+        head_dim, dtype) is the target model's (:func:`check_engine_models`).
       max_prompt_len: static prompt padding for prefill.
       batch_buckets: decode batch sizes compiled (sglang cuda-graph ``capture_bs``).
       prefill_batch: prompts admitted per prefill call (per shard).
@@ -64,7 +69,8 @@ class EngineConfig:
         (default: ``"pallas"`` on GPU, ``"xla"`` elsewhere); see :attr:`kernel_impl`.
       tensor_parallel: devices that share one data-parallel shard, each holding a contiguous
         block of the query / KV heads and of the MLP (sglang ``--tp-size``). Needs
-        ``num_kv_heads`` and ``intermediate_size`` divisible by it. Each of these devices keeps
+        ``num_kv_heads`` divisible by it and models that define ``param_specs``
+        (``jspec.engine.protocol``). Each of these devices keeps
         its own copy of the bookkeeping (allocator, req_to_token, per-slot arrays) and computes
         it identically, as sglang's TP ranks do; the KV pools hold its KV heads only. With
         ``tensor_parallel > 1`` the model bodies call ``psum`` over the mesh axis
@@ -77,7 +83,6 @@ class EngineConfig:
         impl, so they stay token-identical.
     """
 
-    model: ModelConfig
     spec: SpecConfig
     max_prompt_len: int
     batch_buckets: tuple[int, ...]
@@ -88,18 +93,12 @@ class EngineConfig:
     attention_impl: str = "auto"
 
     def __post_init__(self) -> None:
-        m, s = self.model, self.spec
+        s = self.spec
         tp = self.tensor_parallel
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ValueError(f"tensor_parallel={tp!r} must be an int >= 1")
-        if m.num_kv_heads % tp or m.intermediate_size % tp:
-            raise ValueError(f"tensor_parallel={tp} must divide num_kv_heads={m.num_kv_heads} "
-                             f"and intermediate_size={m.intermediate_size}")
-        if (s.num_layers, s.num_kv_heads, s.head_dim, s.dtype) != (
-                m.num_layers, m.num_kv_heads, m.head_dim, m.dtype):
-            raise ValueError(f"spec pool geometry (num_layers={s.num_layers}, num_kv_heads="
-                             f"{s.num_kv_heads}, head_dim={s.head_dim}, dtype={s.dtype}) must "
-                             "match the model's")
+        if s.num_kv_heads % tp:
+            raise ValueError(f"tensor_parallel={tp} must divide num_kv_heads={s.num_kv_heads}")
         if not 1 <= self.max_prompt_len <= s.context_len:
             raise ValueError(f"max_prompt_len={self.max_prompt_len} must be in "
                              f"[1, context_len={s.context_len}]")
@@ -131,7 +130,7 @@ class EngineConfig:
         for head dims up to :data:`AUTO_PALLAS_MAX_HEAD_DIM`, the XLA reference otherwise."""
         if self.attention_impl != "auto":
             return self.attention_impl
-        if jax.default_backend() == "gpu" and self.model.head_dim <= AUTO_PALLAS_MAX_HEAD_DIM:
+        if jax.default_backend() == "gpu" and self.spec.head_dim <= AUTO_PALLAS_MAX_HEAD_DIM:
             return "pallas"
         return "xla"
 
@@ -139,11 +138,6 @@ class EngineConfig:
     def tp_axis(self) -> str | None:
         """The mesh axis the model sums its row-parallel products over (None: no TP)."""
         return TP_AXIS if self.tensor_parallel > 1 else None
-
-    @property
-    def draft_spec(self) -> SpecConfig:
-        """The draft pool's config: one layer, same slots."""
-        return dataclasses.replace(self.spec, num_layers=1)
 
     def bucket_for(self, num_running: int) -> int:
         """Smallest batch bucket holding ``num_running`` requests (``BatchBuckets``)."""
@@ -157,18 +151,23 @@ def default_num_pages(spec_like: dict, max_running_requests: int) -> int:
     return max_running_requests * per_req
 
 
-def make_engine_config(model: ModelConfig, *, page_size: int = 16, topk: int = 4,
+def make_engine_config(target: Any, *, page_size: int = 16, topk: int = 4,
                        num_steps: int = 3, num_draft_tokens: int = 8, context_len: int = 256,
                        max_running_requests: int = 8, max_prompt_len: int = 64,
                        num_pages: int | None = None,
                        batch_buckets: tuple[int, ...] | None = None, prefill_batch: int = 1,
                        draft_attention: str = "cascade", impl: str = "auto",
                        tensor_parallel: int = 1, attention_impl: str = "auto") -> EngineConfig:
-    """An :class:`EngineConfig` whose pools match ``model`` (num_pages sized to never run out)."""
+    """An :class:`EngineConfig` whose target pool matches ``target`` (num_pages sized to never
+    run out).
+
+    ``target``: a :class:`jspec.engine.protocol.TargetModel` (or anything with its
+    ``num_layers``, ``num_kv_heads``, ``head_dim`` and ``dtype``, e.g. a ``ModelConfig``).
+    """
     spec_like = {"page_size": page_size, "topk": topk, "num_steps": num_steps,
-                     "num_draft_tokens": num_draft_tokens, "context_len": context_len,
-                     "num_layers": model.num_layers, "num_kv_heads": model.num_kv_heads,
-                     "head_dim": model.head_dim, "dtype": model.dtype}
+                 "num_draft_tokens": num_draft_tokens, "context_len": context_len,
+                 "num_layers": target.num_layers, "num_kv_heads": target.num_kv_heads,
+                 "head_dim": target.head_dim, "dtype": target.dtype}
     if num_pages is None:
         num_pages = default_num_pages(spec_like, max_running_requests)
     spec = SpecConfig(**spec_like, max_running_requests=max_running_requests,
@@ -177,7 +176,7 @@ def make_engine_config(model: ModelConfig, *, page_size: int = 16, topk: int = 4
         powers = {1 << i for i in range(max_running_requests.bit_length())}
         batch_buckets = tuple(sorted({b for b in powers if b < max_running_requests}
                                      | {max_running_requests}))
-    return EngineConfig(model=model, spec=spec, max_prompt_len=max_prompt_len,
+    return EngineConfig(spec=spec, max_prompt_len=max_prompt_len,
                         batch_buckets=tuple(batch_buckets), prefill_batch=prefill_batch,
                         draft_attention=draft_attention, impl=impl,
                         tensor_parallel=tensor_parallel, attention_impl=attention_impl)
@@ -191,7 +190,7 @@ class EngineState:
     req_rows: ReqRowAllocator
     req_to_token: jax.Array  # i32[M+1, R]
     target_pool: KVPool
-    draft_pool: KVPool
+    draft_pool: KVPool | None  # None in a plain greedy engine
     committed_lens: jax.Array  # i32[M]
     allocated_lens: jax.Array  # i32[M]
     req_pool_indices: jax.Array  # i32[M]
@@ -199,19 +198,60 @@ class EngineState:
     bonus_tokens: jax.Array  # i32[M]
     topk_p: jax.Array  # f32[M, K]
     topk_index: jax.Array  # i32[M, K]
-    draft_hidden: jax.Array  # dtype[M, H]
+    draft_hidden: jax.Array  # dtype[M, Hd] (Hd = draft.hidden_size; [M, 0] without a draft)
 
 
-def init_engine_state(ecfg: EngineConfig) -> EngineState:
-    """Empty state: every page and row free, every batch slot free."""
-    s, m = ecfg.spec, ecfg.model
+def draft_pool_spec(ecfg: EngineConfig, draft: Any) -> SpecConfig:
+    """The draft pool's config: the draft's geometry, the target pool's slots."""
+    return dataclasses.replace(ecfg.spec, num_layers=draft.num_layers,
+                               num_kv_heads=draft.num_kv_heads, head_dim=draft.head_dim,
+                               dtype=draft.dtype)
+
+
+def check_engine_models(ecfg: EngineConfig, target: Any, draft: Any = None) -> None:
+    """Static checks: the models follow the protocol, fit each other and ``ecfg``.
+
+    Raises:
+      ValueError naming the field (TypeError for a missing protocol member).
+    """
+
+    check_models(target, draft)
+    s = ecfg.spec
+    for field in ("num_layers", "num_kv_heads", "head_dim", "dtype"):
+        if getattr(s, field) != getattr(target, field):
+            raise ValueError(f"target.{field}={getattr(target, field)!r} does not match the "
+                             f"engine config's spec.{field}={getattr(s, field)!r} (build the "
+                             "config with make_engine_config(target, ...))")
+    tp = ecfg.tensor_parallel
+    for name, model in (("target", target), ("draft", draft)):
+        if model is None or tp == 1:
+            continue
+        if not hasattr(model, "param_specs"):
+            raise ValueError(f"tensor_parallel={tp}: the {name} model {type(model).__name__} "
+                             "defines no param_specs (jspec.engine.protocol)")
+        if model.num_kv_heads % tp:
+            raise ValueError(f"tensor_parallel={tp} must divide {name}.num_kv_heads="
+                             f"{model.num_kv_heads}")
+        if hasattr(model, "check_tensor_parallel"):
+            model.check_tensor_parallel(tp)
+
+
+def init_engine_state(ecfg: EngineConfig, draft: Any = None) -> EngineState:
+    """Empty state: every page and row free, every batch slot free.
+
+    Args:
+      draft: the draft model (its pool geometry and hidden size), or None for a plain greedy
+        engine (no draft pool: ``draft_pool`` is None, ``draft_hidden`` is ``[M, 0]``).
+    """
+    s = ecfg.spec
     cap, k = s.max_running_requests, s.topk
+    hidden = (0, s.dtype) if draft is None else (draft.hidden_size, draft.dtype)
     return EngineState(
         allocator=init_allocator(s.num_pages, s.page_size),
         req_rows=init_req_rows(s),
         req_to_token=init_req_to_token(s),
         target_pool=init_kv_pool(s),
-        draft_pool=init_kv_pool(ecfg.draft_spec),
+        draft_pool=None if draft is None else init_kv_pool(draft_pool_spec(ecfg, draft)),
         committed_lens=jnp.zeros((cap,), jnp.int32),
         allocated_lens=jnp.zeros((cap,), jnp.int32),
         req_pool_indices=jnp.zeros((cap,), jnp.int32),
@@ -219,7 +259,7 @@ def init_engine_state(ecfg: EngineConfig) -> EngineState:
         bonus_tokens=jnp.zeros((cap,), jnp.int32),
         topk_p=jnp.zeros((cap, k), jnp.float32),
         topk_index=jnp.zeros((cap, k), jnp.int32),
-        draft_hidden=jnp.zeros((cap, m.hidden_size), m.jnp_dtype))
+        draft_hidden=jnp.zeros((cap, hidden[0]), DTYPES[hidden[1]]))
 
 
 def gather_slots(x: jax.Array, slot_idx: jax.Array, live: jax.Array, fill=0) -> jax.Array:

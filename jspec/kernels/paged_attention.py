@@ -31,7 +31,7 @@ log-sum-exp. One pass: the queries ``q[b, i]`` (``i < Qp``) see the keys at toke
   The head dim is processed in chunks of ``block_d`` columns (default 32). Both products are
   ``jnp.dot(..., precision=HIGHEST)`` on f32 tiles: the Triton lowering makes them IEEE-f32
   ``tl.dot`` (no TF32), which keeps greedy and speculative decoding on the same argmax (the
-  lossless guarantee; ``jspec.engine.model.MATMUL_PRECISION``). An IEEE-f32 ``tl.dot`` runs on
+  lossless guarantee; ``jspec.engine.protocol.matmul_precision``). An IEEE-f32 ``tl.dot`` runs on
   FMA units and keeps its whole inner dimension in registers: unchunked, D = 128 spilled
   (measured on the H200: 30x slower than XLA on the verify prefix pass). ``tl.dot`` wants every
   tile dimension >= 16, so ``BQ``, ``BW`` and ``BD`` are powers of 2 >= 16 (``D`` need not be a
@@ -109,7 +109,7 @@ def paged_attention_reference(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array
     k = k_pool[layer][kv_slot_ids].astype(jnp.float32)  # [Bp, W, Hkv, D]
     v = v_pool[layer][kv_slot_ids].astype(jnp.float32)
     qg = q.astype(jnp.float32).reshape(bp, qp, hkv, hq // hkv, dim)
-    # NOTE: HIGHEST: the GPU's default f32 matmul is TF32 (see model.MATMUL_PRECISION).
+    # NOTE: HIGHEST: the GPU's default f32 matmul is TF32 (protocol.matmul_precision).
     scores = jnp.einsum("bqhgd,bwhd->bqhgw", qg, k, precision=jax.lax.Precision.HIGHEST)
     scores = scores * (dim ** -0.5)
     mask = kv_mask[:, :, None, None, :]

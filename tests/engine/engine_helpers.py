@@ -13,10 +13,17 @@ import functools
 
 import numpy as np
 
-from jspec.engine.model import ModelConfig, init_draft_params, init_target_params
+from jspec.engine.model import (
+    ModelConfig,
+    ToyDraft,
+    ToyTarget,
+    init_draft_params,
+    init_target_params,
+)
 
 TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=8)
+TARGET, DRAFT = ToyTarget(TINY), ToyDraft(TINY)
 # Prompt lengths straddle page boundaries of 16 and stay under one page of 64.
 PROMPT_LENS = (3, 17, 9, 30)
 ARRIVALS = (0, 0, 2, 4)
@@ -48,5 +55,15 @@ def greedy_baseline(lens=PROMPT_LENS, max_new: int = MAX_NEW) -> tuple[tuple[int
     ecfg = make_engine_config(TINY, page_size=1, topk=1, num_steps=1, num_draft_tokens=2,
                               context_len=CONTEXT_LEN, max_running_requests=4,
                               max_prompt_len=MAX_PROMPT, batch_buckets=(4,))
-    out, _ = Engine(ecfg, params).generate(tiny_prompts(lens), max_new)
+    out, _ = Engine(ecfg, TARGET, params).generate(tiny_prompts(lens), max_new)
     return tuple(tuple(o) for o in out)
+
+
+def tiny_engine(ecfg, spec: bool = True, **kwargs):
+    """An Engine over the tiny toy target (and its EAGLE-1 head when ``spec``)."""
+    from jspec.engine.scheduler import Engine
+
+    params, draft = tiny_model()
+    if spec:
+        return Engine(ecfg, TARGET, params, DRAFT, draft, **kwargs)
+    return Engine(ecfg, TARGET, params, **kwargs)

@@ -24,7 +24,15 @@ def test_checkify_engine_reports_a_fired_probe():
     """A NaN draft head: the draft ``topk_p`` NaN probe fires, naming itself."""
     import jax.numpy as jnp
     import pytest
-    from engine_helpers import CONTEXT_LEN, MAX_PROMPT, TINY, tiny_model, tiny_prompts
+    from engine_helpers import (
+        CONTEXT_LEN,
+        DRAFT,
+        MAX_PROMPT,
+        TARGET,
+        TINY,
+        tiny_model,
+        tiny_prompts,
+    )
 
     from jspec import probes
     from jspec._pytree import replace
@@ -37,6 +45,22 @@ def test_checkify_engine_reports_a_fired_probe():
                               context_len=CONTEXT_LEN, max_running_requests=1,
                               max_prompt_len=MAX_PROMPT, batch_buckets=(1,))
     with probes.probes_enabled(True):
-        engine = Engine(ecfg, params, bad, checkify=True)
+        engine = Engine(ecfg, TARGET, params, DRAFT, bad, checkify=True)
         with pytest.raises(probes.ProbeError, match="draft topk_p: .*NaN"):
             engine.generate(tiny_prompts()[:1], 4)
+
+
+def test_demo_with_the_probe_switch_env():
+    """JSPEC_ENABLE_ASYNC_ASSERT=1 (issue 11 §1): the engine runs its steps checkified, so the
+    demo passes instead of dying on an unfunctionalized checkify.check."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JSPEC_ENABLE_ASYNC_ASSERT": "1", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "jspec.cli", "demo", *TINY_ARGS,
+                           "--num-prompts", "2", "--max-new-tokens", "6"], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "lossless check: PASS" in proc.stdout
+    assert "checkify: all probes on, none fired" in proc.stdout

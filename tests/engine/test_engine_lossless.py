@@ -14,8 +14,10 @@ import pytest
 from engine_helpers import (
     ARRIVALS,
     CONTEXT_LEN,
+    DRAFT,
     MAX_NEW,
     MAX_PROMPT,
+    TARGET,
     TINY,
     greedy_baseline,
     tiny_model,
@@ -39,7 +41,7 @@ def _run(page_size, topk, steps, num_draft_tokens, *, draft_attention="cascade",
                               max_running_requests=max_running, max_prompt_len=MAX_PROMPT,
                               batch_buckets=(max_running,), draft_attention=draft_attention,
                               impl=impl, attention_impl=attention_impl)
-    engine = Engine(ecfg, params, draft, check_every_step=check_every_step)
+    engine = Engine(ecfg, TARGET, params, DRAFT, draft, check_every_step=check_every_step)
     out, stats = engine.generate(tiny_prompts(), MAX_NEW, arrivals=ARRIVALS)
     return out, stats
 

@@ -10,6 +10,7 @@ import pytest
 
 from jspec.engine.model import (
     ModelConfig,
+    ToyTarget,
     apply_rope,
     draft_forward,
     init_draft_params,
@@ -144,8 +145,8 @@ def test_npz_roundtrip(tmp_path):
     _assert_tree_equal(load_draft(path, CFG), draft)
     # Same greedy tokens after the round trip.
     prompt = [1, 2, 3]
-    assert dense_greedy_generate(CFG, load_target(path, CFG), prompt, 4) == \
-        dense_greedy_generate(CFG, params, prompt, 4)
+    assert dense_greedy_generate(ToyTarget(CFG), load_target(path, CFG), prompt, 4) == \
+        dense_greedy_generate(ToyTarget(CFG), params, prompt, 4)
 
 
 def test_hf_names_are_transposed(tmp_path):

@@ -18,8 +18,8 @@ _SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {helpers!r})
     import jax
-    from engine_helpers import (TINY, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, greedy_baseline,
-                                tiny_model, tiny_prompts)
+    from engine_helpers import (TINY, TARGET, DRAFT, CONTEXT_LEN, MAX_PROMPT, MAX_NEW,
+                                greedy_baseline, tiny_model, tiny_prompts)
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
@@ -31,9 +31,9 @@ _SCRIPT = textwrap.dedent("""
     lens = (3, 17, 9, 30, 5, 12)
     prompts = tiny_prompts(lens)
     arrivals = [0, 0, 1, 2, 3, 3]
-    out4, st4 = Engine(ecfg, params, draft, num_devices=4).generate(prompts, MAX_NEW,
+    out4, st4 = Engine(ecfg, TARGET, params, DRAFT, draft, num_devices=4).generate(prompts, MAX_NEW,
                                                                     arrivals=arrivals)
-    out1, st1 = Engine(ecfg, params, draft, num_devices=1).generate(prompts, MAX_NEW,
+    out1, st1 = Engine(ecfg, TARGET, params, DRAFT, draft, num_devices=1).generate(prompts, MAX_NEW,
                                                                     arrivals=arrivals)
     assert out4 == out1, (out4, out1)
     assert out4 == [list(o) for o in greedy_baseline(lens)]
@@ -51,9 +51,10 @@ _TP_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {helpers!r})
     import jax
     import numpy as np
-    from engine_helpers import (TINY, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, tiny_model,
+    from engine_helpers import (TINY, TARGET, DRAFT, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, tiny_model,
                                 tiny_prompts)
-    from jspec.engine.model import ModelConfig, init_draft_params, init_target_params
+    from jspec.engine.model import (ToyDraft, ModelConfig, ToyTarget, init_draft_params,
+                                    init_target_params)
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
@@ -67,11 +68,11 @@ _TP_SCRIPT = textwrap.dedent("""
     prompts = tiny_prompts(lens)
     arrivals = [0, 0, 1, 2, 3, 3]
     params, draft = tiny_model()
-    ref, ref_stats = Engine(ecfg(TINY, 1), params, draft).generate(prompts, MAX_NEW,
-                                                                   arrivals=arrivals)
+    ref, ref_stats = Engine(ecfg(TINY, 1), TARGET, params, DRAFT, draft).generate(
+        prompts, MAX_NEW, arrivals=arrivals)
 
     # 2 data-parallel shards x 2 tensor-parallel devices: spec and plain greedy.
-    eng = Engine(ecfg(TINY, 2), params, draft, num_devices=2)
+    eng = Engine(ecfg(TINY, 2), TARGET, params, DRAFT, draft, num_devices=2)
     # The layers and the pools really are split over tp (1 of the 2 KV heads per device).
     assert eng.params.layers[0].wq.sharding.spec == jax.sharding.PartitionSpec(None, "tp")
     assert eng.params.layers[0].wq.addressable_shards[0].data.shape == (32, 2 * 8)
@@ -81,7 +82,7 @@ _TP_SCRIPT = textwrap.dedent("""
     assert out == ref, (out, ref)
     assert stats.request_accept_lens == ref_stats.request_accept_lens
     assert stats.leak_check.startswith("ok: 2 x"), stats.leak_check
-    greedy, _ = Engine(ecfg(TINY, 2), params, None, num_devices=2).generate(
+    greedy, _ = Engine(ecfg(TINY, 2), TARGET, params, num_devices=2).generate(
         prompts, MAX_NEW, arrivals=arrivals)
     assert greedy == ref, (greedy, ref)
 
@@ -90,8 +91,11 @@ _TP_SCRIPT = textwrap.dedent("""
                        num_heads=8, num_kv_heads=4, head_dim=8)
     wparams = init_target_params(wide, 0, residual_scale=1.5)
     wdraft = init_draft_params(wide, wparams, 1, hidden_mix=1.0)
-    wref, _ = Engine(ecfg(wide, 1, 4), wparams, wdraft).generate(prompts, MAX_NEW)
-    wout, wstats = Engine(ecfg(wide, 4, 4), wparams, wdraft, checkify=True).generate(
+    wtarget, wdraft_model = ToyTarget(wide), ToyDraft(wide)
+    wref, _ = Engine(ecfg(wide, 1, 4), wtarget, wparams, wdraft_model, wdraft).generate(
+        prompts, MAX_NEW)
+    wout, wstats = Engine(ecfg(wide, 4, 4), wtarget, wparams, wdraft_model, wdraft,
+                          checkify=True).generate(
         prompts, MAX_NEW)
     assert wout == wref, (wout, wref)
     assert wstats.leak_check.startswith("ok: 1 x"), wstats.leak_check
@@ -135,7 +139,8 @@ _PROCESS_SCRIPT = textwrap.dedent("""
     jax.distributed.initialize(coordinator_address="127.0.0.1:{port}", num_processes=2,
                                process_id={pid})
     assert jax.process_count() == 2 and len(jax.devices()) == 4
-    from engine_helpers import TINY, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, tiny_model, tiny_prompts
+    from engine_helpers import (TINY, TARGET, DRAFT, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, tiny_model,
+                                tiny_prompts)
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
@@ -143,7 +148,7 @@ _PROCESS_SCRIPT = textwrap.dedent("""
     ecfg = make_engine_config(TINY, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
                               context_len=CONTEXT_LEN, max_running_requests=2,
                               max_prompt_len=MAX_PROMPT, batch_buckets=(2,), tensor_parallel=2)
-    out, stats = Engine(ecfg, params, draft, num_devices=2).generate(
+    out, stats = Engine(ecfg, TARGET, params, DRAFT, draft, num_devices=2).generate(
         tiny_prompts({lens!r}), MAX_NEW)
     print("OUT" + json.dumps([out, stats.leak_check]))
 """)
@@ -156,7 +161,16 @@ def test_two_processes_with_jax_distributed():
     import json
     import socket
 
-    from engine_helpers import CONTEXT_LEN, MAX_NEW, MAX_PROMPT, TINY, tiny_model, tiny_prompts
+    from engine_helpers import (
+        CONTEXT_LEN,
+        DRAFT,
+        MAX_NEW,
+        MAX_PROMPT,
+        TARGET,
+        TINY,
+        tiny_model,
+        tiny_prompts,
+    )
 
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
@@ -178,7 +192,7 @@ def test_two_processes_with_jax_distributed():
     ecfg = make_engine_config(TINY, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
                               context_len=CONTEXT_LEN, max_running_requests=2,
                               max_prompt_len=MAX_PROMPT, batch_buckets=(2,))
-    ref, _ = Engine(ecfg, params, draft).generate(tiny_prompts(lens), MAX_NEW)
+    ref, _ = Engine(ecfg, TARGET, params, DRAFT, draft).generate(tiny_prompts(lens), MAX_NEW)
     for stdout, _ in results:
         out, leak = json.loads(stdout.split("OUT", 1)[1])
         assert out == ref

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 from engine_helpers import (
     CONTEXT_LEN,
+    DRAFT,
     MAX_NEW,
     MAX_PROMPT,
+    TARGET,
     TINY,
     greedy_baseline,
     tiny_model,
@@ -24,7 +26,8 @@ def _spec_engine(**kw):
             "context_len": CONTEXT_LEN, "max_running_requests": 4, "max_prompt_len": MAX_PROMPT,
             "batch_buckets": (2, 4)}
     opts.update(kw)
-    return Engine(make_engine_config(TINY, **opts), params, draft, check_every_step=True)
+    return Engine(make_engine_config(TINY, **opts), TARGET, params, DRAFT, draft,
+                  check_every_step=True)
 
 
 def _small_pool() -> int:
@@ -96,7 +99,8 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="tensor_parallel=0"):
         make_engine_config(TINY, tensor_parallel=0)
     with pytest.raises(ValueError, match="2 = 4 devices: only 1"):
-        Engine(make_engine_config(TINY, tensor_parallel=2), *tiny_model(), num_devices=2)
+        Engine(make_engine_config(TINY, tensor_parallel=2), TARGET, tiny_model()[0], DRAFT,
+               tiny_model()[1], num_devices=2)
 
 
 def test_warmup_is_a_no_op_on_the_bookkeeping():
@@ -117,15 +121,15 @@ def test_spec_step_with_pages_short_changes_no_state():
     ecfg = make_engine_config(TINY, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
                               context_len=CONTEXT_LEN, max_running_requests=2,
                               max_prompt_len=MAX_PROMPT, batch_buckets=(2,), num_pages=3)
-    engine = Engine(ecfg, params, draft)
+    engine = Engine(ecfg, TARGET, params, DRAFT, draft)
     prompts = np.zeros((1, 2, MAX_PROMPT), np.int32)
     prompts[0, 0, :30] = tiny_prompts((30,))[0]
     _, ok = engine._call_prefill(np.array([[0, 2]], np.int32), prompts,
                                  np.array([[30, 0]], np.int32))
     assert ok.all()
     before = jax.tree.map(np.array, engine.state)
-    tokens, lens, ok = engine._call_step(np.array([[0, 2]], np.int32),
-                                         np.array([[True, False]]))
+    out = engine._call_step(np.array([[0, 2]], np.int32), np.array([[True, False]]))
+    tokens, lens, ok = out.accept_tokens, out.accept_lens, out.ok
     assert not ok.any() and not lens.any() and not tokens.any()
     after = jax.tree.map(np.array, engine.state)
     page = ecfg.spec.page_size

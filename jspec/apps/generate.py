@@ -1,0 +1,217 @@
+"""``jspec generate``: text (or token ids) in, text out, from checkpoint directories.
+
+    jspec generate --model DIR [--draft DIR] (--prompt TEXT | --prompt-ids "1 2 3")
+                   --max-new-tokens N [--json] [--no-progress] [spec flags of jspec demo]
+
+Without ``--draft`` it decodes greedily; with it, EAGLE tree speculative decoding (lossless:
+the same tokens). It prints the text (or the ids), tokens/s and, for spec, the mean acceptance
+length; with ``--json`` the last stdout line is one JSON object (``token_ids``, ``mode``,
+``mean_accept_len``, ``tokens_per_s``, ...). Progress (loading, compiling) goes to stderr.
+
+Models come from ``jspec.models`` (a Hugging Face Llama-family directory, an EAGLE-3 or EAGLE-1
+head directory); :func:`main` takes a ``loader`` hook so that any models following
+``jspec.engine.protocol`` run through the same app.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jspec.engine.demo import check_spec_args, force_host_devices, run_cli
+from jspec.engine.inputs import InputError, check_count
+
+# loader(model_dir, draft_dir | None, dtype | None, progress) -> (target, params, draft, dparams)
+Loader = Callable[[str, "str | None", "str | None", Callable[[str], None]], tuple]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jspec generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="target model directory (HF Llama family)")
+    p.add_argument("--draft", default=None, help="draft head directory (EAGLE-3 / EAGLE-1)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (needs tokenizer.json in --model)")
+    src.add_argument("--prompt-ids", help='prompt token ids, e.g. "1 2 3" or "1,2,3"')
+    p.add_argument("--max-new-tokens", type=int, required=True)
+    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
+    g = p.add_argument_group("speculative decoding (as jspec demo)")
+    g.add_argument("--page-size", type=int, default=16)
+    g.add_argument("--topk", type=int, default=4)
+    g.add_argument("--steps", type=int, default=3, help="speculative_num_steps")
+    g.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
+    g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
+    g.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto")
+    g.add_argument("--attention-impl", choices=("auto", "xla", "pallas"), default="auto")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="weights / activations / KV dtype (default: the checkpoint's)")
+    g.add_argument("--devices", type=int, default=1, help="data-parallel shards")
+    g.add_argument("--tensor-parallel", type=int, default=1, help="devices per shard")
+    g.add_argument("--checkify", action="store_true", help="all probes on")
+    return p
+
+
+def parse_prompt_ids(text: str) -> list[int]:
+    """``"1 2 3"`` / ``"1,2,3"`` -> ``[1, 2, 3]`` (:class:`InputError` on anything else)."""
+    items = text.replace(",", " ").split()
+    if not items:
+        raise InputError("--prompt-ids is empty: give at least one token id")
+    try:
+        return [int(x) for x in items]
+    except ValueError:
+        raise InputError(f"--prompt-ids={text!r}: expected integers separated by spaces or "
+                         "commas") from None
+
+
+def hf_loader(model_dir: str, draft_dir: str | None, dtype: str | None,
+              say: Callable[[str], None]) -> tuple[Any, Any, Any, Any]:
+    """Target (and draft) from Hugging Face directories through ``jspec.models``."""
+    from jspec.models import load_draft, load_llama
+
+    def bar(what: str) -> Callable[[int, int], None]:
+        def progress(done: int, total: int) -> None:
+            if done == total or done % max(total // 10, 1) == 0:
+                say(f"loading {what}: {done}/{total} tensors")
+
+        return progress
+
+    try:
+        target, params = load_llama(model_dir, dtype=dtype, progress=bar("target"))
+        if draft_dir is None:
+            return target, params, None, None
+        draft, draft_params = load_draft(draft_dir, target, dtype=dtype, progress=bar("draft"))
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        raise InputError(str(e)) from None
+    return target, params, draft, draft_params
+
+
+def _load_tokenizer(model_dir: str, target: Any) -> Any | None:
+    """``jspec.models.Tokenizer`` of ``model_dir/tokenizer.json`` (BOS / EOS from the target's
+    config), or None when the directory has none."""
+    if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
+        return None
+    from jspec.models import Tokenizer
+
+    config = getattr(target, "config", None)
+    return Tokenizer.from_dir(model_dir, config if hasattr(config, "bos_token_ids") else None)
+
+
+def _eos_ids(model_dir: str, target: Any) -> list[int]:
+    """EOS ids: the target config's, else ``generation_config.json`` / ``config.json``'s."""
+    eos = getattr(getattr(target, "config", None), "eos_token_ids", None)
+    for name in ("generation_config.json", "config.json"):
+        if eos is not None:
+            break
+        path = os.path.join(model_dir, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                eos = json.load(f).get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def main(argv: Sequence[str] | None = None, *, loader: Loader | None = None) -> int:
+    """``jspec generate``; bad input: one line on stderr, exit status 2."""
+    return run_cli(lambda a: _main(a, loader or hf_loader), "jspec generate", argv)
+
+
+def _main(argv: Sequence[str] | None, loader: Loader) -> int:
+    args = _parser().parse_args(list(argv) if argv is not None else None)
+    check_spec_args(args)
+    prompt_ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    if args.prompt is not None and not args.prompt:
+        raise InputError("--prompt is empty")
+    force_host_devices(args.devices * args.tensor_parallel)
+
+    def say(msg: str) -> None:
+        if not args.no_progress:
+            print(f"jspec generate: {msg}", file=sys.stderr, flush=True)
+
+    if prompt_ids is None and not os.path.isfile(os.path.join(args.model, "tokenizer.json")):
+        raise InputError(f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; "
+                         "or give --prompt-ids")
+    t0 = time.perf_counter()
+    target, params, draft, draft_params = loader(args.model, args.draft, args.dtype, say)
+    say(f"loaded {type(target).__name__}" + (f" + {type(draft).__name__}" if draft else "")
+        + f" [{time.perf_counter() - t0:.1f} s]")
+    tokenizer = _load_tokenizer(args.model, target)
+    if prompt_ids is None:
+        if tokenizer is None:
+            raise InputError(f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; "
+                             "or give --prompt-ids")
+        prompt_ids = tokenizer.encode(args.prompt)
+        if not prompt_ids:
+            raise InputError(f"--prompt={args.prompt!r} encodes to no tokens")
+    from jspec.probes import ProbeError
+
+    try:
+        out, stats = generate_ids(args, target, params, draft, draft_params, prompt_ids, say,
+                                  eos=[] if args.ignore_eos else _eos_ids(args.model, target))
+    except ProbeError as e:
+        print(f"jspec generate: a probe fired: {e}", file=sys.stderr)
+        return 1
+    text = tokenizer.decode(out) if tokenizer is not None else None
+    mode = "spec" if draft is not None else "greedy"
+    print(text if text is not None else " ".join(str(t) for t in out))
+    print(f"{stats.num_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s ({mode}, "
+          f"{stats.num_decode_steps} decode steps, {stats.wall_s:.2f} s)")
+    if mode == "spec":
+        print(f"mean acceptance length: {stats.mean_accept_len:.2f} tokens/step "
+              f"(max {args.steps + 1})")
+    if args.json:
+        print(json.dumps({"token_ids": out, "mode": mode, "text": text,
+                          "mean_accept_len": stats.mean_accept_len if mode == "spec" else 1.0,
+                          "tokens_per_s": stats.tokens_per_s, "num_tokens": stats.num_tokens,
+                          "num_decode_steps": stats.num_decode_steps,
+                          "prompt_ids": list(prompt_ids)}))
+    return 0
+
+
+def generate_ids(args: argparse.Namespace, target: Any, params: Any, draft: Any,
+                 draft_params: Any, prompt_ids: Sequence[int], say: Callable[[str], None], *,
+                 eos: Sequence[int] = ()) -> tuple[list[int], Any]:
+    """Validate, build the engine, compile (with progress) and generate for one prompt."""
+    from jspec import probes
+    from jspec.engine.inputs import validate_requests
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.sharding import check_devices
+    from jspec.engine.state import check_engine_models, make_engine_config
+
+    max_new = check_count("--max-new-tokens", args.max_new_tokens)
+    limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    if limit is not None and len(prompt_ids) + max_new > limit:
+        raise InputError(f"len(prompt) + --max-new-tokens = {len(prompt_ids)} + {max_new} "
+                         f"exceeds the model's max_position_embeddings={limit}")
+    context_len = 1 << (len(prompt_ids) + max_new + 1 - 1).bit_length()
+    try:
+        ecfg = make_engine_config(
+            target, page_size=args.page_size, topk=args.topk, num_steps=args.steps,
+            num_draft_tokens=args.draft_tokens, context_len=context_len,
+            max_running_requests=1, max_prompt_len=len(prompt_ids),
+            draft_attention=args.draft_attention, impl=args.impl,
+            attention_impl=args.attention_impl, tensor_parallel=args.tensor_parallel)
+        check_engine_models(ecfg, target, draft)
+        check_devices(args.devices, args.tensor_parallel)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    validate_requests([list(prompt_ids)], max_new, vocab_size=target.vocab_size,
+                      max_prompt_len=ecfg.max_prompt_len, context_len=context_len)
+    checkify = args.checkify or probes.probes_on()
+    with probes.probes_enabled(True) if args.checkify else contextlib.nullcontext():
+        engine = Engine(ecfg, target, params, draft, draft_params, num_devices=args.devices,
+                        eos_token_id=list(eos) or None, checkify=checkify)
+        t0 = time.perf_counter()
+        say(f"compiling prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
+            f"(context {context_len}, page size {ecfg.spec.page_size}) ...")
+        engine.warmup()
+        say(f"compiled [{time.perf_counter() - t0:.1f} s]; generating {max_new} tokens")
+        outs, stats = engine.generate([list(prompt_ids)], max_new)
+    return outs[0], stats

@@ -1,0 +1,77 @@
+"""The engine's only calls into a model: protocol methods under the model named scopes.
+
+Every step (prefill, greedy, speculative) reaches the target and the draft through these four
+functions, so a model is any object following :mod:`jspec.engine.protocol`, and every model
+op lands under ``jspec_model/target`` or ``jspec_model/draft`` (bench/e2e.py's device split).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from jspec.engine.attention import AttnPlan, make_attn_fn
+from jspec.engine.protocol import model_scope
+from jspec.engine.state import EngineConfig
+from jspec.kernels.topk_probs import topk_probs
+from jspec.kv.pool import set_kv_buffer
+
+
+def run_target(ecfg: EngineConfig, target: Any, params: Any, pool: Any, token_ids: jax.Array,
+               positions: jax.Array, plan: AttnPlan, draft: Any = None
+               ) -> tuple[Any, jax.Array, jax.Array]:
+    """The target over flat tokens, its K/V written and read through ``plan``.
+
+    Args:
+      token_ids, positions: i32[T].
+      draft: the draft model whose feature to capture (None: none).
+
+    Returns:
+      (pool, hidden dtype[T, H], feature dtype[T, Hin]): ``feature`` is what ``draft``
+      consumes: the aux of ``draft.capture_layers`` (EAGLE-3) or ``hidden`` (EAGLE-1 / none).
+    """
+    capture = tuple(draft.capture_layers) if draft is not None else ()
+    attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
+    with model_scope("target"):
+        pool, hidden, aux = target.forward(params, pool, token_ids, positions, attn_fn,
+                                           capture_layers=capture, tp_axis=ecfg.tp_axis)
+    return pool, hidden, hidden if aux is None or not capture else aux
+
+
+def target_logits(target: Any, params: Any, hidden: jax.Array) -> jax.Array:
+    """f32[T, V] target logits of hidden dtype[T, H]."""
+    with model_scope("target"):
+        return target.logits(params, hidden)
+
+
+def run_draft(ecfg: EngineConfig, draft: Any, params: Any, target_params: Any, pool: Any,
+              token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
+              plan: AttnPlan) -> tuple[Any, jax.Array]:
+    """The draft over flat tokens (TARGET ids i32[T], hidden_in dtype[T, Hin or Hd]).
+
+    Returns:
+      (pool, hidden_out dtype[T, Hd]).
+    """
+    attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
+    with model_scope("draft"):
+        return draft.forward(params, target_params, pool, token_ids, hidden_in, positions,
+                             attn_fn, tp_axis=ecfg.tp_axis)
+
+
+def draft_topk(ecfg: EngineConfig, draft: Any, params: Any, target_params: Any,
+               hidden: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Top-K over the draft's logits, mapped to target ids.
+
+    Args:
+      hidden: dtype[T, Hd] draft hidden states.
+
+    Returns:
+      (topk_p f32[T, K], topk_index i32[T, K] TARGET ids): the top-K of the draft vocab's
+      softmax, then ``draft.to_target_ids`` (sglang's ``hot_token_id`` / d2t mapping).
+    """
+    with model_scope("draft"):
+        logits = draft.logits(params, target_params, hidden)
+    topk_p, draft_ids = topk_probs(logits, ecfg.spec.topk, impl=ecfg.kernel_impl)
+    with model_scope("draft"):
+        return topk_p, draft.to_target_ids(params, draft_ids).astype(draft_ids.dtype)

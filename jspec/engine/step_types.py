@@ -1,0 +1,186 @@
+"""Typed values handed between the phases of a decode step, and the steps' outputs.
+
+A speculative step (``jspec.engine.spec_step``) is a chain of pure phases, each taking the
+previous phase's dataclass and returning its own::
+
+    phase_prepare(state)  -> DraftPlan      1-2  pages, draft layout, draft attention passes
+    phase_draft           -> DraftResult    3    draft loop, organize_draft_results
+    phase_tree            -> VerifyPlan     4    verify tree + verify window slots
+    phase_verify          -> VerifyResult   5    target forward over the tree
+    phase_accept          -> AcceptResult   6-7  greedy verify, accepted-KV move, compaction
+    phase_extend          -> ExtendResult   8    draft extend, next first tree level
+    phase_commit(state, ExtendResult) -> EngineState, SpecStepOutput   9
+
+Shapes: ``Bb`` the batch bucket, ``K`` topk, ``S`` num_steps, ``N`` num_draft_tokens,
+``H`` the target hidden size, ``Hd`` the draft's, ``Hin`` the feature the draft consumes
+(``len(draft.capture_layers) * H`` for EAGLE-3, ``H`` for EAGLE-1), ``V`` the target vocab,
+``M`` max_running_requests, ``R`` the req_to_token row width. Padding entries of the bucket are
+invalid rows (row 0, length 0, slot 0).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jspec._pytree import pytree_dataclass
+from jspec.kv.allocator import PagedAllocator
+from jspec.kv.pool import KVPool
+from jspec.tree.build import BuildTreeOutput
+from jspec.tree.decode_alloc import ReqKVState
+
+
+@pytree_dataclass
+class StepBuffers:
+    """What a step updates in place (threaded through every phase)."""
+
+    allocator: PagedAllocator
+    # i32[M+1, R]: token slot of every row position (row 0 = padding row)
+    req_to_token: jax.Array
+    # the target KV pool, [num_layers, num_slots, Hkv, D]
+    target_pool: KVPool
+    # the draft KV pool, [draft.num_layers, num_slots, draft Hkv, draft D]
+    draft_pool: KVPool
+
+
+@pytree_dataclass
+class StepBatch:
+    """The bucket's requests (fixed for the step once prepare ran)."""
+
+    # i32[Bb]: batch slot of each entry (padding entries: any value)
+    slot_idx: jax.Array
+    # bool[Bb]: live entries (all False when ok is False)
+    live: jax.Array
+    # the entries' rows and lengths after prepare_for_decode (padding: row 0, length 0)
+    reqs: ReqKVState
+    # bool[]: the pages sufficed (else the step changes no state)
+    ok: jax.Array
+
+
+@pytree_dataclass
+class DraftPlan:
+    """Phase 1-2 output: the draft loop's inputs."""
+
+    buffers: StepBuffers
+    batch: StepBatch
+    # i32[Bb, K, S]: draft-pool slot of every branch token of every draft step
+    out_cache_loc: jax.Array
+    # i32[Bb*K]: position of the step-0 branch tokens (L), + i at step i
+    positions: jax.Array
+    # passes[i]: tuple of AttnPass read by draft step i (i = 0 .. S-2)
+    passes: tuple
+    # i32[Bb]: the tree roots (last emitted token, no KV yet)
+    bonus_tokens: jax.Array
+    # f32[Bb, K] / i32[Bb, K] (TARGET ids): the first tree level
+    topk_p: jax.Array
+    topk_index: jax.Array
+    # dtype[Bb, Hd]: the draft hidden state that produced them
+    draft_hidden: jax.Array
+
+
+@pytree_dataclass
+class DraftResult:
+    """Phase 3 output: the draft tree (sglang ``organize_draft_results``)."""
+
+    buffers: StepBuffers
+    batch: StepBatch
+    # i32[Bb]: the tree roots
+    bonus_tokens: jax.Array
+    # i32[Bb, (S-1)*K + 1]: parent of every top-scored token (flat ss index)
+    parent_list: jax.Array
+    # i32[Bb, N-1]: the selected tokens' flat ss indices, sorted
+    top_scores_index: jax.Array
+    # i32[Bb, N-1]: the selected tokens (TARGET ids)
+    draft_tokens: jax.Array
+
+
+@pytree_dataclass
+class VerifyPlan:
+    """Phase 4 output: the verify tree and where its N nodes' target KV goes."""
+
+    buffers: StepBuffers
+    batch: StepBatch
+    # tree mask (QLEN_ONLY, bool[Bb, N, N]), positions i32[Bb*N], retrive_* i32[Bb, N],
+    # draft_tokens i32[Bb*N] (root then the N-1 drafts)
+    tree: BuildTreeOutput
+    # i32[Bb*N]: the verify window row[L : L+N] (slot 0 on padding entries)
+    verify_loc: jax.Array
+
+
+@pytree_dataclass
+class VerifyResult:
+    """Phase 5 output: the target over the tree (target pool written at verify_loc)."""
+
+    buffers: StepBuffers
+    batch: StepBatch
+    tree: BuildTreeOutput
+    verify_loc: jax.Array  # i32[Bb*N]
+    # dtype[Bb*N, Hin]: the feature the draft consumes (EAGLE-3 aux or the final hidden)
+    target_feature: jax.Array
+    # f32[Bb*N, V]
+    logits: jax.Array
+
+
+@pytree_dataclass
+class AcceptResult:
+    """Phase 6-7 output: the accepted paths, compacted to the front of each request's block."""
+
+    buffers: StepBuffers
+    batch: StepBatch
+    verify_loc: jax.Array  # i32[Bb*N]
+    # i32[Bb*N]: the target's argmax per node, accepted path first
+    predict: jax.Array
+    # dtype[Bb*N, Hin]: target_feature in the same order
+    target_feature: jax.Array
+    # i32[Bb]: tokens emitted (0 on padding entries)
+    accept_lens: jax.Array
+    # i32[Bb, S+1]: the emitted tokens ([:accept_len] valid, 0 after)
+    accept_tokens: jax.Array
+    # i32[Bb]: the next tree roots (last accepted token)
+    new_bonus: jax.Array
+
+
+@pytree_dataclass
+class ExtendResult:
+    """Phase 8 output: the draft's first tree level for the next step."""
+
+    buffers: StepBuffers
+    batch: StepBatch
+    accept_lens: jax.Array  # i32[Bb]
+    accept_tokens: jax.Array  # i32[Bb, S+1]
+    new_bonus: jax.Array  # i32[Bb]
+    # f32[Bb, K] / i32[Bb, K] (TARGET ids) / dtype[Bb, Hd]
+    next_p: jax.Array
+    next_index: jax.Array
+    next_hidden: jax.Array
+
+
+@pytree_dataclass
+class SpecStepOutput:
+    """What one speculative step emitted."""
+
+    # i32[Bb, S+1]: the emitted tokens, [:accept_len] valid (0 after, 0 on padding entries)
+    accept_tokens: jax.Array
+    # i32[Bb]: tokens emitted per entry (0 on padding entries)
+    accept_lens: jax.Array
+    # bool[]: False when the pages were short (the step changed no state)
+    ok: jax.Array
+
+
+@pytree_dataclass
+class GreedyStepOutput:
+    """What one plain greedy step emitted."""
+
+    # i32[Bb]: the next token of each entry (0 on padding entries)
+    next_tokens: jax.Array
+    # bool[]: False when the pages were short (the step changed no state)
+    ok: jax.Array
+
+
+@pytree_dataclass
+class PrefillOutput:
+    """What one prefill (admission) call emitted."""
+
+    # i32[Bp]: the greedy token after each prompt (0 on padding entries)
+    first_tokens: jax.Array
+    # bool[]: False when the rows or pages were short (the call changed no state)
+    ok: jax.Array
