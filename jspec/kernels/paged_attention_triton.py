@@ -94,7 +94,7 @@ def _paged_attention_kernel(
     mask_row = mask_ptr + (b * QP + query).to(tl.int64) * W  # [BM]
     kv_base = (layer * NUM_SLOTS * HKV + kv_head) * D
     w_start = split * CHUNK
-    for blk in range(0, CHUNK // BLOCK_N):
+    for blk in range(CHUNK // BLOCK_N):
         w = w_start + blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         w_ok = w < W
         vis = tl.load(mask_row[:, None] + w[None, :], mask=row_ok[:, None] & w_ok[None, :],

@@ -89,8 +89,8 @@ def test_validation_errors():
         make_engine_config(TINY, max_running_requests=2, batch_buckets=(4,))
     with pytest.raises(ValueError, match="draft_attention"):
         make_engine_config(TINY, draft_attention="flash")
-    with pytest.raises(ValueError, match="attention_impl='triton' must be one of"):
-        make_engine_config(TINY, attention_impl="triton")
+    with pytest.raises(ValueError, match="attention_impl='flash' must be one of"):
+        make_engine_config(TINY, attention_impl="flash")
     with pytest.raises(ValueError, match="tensor_parallel=4 must divide num_kv_heads=2"):
         make_engine_config(TINY, tensor_parallel=4)
     with pytest.raises(ValueError, match="tensor_parallel=0"):
