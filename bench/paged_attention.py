@@ -36,7 +36,7 @@ SWEEP = [{"block_q": 16}, {"block_q": 32}, {"block_w": 16}, {"block_w": 64},
 
 # --sweep: raw Triton launches besides the default (launch_plan keywords).
 TRITON_SWEEP = [{"block_n": 32}, {"block_n": 128}, {"num_warps": 8}, {"num_stages": 1},
-                {"num_stages": 3}, {"skip_empty": False}, {"num_splits": 1},
+                {"num_stages": 3}, {"block_n": 64}, {"num_splits": 1},
                 {"block_n": 32, "num_warps": 2}, {"block_n": 128, "num_warps": 8}]
 
 

@@ -7,16 +7,15 @@ IEEE-f32 ``tl.dot``, no TF32)::
 
     grid = (Bp, Hkv * row blocks, splits of W)
     rows r = (query i = r // G, head h = kv_head * G + r % G)            [BM]  (i < Qp)
-    for w0 in this split's chunk of W, BN slots at a time:
+    for w0 in this split's chunk of W, BN slots at a time (a static trip count):
         vis   = kv_mask[b, i, w0 : w0 + BN]                               [BM, BN]
-        if any(vis):                                  # fully masked blocks read nothing
-            slots = kv_slot_ids[b, w0 : w0 + BN]; col = any_r(vis)        [BN]
-            k, v  = pool[layer, slots, kv_head, :] where col else 0       [BN, D]
-            s     = q @ k.T * scale (log2 units), masked -> -inf          [BM, BN]
-            online softmax: m, l, acc += p @ v
+        slots = kv_slot_ids[b, w0 : w0 + BN]; col = any_r(vis)            [BN]
+        k, v  = pool[layer, slots, kv_head, :] where col else 0           [BN, D]
+        s     = q @ k.T * scale (log2 units), masked -> -inf              [BM, BN]
+        online softmax: m, l, acc += p @ v
     part_out[b, split] = acc / l, part_lse[b, split] = ln(sum exp)    (0, -inf when empty)
 
-then the splits are merged by log-sum-exp in XLA (:func:`merge_splits`; skipped when there is
+The splits are merged by log-sum-exp in XLA (:func:`merge_splits`; skipped when there is
 one split). Only the listed-and-visible columns of the pool are read: slots the mask hides may
 hold anything (NaN included). The layer is a runtime scalar (one compile for every layer).
 
@@ -42,13 +41,15 @@ from jspec.kernels import _common
 
 MIN_DOT = 16  # tl.dot wants every tile dimension >= 16
 MAX_BLOCK_M = 64  # query x group rows per program
-DEFAULT_BLOCK_N = 64  # key slots per loop iteration
+# Key slots per loop iteration: next_pow2(W) / 4 clamped to [32, 128] (measured on the H200,
+# bench/RESULTS.md: 128 best for 1k-2k keys, 32 for the 80-key draft pass B).
+MIN_BLOCK_N, MAX_BLOCK_N = 32, 128
 DEFAULT_NUM_WARPS = 4
 DEFAULT_NUM_STAGES = 2
 # Splits of W: enough programs to fill the GPU (132 SMs on the H100 / H200), each split at
 # least MIN_SPLIT_BLOCKS blocks of keys.
 TARGET_PROGRAMS = 4 * 132
-MIN_SPLIT_BLOCKS = 2
+MIN_SPLIT_BLOCKS = 1
 _LOG2E = 1.4426950408889634
 
 
@@ -63,9 +64,10 @@ def _paged_attention_kernel(
     lse_ptr,  # f32[Bp, NS, Qp, Hq] (out)
     QP: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
     NUM_SLOTS: tl.constexpr, W: tl.constexpr, NS: tl.constexpr, CHUNK: tl.constexpr,
+    CHUNK_BLOCKS: tl.constexpr,
     ROW_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, SCALE_LOG2: tl.constexpr, IEEE: tl.constexpr,
-    SKIP_EMPTY: tl.constexpr, INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     G: tl.constexpr = HQ // HKV
     b = tl.program_id(0).to(tl.int64)
@@ -94,43 +96,42 @@ def _paged_attention_kernel(
     mask_row = mask_ptr + (b * QP + query).to(tl.int64) * W  # [BM]
     kv_base = (layer * NUM_SLOTS * HKV + kv_head) * D
     w_start = split * CHUNK
-    for blk in range(CHUNK // BLOCK_N):
+    # NOTE: a static trip count and no data-dependent branch: the loop stays pipelined (an
+    # ``if any(vis)`` skip of empty blocks measured 1.4x slower on the bs64 decode pass; a
+    # runtime bound is not supported by the interpreter's range(), triton 3.6). Masked
+    # columns are not read (predicated loads); empty tail blocks cost only their mask tile.
+    for blk in range(CHUNK_BLOCKS):
         w = w_start + blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         w_ok = w < W
         vis = tl.load(mask_row[:, None] + w[None, :], mask=row_ok[:, None] & w_ok[None, :],
                       other=0) != 0  # [BM, BN]
         col = tl.max(vis.to(tl.int32), axis=0) > 0  # [BN]: some row sees this key
-        if SKIP_EMPTY:
-            num_vis = tl.max(col.to(tl.int32), axis=0)
+        slots = tl.load(slot_ptr + b * W + w, mask=col, other=0).to(tl.int64)  # [BN]
+        kv_off = kv_base + slots * (HKV * D)  # [BN]
+        kv_mask = col[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + kv_off[:, None] + dcol[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_off[:, None] + dcol[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        elif INTERPRET:  # NOTE: the interpreter's bf16 tl.dot is wrong (triton 3.6)
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
         else:
-            num_vis = 1
-        if num_vis > 0:
-            slots = tl.load(slot_ptr + b * W + w, mask=col, other=0).to(tl.int64)  # [BN]
-            kv_off = kv_base + slots * (HKV * D)  # [BN]
-            kv_mask = col[:, None] & d_ok[None, :]
-            k = tl.load(k_ptr + kv_off[:, None] + dcol[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_ptr + kv_off[:, None] + dcol[None, :], mask=kv_mask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-            elif INTERPRET:  # NOTE: the interpreter's bf16 tl.dot is wrong (triton 3.6)
-                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where(vis, s * SCALE_LOG2, float("-inf"))  # [BM, BN], log2 units
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            # NOTE: rows with nothing visible yet keep m = -inf; shift by 0 so no inf - inf.
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.where(vis, tl.math.exp2(s - shift[:, None]), 0.0)
-            alpha = tl.math.exp2(m - shift)
-            l = l * alpha + tl.sum(p, axis=1)
-            if IEEE:
-                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            elif INTERPRET:  # the same rounding of p as the compiled kernel
-                pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(vis, s * SCALE_LOG2, float("-inf"))  # [BM, BN], log2 units
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # NOTE: rows with nothing visible yet keep m = -inf; shift by 0 so no inf - inf.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.where(vis, tl.math.exp2(s - shift[:, None]), 0.0)
+        alpha = tl.math.exp2(m - shift)
+        l = l * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        elif INTERPRET:  # the same rounding of p as the compiled kernel
+            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
     has_key = l > 0
     safe_l = tl.where(has_key, l, 1.0)
     out = tl.where(has_key[:, None], acc / safe_l[:, None], 0.0)
@@ -161,12 +162,12 @@ def get_kernel() -> Any:
 def launch_plan(bp: int, qp: int, hq: int, hkv: int, dim: int, width: int, pool_dtype: Any, *,
                 block_m: int | None = None, block_n: int | None = None,
                 num_splits: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None, skip_empty: bool = True
+                num_stages: int | None = None
                 ) -> tuple[tuple[int, int, int], dict[str, Any], dict[str, int]]:
     """Static ``(grid, constexprs, launch options)`` for one pass.
 
-    Defaults: ``block_m = min(64, next_pow2(Qp * G))`` (>= 16), ``block_n = 64`` (at most
-    next_pow2(W), >= 16), ``num_splits`` so that about :data:`TARGET_PROGRAMS` programs run
+    Defaults: ``block_m = min(64, next_pow2(Qp * G))`` (>= 16), ``block_n`` as
+    :data:`MIN_BLOCK_N` says (>= 16), ``num_splits`` so that about :data:`TARGET_PROGRAMS` programs run
     with at least :data:`MIN_SPLIT_BLOCKS` key blocks each.
     """
     group = hq // hkv
@@ -174,7 +175,8 @@ def launch_plan(bp: int, qp: int, hq: int, hkv: int, dim: int, width: int, pool_
         block_m = min(MAX_BLOCK_M, _common.next_power_of_2(qp * group))
     block_m = max(MIN_DOT, block_m)
     if block_n is None:
-        block_n = min(DEFAULT_BLOCK_N, _common.next_power_of_2(width))
+        block_n = min(MAX_BLOCK_N, max(MIN_BLOCK_N, _common.next_power_of_2(width) // 4),
+                      _common.next_power_of_2(width))
     block_n = max(MIN_DOT, block_n)
     row_blocks = -(-qp * group // block_m)
     num_blocks = max(1, -(-width // block_n))
@@ -187,10 +189,10 @@ def launch_plan(bp: int, qp: int, hq: int, hkv: int, dim: int, width: int, pool_
     num_splits = -(-width // chunk) if width else 1
     ieee = jnp.dtype(pool_dtype) == jnp.float32
     meta = {"QP": qp, "HQ": hq, "HKV": hkv, "D": dim, "W": width, "NS": num_splits,
-            "CHUNK": chunk, "ROW_BLOCKS": row_blocks, "BLOCK_M": block_m, "BLOCK_N": block_n,
+            "CHUNK": chunk, "CHUNK_BLOCKS": chunk // block_n, "ROW_BLOCKS": row_blocks, "BLOCK_M": block_m, "BLOCK_N": block_n,
             "BLOCK_D": max(MIN_DOT, _common.next_power_of_2(dim)),
             "SCALE_LOG2": float(dim) ** -0.5 * _LOG2E, "IEEE": bool(ieee),
-            "SKIP_EMPTY": bool(skip_empty), "INTERPRET": interpreting()}
+            "INTERPRET": interpreting()}
     opts = {"num_warps": num_warps or DEFAULT_NUM_WARPS,
             "num_stages": num_stages or DEFAULT_NUM_STAGES}
     return (bp, hkv * row_blocks, num_splits), meta, opts
