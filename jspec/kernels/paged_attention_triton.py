@@ -7,7 +7,7 @@ IEEE-f32 ``tl.dot``, no TF32)::
 
     grid = (Bp, Hkv * row blocks, splits of W)
     rows r = (query i = r // G, head h = kv_head * G + r % G)            [BM]  (i < Qp)
-    for w0 in this split's chunk of W, BN slots at a time (a static trip count):
+    for w0 in this split's chunk of W below kv_len[b], BN slots at a time:
         vis   = kv_mask[b, i, w0 : w0 + BN]                               [BM, BN]
         slots = kv_slot_ids[b, w0 : w0 + BN]; col = any_r(vis)            [BN]
         k, v  = pool[layer, slots, kv_head, :] where col else 0           [BN, D]
@@ -15,7 +15,9 @@ IEEE-f32 ``tl.dot``, no TF32)::
         online softmax: m, l, acc += p @ v
     part_out[b, split] = acc / l, part_lse[b, split] = ln(sum exp)    (0, -inf when empty)
 
-The splits are merged by log-sum-exp in XLA (:func:`merge_splits`; skipped when there is
+``kv_len[b]`` = 1 + the last column any query of row b sees (:func:`visible_length`): the
+loop's runtime trip count, so a padded tail of W costs nothing. The splits are merged by
+log-sum-exp in XLA (:func:`merge_splits`; skipped when there is
 one split). Only the listed-and-visible columns of the pool are read: slots the mask hides may
 hold anything (NaN included). The layer is a runtime scalar (one compile for every layer).
 
@@ -59,6 +61,7 @@ def _paged_attention_kernel(
     v_ptr,  # dtype[L, S, Hkv, D]
     slot_ptr,  # i32[Bp, W]
     mask_ptr,  # i8[Bp, Qp, W]
+    len_ptr,  # i32[Bp]: 1 + the last column some query of the row sees (0: none)
     layer_ptr,  # i32[1]
     out_ptr,  # f32[Bp, NS, Qp, Hq, D] (out)
     lse_ptr,  # f32[Bp, NS, Qp, Hq] (out)
@@ -96,13 +99,15 @@ def _paged_attention_kernel(
     mask_row = mask_ptr + (b * QP + query).to(tl.int64) * W  # [BM]
     kv_base = (layer * NUM_SLOTS * HKV + kv_head) * D
     w_start = split * CHUNK
-    # NOTE: a static trip count and no data-dependent branch: the loop stays pipelined (an
-    # ``if any(vis)`` skip of empty blocks measured 1.4x slower on the bs64 decode pass; a
-    # runtime bound is not supported by the interpreter's range(), triton 3.6). Masked
-    # columns are not read (predicated loads); empty tail blocks cost only their mask tile.
-    for blk in range(CHUNK_BLOCKS):
+    kv_len = tl.load(len_ptr + b)  # 1 + the last column any query of row b sees (0: none)
+    # A runtime trip count up to kv_len and no data-dependent branch in the loop: no empty
+    # tail blocks, and the loop stays pipelined (an ``if any(vis)`` skip of empty blocks
+    # measured 1.4x slower on the bs64 decode pass). NOTE: the interpreter's range() takes no
+    # tensor bound (triton 3.6): there every block of the chunk runs, masked.
+    num_iters = tl.cdiv(tl.minimum(w_start + CHUNK, kv_len) - w_start, BLOCK_N)
+    for blk in range(CHUNK_BLOCKS if INTERPRET else num_iters):
         w = w_start + blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-        w_ok = w < W
+        w_ok = w < kv_len
         vis = tl.load(mask_row[:, None] + w[None, :], mask=row_ok[:, None] & w_ok[None, :],
                       other=0) != 0  # [BM, BN]
         col = tl.max(vis.to(tl.int32), axis=0) > 0  # [BN]: some row sees this key
@@ -198,6 +203,13 @@ def launch_plan(bp: int, qp: int, hq: int, hkv: int, dim: int, width: int, pool_
     return (bp, hkv * row_blocks, num_splits), meta, opts
 
 
+def visible_length(kv_mask: jax.Array) -> jax.Array:
+    """i32[Bp]: 1 + the last key column any query of row b sees (0 when none), from
+    ``kv_mask: bool[Bp, Qp, W]`` (one small XLA reduction); the kernel's loop stops there."""
+    cols = jnp.arange(1, kv_mask.shape[2] + 1, dtype=jnp.int32)
+    return jnp.max(jnp.where(jnp.any(kv_mask, axis=1), cols[None, :], 0), axis=1)
+
+
 def merge_splits(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Log-sum-exp merge over axis 1: ``f32[Bp, NS, Qp, Hq, D], f32[Bp, NS, Qp, Hq]`` ->
     ``(f32[Bp, Qp, Hq, D], f32[Bp, Qp, Hq])`` (-inf splits ignored; all -inf: 0, -inf)."""
@@ -232,7 +244,7 @@ def paged_attention_triton(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, l
                  jax.ShapeDtypeStruct((bp, ns, qp, hq), jnp.float32))
     out, lse = jt.triton_call(
         q.astype(k_pool.dtype), k_pool, v_pool, kv_slot_ids.astype(jnp.int32),
-        kv_mask.astype(jnp.int8), jnp.full((1,), layer, jnp.int32),
+        kv_mask.astype(jnp.int8), visible_length(kv_mask), jnp.full((1,), layer, jnp.int32),
         kernel=get_kernel(), out_shape=out_shape, grid=grid, name="jspec_paged_attention",
         NUM_SLOTS=num_slots, **meta, **opts)
     return merge_splits(out, lse)
@@ -246,6 +258,7 @@ def paged_attention_torch(q, k_pool, v_pool, layer: int, kv_slot_ids, kv_mask, *
     ``(out f32[Bp, NS, Qp, Hq, D], lse f32[Bp, NS, Qp, Hq])`` (NaN-poisoned before the launch;
     :func:`merge_torch_partials` merges them).
     """
+    import numpy as np
     import torch
 
     bp, qp, hq, dim = q.shape
@@ -258,9 +271,11 @@ def paged_attention_torch(q, k_pool, v_pool, layer: int, kv_slot_ids, kv_mask, *
     out = torch.full((bp, ns, qp, hq, dim), float("nan"), dtype=torch.float32, device=q.device)
     lse = torch.full((bp, ns, qp, hq), float("nan"), dtype=torch.float32, device=q.device)
     layer_t = torch.full((1,), layer, dtype=torch.int32, device=q.device)
+    kv_len = torch.from_numpy(np.array(visible_length(jnp.asarray(kv_mask.cpu().numpy()))))
     get_kernel()[grid](q.to(k_pool.dtype).contiguous(), k_pool, v_pool,
                        kv_slot_ids.to(torch.int32).contiguous(),
-                       kv_mask.to(torch.int8).contiguous(), layer_t, out, lse,
+                       kv_mask.to(torch.int8).contiguous(), kv_len.to(q.device), layer_t, out,
+                       lse,
                        NUM_SLOTS=num_slots, **meta, **opts)
     return out, lse
 
