@@ -35,9 +35,10 @@ SWEEP = [{"block_q": 16}, {"block_q": 32}, {"block_w": 16}, {"block_w": 64},
 
 
 # --sweep: raw Triton launches besides the default (launch_plan keywords).
-TRITON_SWEEP = [{"block_n": 32}, {"block_n": 128}, {"num_warps": 8}, {"num_stages": 1},
-                {"num_stages": 3}, {"block_n": 64}, {"num_splits": 1},
-                {"block_n": 32, "num_warps": 2}, {"block_n": 128, "num_warps": 8}]
+TRITON_SWEEP = [{"num_stages": 1}, {"num_stages": 3}, {"block_n": 64},
+                {"block_n": 64, "num_stages": 1}, {"block_n": 32}, {"block_m": 32},
+                {"block_m": 32, "num_stages": 1}, {"block_m": 128, "num_warps": 8},
+                {"num_warps": 8, "num_stages": 1}]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--quick", action="store_true", help="tiny CPU smoke run")
     parser.add_argument("--geometry", default="tiny,llama")
     parser.add_argument("--sets", type=int, default=0, help="distinct input sets per timing")
+    parser.add_argument("--passes", default="", help="only these passes (comma-separated)")
     parser.add_argument("--impls", default="xla,pallas,triton",
                         help="impls to time (triton needs a GPU)")
     parser.add_argument("--sweep", action="store_true",
@@ -141,6 +143,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             g = dataclasses.replace(g, num_slots=256)
         pools = _pools(rng, g)
         for pass_name, bp, qp, w, kind in _passes(g, args.quick):
+            if args.passes and pass_name not in args.passes.split(","):
+                continue
             arg_sets = [_arg_set(rng, g, pools, bp, qp, w, kind) for _ in range(sets)]
             shape = f"Bp={bp} Qp={qp} W={w}"
             itemsize = jnp.dtype(g.dtype).itemsize
