@@ -47,7 +47,11 @@ MAX_BLOCK_M = 64  # query x group rows per program
 # bench/RESULTS.md: 128 best for 1k-2k keys, 32 for the 80-key draft pass B).
 MIN_BLOCK_N, MAX_BLOCK_N = 32, 128
 DEFAULT_NUM_WARPS = 4
-DEFAULT_NUM_STAGES = 2
+# Software pipelining depth: 2 for the 16-row tiles of decode (the loads of the next block
+# overlap this one's dots); 1 for larger tiles, where the extra K / V stage in shared memory
+# costs occupancy (measured on the H200, 8B geometry: verify prefix 32 x 4 rows 473 -> 220 us,
+# verify tree 32 -> 29 us, draft A equal; decode 16 rows 94 us with 2 stages, 103 with 1).
+DEFAULT_NUM_STAGES_SMALL_M, DEFAULT_NUM_STAGES = 2, 1
 # Splits of W: enough programs to fill the GPU (132 SMs on the H100 / H200), each split at
 # least MIN_SPLIT_BLOCKS blocks of keys.
 TARGET_PROGRAMS = 4 * 132
@@ -199,7 +203,8 @@ def launch_plan(bp: int, qp: int, hq: int, hkv: int, dim: int, width: int, pool_
             "SCALE_LOG2": float(dim) ** -0.5 * _LOG2E, "IEEE": bool(ieee),
             "INTERPRET": interpreting()}
     opts = {"num_warps": num_warps or DEFAULT_NUM_WARPS,
-            "num_stages": num_stages or DEFAULT_NUM_STAGES}
+            "num_stages": num_stages or (DEFAULT_NUM_STAGES_SMALL_M if block_m <= MIN_DOT
+                                         else DEFAULT_NUM_STAGES)}
     return (bp, hkv * row_blocks, num_splits), meta, opts
 
 
