@@ -62,7 +62,7 @@ def test_eos_and_single_token_requests():
 
 
 def test_attention_impl_resolution():
-    """auto: the Pallas kernel only on GPU and only up to AUTO_PALLAS_MAX_HEAD_DIM."""
+    """auto: on GPU the Pallas kernel up to AUTO_PALLAS_MAX_HEAD_DIM, then Triton for bf16."""
     import dataclasses
 
     import jax
@@ -73,7 +73,9 @@ def test_attention_impl_resolution():
     assert make_engine_config(TINY).attention_kernel_impl == ("pallas" if on_gpu else "xla")
     wide = dataclasses.replace(TINY, head_dim=2 * AUTO_PALLAS_MAX_HEAD_DIM)
     assert make_engine_config(wide).attention_kernel_impl == "xla"
-    for impl in ("xla", "pallas"):
+    wide_bf16 = dataclasses.replace(wide, dtype="bfloat16")
+    assert make_engine_config(wide_bf16).attention_kernel_impl == ("triton" if on_gpu else "xla")
+    for impl in ("xla", "pallas", "triton"):
         assert make_engine_config(wide, attention_impl=impl).attention_kernel_impl == impl
 
 
