@@ -30,6 +30,7 @@ BENCHES = (
     "topk_probs",
     "paged_attention",
     "e2e",
+    "real_size",
 )
 
 

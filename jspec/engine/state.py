@@ -48,6 +48,10 @@ IMPLS = ("auto", "xla", "pallas")
 # step from 4.3 to 3.1 ms; at 32/8 heads x 128 (bf16 pool) it is 0.4-0.85x XLA (f32 FMA dots,
 # one program per row and KV head), so XLA keeps those.
 AUTO_PALLAS_MAX_HEAD_DIM = 32
+# attention_impl: also "triton" (jspec.kernels.paged_attention_triton: bf16 tensor-core flash
+# decoding). "auto" takes it on GPU for bf16 / f16 models with larger head dims (bench/RESULTS.md,
+# 2026-11-24: 32/8 heads x 128, bf16); f32 models keep the exact-f32 paths.
+ATTENTION_IMPLS = IMPLS + ("triton",)
 DP_AXIS, TP_AXIS = "dp", "tp"  # mesh axes: data-parallel shards, tensor-parallel heads
 
 
@@ -77,8 +81,9 @@ class EngineConfig:
         :attr:`tp_axis`, so they run only under ``jspec.engine.sharding.sharded``.
       attention_impl: the paged attention of every model forward
         (:func:`jspec.kernels.paged_attention.paged_attention`): ``"xla"`` (gather + masked
-        softmax in pure jnp), ``"pallas"`` (one fused kernel per pass) or ``"auto"`` (default:
-        ``"pallas"`` on GPU for ``head_dim <= 32``, else ``"xla"``); see
+        softmax in pure jnp), ``"pallas"`` (one fused kernel per pass), ``"triton"`` (raw Triton
+        flash decoding, GPU only) or ``"auto"`` (default: on GPU ``"pallas"`` for
+        ``head_dim <= 32``, else ``"triton"`` for bf16 / f16 models; ``"xla"`` otherwise); see
         :attr:`attention_kernel_impl`. Greedy and speculative runs of one config use the same
         impl, so they stay token-identical.
     """
@@ -111,8 +116,9 @@ class EngineConfig:
                              f"[1, max_running_requests={s.max_running_requests}]")
         if self.impl not in IMPLS:
             raise ValueError(f"impl={self.impl!r} must be one of {IMPLS}")
-        if self.attention_impl not in IMPLS:
-            raise ValueError(f"attention_impl={self.attention_impl!r} must be one of {IMPLS}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl={self.attention_impl!r} must be one of "
+                             f"{ATTENTION_IMPLS}")
         if self.draft_attention not in DRAFT_ATTENTION:
             raise ValueError(f"draft_attention={self.draft_attention!r} must be one of "
                              f"{DRAFT_ATTENTION}")
@@ -132,6 +138,8 @@ class EngineConfig:
             return self.attention_impl
         if jax.default_backend() == "gpu" and self.spec.head_dim <= AUTO_PALLAS_MAX_HEAD_DIM:
             return "pallas"
+        if jax.default_backend() == "gpu" and self.model.dtype != "float32":
+            return "triton"
         return "xla"
 
     @property

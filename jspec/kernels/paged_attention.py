@@ -12,6 +12,10 @@ log-sum-exp. One pass: the queries ``q[b, i]`` (``i < Qp``) see the keys at toke
 * ``impl="xla"``: :func:`paged_attention_reference`: gather the ``W`` rows, two f32
   ``HIGHEST``-precision einsums and a masked softmax (4-6 XLA kernels per pass, the gathered
   ``[Bp, W, Hkv, D]`` K and V written to memory).
+* ``impl="triton"``: a raw Triton flash-decoding kernel through ``jax_triton`` (GPU only;
+  :mod:`jspec.kernels.paged_attention_triton`): K and V read from the pool in their stored
+  dtype (bf16 tensor-core dots with f32 accumulation), W split across programs, the splits
+  merged by log-sum-exp. The fast path at head_dim 64 / 128.
 * ``impl="pallas"``: one program per (query row ``b``, KV head, block of query x group rows).
   The ``G = Hq / Hkv`` query heads sharing a KV head are stacked into the program's rows, so
   K and V are gathered from the pool once per KV head. Keys are read in blocks of
@@ -59,7 +63,7 @@ from jax.experimental import pallas as pl
 from jspec import probes
 from jspec.kernels import _common
 
-IMPLS = ("xla", "pallas")
+IMPLS = ("xla", "pallas", "triton")
 # Smallest tile side: tl.dot needs every dimension of its operands >= 16.
 MIN_DOT = 16
 # Default launch. Query x group rows per program at most (more rows: more programs along grid
@@ -254,7 +258,9 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
       kv_slot_ids: i32[Bp, W] token slots (not page ids) of the keys of row ``b``; entries
         the mask hides may be any slot in ``[0, S)`` (0, the padding page, by convention).
       kv_mask: bool[Bp, Qp, W]: query ``(b, i)`` sees key ``w``.
-      impl: ``"xla"`` (:func:`paged_attention_reference`) or ``"pallas"``.
+      impl: ``"xla"`` (:func:`paged_attention_reference`), ``"pallas"`` or ``"triton"`` (GPU
+        only; ``block_q`` / ``block_w`` / ``num_warps`` are its block_m / block_n / warps,
+        ``block_d`` is ignored).
       interpret: Pallas interpret mode; ``None`` means interpret off the GPU.
       block_q: static query x group rows per program (power of 2; at least 16 is used);
         default ``min(64, next_pow2(Qp * Hq / Hkv))``.
@@ -274,5 +280,10 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
     bp, qp = q.shape[:2]
     if impl == "xla" or bp * qp * kv_slot_ids.shape[1] == 0:
         return paged_attention_reference(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask)
+    if impl == "triton":
+        from jspec.kernels.paged_attention_triton import paged_attention_triton
+
+        return paged_attention_triton(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask,
+                                      block_m=block_q, block_n=block_w, num_warps=num_warps)
     return _paged_attention_pallas(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask,
                                    interpret=_common.resolve_interpret(interpret), **tuning)

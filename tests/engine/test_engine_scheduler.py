@@ -65,7 +65,7 @@ def test_eos_and_single_token_requests():
 
 
 def test_attention_impl_resolution():
-    """auto: the Pallas kernel only on GPU and only up to AUTO_PALLAS_MAX_HEAD_DIM."""
+    """auto: on GPU the Pallas kernel up to AUTO_PALLAS_MAX_HEAD_DIM, then Triton for bf16."""
     import dataclasses
 
     import jax
@@ -76,7 +76,9 @@ def test_attention_impl_resolution():
     assert make_engine_config(TINY).attention_kernel_impl == ("pallas" if on_gpu else "xla")
     wide = dataclasses.replace(TINY, head_dim=2 * AUTO_PALLAS_MAX_HEAD_DIM)
     assert make_engine_config(wide).attention_kernel_impl == "xla"
-    for impl in ("xla", "pallas"):
+    wide_bf16 = dataclasses.replace(wide, dtype="bfloat16")
+    assert make_engine_config(wide_bf16).attention_kernel_impl == ("triton" if on_gpu else "xla")
+    for impl in ("xla", "pallas", "triton"):
         assert make_engine_config(wide, attention_impl=impl).attention_kernel_impl == impl
 
 
@@ -92,8 +94,8 @@ def test_validation_errors():
         make_engine_config(TINY, max_running_requests=2, batch_buckets=(4,))
     with pytest.raises(ValueError, match="draft_attention"):
         make_engine_config(TINY, draft_attention="flash")
-    with pytest.raises(ValueError, match="attention_impl='triton' must be one of"):
-        make_engine_config(TINY, attention_impl="triton")
+    with pytest.raises(ValueError, match="attention_impl='flash' must be one of"):
+        make_engine_config(TINY, attention_impl="flash")
     with pytest.raises(ValueError, match="tensor_parallel=4 must divide num_kv_heads=2"):
         make_engine_config(TINY, tensor_parallel=4)
     with pytest.raises(ValueError, match="tensor_parallel=0"):

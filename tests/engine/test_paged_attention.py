@@ -153,7 +153,7 @@ def test_empty_shapes():
     ({"block_w": 24}, "block_w=24"),
     ({"block_d": 0}, "block_d=0"),
     ({"block_q": 3}, "block_q=3"),
-    ({"impl": "triton"}, "impl='triton'"),
+    ({"impl": "cuda"}, "impl='cuda'"),
 ])
 def test_static_validation(kwargs, match):
     q = jnp.zeros(kwargs.get("q", (2, 1, 4, 8)), jnp.float32)
