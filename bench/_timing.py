@@ -155,9 +155,12 @@ def _sanitize(name: str) -> str:
     return re.sub(r"[.\-]", "_", name)
 
 
-def attribute_events(events: Sequence[StreamEvent], op_names: dict[str, str],
-                     classify: Callable[[str], str],
-                     fused_op_names: dict[str, frozenset[str]] | None = None) -> dict[str, float]:
+def attribute_events(
+    events: Sequence[StreamEvent],
+    op_names: dict[str, str],
+    classify: Callable[[str], str],
+    fused_op_names: dict[str, frozenset[str]] | None = None,
+) -> dict[str, float]:
     """Summed duration (nanoseconds) of GPU stream events per class.
 
     Each event's HLO instruction is, in order: its ``hlo_op`` stat when that is an instruction
@@ -191,9 +194,15 @@ def attribute_events(events: Sequence[StreamEvent], op_names: dict[str, str],
     return totals
 
 
-def profile_split_us(fn: Any, make_args: Callable[[], tuple], classify: Callable[[str], str],
-                     *, num_calls: int = 5, warmup: int = 2,
-                     breakdown: Callable[[str], str] | None = None) -> dict[str, float] | None:
+def profile_split_us(
+    fn: Any,
+    make_args: Callable[[], tuple],
+    classify: Callable[[str], str],
+    *,
+    num_calls: int = 5,
+    warmup: int = 2,
+    breakdown: Callable[[str], str] | None = None,
+) -> dict[str, float] | None:
     """Device time (microseconds) per call of jitted ``fn``, split by class of HLO op.
 
     ``fn`` is compiled once (``fn.lower(*args).compile()``); that executable runs ``warmup``
@@ -230,8 +239,10 @@ def profile_split_us(fn: Any, make_args: Callable[[], tuple], classify: Callable
     events = trace_gpu_events(thunk)
     if events is None:
         return None
-    split = {cls: ns / num_calls / 1e3
-             for cls, ns in attribute_events(events, op_names, classify, fused_op_names).items()}
+    split = {
+        cls: ns / num_calls / 1e3
+        for cls, ns in attribute_events(events, op_names, classify, fused_op_names).items()
+    }
     split["total"] = sum(split.values())
     if breakdown is not None:
         for key, ns in attribute_events(events, op_names, breakdown).items():
@@ -342,8 +353,9 @@ def copy_bandwidth_tbs(num_bytes: int = 1 << 30) -> float:
 
     @functools.partial(jax.jit, donate_argnums=0)
     def run(a):
-        return jax.lax.fori_loop(0, passes, lambda _, y: jax.lax.optimization_barrier(y + 1.0),
-                                 a, unroll=True)
+        return jax.lax.fori_loop(
+            0, passes, lambda _, y: jax.lax.optimization_barrier(y + 1.0), a, unroll=True
+        )
 
     x = jax.block_until_ready(run(x))
     best = float("inf")
@@ -369,9 +381,15 @@ def torch_us_cell(fn: Callable[[], float]) -> float | str:
         return f"error: {type(exc).__name__}"
 
 
-def time_impl(row: dict[str, Any], op: Callable[..., Any], arg_sets: Sequence[tuple], *,
-              wall_iters: int, check: Callable[[Callable[..., Any]], None] | None = None,
-              extra: Callable[[float], dict[str, Any]] | None = None) -> dict[str, Any]:
+def time_impl(
+    row: dict[str, Any],
+    op: Callable[..., Any],
+    arg_sets: Sequence[tuple],
+    *,
+    wall_iters: int,
+    check: Callable[[Callable[..., Any]], None] | None = None,
+    extra: Callable[[float], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """One impl x shape row of a kernel bench (the loop body every bench shared).
 
     Runs ``check(op)`` first (a correctness check that may add columns), then fills

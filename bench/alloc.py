@@ -47,16 +47,29 @@ def _workload(bs: int, page_size: int, seed: int) -> dict[str, Any]:
     max_new = bs * (reserve + p)
     num_pages = 2 * bs * (reserve // p + 2) + 64
     width = 2048 + reserve + 2 * p
-    return {"pre": pre, "seq": seq, "last": last, "dec_seq": dec_seq, "dec_last": dec_last,
-                "max_new": max_new, "num_pages": num_pages, "width": width,
-                "free": (rng.permutation(num_pages) + 1).astype(np.int32)}
+    return {
+        "pre": pre,
+        "seq": seq,
+        "last": last,
+        "dec_seq": dec_seq,
+        "dec_last": dec_last,
+        "max_new": max_new,
+        "num_pages": num_pages,
+        "width": width,
+        "free": (rng.permutation(num_pages) + 1).astype(np.int32),
+    }
 
 
 def _allocator(w: dict[str, Any], page_size: int) -> A.PagedAllocator:
     a = A.init_allocator(w["num_pages"], page_size)
-    return A.PagedAllocator(free_pages=jnp.asarray(w["free"]), num_free=a.num_free,
-                            staged_pages=a.staged_pages, num_staged=a.num_staged,
-                            page_size=page_size, num_pages=w["num_pages"])
+    return A.PagedAllocator(
+        free_pages=jnp.asarray(w["free"]),
+        num_free=a.num_free,
+        staged_pages=a.staged_pages,
+        num_staged=a.num_staged,
+        page_size=page_size,
+        num_pages=w["num_pages"],
+    )
 
 
 def _jax_case(op: str, impl: str, bs: int, page_size: int):
@@ -66,14 +79,21 @@ def _jax_case(op: str, impl: str, bs: int, page_size: int):
     if op == "alloc_extend":
         fn = functools.partial(A.alloc_extend, max_new_slots=w0["max_new"], impl=impl)
         for w in ws:
-            sets.append((_allocator(w, page_size), jnp.asarray(w["pre"]), jnp.asarray(w["seq"]),
-                         jnp.asarray(w["last"])))
+            sets.append(
+                (
+                    _allocator(w, page_size),
+                    jnp.asarray(w["pre"]),
+                    jnp.asarray(w["seq"]),
+                    jnp.asarray(w["last"]),
+                )
+            )
         return fn, sets, 0
     if op == "alloc_decode":
         fn = functools.partial(A.alloc_decode, impl=impl)
         for w in ws:
-            sets.append((_allocator(w, page_size), jnp.asarray(w["dec_seq"]),
-                         jnp.asarray(w["dec_last"])))
+            sets.append(
+                (_allocator(w, page_size), jnp.asarray(w["dec_seq"]), jnp.asarray(w["dec_last"]))
+            )
         return fn, sets, 0
     fn = functools.partial(T.assign_req_to_token_pool, impl=impl)
     for w in ws:
@@ -112,6 +132,7 @@ def _torch_case(op: str, bs: int, page_size: int):
             idx = page_start[b] + torch.clamp(pos - ceil_pre, min=0) // p
             slots = torch.where(pos < ceil_pre, last[b] + 1 + tt, free[idx] * p + pos % p)
             return slots, free[host_pages:]
+
         return run
     if op == "alloc_decode":
         seq, last, free = t["dec_seq"], t["dec_last"], t["free"]
@@ -122,6 +143,7 @@ def _torch_case(op: str, bs: int, page_size: int):
             rank = torch.cumsum(need, 0) - need
             slots = torch.where(need > 0, free[rank] * p, last + 1)
             return slots, free[host_pages:]
+
         return run
     table = torch.zeros((bs + 1, w["width"]), dtype=torch.int32, device=dev)
     rows = torch.arange(1, bs + 1, device=dev)
@@ -132,11 +154,13 @@ def _torch_case(op: str, bs: int, page_size: int):
 
     def run():
         r = torch.repeat_interleave(rows, lens, output_size=host_total)
-        start = torch.repeat_interleave(pre - (torch.cumsum(lens, 0) - lens), lens,
-                                        output_size=host_total)
+        start = torch.repeat_interleave(
+            pre - (torch.cumsum(lens, 0) - lens), lens, output_size=host_total
+        )
         cols = start + torch.arange(host_total, device=dev)
         table[r, cols] = locs
         return table
+
     return run
 
 
@@ -146,14 +170,15 @@ def _bench_one(op: str, impl: str, bs: int, page_size: int, quick: bool) -> dict
     row.update(op=op, bs=bs, page=page_size, impl=impl)
     try:
         if impl == "torch":
-            row["torch us"] = time_torch(_torch_case(op, bs, page_size),
-                                         iters=5 if quick else 50, warmup=2 if quick else 5)
+            row["torch us"] = time_torch(
+                _torch_case(op, bs, page_size), iters=5 if quick else 50, warmup=2 if quick else 5
+            )
             return row
         fn, sets, nbytes = _jax_case(op, impl, bs, page_size)
-        row["device us"] = time_device(fn, sets[:2] if quick else sets,
-                                       repeats=1 if quick else 3)
-        row["wall us"] = time_wall(jax.jit(fn), *sets[0], iters=3 if quick else 30,
-                                   warmup=1 if quick else 3)
+        row["device us"] = time_device(fn, sets[:2] if quick else sets, repeats=1 if quick else 3)
+        row["wall us"] = time_wall(
+            jax.jit(fn), *sets[0], iters=3 if quick else 30, warmup=1 if quick else 3
+        )
         if nbytes:
             row["GB/s"] = nbytes / (row["device us"] * 1e-6) / 1e9
     except Exception as exc:  # noqa: BLE001 - report the failure in the row, keep going
@@ -163,8 +188,9 @@ def _bench_one(op: str, impl: str, bs: int, page_size: int, quick: bool) -> dict
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="tiny CPU smoke run")
     parser.add_argument("--bs", default="", help="comma-separated batch sizes")
     parser.add_argument("--page-size", type=int, default=16)

@@ -50,22 +50,33 @@ TOPK, STEPS = 8, 5
 
 
 # ---- torch ports of sglang -----------------------------------------------------------------------
-def _torch_expand(cache_seqlens, page_table, last_page_lens, decode_length, cache_loc, topk,
-                  page_size):
+def _torch_expand(
+    cache_seqlens, page_table, last_page_lens, decode_length, cache_loc, topk, page_size
+):
     """sglang ``draft_decode_set_expand_metadata`` (torch ops, SPEC.md §5.1), caller-sliced."""
     import torch
 
-    cache_seqlens[:cache_loc.shape[0]] = decode_length + torch.repeat_interleave(
-        last_page_lens, topk)
+    cache_seqlens[: cache_loc.shape[0]] = decode_length + torch.repeat_interleave(
+        last_page_lens, topk
+    )
     pages = (cache_loc // page_size).to(torch.int32)
     is_new = torch.ones_like(pages, dtype=torch.bool)
     is_new[:, 1:] = pages[:, 1:] != pages[:, :-1]
     col = is_new.cumsum(dim=1) - 1
-    page_table[:pages.shape[0], :].scatter_(1, col, pages)
+    page_table[: pages.shape[0], :].scatter_(1, col, pages)
 
 
-def _torch_kv_indices(kv_indices, kv_indptr, req_pool_indices, req_to_token, seq_lens,
-                      seq_lens_sum: int, topk: int, num_steps: int, page_size: int):
+def _torch_kv_indices(
+    kv_indices,
+    kv_indptr,
+    req_pool_indices,
+    req_to_token,
+    seq_lens,
+    seq_lens_sum: int,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+):
     """SPEC.md §6.1 with torch ops: a gather per used entry, one step row at a time."""
     import torch
 
@@ -86,7 +97,7 @@ def _torch_kv_indices(kv_indices, kv_indptr, req_pool_indices, req_to_token, seq
         it = i + 1
         starts = topk * cum[seq] + branch * own + z * it
         used = seq_lens_sum * topk + num_seqs * topk * it
-        kv_indptr[i, :num_seqs * topk] = starts.int()
+        kv_indptr[i, : num_seqs * topk] = starts.int()
         kv_indptr[i, num_seqs * topk] = used
         pos = torch.arange(used, device=lens.device)
         seg = torch.searchsorted(starts, pos, right=True) - 1
@@ -170,21 +181,31 @@ def _guard(rows: list[dict], row: dict, fn: Callable[[], dict], deadline: float)
 
 
 # ---- benches -------------------------------------------------------------------------------------
-def _bench_expand(rows, rng, bs: int, page: int, *, num_sets: int, impls, torch_compile: bool,
-                  deadline: float) -> None:
+def _bench_expand(
+    rows, rng, bs: int, page: int, *, num_sets: int, impls, torch_compile: bool, deadline: float
+) -> None:
     sets = _expand_inputs(rng, bs, page, num_sets)
     arg_sets = [(jnp.asarray(lp), jnp.asarray(cl)) for lp, cl in sets]
     decode_length = STEPS
     base = {"op": "expand", "bs": bs, "page": page, "mode": f"d={decode_length}"}
     for impl in impls:
+
         def run(impl=impl):
-            op = functools.partial(draft_decode_set_expand_metadata, decode_length=decode_length,
-                                   topk=TOPK, page_size=page, impl=impl)
-            return {"device us": time_device(lambda lp, cl: op(lp, cache_loc=cl), arg_sets),
-                    "wall us": time_wall(jax.jit(lambda lp, cl: op(lp, cache_loc=cl)),
-                                         *arg_sets[0])}
+            op = functools.partial(
+                draft_decode_set_expand_metadata,
+                decode_length=decode_length,
+                topk=TOPK,
+                page_size=page,
+                impl=impl,
+            )
+            return {
+                "device us": time_device(lambda lp, cl: op(lp, cache_loc=cl), arg_sets),
+                "wall us": time_wall(jax.jit(lambda lp, cl: op(lp, cache_loc=cl)), *arg_sets[0]),
+            }
+
         _guard(rows, {**base, "impl": impl}, run, deadline)
     for compiled in (False, True) if torch_compile else (False,):
+
         def run_torch(compiled=compiled):
             import torch
 
@@ -194,31 +215,55 @@ def _bench_expand(rows, rng, bs: int, page: int, *, num_sets: int, impls, torch_
             seqlens = torch.zeros(bs * TOPK, dtype=torch.int32, device=device)
             table = torch.zeros(bs * TOPK, decode_length + 1, dtype=torch.int32, device=device)
             fn = torch.compile(_torch_expand, dynamic=True) if compiled else _torch_expand
-            return {"device us": time_torch(
-                lambda: fn(seqlens, table, lp, decode_length, cache_loc, TOPK, page)),
-                "note": device}
-        _guard(rows, {**base, "impl": "torch.compile" if compiled else "torch"}, run_torch,
-               deadline)
+            return {
+                "device us": time_torch(
+                    lambda: fn(seqlens, table, lp, decode_length, cache_loc, TOPK, page)
+                ),
+                "note": device,
+            }
+
+        _guard(
+            rows, {**base, "impl": "torch.compile" if compiled else "torch"}, run_torch, deadline
+        )
 
 
-def _bench_kv(rows, rng, bs: int, page: int, *, context: int, lens: tuple[int, int],
-              num_sets: int, impls, deadline: float, reduced: bool = False) -> None:
-    req_to_token, sets = _kv_inputs(rng, bs, context=context, num_sets=num_sets, lo=lens[0],
-                                    hi=lens[1])
+def _bench_kv(
+    rows,
+    rng,
+    bs: int,
+    page: int,
+    *,
+    context: int,
+    lens: tuple[int, int],
+    num_sets: int,
+    impls,
+    deadline: float,
+    reduced: bool = False,
+) -> None:
+    req_to_token, sets = _kv_inputs(
+        rng, bs, context=context, num_sets=num_sets, lo=lens[0], hi=lens[1]
+    )
     width = bs * TOPK * context  # SpecConfig.kv_indices_width(bs)
-    used = [draft_kv_indices_used_len(int(s.sum()), TOPK, bs * TOPK, i + 1)
-            for _, s in sets for i in range(STEPS)]
+    used = [
+        draft_kv_indices_used_len(int(s.sum()), TOPK, bs * TOPK, i + 1)
+        for _, s in sets
+        for i in range(STEPS)
+    ]
     nbytes = 8 * float(np.mean(used)) * STEPS
     shared = (jnp.asarray(req_to_token),)
     xs = (jnp.asarray(np.stack([r for r, _ in sets])), jnp.asarray(np.stack([s for _, s in sets])))
     kw = {"topk": TOPK, "num_steps": STEPS, "page_size": page, "kv_indices_width": width}
     base = {"op": "kv_indices", "bs": bs, "page": page}
-    zeros = lambda: jnp.zeros((STEPS, width), jnp.int32)
+
+    def zeros():
+        return jnp.zeros((STEPS, width), jnp.int32)
+
     for impl in impls:
         modes = ("fresh", "inplace") if impl != "xla" else ("fresh",)
         if reduced:
             modes = tuple(m for m in modes if m == "inplace")
         for mode in modes:
+
             def run(impl=impl, mode=mode):
                 op = functools.partial(generate_draft_decode_kv_indices, **kw, impl=impl)
 
@@ -228,17 +273,27 @@ def _bench_kv(rows, rng, bs: int, page: int, *, context: int, lens: tuple[int, i
 
                 device_us = _scan_carry_us(body, zeros, xs, shared)
                 if mode == "fresh":
-                    wall = time_wall(jax.jit(lambda r, t, s: op(r, t, s)), xs[0][0], shared[0],
-                                     xs[1][0], iters=10)
+                    wall = time_wall(
+                        jax.jit(lambda r, t, s: op(r, t, s)),
+                        xs[0][0],
+                        shared[0],
+                        xs[1][0],
+                        iters=10,
+                    )
                 else:
-                    step = jax.jit(lambda b, r, t, s: op(r, t, s, kv_indices_buffer=b)[0],
-                                   donate_argnums=0)
-                    wall = _wall_chain_us(step, zeros(), (xs[0][0], shared[0], xs[1][0]),
-                                          iters=10)
-                return {"device us": device_us, "wall us": wall,
-                        "GB/s": nbytes / (device_us * 1e-6) / 1e9}
+                    step = jax.jit(
+                        lambda b, r, t, s: op(r, t, s, kv_indices_buffer=b)[0], donate_argnums=0
+                    )
+                    wall = _wall_chain_us(step, zeros(), (xs[0][0], shared[0], xs[1][0]), iters=10)
+                return {
+                    "device us": device_us,
+                    "wall us": wall,
+                    "GB/s": nbytes / (device_us * 1e-6) / 1e9,
+                }
+
             _guard(rows, {**base, "impl": impl, "mode": mode}, run, deadline)
     for impl in ("torch+triton",) if reduced else ("torch", "torch+triton"):
+
         def run_torch(impl=impl):
             import torch
 
@@ -252,18 +307,36 @@ def _bench_kv(rows, rng, bs: int, page: int, *, context: int, lens: tuple[int, i
             indptr = torch.zeros((STEPS, bs * TOPK + 1), dtype=torch.int32, device=device)
             seq_lens_sum = int(sets[0][1].sum())
             if impl == "torch":
-                fn = lambda: _torch_kv_indices(buffer, indptr, rpi, rtt, seq_lens,
-                                               seq_lens_sum, TOPK, STEPS, page)
+
+                def fn():
+                    return _torch_kv_indices(
+                        buffer, indptr, rpi, rtt, seq_lens, seq_lens_sum, TOPK, STEPS, page
+                    )
             else:
                 from interop import triton_meta
 
-                fn = lambda: triton_meta.draft_kv_indices_torch(
-                    rpi, rtt, seq_lens, topk=TOPK, num_steps=STEPS, page_size=page,
-                    kv_indices_width=width, kv_indices_buffer=buffer, kv_indptr_out=indptr)
+                def fn():
+                    return triton_meta.draft_kv_indices_torch(
+                        rpi,
+                        rtt,
+                        seq_lens,
+                        topk=TOPK,
+                        num_steps=STEPS,
+                        page_size=page,
+                        kv_indices_width=width,
+                        kv_indices_buffer=buffer,
+                        kv_indptr_out=indptr,
+                    )
+
             us = time_torch(fn, iters=20, warmup=3)
             bytes_set0 = 8.0 * sum(used[:STEPS])
-            return {"device us": us, "GB/s": bytes_set0 / (us * 1e-6) / 1e9,
-                    "mode": "inplace", "note": device}
+            return {
+                "device us": us,
+                "GB/s": bytes_set0 / (us * 1e-6) / 1e9,
+                "mode": "inplace",
+                "note": device,
+            }
+
         _guard(rows, {**base, "impl": impl}, run_torch, deadline)
 
 
@@ -273,19 +346,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--bs", default="", help="comma-separated batch sizes")
     parser.add_argument("--pages", default="", help="comma-separated page sizes")
     parser.add_argument("--ops", default="expand,kv_indices")
-    parser.add_argument("--torch-compile", action="store_true",
-                        help="also time torch.compile of sglang's expand function")
-    parser.add_argument("--full", action="store_true",
-                        help="every kv_indices impl/mode at every page size")
-    parser.add_argument("--budget-s", type=float, default=0.0,
-                        help="skip rows after this many seconds (default 45 quick, 120 full)")
+    parser.add_argument(
+        "--torch-compile",
+        action="store_true",
+        help="also time torch.compile of sglang's expand function",
+    )
+    parser.add_argument(
+        "--full", action="store_true", help="every kv_indices impl/mode at every page size"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="skip rows after this many seconds (default 45 quick, 120 full)",
+    )
     args = parser.parse_args(argv)
     on_gpu = _common.on_gpu()
     if args.quick:
         batch_sizes, pages, context, lens, num_sets = [2], [16], 256, (40, 120), 2
     else:
-        batch_sizes, pages, context, lens, num_sets = [1, 8, 64, 256], [1, 16, 64], 8192, \
-            (1000, 2000), 8
+        batch_sizes, pages, context, lens, num_sets = (
+            [1, 8, 64, 256],
+            [1, 16, 64],
+            8192,
+            (1000, 2000),
+            8,
+        )
     if args.bs:
         batch_sizes = [int(x) for x in args.bs.split(",")]
     if args.pages:
@@ -296,20 +382,38 @@ def main(argv: list[str] | None = None) -> list[dict]:
     deadline = time.perf_counter() + budget
     rng = np.random.default_rng(0)
     rows: list[dict] = []
-    print("\n".join(format_table([dict.fromkeys(COLUMNS, "")], COLUMNS).splitlines()[:2]),
-          flush=True)
+    print(
+        "\n".join(format_table([dict.fromkeys(COLUMNS, "")], COLUMNS).splitlines()[:2]), flush=True
+    )
     # Page 16 first (the most important rows survive the time budget); other pages run the
     # reduced kv_indices matrix (page size only moves the draft-slot start) unless --full.
     pages = sorted(pages, key=lambda p: (p != 16, p))
     for page in pages:
         for bs in batch_sizes:
             if "expand" in ops and page > 1:
-                _bench_expand(rows, rng, bs, page, num_sets=num_sets, impls=impls,
-                              torch_compile=args.torch_compile, deadline=deadline)
+                _bench_expand(
+                    rows,
+                    rng,
+                    bs,
+                    page,
+                    num_sets=num_sets,
+                    impls=impls,
+                    torch_compile=args.torch_compile,
+                    deadline=deadline,
+                )
             if "kv_indices" in ops:
-                _bench_kv(rows, rng, bs, page, context=context, lens=lens, num_sets=num_sets,
-                          impls=impls, deadline=deadline,
-                          reduced=not (args.full or page == 16 or args.quick))
+                _bench_kv(
+                    rows,
+                    rng,
+                    bs,
+                    page,
+                    context=context,
+                    lens=lens,
+                    num_sets=num_sets,
+                    impls=impls,
+                    deadline=deadline,
+                    reduced=not (args.full or page == 16 or args.quick),
+                )
     return rows  # the header and every row are printed as they come: one table
 
 

@@ -34,8 +34,9 @@ def random_trees(rng: np.random.Generator, bs: int, topk: int, num_steps: int, n
     cum = rng.random((bs, topk), dtype=np.float32) * 0.98 + 0.01
     chunks, parents = [cum], [np.tile(np.arange(-1, topk), (bs, 1))]
     for i in range(1, num_steps):
-        flat = (cum[:, :, None] * (rng.random((bs, topk, topk), dtype=np.float32) * 0.98 + 0.01)
-                ).reshape(bs, -1)
+        flat = (
+            cum[:, :, None] * (rng.random((bs, topk, topk), dtype=np.float32) * 0.98 + 0.01)
+        ).reshape(bs, -1)
         idx = _topk_idx(flat, topk)
         cum = np.take_along_axis(flat, idx, axis=1)
         chunks.append(flat)
@@ -63,26 +64,37 @@ def build_tree_torch(parent_list, sel, seq_lens, topk: int):
     parent = torch.where(tb == 0, 0, pos)
     child = ok[:, None, :] & (parent[:, None, :] == nodes[None, :, None])
     next_token = torch.where(child, nodes, n).amin(-1)
-    sib = (ok[:, :, None] & ok[:, None, :] & (parent[:, None, :] == parent[:, :, None])
-           & (nodes[None, None, :] > nodes[None, :, None]))
+    sib = (
+        ok[:, :, None]
+        & ok[:, None, :]
+        & (parent[:, None, :] == parent[:, :, None])
+        & (nodes[None, None, :] > nodes[None, :, None])
+    )
     next_sibling = torch.where(sib, nodes, n).amin(-1)
     up = torch.where(ok, parent, 0)
-    adj = ((nodes[None, None, :] == nodes[None, :, None])
-           | (nodes[None, None, :] == up[:, :, None])).float()
+    adj = (
+        (nodes[None, None, :] == nodes[None, :, None]) | (nodes[None, None, :] == up[:, :, None])
+    ).float()
     for _ in range(num_closure_rounds(n)):
         adj = (adj @ adj > 0.5).float()
     mask = adj > 0.5
     positions = seq_lens[:, None] + mask.sum(-1) - 1
-    return (torch.where(next_token == n, -1, next_token),
-            torch.where(next_sibling == n, -1, next_sibling), positions, mask)
+    return (
+        torch.where(next_token == n, -1, next_token),
+        torch.where(next_sibling == n, -1, next_sibling),
+        positions,
+        mask,
+    )
 
 
 def _torch_us(parent_list, sel, seq_lens, topk) -> float:
     import torch
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    args = [torch.as_tensor(np.array(x), dtype=torch.int64, device=dev)
-            for x in (parent_list, sel, seq_lens)]
+    args = [
+        torch.as_tensor(np.array(x), dtype=torch.int64, device=dev)
+        for x in (parent_list, sel, seq_lens)
+    ]
     return time_torch(lambda: build_tree_torch(*args, topk), iters=20, warmup=3)
 
 
@@ -100,18 +112,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
         arg_sets = []
         for _ in range(sets):
             parent_list, sel = random_trees(rng, bs, topk, num_steps, n)
-            arg_sets.append((jnp.zeros(bs, jnp.int32), jnp.asarray(parent_list), jnp.asarray(sel),
-                             jnp.zeros((bs, n - 1), jnp.int32),
-                             jnp.asarray(rng.integers(1, 2000, bs), jnp.int32)))
+            arg_sets.append(
+                (
+                    jnp.zeros(bs, jnp.int32),
+                    jnp.asarray(parent_list),
+                    jnp.asarray(sel),
+                    jnp.zeros((bs, n - 1), jnp.int32),
+                    jnp.asarray(rng.integers(1, 2000, bs), jnp.int32),
+                )
+            )
         shape = f"bs={bs} K={topk} S={num_steps} N={n}"
-        torch_us = torch_us_cell(
-            lambda a=arg_sets[0]: _torch_us(a[1], a[2], a[4], topk))
+        torch_us = torch_us_cell(lambda a=arg_sets[0]: _torch_us(a[1], a[2], a[4], topk))
         for impl in ("xla", "pallas"):
-            row = {"shape": shape, "impl": impl, "torch us": torch_us,
-                   "anchor us": ANCHOR_US.get(bs, "")}
+            row = {
+                "shape": shape,
+                "impl": impl,
+                "torch us": torch_us,
+                "anchor us": ANCHOR_US.get(bs, ""),
+            }
             op = functools.partial(
-                build_tree_kernel_efficient, topk=topk, num_steps=num_steps,
-                num_draft_tokens=n, mode=TreeMaskMode.QLEN_ONLY, impl=impl)
+                build_tree_kernel_efficient,
+                topk=topk,
+                num_steps=num_steps,
+                num_draft_tokens=n,
+                mode=TreeMaskMode.QLEN_ONLY,
+                impl=impl,
+            )
             rows.append(time_impl(row, op, arg_sets, wall_iters=5 if args.quick else 30))
     print(format_table(rows, COLUMNS), flush=True)
     return rows

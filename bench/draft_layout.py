@@ -45,8 +45,13 @@ def _case(rng: np.random.Generator, batch: int, page_size: int, lo: int, hi: int
     num_slots = (batch * width // page_size + 2) * page_size
     r2t = np.zeros((batch + 1, width), np.int32)
     r2t[1:] = rng.integers(page_size, num_slots, size=(batch, width), dtype=np.int32)
-    sets = [(rng.permutation(np.arange(1, batch + 1)).astype(np.int32),
-             rng.integers(lo, hi, size=batch).astype(np.int32)) for _ in range(reps)]
+    sets = [
+        (
+            rng.permutation(np.arange(1, batch + 1)).astype(np.int32),
+            rng.integers(lo, hi, size=batch).astype(np.int32),
+        )
+        for _ in range(reps)
+    ]
     return r2t, sets, num_slots
 
 
@@ -73,16 +78,22 @@ def _torch_layout_fn(r2t: np.ndarray, rpi: np.ndarray, seq: np.ndarray, page_siz
         rows = rpi_t[:, None, None]
         mask = (o[None, None, :] < lp[:, None, None]).expand(-1, TOPK - 1, -1)
         src = req_to_token[rows, (base[:, None, None] + o).expand(-1, TOPK - 1, -1)][mask]
-        tgt = req_to_token[rows, base[:, None, None] + tb[None, :, None] * region[:, None, None]
-                           + o][mask]
+        tgt = req_to_token[
+            rows, base[:, None, None] + tb[None, :, None] * region[:, None, None] + o
+        ][mask]
         return out, tgt, src
 
     return run
 
 
 def _copy_us(pool_shape, num_slots: int, tgt: jax.Array, src: jax.Array, iters: int) -> float:
-    state = {"pool": KVPool(k=jnp.zeros(pool_shape, jnp.bfloat16),
-                            v=jnp.zeros(pool_shape, jnp.bfloat16), page_size=1)}
+    state = {
+        "pool": KVPool(
+            k=jnp.zeros(pool_shape, jnp.bfloat16),
+            v=jnp.zeros(pool_shape, jnp.bfloat16),
+            page_size=1,
+        )
+    }
     samples = []
     try:
         for i in range(iters + 2):
@@ -103,8 +114,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU smoke run)")
     parser.add_argument("--impls", default="xla,pallas", help="comma list of xla,pallas")
-    parser.add_argument("--copy-layers", type=int, default=2,
-                        help="layers of the duplication-copy pool (0: skip the copy column)")
+    parser.add_argument(
+        "--copy-layers",
+        type=int,
+        default=2,
+        help="layers of the duplication-copy pool (0: skip the copy column)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         batches, pages, lo, hi, reps, iters = (1, 8), (1, 16), 16, 64, 2, 3
@@ -113,10 +128,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         batches, pages, lo, hi, reps, iters = (1, 8, 64, 256), (1, 16, 64), 1024, 2048, 10, 30
         heads, head_dim = 8, 128
     impls = [i for i in args.impls.split(",") if i]
-    print(f"# draft_layout on {device_name()}: K={TOPK} S={NUM_STEPS}, L in [{lo}, {hi})",
-          flush=True)
-    print("\n".join(format_table([dict.fromkeys(COLUMNS, "")], COLUMNS).splitlines()[:2]),
-          flush=True)
+    print(
+        f"# draft_layout on {device_name()}: K={TOPK} S={NUM_STEPS}, L in [{lo}, {hi})", flush=True
+    )
+    print(
+        "\n".join(format_table([dict.fromkeys(COLUMNS, "")], COLUMNS).splitlines()[:2]), flush=True
+    )
     rng = np.random.default_rng(0)
     rows: list[dict] = []
     for page_size in pages:
@@ -128,26 +145,44 @@ def main(argv: list[str] | None = None) -> list[dict]:
             mean_pairs = float(np.mean([(TOPK - 1) * np.sum(s % page_size) for _, s in sets]))
             torch_us: object = "-"
             try:
-                torch_us = time_torch(_torch_layout_fn(r2t_np, *sets[0], page_size),
-                                      iters=iters)
+                torch_us = time_torch(_torch_layout_fn(r2t_np, *sets[0], page_size), iters=iters)
             except Exception as e:  # noqa: BLE001 - report, keep going
                 torch_us = _err(e)
             copy_us: object = "-"
             if args.copy_layers and max_pairs:
                 try:
-                    _, tgt, src, _ = draft_cache_loc(r2t, *map(jnp.asarray, sets[0]),
-                                                     topk=TOPK, num_steps=NUM_STEPS,
-                                                     page_size=page_size, max_pairs=max_pairs)
-                    copy_us = _copy_us((args.copy_layers, num_slots, heads, head_dim), num_slots,
-                                       tgt, src, iters)
+                    _, tgt, src, _ = draft_cache_loc(
+                        r2t,
+                        *map(jnp.asarray, sets[0]),
+                        topk=TOPK,
+                        num_steps=NUM_STEPS,
+                        page_size=page_size,
+                        max_pairs=max_pairs,
+                    )
+                    copy_us = _copy_us(
+                        (args.copy_layers, num_slots, heads, head_dim), num_slots, tgt, src, iters
+                    )
                 except Exception as e:  # noqa: BLE001
                     copy_us = _err(e)
             for impl in impls:
                 row = dict.fromkeys(COLUMNS, "")
-                row.update({"shape": shape, "impl": impl, "torch us": torch_us,
-                            "pairs": mean_pairs, "dup copy us": copy_us})
-                op = functools.partial(draft_cache_loc, topk=TOPK, num_steps=NUM_STEPS,
-                                       page_size=page_size, max_pairs=max_pairs, impl=impl)
+                row.update(
+                    {
+                        "shape": shape,
+                        "impl": impl,
+                        "torch us": torch_us,
+                        "pairs": mean_pairs,
+                        "dup copy us": copy_us,
+                    }
+                )
+                op = functools.partial(
+                    draft_cache_loc,
+                    topk=TOPK,
+                    num_steps=NUM_STEPS,
+                    page_size=page_size,
+                    max_pairs=max_pairs,
+                    impl=impl,
+                )
                 arg_sets = [(r2t, jnp.asarray(rpi), jnp.asarray(seq)) for rpi, seq in sets]
                 try:
                     row["device us"] = time_device(op, arg_sets)

@@ -75,13 +75,35 @@ from bench._timing import (
 
 warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
-COLUMNS = ("config", "mode", "tokens/s", "step ms", "accept len", "step ms (fused, wall)",
-           "draft ms (wall)", "verify ms (wall)", "bookkeeping ms (wall)",
-           "bookkeeping % (wall)", "lossless", "note")
-DEVICE_COLUMNS = ("config", "mode", "step us (device)", "model us", "draft us", "verify us",
-                  "bookkeeping us",
-                  "unattributed us", "mixed us", "bookkeeping % (device)", "vs sglang anchors",
-                  "vs sglang anchors (no move)", "command buffers")
+COLUMNS = (
+    "config",
+    "mode",
+    "tokens/s",
+    "step ms",
+    "accept len",
+    "step ms (fused, wall)",
+    "draft ms (wall)",
+    "verify ms (wall)",
+    "bookkeeping ms (wall)",
+    "bookkeeping % (wall)",
+    "lossless",
+    "note",
+)
+DEVICE_COLUMNS = (
+    "config",
+    "mode",
+    "step us (device)",
+    "model us",
+    "draft us",
+    "verify us",
+    "bookkeeping us",
+    "unattributed us",
+    "mixed us",
+    "bookkeeping % (device)",
+    "vs sglang anchors",
+    "vs sglang anchors (no move)",
+    "command buffers",
+)
 
 # sglang 0.5.23's own ops at B=64 on the H200, device us per call (shared/ANCHORS.md): the ops
 # of jspec's step bookkeeping. Metadata: the engine's default draft attention is "cascade", so
@@ -112,10 +134,14 @@ class Case:
 
 def _cases(quick: bool) -> dict[str, Case]:
     if quick:
-        return {"demo": Case("demo", 16, 4, 3, 8, 3, 8, 4, 1),
-                "bs64": Case("bs4-k4-s2 (quick)", 16, 4, 2, 6, 4, 6, 4, 2)}
-    return {"demo": Case("demo", 16, 4, 3, 8, 6, 48, 4, 1),
-            "bs64": Case("bs64-k8-s5", 16, 8, 5, 32, 64, 32, 64, 8, compare_anchors=True)}
+        return {
+            "demo": Case("demo", 16, 4, 3, 8, 3, 8, 4, 1),
+            "bs64": Case("bs4-k4-s2 (quick)", 16, 4, 2, 6, 4, 6, 4, 2),
+        }
+    return {
+        "demo": Case("demo", 16, 4, 3, 8, 6, 48, 4, 1),
+        "bs64": Case("bs64-k8-s5", 16, 8, 5, 32, 64, 32, 64, 8, compare_anchors=True),
+    }
 
 
 def _model(quick: bool):
@@ -128,12 +154,26 @@ def _model(quick: bool):
     )
 
     if quick:
-        cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                          num_heads=4, num_kv_heads=2, head_dim=8)
+        cfg = ModelConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+        )
         params = init_target_params(cfg, 0, residual_scale=1.5)
     else:  # the jspec demo default
-        cfg = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4,
-                          num_heads=4, num_kv_heads=2, head_dim=32)
+        cfg = ModelConfig(
+            vocab_size=512,
+            hidden_size=128,
+            intermediate_size=256,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+        )
         params = init_target_params(cfg, 0, residual_scale=2.0)
     return ToyTarget(cfg), params, ToyDraft(cfg), init_draft_params(cfg, params, 1)
 
@@ -187,7 +227,7 @@ def _classify(op_name: str) -> str:
     parts = op_name.split("/")
     if MODEL_SCOPE not in parts:
         return "bookkeeping"
-    sub = parts[parts.index(MODEL_SCOPE) + 1:]
+    sub = parts[parts.index(MODEL_SCOPE) + 1 :]
     return "draft" if sub and sub[0] == "draft" else "target"
 
 
@@ -196,11 +236,15 @@ def _op_key(op_name: str) -> str:
     shard_map / cond wrappers dropped); every model kernel is ``"model"``."""
     from jspec.engine.model import MODEL_SCOPE
 
-    parts = [p for p in op_name.split("/") if p and p not in (
-        "jit(main)", "shard_map", "cond", "branch_0_fun", "branch_1_fun")
-        and not p.startswith(("jit(fn)", "jit(<lambda>)", "jit(per_shard)"))]
+    parts = [
+        p
+        for p in op_name.split("/")
+        if p
+        and p not in ("jit(main)", "shard_map", "cond", "branch_0_fun", "branch_1_fun")
+        and not p.startswith(("jit(fn)", "jit(<lambda>)", "jit(per_shard)"))
+    ]
     if MODEL_SCOPE in parts:
-        return "model:" + "/".join(parts[parts.index(MODEL_SCOPE) + 1:][-4:])
+        return "model:" + "/".join(parts[parts.index(MODEL_SCOPE) + 1 :][-4:])
     if op_name.startswith("@"):  # no op_name metadata: the HLO instruction
         return op_name
     return "/".join(parts[-4:]) or "(no op_name)"
@@ -217,13 +261,20 @@ def _device_row(split: dict[str, float], case: Case) -> dict:
     mixed = split.get("target" + MIXED_SUFFIX, 0.0) + split.get("draft" + MIXED_SUFFIX, 0.0)
     draft = split.get("draft", 0.0) + split.get("draft" + MIXED_SUFFIX, 0.0)
     target = split.get("target", 0.0) + split.get("target" + MIXED_SUFFIX, 0.0)
-    bookkeeping = (split.get("bookkeeping", 0.0) + split.get("bookkeeping" + MIXED_SUFFIX, 0.0)
-                   + unattributed)
-    row = {"step us (device)": split["total"], "model us": draft + target,
-           "draft us": draft, "verify us": target,
-           "bookkeeping us": bookkeeping, "unattributed us": unattributed, "mixed us": mixed,
-           "bookkeeping % (device)": 100.0 * bookkeeping / split["total"],
-           "command buffers": "off" if _command_buffers_off() else "on (split by kernel name)"}
+    bookkeeping = (
+        split.get("bookkeeping", 0.0) + split.get("bookkeeping" + MIXED_SUFFIX, 0.0) + unattributed
+    )
+    row = {
+        "step us (device)": split["total"],
+        "model us": draft + target,
+        "draft us": draft,
+        "verify us": target,
+        "bookkeeping us": bookkeeping,
+        "unattributed us": unattributed,
+        "mixed us": mixed,
+        "bookkeeping % (device)": 100.0 * bookkeeping / split["total"],
+        "command buffers": "off" if _command_buffers_off() else "on (split by kernel name)",
+    }
     row["_by_op"] = {k[3:]: v for k, v in split.items() if k.startswith("by:")}
     if case.compare_anchors:
         row["vs sglang anchors"] = bookkeeping / SGLANG_ANCHOR_US
@@ -231,8 +282,9 @@ def _device_row(split: dict[str, float], case: Case) -> dict:
     return row
 
 
-def _split(engine, prompts, case: Case, iters: int) -> tuple[dict[str, float],
-                                                             dict[str, float] | None]:
+def _split(
+    engine, prompts, case: Case, iters: int
+) -> tuple[dict[str, float], dict[str, float] | None]:
     """Per-phase and fused step wall ms, and the fused step's device us split (None on CPU),
     on a steady-state snapshot."""
     from jspec.engine import spec_step as ss
@@ -260,15 +312,26 @@ def _split(engine, prompts, case: Case, iters: int) -> tuple[dict[str, float],
     stacked = jax.tree.map(lambda x: x[None], state)
     ms["fused"] = _median_ms(
         lambda st: engine._step(params, draft, st, slot_idx[None], live[None]),
-        lambda: (_copy(stacked),), iters)
+        lambda: (_copy(stacked),),
+        iters,
+    )
     device_us = profile_split_us(
-        engine._step, lambda: (params, draft, _copy(stacked), slot_idx[None], live[None]),
-        _classify, breakdown=_op_key)
+        engine._step,
+        lambda: (params, draft, _copy(stacked), slot_idx[None], live[None]),
+        _classify,
+        breakdown=_op_key,
+    )
     return ms, device_us
 
 
-def _run_case(case: Case, model, quick: bool, split: bool = True,
-              impl: str = "auto", attention_impl: str = "auto") -> list[dict]:
+def _run_case(
+    case: Case,
+    model,
+    quick: bool,
+    split: bool = True,
+    impl: str = "auto",
+    attention_impl: str = "auto",
+) -> list[dict]:
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
@@ -278,34 +341,55 @@ def _run_case(case: Case, model, quick: bool, split: bool = True,
     prompts = [rng.integers(0, target.vocab_size, int(n)).tolist() for n in lens]
     context_len = 1 << int(np.ceil(np.log2(int(lens.max()) + case.max_new_tokens + 1)))
     ecfg = make_engine_config(
-        target, page_size=case.page_size, topk=case.topk, num_steps=case.num_steps,
-        num_draft_tokens=case.num_draft_tokens, context_len=context_len,
-        max_running_requests=case.max_running, max_prompt_len=int(lens.max()),
-        batch_buckets=(case.max_running,), prefill_batch=case.prefill_batch, impl=impl,
-        attention_impl=attention_impl)
+        target,
+        page_size=case.page_size,
+        topk=case.topk,
+        num_steps=case.num_steps,
+        num_draft_tokens=case.num_draft_tokens,
+        context_len=context_len,
+        max_running_requests=case.max_running,
+        max_prompt_len=int(lens.max()),
+        batch_buckets=(case.max_running,),
+        prefill_batch=case.prefill_batch,
+        impl=impl,
+        attention_impl=attention_impl,
+    )
     rows = []
     outputs = {}
     for mode in ("greedy", "spec"):
         row = {"config": case.name, "mode": mode}
         try:
-            engine = (Engine(ecfg, target, params, draft_model, draft) if mode == "spec"
-                      else Engine(ecfg, target, params))
+            engine = (
+                Engine(ecfg, target, params, draft_model, draft)
+                if mode == "spec"
+                else Engine(ecfg, target, params)
+            )
             engine.generate(prompts[:1], 2)  # compile prefill / step / release
             out, stats = engine.generate(prompts, case.max_new_tokens)
             outputs[mode] = out
-            row.update({"tokens/s": stats.tokens_per_s,
-                        "step ms": stats.decode_s / max(stats.num_decode_steps, 1) * 1e3,
-                        "accept len": stats.mean_accept_len if mode == "spec" else 1.0})
+            row.update(
+                {
+                    "tokens/s": stats.tokens_per_s,
+                    "step ms": stats.decode_s / max(stats.num_decode_steps, 1) * 1e3,
+                    "accept len": stats.mean_accept_len if mode == "spec" else 1.0,
+                }
+            )
             if mode == "spec":
                 row["lossless"] = "PASS" if out == outputs.get("greedy") else "FAIL"
             if mode == "spec" and split:
-                ms, device_us = _split(engine, prompts[:case.max_running], case,
-                                       5 if quick else 20)
+                ms, device_us = _split(
+                    engine, prompts[: case.max_running], case, 5 if quick else 20
+                )
                 total = ms["draft"] + ms["verify"] + ms["bookkeeping"]
-                row.update({"step ms (fused, wall)": ms["fused"], "draft ms (wall)": ms["draft"],
-                            "verify ms (wall)": ms["verify"],
-                            "bookkeeping ms (wall)": ms["bookkeeping"],
-                            "bookkeeping % (wall)": 100.0 * ms["bookkeeping"] / total})
+                row.update(
+                    {
+                        "step ms (fused, wall)": ms["fused"],
+                        "draft ms (wall)": ms["draft"],
+                        "verify ms (wall)": ms["verify"],
+                        "bookkeeping ms (wall)": ms["bookkeeping"],
+                        "bookkeeping % (wall)": 100.0 * ms["bookkeeping"] / total,
+                    }
+                )
                 if device_us is not None:
                     row.update(_device_row(device_us, case))
         except Exception as e:  # noqa: BLE001 - report the failure in the row, keep going
@@ -320,18 +404,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--quick", action="store_true", help="tiny model and batch (CPU smoke)")
     parser.add_argument("--configs", default="demo,bs64")
     parser.add_argument("--out", default="", help="also write the printed report here")
-    parser.add_argument("--impl", default="auto", choices=("auto", "xla", "pallas"),
-                        help="bookkeeping kernels (EngineConfig.impl; auto = pallas on GPU)")
-    parser.add_argument("--no-split", action="store_true",
-                        help="tokens/s and step ms only (no per-phase or device split)")
-    parser.add_argument("--attention-impl", default="auto", choices=("auto", "xla", "pallas"),
-                        help="model attention (EngineConfig.attention_impl; auto = pallas on GPU)")
+    parser.add_argument(
+        "--impl",
+        default="auto",
+        choices=("auto", "xla", "pallas"),
+        help="bookkeeping kernels (EngineConfig.impl; auto = pallas on GPU)",
+    )
+    parser.add_argument(
+        "--no-split",
+        action="store_true",
+        help="tokens/s and step ms only (no per-phase or device split)",
+    )
+    parser.add_argument(
+        "--attention-impl",
+        default="auto",
+        choices=("auto", "xla", "pallas"),
+        help="model attention (EngineConfig.attention_impl; auto = pallas on GPU)",
+    )
     args = parser.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
     if on_gpu and not _command_buffers_off():
-        print("note: XLA command buffers are on: the device split matches kernel names to HLO "
-              "ops and leaves cuBLAS/Triton kernels unattributed (counted as bookkeeping). Exact:"
-              " XLA_FLAGS=--xla_gpu_enable_command_buffer=", flush=True)
+        print(
+            "note: XLA command buffers are on: the device split matches kernel names to HLO "
+            "ops and leaves cuBLAS/Triton kernels unattributed (counted as bookkeeping). Exact:"
+            " XLA_FLAGS=--xla_gpu_enable_command_buffer=",
+            flush=True,
+        )
     cases = _cases(args.quick)
     model = _model(args.quick)
     rows: list[dict] = []
@@ -340,16 +438,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append({"config": name, "note": f"unknown config (choose {sorted(cases)})"})
             continue
         # --quick: the phase split (7 extra compiles) only for the first config.
-        rows.extend(_run_case(cases[name], model, args.quick,
-                              split=not args.no_split and (not args.quick or not rows),
-                              impl=args.impl,
-                              attention_impl=args.attention_impl))
-    text = (f"e2e on {device_name()} ({'quick' if args.quick else 'full'}); model vocab "
-            f"{model[0].vocab_size}, hidden {model[0].hidden_size}, {model[0].num_layers} "
-            f"layers, {model[0].dtype}; bookkeeping impl {args.impl}, attention impl "
-            f"{args.attention_impl}\n\n"
-            f"{format_table(rows, COLUMNS)}\n\n"
-            f"{_device_report(rows, on_gpu)}")
+        rows.extend(
+            _run_case(
+                cases[name],
+                model,
+                args.quick,
+                split=not args.no_split and (not args.quick or not rows),
+                impl=args.impl,
+                attention_impl=args.attention_impl,
+            )
+        )
+    text = (
+        f"e2e on {device_name()} ({'quick' if args.quick else 'full'}); model vocab "
+        f"{model[0].vocab_size}, hidden {model[0].hidden_size}, {model[0].num_layers} "
+        f"layers, {model[0].dtype}; bookkeeping impl {args.impl}, attention impl "
+        f"{args.attention_impl}\n\n"
+        f"{format_table(rows, COLUMNS)}\n\n"
+        f"{_device_report(rows, on_gpu)}"
+    )
     print(text)
     if args.out:
         with open(args.out, "w") as f:
@@ -366,21 +472,25 @@ def _device_report(rows: list[dict], on_gpu: bool) -> str:
         f"\n{r['config']}: counting the mixed kernels as bookkeeping too: "
         f"{(r['bookkeeping us'] + r['mixed us']) / SGLANG_ANCHOR_US:.2f} vs sglang anchors, "
         f"{(r['bookkeeping us'] + r['mixed us']) / SGLANG_ANCHOR_NO_MOVE_US:.2f} (no move)."
-        for r in spec_rows if "vs sglang anchors" in r)
-    return (f"Fused step, device time per step (GPU kernel time from a profiler trace):\n\n"
-            f"{format_table(spec_rows, DEVICE_COLUMNS)}\n\n"
-            "model = ops under jax.named_scope('jspec_model') (forwards + LM heads); bookkeeping "
-            "= everything else, unattributed kernels included (conservative). A kernel where "
-            "XLA fused ops of both is classed by its root op; mixed us = the model-rooted ones "
-            "(KV writes, embedding gathers with bookkeeping index math fused in), inside model "
-            "us: bookkeeping us + mixed us is an upper bound on the bookkeeping.\n"
-            f"vs sglang anchors = bookkeeping us / {SGLANG_ANCHOR_US:.0f} us, the sum of "
-            f"sglang's B=64 ops (shared/ANCHORS.md): attention metadata "
-            f"{SGLANG_METADATA_US_B64:.0f} + build tree {SGLANG_BUILD_TREE_US_B64:.0f} + verify "
-            f"{SGLANG_VERIFY_US_B64:.1f} + move_kv_cache {SGLANG_MOVE_KV_US_N64:.0f} (n=64 rows, "
-            f"32 layers x 2 KB: a bigger pool geometry than this model's); (no move) = / "
-            f"{SGLANG_ANCHOR_NO_MOVE_US:.0f} us, the strict one. Target: < 0.33.{bounds}"
-            f"{''.join(_top_ops(r) for r in spec_rows)}")
+        for r in spec_rows
+        if "vs sglang anchors" in r
+    )
+    return (
+        f"Fused step, device time per step (GPU kernel time from a profiler trace):\n\n"
+        f"{format_table(spec_rows, DEVICE_COLUMNS)}\n\n"
+        "model = ops under jax.named_scope('jspec_model') (forwards + LM heads); bookkeeping "
+        "= everything else, unattributed kernels included (conservative). A kernel where "
+        "XLA fused ops of both is classed by its root op; mixed us = the model-rooted ones "
+        "(KV writes, embedding gathers with bookkeeping index math fused in), inside model "
+        "us: bookkeeping us + mixed us is an upper bound on the bookkeeping.\n"
+        f"vs sglang anchors = bookkeeping us / {SGLANG_ANCHOR_US:.0f} us, the sum of "
+        f"sglang's B=64 ops (shared/ANCHORS.md): attention metadata "
+        f"{SGLANG_METADATA_US_B64:.0f} + build tree {SGLANG_BUILD_TREE_US_B64:.0f} + verify "
+        f"{SGLANG_VERIFY_US_B64:.1f} + move_kv_cache {SGLANG_MOVE_KV_US_N64:.0f} (n=64 rows, "
+        f"32 layers x 2 KB: a bigger pool geometry than this model's); (no move) = / "
+        f"{SGLANG_ANCHOR_NO_MOVE_US:.0f} us, the strict one. Target: < 0.33.{bounds}"
+        f"{''.join(_top_ops(r) for r in spec_rows)}"
+    )
 
 
 def _top_ops(row: dict, top: int = 12) -> str:
@@ -388,12 +498,16 @@ def _top_ops(row: dict, top: int = 12) -> str:
     by_op = row.get("_by_op") or {}
     text = ""
     for title, is_model in (("bookkeeping", False), ("model", True)):
-        ops = sorted(((us, key) for key, us in by_op.items()
-                      if key.startswith("model:") == is_model), reverse=True)
+        ops = sorted(
+            ((us, key) for key, us in by_op.items() if key.startswith("model:") == is_model),
+            reverse=True,
+        )
         if ops:
             lines = "".join(f"\n| {key} | {us:.1f} |" for us, key in ops[:top])
-            text += (f"\n\n{row['config']}: top {title} ops by device us per step (op_name's "
-                     f"last scopes)\n\n| op | us |\n|---|---|{lines}")
+            text += (
+                f"\n\n{row['config']}: top {title} ops by device us per step (op_name's "
+                f"last scopes)\n\n| op | us |\n|---|---|{lines}"
+            )
     return text
 
 

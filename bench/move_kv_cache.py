@@ -44,15 +44,23 @@ LOCAL_PAIRS = 5
 # Tuning variants tried with --sweep: (block_rows, block_elems, num_warps, single_block_rows);
 # the first is the module default.
 SWEEP = {
-    "pallas": ((16, 8192, 8, 64), (8, 8192, 8, 64), (32, 8192, 8, 64), (16, 16384, 8, 64),
-               (16, 8192, 4, 64), (16, 8192, 8, 256), (16, 8192, 8, 16)),
+    "pallas": (
+        (16, 8192, 8, 64),
+        (8, 8192, 8, 64),
+        (32, 8192, 8, 64),
+        (16, 16384, 8, 64),
+        (16, 8192, 4, 64),
+        (16, 8192, 8, 256),
+        (16, 8192, 8, 16),
+    ),
     "triton": ((16, 8192, 8, 64), (8, 8192, 8, 64), (16, 8192, 8, 256)),
 }
 _TUNING_KEYS = ("block_rows", "block_elems", "num_warps", "single_block_rows")
 
 
-def _pairs(rng: np.random.Generator, pattern: str, n: int, num_slots: int
-           ) -> tuple[np.ndarray, np.ndarray]:
+def _pairs(
+    rng: np.random.Generator, pattern: str, n: int, num_slots: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(tgt, src) i32[n] slot ids, never touching the padding page."""
     if pattern == "random":
         slots = rng.choice(np.arange(PAGE_SIZE, num_slots), size=2 * n, replace=False)
@@ -67,8 +75,9 @@ def _pairs(rng: np.random.Generator, pattern: str, n: int, num_slots: int
     return tgt.astype(np.int32), src.astype(np.int32)
 
 
-def _device_us(move, pool: KVPool, tgts: jax.Array, srcs: jax.Array, repeats: int
-               ) -> tuple[float, KVPool]:
+def _device_us(
+    move, pool: KVPool, tgts: jax.Array, srcs: jax.Array, repeats: int
+) -> tuple[float, KVPool]:
     """Microseconds per call: R sets in one jitted unrolled scan over the (donated) pool."""
 
     @functools.partial(jax.jit, donate_argnums=0)
@@ -87,8 +96,9 @@ def _device_us(move, pool: KVPool, tgts: jax.Array, srcs: jax.Array, repeats: in
     return best / tgts.shape[0] * 1e6, pool
 
 
-def _wall_us(move, pool: KVPool, tgt: jax.Array, src: jax.Array, iters: int
-             ) -> tuple[float, KVPool]:
+def _wall_us(
+    move, pool: KVPool, tgt: jax.Array, src: jax.Array, iters: int
+) -> tuple[float, KVPool]:
     samples = []
     for i in range(iters + 3):
         t0 = time.perf_counter()
@@ -111,10 +121,13 @@ def _torch_us(shape, dtype_name: str, sets, iters: int) -> float:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     num_layers, num_slots, row_width = shape
-    pool = torch.zeros((2 * num_layers, num_slots, row_width), dtype=getattr(torch, dtype_name),
-                       device=device)
-    idx = [(torch.as_tensor(t, device=device).long(), torch.as_tensor(s, device=device).long())
-           for t, s in sets]
+    pool = torch.zeros(
+        (2 * num_layers, num_slots, row_width), dtype=getattr(torch, dtype_name), device=device
+    )
+    idx = [
+        (torch.as_tensor(t, device=device).long(), torch.as_tensor(s, device=device).long())
+        for t, s in sets
+    ]
     state = {"i": 0}
 
     def step():
@@ -149,14 +162,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--sizes", default="", help="comma list of n")
     parser.add_argument("--reps", type=int, default=0, help="distinct sets per timing scan")
     parser.add_argument("--no-wall", action="store_true", help="skip the wall-time column")
-    parser.add_argument("--budget-s", type=float, default=0.0,
-                        help="skip the remaining rows after this many seconds (0: no limit)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="skip the remaining rows after this many seconds (0: no limit)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         num_layers, heads, head_dim, num_pages, sizes, reps = 2, 2, 64, 256, (16, 64), 2
     else:
-        num_layers, heads, head_dim, num_pages, sizes, reps = 32, 8, 128, 6250, \
-            (64, 256, 1024, 4096), 16
+        num_layers, heads, head_dim, num_pages, sizes, reps = (
+            32,
+            8,
+            128,
+            6250,
+            (64, 256, 1024, 4096),
+            16,
+        )
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else sizes
     reps = args.reps or reps
     gpu = on_gpu()
@@ -169,14 +192,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     row_width = heads * head_dim
     row_bytes = row_width * jnp.dtype(dtype_name).itemsize
     copy_tbs = copy_bandwidth_tbs()
-    print(f"# move_kv_cache on {device_name()}: {num_layers} layers x K,V, {heads}x{head_dim} "
-          f"{dtype_name} ({row_bytes} B rows), {num_slots} slots; copy rate {copy_tbs:.2f} "
-          f"TB/s (bench._timing.copy_bandwidth_tbs)", flush=True)
+    print(
+        f"# move_kv_cache on {device_name()}: {num_layers} layers x K,V, {heads}x{head_dim} "
+        f"{dtype_name} ({row_bytes} B rows), {num_slots} slots; copy rate {copy_tbs:.2f} "
+        f"TB/s (bench._timing.copy_bandwidth_tbs)",
+        flush=True,
+    )
     shape4 = (num_layers, num_slots, heads, head_dim)
     key = jax.random.PRNGKey(0)
-    pool = KVPool(k=jax.random.normal(key, shape4, dtype_name),
-                  v=jax.random.normal(jax.random.fold_in(key, 1), shape4, dtype_name),
-                  page_size=PAGE_SIZE)
+    pool = KVPool(
+        k=jax.random.normal(key, shape4, dtype_name),
+        v=jax.random.normal(jax.random.fold_in(key, 1), shape4, dtype_name),
+        page_size=PAGE_SIZE,
+    )
     rng = np.random.default_rng(0)
     rows: list[dict] = []
     deadline = time.perf_counter() + (args.budget_s or float("inf"))
@@ -193,12 +221,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 if time.perf_counter() > deadline:
                     break
                 row = dict.fromkeys(_COLUMNS, "")
-                row.update({"n": n, "pattern": pattern, "impl": impl,
-                            "tuning": "/".join(str(tuning[k]) for k in tuning) or "-"})
+                row.update(
+                    {
+                        "n": n,
+                        "pattern": pattern,
+                        "impl": impl,
+                        "tuning": "/".join(str(tuning[k]) for k in tuning) or "-",
+                    }
+                )
                 try:
                     if impl == "torch":
-                        torch_us = _torch_us((num_layers, num_slots, row_width), dtype_name,
-                                             sets, 30 if gpu else 5)
+                        torch_us = _torch_us(
+                            (num_layers, num_slots, row_width), dtype_name, sets, 30 if gpu else 5
+                        )
                         dev_us = torch_us
                         row.update({"device us": dev_us, "wall us": "-", "ok": "-"})
                     else:
@@ -207,25 +242,43 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         dev_us, pool = _device_us(move, pool, tgts, srcs, 3)
                         wall_us = "-"
                         if not args.no_wall:
-                            wall_us, pool = _wall_us(move, pool, tgts[1], srcs[1],
-                                                     30 if gpu else 3)
+                            wall_us, pool = _wall_us(move, pool, tgts[1], srcs[1], 30 if gpu else 3)
                         row.update({"device us": dev_us, "wall us": wall_us, "ok": ok})
                     tbs = moved_bytes / (dev_us * 1e-6) / 1e12
-                    row.update({"TB/s": tbs, "% copy": 100 * tbs / copy_tbs,
-                                "% 4.25": 100 * tbs / ANCHOR_COPY_TBS})
+                    row.update(
+                        {
+                            "TB/s": tbs,
+                            "% copy": 100 * tbs / copy_tbs,
+                            "% 4.25": 100 * tbs / ANCHOR_COPY_TBS,
+                        }
+                    )
                 except Exception as exc:  # noqa: BLE001 - report the failure, keep going
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                     traceback.print_exc()
                     if pool.k.is_deleted():
-                        pool = KVPool(k=jnp.zeros(shape4, dtype_name),
-                                      v=jnp.zeros(shape4, dtype_name), page_size=PAGE_SIZE)
+                        pool = KVPool(
+                            k=jnp.zeros(shape4, dtype_name),
+                            v=jnp.zeros(shape4, dtype_name),
+                            page_size=PAGE_SIZE,
+                        )
                 rows.append(row)
                 print(format_table([row], _COLUMNS).splitlines()[-1], flush=True)
     return rows
 
 
-_COLUMNS = ("n", "pattern", "impl", "tuning", "device us", "wall us", "TB/s", "% copy",
-            "% 4.25", "ok", "error")
+_COLUMNS = (
+    "n",
+    "pattern",
+    "impl",
+    "tuning",
+    "device us",
+    "wall us",
+    "TB/s",
+    "% copy",
+    "% 4.25",
+    "ok",
+    "error",
+)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
-    cfg = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4,
-                      num_heads=4, num_kv_heads=2, head_dim=32)
+    cfg = ModelConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+    )
     params = init_target_params(cfg, 0, residual_scale=2.0)
     draft = init_draft_params(cfg, params, 1)
     target, draft_model = ToyTarget(cfg), ToyDraft(cfg)
@@ -47,22 +54,40 @@ def main(argv: list[str] | None = None) -> list[dict]:
     prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in lens]
     layouts = [tuple(int(x) for x in item.split("x")) for item in args.layouts.split(",") if item]
     rows, reference = [], None
-    print("\n".join(format_table([dict.fromkeys(COLUMNS, "")], COLUMNS).splitlines()[:2]),
-          flush=True)
+    print(
+        "\n".join(format_table([dict.fromkeys(COLUMNS, "")], COLUMNS).splitlines()[:2]), flush=True
+    )
     for dp, tp in [(1, 1)] + [lt for lt in layouts if lt != (1, 1)]:
-        ecfg = make_engine_config(target, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
-                                  context_len=128, max_running_requests=8,
-                                  max_prompt_len=int(lens.max()), tensor_parallel=tp)
+        ecfg = make_engine_config(
+            target,
+            page_size=16,
+            topk=4,
+            num_steps=3,
+            num_draft_tokens=8,
+            context_len=128,
+            max_running_requests=8,
+            max_prompt_len=int(lens.max()),
+            tensor_parallel=tp,
+        )
         for mode, d in (("greedy", None), ("spec", draft)):
-            engine = (Engine(ecfg, target, params, num_devices=dp) if d is None
-                      else Engine(ecfg, target, params, draft_model, d, num_devices=dp))
+            engine = (
+                Engine(ecfg, target, params, num_devices=dp)
+                if d is None
+                else Engine(ecfg, target, params, draft_model, d, num_devices=dp)
+            )
             engine.warmup()
             out, stats = engine.generate(prompts, args.max_new_tokens)
             reference = out if reference is None else reference
-            rows.append({"layout": f"dp{dp} x tp{tp}", "mode": mode,
-                         "tokens/s": stats.tokens_per_s,
-                         "accept len": stats.mean_accept_len if mode == "spec" else 1.0,
-                         "equal to 1 device": out == reference, "leak check": stats.leak_check})
+            rows.append(
+                {
+                    "layout": f"dp{dp} x tp{tp}",
+                    "mode": mode,
+                    "tokens/s": stats.tokens_per_s,
+                    "accept len": stats.mean_accept_len if mode == "spec" else 1.0,
+                    "equal to 1 device": out == reference,
+                    "leak check": stats.leak_check,
+                }
+            )
             print(format_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
     assert all(r["equal to 1 device"] for r in rows), "a layout changed the tokens"
     return rows

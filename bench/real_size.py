@@ -50,10 +50,29 @@ from bench._timing import (
     profile_split_us,
 )
 
-COLUMNS = ("geometry", "mode", "bs", "attn", "precision", "step ms (wall)", "step ms (device)",
-           "floor ms", "floor kind", "x floor (device)", "x floor (wall)", "tok/s",
-           "accept len", "same as greedy", "target ms", "draft ms", "attention ms",
-           "bookkeeping ms", "unattributed ms", "bookkeeping %", "note")
+COLUMNS = (
+    "geometry",
+    "mode",
+    "bs",
+    "attn",
+    "precision",
+    "step ms (wall)",
+    "step ms (device)",
+    "floor ms",
+    "floor kind",
+    "x floor (device)",
+    "x floor (wall)",
+    "tok/s",
+    "accept len",
+    "same as greedy",
+    "target ms",
+    "draft ms",
+    "attention ms",
+    "bookkeeping ms",
+    "unattributed ms",
+    "bookkeeping %",
+    "note",
+)
 PAGE, TOPK, STEPS, DRAFT_TOKENS, PROMPT, NEW = 16, 4, 3, 8, 128, 64
 
 
@@ -79,9 +98,17 @@ GEOMETRIES = {
 def _model_config(g: Geometry):
     from jspec.engine.model import ModelConfig
 
-    return ModelConfig(vocab_size=g.vocab, hidden_size=g.hidden, intermediate_size=g.inter,
-                       num_layers=g.layers, num_heads=g.heads, num_kv_heads=g.kv_heads,
-                       head_dim=g.head_dim, rope_theta=500000.0, dtype="bfloat16")
+    return ModelConfig(
+        vocab_size=g.vocab,
+        hidden_size=g.hidden,
+        intermediate_size=g.inter,
+        num_layers=g.layers,
+        num_heads=g.heads,
+        num_kv_heads=g.kv_heads,
+        head_dim=g.head_dim,
+        rope_theta=500000.0,
+        dtype="bfloat16",
+    )
 
 
 def make_params(cfg, seed: int = 0, residual_scale: float = 0.5):
@@ -97,14 +124,21 @@ def make_params(cfg, seed: int = 0, residual_scale: float = 0.5):
         ks = jax.random.split(key, 7)
 
         def dense(k, fan_in, fan_out, scale=1.0):
-            return (jax.random.normal(k, (fan_in, fan_out), jnp.float32)
-                    * (scale / np.sqrt(fan_in))).astype(dt)
+            return (
+                jax.random.normal(k, (fan_in, fan_out), jnp.float32) * (scale / np.sqrt(fan_in))
+            ).astype(dt)
 
-        return LayerParams(attn_norm=jnp.ones(hid, dt), wq=dense(ks[0], hid, qd),
-                           wk=dense(ks[1], hid, kvd), wv=dense(ks[2], hid, kvd),
-                           wo=dense(ks[3], qd, hid, residual_scale), mlp_norm=jnp.ones(hid, dt),
-                           w_gate=dense(ks[4], hid, inter), w_up=dense(ks[5], hid, inter),
-                           w_down=dense(ks[6], inter, hid, residual_scale))
+        return LayerParams(
+            attn_norm=jnp.ones(hid, dt),
+            wq=dense(ks[0], hid, qd),
+            wk=dense(ks[1], hid, kvd),
+            wv=dense(ks[2], hid, kvd),
+            wo=dense(ks[3], qd, hid, residual_scale),
+            mlp_norm=jnp.ones(hid, dt),
+            w_gate=dense(ks[4], hid, inter),
+            w_up=dense(ks[5], hid, inter),
+            w_down=dense(ks[6], inter, hid, residual_scale),
+        )
 
     @jax.jit
     def head(key):
@@ -112,17 +146,23 @@ def make_params(cfg, seed: int = 0, residual_scale: float = 0.5):
         embed = jax.random.normal(k1, (cfg.vocab_size, hid), jnp.float32)
         sigma = jax.random.permutation(k2, cfg.vocab_size)
         # lm_head[:, sigma[x]] = embed[x] / sqrt(H)
-        lm_head = jnp.zeros((hid, cfg.vocab_size), dt).at[:, sigma].set(
-            (embed.T / np.sqrt(hid)).astype(dt))
-        fc = jnp.concatenate([jnp.eye(hid, dtype=jnp.float32), 0.1 * jax.random.normal(
-            k3, (hid, hid), jnp.float32) / np.sqrt(hid)]).astype(dt)
+        lm_head = (
+            jnp.zeros((hid, cfg.vocab_size), dt)
+            .at[:, sigma]
+            .set((embed.T / np.sqrt(hid)).astype(dt))
+        )
+        fc = jnp.concatenate(
+            [
+                jnp.eye(hid, dtype=jnp.float32),
+                0.1 * jax.random.normal(k3, (hid, hid), jnp.float32) / np.sqrt(hid),
+            ]
+        ).astype(dt)
         return embed.astype(dt), lm_head, fc
 
     keys = jax.random.split(jax.random.PRNGKey(seed), cfg.num_layers + 1)
     embed, lm_head, fc = head(keys[0])
     layers = tuple(layer(k) for k in keys[1:])
-    target = TargetParams(embed=embed, layers=layers, final_norm=jnp.ones(hid, dt),
-                          lm_head=lm_head)
+    target = TargetParams(embed=embed, layers=layers, final_norm=jnp.ones(hid, dt), lm_head=lm_head)
     draft = DraftParams(fc=fc, layer=layers[-1], final_norm=jnp.ones(hid, dt))
     return jax.block_until_ready((target, draft))
 
@@ -140,7 +180,7 @@ def matmul_tflops(n: int = 8192) -> float:
         t0 = time.perf_counter()
         jax.block_until_ready(f(a, b))
         samples.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / float(np.median(samples)) / 1e12
+    return 2 * n**3 / float(np.median(samples)) / 1e12
 
 
 def _nbytes(tree) -> int:
@@ -148,8 +188,7 @@ def _nbytes(tree) -> int:
 
 
 def _matmul_params(layer) -> int:
-    return sum(getattr(layer, k).size for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up",
-                                                 "w_down"))
+    return sum(getattr(layer, k).size for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
 
 
 def floors(cfg, target, draft, mode: str, bs: int, bw_tbs: float, tflops: float) -> dict:
@@ -169,9 +208,12 @@ def floors(cfg, target, draft, mode: str, bs: int, bw_tbs: float, tflops: float)
         flops = 2 * target_mm * bs * DRAFT_TOKENS + STEPS * 2 * draft_mm * bs * TOPK
     mem_ms = num_bytes / (bw_tbs * 1e12) * 1e3
     compute_ms = flops / (tflops * 1e12) * 1e3
-    return {"floor ms": max(mem_ms, compute_ms),
-            "floor kind": "memory" if mem_ms >= compute_ms else "compute",
-            "_mem_ms": mem_ms, "_compute_ms": compute_ms}
+    return {
+        "floor ms": max(mem_ms, compute_ms),
+        "floor kind": "memory" if mem_ms >= compute_ms else "compute",
+        "_mem_ms": mem_ms,
+        "_compute_ms": compute_ms,
+    }
 
 
 def _classify(op_name: str) -> str:
@@ -187,30 +229,45 @@ def _device_split(engine, prompts) -> dict[str, float] | None:
 
     state, slot_idx, live = _steady_state(engine, prompts, NEW)
     stacked = jax.tree.map(lambda x: x[None], state)
-    return profile_split_us(engine._step, lambda: (engine.params, engine.draft, _copy(stacked),
-                                                   slot_idx[None], live[None]), _classify)
+    return profile_split_us(
+        engine._step,
+        lambda: (engine.params, engine.draft, _copy(stacked), slot_idx[None], live[None]),
+        _classify,
+    )
 
 
-def run_config(g: Geometry, cfg, target, draft, mode: str, bs: int, attn: str,
-               outputs: dict) -> dict:
+def run_config(
+    g: Geometry, cfg, target, draft, mode: str, bs: int, attn: str, outputs: dict
+) -> dict:
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
     rng = np.random.default_rng(bs)
     prompt_len = min(PROMPT, cfg.vocab_size)
     prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(bs)]
-    ecfg = make_engine_config(cfg, page_size=PAGE, topk=TOPK, num_steps=STEPS,
-                              num_draft_tokens=DRAFT_TOKENS, context_len=256,
-                              max_running_requests=bs, max_prompt_len=prompt_len,
-                              batch_buckets=(bs,), prefill_batch=min(bs, 16),
-                              attention_impl=attn)
+    ecfg = make_engine_config(
+        cfg,
+        page_size=PAGE,
+        topk=TOPK,
+        num_steps=STEPS,
+        num_draft_tokens=DRAFT_TOKENS,
+        context_len=256,
+        max_running_requests=bs,
+        max_prompt_len=prompt_len,
+        batch_buckets=(bs,),
+        prefill_batch=min(bs, 16),
+        attention_impl=attn,
+    )
     engine = Engine(ecfg, target, draft if mode == "spec" else None)
     engine.generate(prompts[:1], 2)  # compile prefill / step / release for the bucket
     out, stats = engine.generate(prompts, NEW)
     steps = max(stats.num_decode_steps, 1)
     tokens = sum(stats.accept_lens) if mode == "spec" else sum(stats.batch_sizes)
-    row = {"step ms (wall)": stats.decode_s / steps * 1e3, "tok/s": tokens / stats.decode_s,
-           "accept len": stats.mean_accept_len if mode == "spec" else 1.0}
+    row = {
+        "step ms (wall)": stats.decode_s / steps * 1e3,
+        "tok/s": tokens / stats.decode_s,
+        "accept len": stats.mean_accept_len if mode == "spec" else 1.0,
+    }
     outputs[(g.name, mode, bs)] = out
     if mode == "spec" and (g.name, "greedy", bs) in outputs:
         greedy = outputs[(g.name, "greedy", bs)]
@@ -241,16 +298,26 @@ def draw(rows: list[dict], path: str) -> str:
     fig, axes = plt.subplots(1, len(geos), figsize=(6 * len(geos), 4.5), squeeze=False)
     for ax, geo in zip(axes[0], geos):
         for mode, color in (("greedy", "tab:blue"), ("spec", "tab:orange")):
-            sel = sorted((r for r in rows if r["geometry"] == geo and r["mode"] == mode
-                          and "step ms (wall)" in r), key=lambda r: r["bs"])
+            sel = sorted(
+                (
+                    r
+                    for r in rows
+                    if r["geometry"] == geo and r["mode"] == mode and "step ms (wall)" in r
+                ),
+                key=lambda r: r["bs"],
+            )
             if not sel:
                 continue
             bs = [r["bs"] for r in sel]
-            ax.plot(bs, [r["step ms (wall)"] for r in sel], "o-", color=color,
-                    label=f"{mode} wall")
+            ax.plot(bs, [r["step ms (wall)"] for r in sel], "o-", color=color, label=f"{mode} wall")
             if all("step ms (device)" in r for r in sel):
-                ax.plot(bs, [r["step ms (device)"] for r in sel], "s--", color=color,
-                        label=f"{mode} device")
+                ax.plot(
+                    bs,
+                    [r["step ms (device)"] for r in sel],
+                    "s--",
+                    color=color,
+                    label=f"{mode} device",
+                )
             ax.plot(bs, [r["floor ms"] for r in sel], ":", color=color, label=f"{mode} floor")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
@@ -281,10 +348,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     geos = ["quick"] if args.quick else [x for x in args.geometry.split(",") if x]
     batches = [1, 2] if args.quick else [int(b) for b in args.batches.split(",")]
     bw, tflops = copy_bandwidth_tbs(), matmul_tflops()
-    header = (f"real_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} "
-              f"TFLOP/s; page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
-              f"prompts {PROMPT}, {NEW} new tokens; attention {args.attention_impl}, "
-              f"precision {args.precision}")
+    header = (
+        f"real_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} "
+        f"TFLOP/s; page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
+        f"prompts {PROMPT}, {NEW} new tokens; attention {args.attention_impl}, "
+        f"precision {args.precision}"
+    )
     print(header, flush=True)
     rows: list[dict] = []
     outputs: dict = {}
@@ -293,17 +362,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cfg = _model_config(g)
         t0 = time.perf_counter()
         target, draft = make_params(cfg)
-        print(f"{name}: params {_nbytes(target) / 1e9:.2f} GB made in "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        print(
+            f"{name}: params {_nbytes(target) / 1e9:.2f} GB made in "
+            f"{time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
         for bs in batches:
             for mode in [m for m in args.modes.split(",") if m]:
-                row = {"geometry": name, "mode": mode, "bs": bs, "attn": args.attention_impl,
-                       "precision": args.precision}
+                row = {
+                    "geometry": name,
+                    "mode": mode,
+                    "bs": bs,
+                    "attn": args.attention_impl,
+                    "precision": args.precision,
+                }
                 row.update(floors(cfg, target, draft, mode, bs, bw, tflops))
                 t0 = time.perf_counter()
                 try:
-                    row.update(run_config(g, cfg, target, draft, mode, bs, args.attention_impl,
-                                          outputs))
+                    row.update(
+                        run_config(g, cfg, target, draft, mode, bs, args.attention_impl, outputs)
+                    )
                     for key in ("device", "wall"):
                         if f"step ms ({key})" in row:
                             row[f"x floor ({key})"] = row[f"step ms ({key})"] / row["floor ms"]

@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="also write the report here")
     args = parser.parse_args(argv)
     names = [n for n in (args.only.split(",") if args.only else BENCHES) if n]
-    header = (f"# jspec bench {datetime.date.today()} on {device_name()}, commit {_commit()}\n\n"
-              f"measured copy bandwidth: {copy_bandwidth_tbs():.2f} TB/s (read + write)\n")
+    header = (
+        f"# jspec bench {datetime.date.today()} on {device_name()}, commit {_commit()}\n\n"
+        f"measured copy bandwidth: {copy_bandwidth_tbs():.2f} TB/s (read + write)\n"
+    )
     print(header, flush=True)
     parts = [header]
     failed = 0

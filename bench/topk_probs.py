@@ -38,18 +38,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--vocab", default="", help="comma-separated vocab sizes")
     parser.add_argument("--sets", type=int, default=0, help="distinct input sets per timing")
     args = parser.parse_args(argv)
-    rows_list = [int(r) for r in args.rows.split(",") if r] or ([16] if args.quick
-                                                               else [64, 512, 4096])
-    vocabs = [int(v) for v in args.vocab.split(",") if v] or ([100] if args.quick
-                                                             else [512, 4096, 32000])
+    rows_list = [int(r) for r in args.rows.split(",") if r] or (
+        [16] if args.quick else [64, 512, 4096]
+    )
+    vocabs = [int(v) for v in args.vocab.split(",") if v] or (
+        [100] if args.quick else [512, 4096, 32000]
+    )
     sets = args.sets or (2 if args.quick else 16)
     tunings = [(None, None)] if args.quick else [(None, None), (1, 4), (2, 4), (4, 8)]
     rng = np.random.default_rng(0)
     out = []
     for r in rows_list:
         for v in vocabs:
-            arg_sets = [(jax.numpy.asarray(rng.standard_normal((r, v)), jax.numpy.float32),)
-                        for _ in range(sets)]
+            arg_sets = [
+                (jax.numpy.asarray(rng.standard_normal((r, v)), jax.numpy.float32),)
+                for _ in range(sets)
+            ]
             shape = f"R={r} V={v} K={TOPK}"
             torch_us = torch_us_cell(lambda a=arg_sets[0]: _torch_us(np.asarray(a[0])))
             ref = topk_probs(arg_sets[0][0], TOPK, impl="xla")
@@ -60,14 +64,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
             cases = [("xla", None, None)] + [("pallas", br, nw) for br, nw in tunings]
             for impl, block_rows, num_warps in cases:
-                row = {"shape": shape, "impl": impl, "torch us": torch_us,
-                       "tuning": "-" if impl == "xla" else
-                       f"{block_rows or 'auto'}/{num_warps or 'auto'}"}
+                row = {
+                    "shape": shape,
+                    "impl": impl,
+                    "torch us": torch_us,
+                    "tuning": "-"
+                    if impl == "xla"
+                    else f"{block_rows or 'auto'}/{num_warps or 'auto'}",
+                }
                 kw = {} if impl == "xla" else {"block_rows": block_rows, "num_warps": num_warps}
                 op = functools.partial(topk_probs, topk=TOPK, impl=impl, **kw)
-                out.append(time_impl(row, op, arg_sets, wall_iters=5 if args.quick else 30,
-                                     check=same_indices,
-                                     extra=lambda us, r=r, v=v: {"GB/s": r * v * 4 / us / 1e3}))
+                out.append(
+                    time_impl(
+                        row,
+                        op,
+                        arg_sets,
+                        wall_iters=5 if args.quick else 30,
+                        check=same_indices,
+                        extra=lambda us, r=r, v=v: {"GB/s": r * v * 4 / us / 1e3},
+                    )
+                )
     print(format_table(out, COLUMNS), flush=True)
     return out
 

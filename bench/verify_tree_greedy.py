@@ -25,8 +25,9 @@ ANCHOR_US = {1: 6.6, 8: 8.3, 64: 9.0, 256: 9.2}
 COLUMNS = ["shape", "impl", "device us", "wall us", "torch us", "anchor us", "error"]
 
 
-def verify_tree_greedy_torch(candidates, retrive_index, next_token, next_sibling, target_predict,
-                             num_spec_steps: int):
+def verify_tree_greedy_torch(
+    candidates, retrive_index, next_token, next_sibling, target_predict, num_spec_steps: int
+):
     """Vectorised torch port of the reference state machine (N node visits, batch-parallel)."""
     import torch
 
@@ -47,7 +48,8 @@ def verify_tree_greedy_torch(candidates, retrive_index, next_token, next_sibling
         pred[rows, last] = torch.where(match, target, pred[rows, last])
         num = num + match
         acc[rows, num.clamp(max=num_spec_steps - 1)] = torch.where(
-            match, retrive_index[rows, c], acc[rows, num.clamp(max=num_spec_steps - 1)])
+            match, retrive_index[rows, c], acc[rows, num.clamp(max=num_spec_steps - 1)]
+        )
         last = torch.where(match, c, last)
         depth = depth + match
         cur = torch.where(match, next_token[rows, c], torch.where(ok, next_sibling[rows, c], cur))
@@ -64,16 +66,28 @@ def _torch_us(arrays, num_spec_steps) -> float:
     return time_torch(lambda: verify_tree_greedy_torch(*args, num_spec_steps), iters=20, warmup=3)
 
 
-def make_inputs(rng: np.random.Generator, bs: int, topk: int, num_steps: int, n: int,
-                vocab: int = 3):
+def make_inputs(
+    rng: np.random.Generator, bs: int, topk: int, num_steps: int, n: int, vocab: int = 3
+):
     parent_list, sel = random_trees(rng, bs, topk, num_steps, n)
     tree = build_tree_kernel_efficient(
-        jnp.zeros(bs, jnp.int32), jnp.asarray(parent_list), jnp.asarray(sel),
-        jnp.zeros((bs, n - 1), jnp.int32), jnp.zeros(bs, jnp.int32), topk=topk,
-        num_steps=num_steps, num_draft_tokens=n, mode=TreeMaskMode.QLEN_ONLY)
-    return (jnp.asarray(rng.integers(0, vocab, (bs, n)), jnp.int32), tree.retrive_index,
-            tree.retrive_next_token, tree.retrive_next_sibling,
-            jnp.asarray(rng.integers(0, vocab, (bs, n)), jnp.int32))
+        jnp.zeros(bs, jnp.int32),
+        jnp.asarray(parent_list),
+        jnp.asarray(sel),
+        jnp.zeros((bs, n - 1), jnp.int32),
+        jnp.zeros(bs, jnp.int32),
+        topk=topk,
+        num_steps=num_steps,
+        num_draft_tokens=n,
+        mode=TreeMaskMode.QLEN_ONLY,
+    )
+    return (
+        jnp.asarray(rng.integers(0, vocab, (bs, n)), jnp.int32),
+        tree.retrive_index,
+        tree.retrive_next_token,
+        tree.retrive_next_sibling,
+        jnp.asarray(rng.integers(0, vocab, (bs, n)), jnp.int32),
+    )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -91,8 +105,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shape = f"bs={bs} N={n} S+1={num_steps + 1}"
         torch_us = torch_us_cell(lambda a=arg_sets[0]: _torch_us(a, num_steps + 1))
         for impl in ("xla", "pallas"):
-            row = {"shape": shape, "impl": impl, "torch us": torch_us,
-                   "anchor us": ANCHOR_US.get(bs, "")}
+            row = {
+                "shape": shape,
+                "impl": impl,
+                "torch us": torch_us,
+                "anchor us": ANCHOR_US.get(bs, ""),
+            }
             op = functools.partial(verify_tree_greedy, num_spec_steps=num_steps + 1, impl=impl)
             rows.append(time_impl(row, op, arg_sets, wall_iters=5 if args.quick else 30))
     print(format_table(rows, COLUMNS), flush=True)

@@ -62,16 +62,18 @@ class MyTarget:
     head_dim: int = 16
     dtype: str = "float32"
 
-    def forward(self, params, pool, token_ids, positions, attn_fn, *, capture_layers=(),
-                tp_axis=None):
+    def forward(
+        self, params, pool, token_ids, positions, attn_fn, *, capture_layers=(), tp_axis=None
+    ):
         del tp_axis
         x = params["embed"][token_ids]
         captured = []
         for layer, w in enumerate(params["layers"]):
             if layer in capture_layers:
                 captured.append(x)  # the residual stream ENTERING this layer
-            pool, attn = _attention_layer(w, layer, pool, _norm(x), positions, attn_fn,
-                                          self.num_heads, self.head_dim)
+            pool, attn = _attention_layer(
+                w, layer, pool, _norm(x), positions, attn_fn, self.num_heads, self.head_dim
+            )
             x = x + attn
             x = x + _mm(jnp.tanh(_mm(_norm(x), w["w1"])), w["w2"])
         aux = jnp.concatenate(captured, -1) if capture_layers else None
@@ -94,15 +96,16 @@ class MyDraft:
     dtype: str = "float32"
     capture_layers: tuple[int, ...] = (0, 1)
 
-    def forward(self, params, target_params, pool, token_ids, hidden_in, positions, attn_fn, *,
-                tp_axis=None):
+    def forward(
+        self, params, target_params, pool, token_ids, hidden_in, positions, attn_fn, *, tp_axis=None
+    ):
         del tp_axis
         if hidden_in.shape[-1] == len(self.capture_layers) * self.hidden_size:
             hidden_in = _mm(hidden_in, params["fc"])  # the target's aux feature -> [T, H]
-        x = _mm(jnp.concatenate([target_params["embed"][token_ids], hidden_in], -1),
-                params["w_in"])
-        pool, attn = _attention_layer(params["layer"], 0, pool, _norm(x), positions, attn_fn,
-                                      self.num_heads, self.head_dim)
+        x = _mm(jnp.concatenate([target_params["embed"][token_ids], hidden_in], -1), params["w_in"])
+        pool, attn = _attention_layer(
+            params["layer"], 0, pool, _norm(x), positions, attn_fn, self.num_heads, self.head_dim
+        )
         return pool, x + attn
 
     def logits(self, params, target_params, hidden):
@@ -120,24 +123,35 @@ def init_models(seed: int = 0):
     h, v, d = target.hidden_size, target.vocab_size, target.head_dim
 
     def dense(n_in, n_out, scale=1.0):
-        return jnp.asarray(rng.standard_normal((n_in, n_out)) * scale / np.sqrt(n_in),
-                           jnp.float32)
+        return jnp.asarray(rng.standard_normal((n_in, n_out)) * scale / np.sqrt(n_in), jnp.float32)
 
     def layer(scale):
-        return {"wq": dense(h, 2 * d), "wk": dense(h, d), "wv": dense(h, d),
-                "wo": dense(2 * d, h, scale), "w1": dense(h, 2 * h), "w2": dense(2 * h, h, scale)}
+        return {
+            "wq": dense(h, 2 * d),
+            "wk": dense(h, d),
+            "wv": dense(h, d),
+            "wo": dense(2 * d, h, scale),
+            "w1": dense(h, 2 * h),
+            "w2": dense(2 * h, h, scale),
+        }
 
     embed = rng.standard_normal((v, h))
     sigma = rng.permutation(v)
     lm_head = np.zeros((h, v))
     lm_head[:, sigma] = embed.T
-    tparams = {"embed": jnp.asarray(embed, jnp.float32), "lm_head": jnp.asarray(lm_head,
-                                                                                jnp.float32),
-               "layers": [layer(0.3) for _ in range(target.num_layers)]}
+    tparams = {
+        "embed": jnp.asarray(embed, jnp.float32),
+        "lm_head": jnp.asarray(lm_head, jnp.float32),
+        "layers": [layer(0.3) for _ in range(target.num_layers)],
+    }
     hot = np.sort(rng.choice(v, draft.vocab_size, replace=False))  # draft id -> target id
-    dparams = {"fc": dense(2 * h, h), "w_in": jnp.asarray(np.eye(2 * h, h), jnp.float32),
-               "layer": layer(0.1), "lm_head": jnp.asarray(lm_head[:, hot], jnp.float32),
-               "d2t": jnp.asarray(hot - np.arange(draft.vocab_size), jnp.int32)}
+    dparams = {
+        "fc": dense(2 * h, h),
+        "w_in": jnp.asarray(np.eye(2 * h, h), jnp.float32),
+        "layer": layer(0.1),
+        "lm_head": jnp.asarray(lm_head[:, hot], jnp.float32),
+        "d2t": jnp.asarray(hot - np.arange(draft.vocab_size), jnp.int32),
+    }
     return target, tparams, draft, dparams
 
 
@@ -151,26 +165,36 @@ def run(prompts: list[list[int]], max_new_tokens: int, *, spec: bool, seed: int 
     if not spec:
         draft = dparams = None
     num = len(prompts)
-    ecfg = make_engine_config(target, page_size=4, topk=2, num_steps=3, num_draft_tokens=6,
-                              context_len=128, max_running_requests=num,
-                              max_prompt_len=max(map(len, prompts)), batch_buckets=(num,),
-                              prefill_batch=num)
+    ecfg = make_engine_config(
+        target,
+        page_size=4,
+        topk=2,
+        num_steps=3,
+        num_draft_tokens=6,
+        context_len=128,
+        max_running_requests=num,
+        max_prompt_len=max(map(len, prompts)),
+        batch_buckets=(num,),
+        prefill_batch=num,
+    )
     state = init_engine_state(ecfg, draft)
     slots = jnp.arange(num, dtype=jnp.int32)
     ids = np.zeros((num, ecfg.max_prompt_len), np.int32)
     for i, p in enumerate(prompts):
-        ids[i, :len(p)] = p
+        ids[i, : len(p)] = p
     lens = jnp.asarray([len(p) for p in prompts], jnp.int32)
-    state, pre = prefill(ecfg, target, tparams, draft, dparams, state, slots, jnp.asarray(ids),
-                         lens)
+    state, pre = prefill(
+        ecfg, target, tparams, draft, dparams, state, slots, jnp.asarray(ids), lens
+    )
     assert bool(pre.ok)
     out = [[int(t)] for t in pre.first_tokens]
     live = jnp.ones((num,), bool)
     accept_lens = []
     while min(map(len, out)) < max_new_tokens:
         if spec:
-            state, step = spec_decode_step(ecfg, target, tparams, draft, dparams, state, slots,
-                                           live)
+            state, step = spec_decode_step(
+                ecfg, target, tparams, draft, dparams, state, slots, live
+            )
             for i in range(num):
                 n = int(step.accept_lens[i])
                 out[i] += [int(t) for t in step.accept_tokens[i, :n]]

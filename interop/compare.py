@@ -317,7 +317,10 @@ def sglang_rows() -> list[dict[str, Any]]:
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     cells = [[str(r.get(c, "")) for c in columns] for r in rows]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"
+
+    def line(vals):
+        return "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"
+
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(columns), sep] + [line(r) for r in cells])
 

@@ -23,10 +23,18 @@ from jspec.kernels.triton_meta import (
 __all__ = ["draft_kv_indices_torch", "expand_page_table_torch"]
 
 
-def expand_page_table_torch(last_page_lens: Any, cache_loc: Any, *, decode_length: int,
-                            topk: int, page_size: int, page_table_width: int | None = None,
-                            num_cols: int | None = None, block_rows: int = 128,
-                            out: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+def expand_page_table_torch(
+    last_page_lens: Any,
+    cache_loc: Any,
+    *,
+    decode_length: int,
+    topk: int,
+    page_size: int,
+    page_table_width: int | None = None,
+    num_cols: int | None = None,
+    block_rows: int = 128,
+    out: tuple[Any, Any] | None = None,
+) -> tuple[Any, Any]:
     """The Triton expand kernel on torch int32 tensors (contiguous); no validation.
 
     ``out``: optional ``(cache_seqlens i32[B*K], page_table i32[B*K, width])`` buffers written
@@ -39,24 +47,49 @@ def expand_page_table_torch(last_page_lens: Any, cache_loc: Any, *, decode_lengt
     num_cols = row_stride if num_cols is None else num_cols
     width = num_cols if page_table_width is None else page_table_width
     if out is None:
-        out = (torch.empty((num_rows,), dtype=torch.int32, device=cache_loc.device),
-               torch.empty((num_rows, width), dtype=torch.int32, device=cache_loc.device))
+        out = (
+            torch.empty((num_rows,), dtype=torch.int32, device=cache_loc.device),
+            torch.empty((num_rows, width), dtype=torch.int32, device=cache_loc.device),
+        )
     cache_seqlens, page_table = out
     if num_rows == 0:
         return cache_seqlens, page_table
-    meta = expand_launch_meta(num_rows, row_stride, decode_length=decode_length, topk=topk,
-                              page_size=page_size, page_table_width=width, num_cols=num_cols,
-                              block_rows=block_rows)
+    meta = expand_launch_meta(
+        num_rows,
+        row_stride,
+        decode_length=decode_length,
+        topk=topk,
+        page_size=page_size,
+        page_table_width=width,
+        num_cols=num_cols,
+        block_rows=block_rows,
+    )
     grid = (triton.cdiv(num_rows, meta["BLOCK_ROWS"]),)
-    get_kernel("expand_page_table")[grid](last_page_lens.contiguous(), cache_loc, cache_seqlens,
-                                          page_table, num_warps=NUM_WARPS, num_stages=1, **meta)
+    get_kernel("expand_page_table")[grid](
+        last_page_lens.contiguous(),
+        cache_loc,
+        cache_seqlens,
+        page_table,
+        num_warps=NUM_WARPS,
+        num_stages=1,
+        **meta,
+    )
     return cache_seqlens, page_table
 
 
-def draft_kv_indices_torch(req_pool_indices: Any, req_to_token: Any, seq_lens: Any, *,
-                           topk: int, num_steps: int, page_size: int, kv_indices_width: int,
-                           kv_indices_buffer: Any | None = None, kv_indptr_out: Any | None = None,
-                           block_tokens: int = 1024) -> tuple[Any, Any]:
+def draft_kv_indices_torch(
+    req_pool_indices: Any,
+    req_to_token: Any,
+    seq_lens: Any,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    kv_indices_width: int,
+    kv_indices_buffer: Any | None = None,
+    kv_indptr_out: Any | None = None,
+    block_tokens: int = 1024,
+) -> tuple[Any, Any]:
     """The Triton kv_indices kernel on torch int32 tensors; writes into ``kv_indices_buffer``.
 
     Without a buffer a zeroed ``(S, W)`` one is allocated; ``kv_indptr_out`` (i32[S, B*K+1],
@@ -67,19 +100,33 @@ def draft_kv_indices_torch(req_pool_indices: Any, req_to_token: Any, seq_lens: A
     device = seq_lens.device
     num_seqs = seq_lens.shape[0]
     if kv_indices_buffer is None:
-        kv_indices_buffer = torch.zeros((num_steps, kv_indices_width), dtype=torch.int32,
-                                        device=device)
+        kv_indices_buffer = torch.zeros(
+            (num_steps, kv_indices_width), dtype=torch.int32, device=device
+        )
     kv_indptr = kv_indptr_out
     if kv_indptr is None:
-        kv_indptr = torch.zeros((num_steps, num_seqs * topk + 1), dtype=torch.int32,
-                                device=device)
+        kv_indptr = torch.zeros((num_steps, num_seqs * topk + 1), dtype=torch.int32, device=device)
     if num_seqs == 0:
         return kv_indices_buffer, kv_indptr
     req_to_token = req_to_token.contiguous()
-    meta = kv_indices_launch_meta(num_seqs, kv_indices_width, req_to_token.shape[1], topk=topk,
-                                  num_steps=num_steps, page_size=page_size,
-                                  block_tokens=block_tokens)
+    meta = kv_indices_launch_meta(
+        num_seqs,
+        kv_indices_width,
+        req_to_token.shape[1],
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        block_tokens=block_tokens,
+    )
     get_kernel("draft_kv_indices")[(num_seqs, topk)](
-        req_pool_indices.contiguous(), req_to_token, seq_lens.contiguous(), kv_indices_buffer,
-        kv_indices_buffer, kv_indptr, num_warps=NUM_WARPS, num_stages=1, **meta)
+        req_pool_indices.contiguous(),
+        req_to_token,
+        seq_lens.contiguous(),
+        kv_indices_buffer,
+        kv_indices_buffer,
+        kv_indptr,
+        num_warps=NUM_WARPS,
+        num_stages=1,
+        **meta,
+    )
     return kv_indices_buffer, kv_indptr

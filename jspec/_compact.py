@@ -17,8 +17,15 @@ import jax.numpy as jnp
 __all__ = ["compact", "pack_to"]
 
 
-def pack_to(dst: jax.Array, values: jax.Array, live: jax.Array, size: int, *, fill: int = 0,
-            dtype: jnp.dtype = jnp.int32) -> jax.Array:
+def pack_to(
+    dst: jax.Array,
+    values: jax.Array,
+    live: jax.Array,
+    size: int,
+    *,
+    fill: int = 0,
+    dtype: jnp.dtype = jnp.int32,
+) -> jax.Array:
     """Scatter ``values`` where ``live`` to positions ``dst`` of a ``fill``-ed buffer.
 
     Args:
@@ -37,8 +44,14 @@ def pack_to(dst: jax.Array, values: jax.Array, live: jax.Array, size: int, *, fi
     return jnp.full((size,), fill, dtype).at[dst].set(vals, mode="drop")
 
 
-def compact(values: jax.Array, keep: jax.Array, size: int | None = None, *, fill: int = 0,
-            dtype: jnp.dtype | None = None) -> jax.Array:
+def compact(
+    values: jax.Array,
+    keep: jax.Array,
+    size: int | None = None,
+    *,
+    fill: int = 0,
+    dtype: jnp.dtype | None = None,
+) -> jax.Array:
     """Stable compaction: the ``keep`` entries of ``values`` (row-major) to the front.
 
     Args:
@@ -54,5 +67,6 @@ def compact(values: jax.Array, keep: jax.Array, size: int | None = None, *, fill
     keep = keep.reshape(-1)
     size = keep.shape[0] if size is None else size
     rank = jnp.cumsum(keep.astype(jnp.int32)) - 1
-    return pack_to(rank, values, keep, size, fill=fill,
-                   dtype=values.dtype if dtype is None else dtype)
+    return pack_to(
+        rank, values, keep, size, fill=fill, dtype=values.dtype if dtype is None else dtype
+    )

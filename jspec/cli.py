@@ -18,6 +18,7 @@ import sys
 # every entry's --help from a clean directory to hold that.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("jspec.engine.demo", "main"),
+    "generate": ("jspec.apps.generate", "main"),
     "compare": ("interop.compare", "main"),
 }
 

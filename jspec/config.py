@@ -92,31 +92,54 @@ class SpecConfig:
             if not cond:
                 raise ValueError(msg)
 
-        for name in ("page_size", "topk", "num_steps", "num_draft_tokens", "context_len",
-                     "max_running_requests", "num_pages", "num_kv_heads", "head_dim"):
+        for name in (
+            "page_size",
+            "topk",
+            "num_steps",
+            "num_draft_tokens",
+            "context_len",
+            "max_running_requests",
+            "num_pages",
+            "num_kv_heads",
+            "head_dim",
+        ):
             value = getattr(self, name)
-            need(isinstance(value, (int, np.integer)) and not isinstance(value, bool),
-                 f"{name}={value!r} must be an int")
+            need(
+                isinstance(value, (int, np.integer)) and not isinstance(value, bool),
+                f"{name}={value!r} must be an int",
+            )
             need(value >= 1, f"{name}={value} must be >= 1")
         need(_is_power_of_2(self.page_size), f"page_size={self.page_size} must be a power of 2")
-        need(isinstance(self.num_layers, int) and self.num_layers >= 0,
-             f"num_layers={self.num_layers!r} must be an int >= 0")
+        need(
+            isinstance(self.num_layers, int) and self.num_layers >= 0,
+            f"num_layers={self.num_layers!r} must be an int >= 0",
+        )
         need(self.dtype in _DTYPES, f"dtype={self.dtype!r} must be one of {sorted(_DTYPES)}")
-        need(self.max_num_draft_tokens >= 0,
-             f"max_num_draft_tokens={self.max_num_draft_tokens} must be >= 0")
+        need(
+            self.max_num_draft_tokens >= 0,
+            f"max_num_draft_tokens={self.max_num_draft_tokens} must be >= 0",
+        )
         max_nodes = self.topk + (self.num_steps - 1) * self.topk**2
-        need(self.num_draft_tokens - 1 <= max_nodes,
-             f"num_draft_tokens={self.num_draft_tokens}: num_draft_tokens - 1 must be <= "
-             f"topk + (num_steps-1)*topk^2 = {max_nodes} (topk={self.topk}, "
-             f"num_steps={self.num_steps})")
-        need(self.ndt_max <= MAX_NUM_DRAFT_TOKENS,
-             f"num_draft_tokens={self.ndt_max} must be <= {MAX_NUM_DRAFT_TOKENS}")
-        need(self.pool_size + self.page_size < INT32_LIMIT,
-             f"num_pages={self.num_pages}: pool slots {self.num_slots} must be < 2**31")
-        need(self.kv_indices_width(self.max_running_requests) < INT32_LIMIT,
-             f"max_running_requests={self.max_running_requests}: kv_indices_width = "
-             f"{self.kv_indices_width(self.max_running_requests)} must be < 2**31 "
-             f"(topk={self.topk}, context_len={self.context_len})")
+        need(
+            self.num_draft_tokens - 1 <= max_nodes,
+            f"num_draft_tokens={self.num_draft_tokens}: num_draft_tokens - 1 must be <= "
+            f"topk + (num_steps-1)*topk^2 = {max_nodes} (topk={self.topk}, "
+            f"num_steps={self.num_steps})",
+        )
+        need(
+            self.ndt_max <= MAX_NUM_DRAFT_TOKENS,
+            f"num_draft_tokens={self.ndt_max} must be <= {MAX_NUM_DRAFT_TOKENS}",
+        )
+        need(
+            self.pool_size + self.page_size < INT32_LIMIT,
+            f"num_pages={self.num_pages}: pool slots {self.num_slots} must be < 2**31",
+        )
+        need(
+            self.kv_indices_width(self.max_running_requests) < INT32_LIMIT,
+            f"max_running_requests={self.max_running_requests}: kv_indices_width = "
+            f"{self.kv_indices_width(self.max_running_requests)} must be < 2**31 "
+            f"(topk={self.topk}, context_len={self.context_len})",
+        )
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -213,5 +236,6 @@ class BatchBuckets:
         for size in self.sizes:
             if size >= raw_bs:
                 return size
-        raise ValueError(f"raw_bs={raw_bs} exceeds the largest bucket {self.max_bs} "
-                         f"(sizes={self.sizes})")
+        raise ValueError(
+            f"raw_bs={raw_bs} exceeds the largest bucket {self.max_bs} (sizes={self.sizes})"
+        )

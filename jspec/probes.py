@@ -189,8 +189,12 @@ def _detect_values(bad: jax.Array, what: str, msg: str, where: jax.Array | None)
     bad = _masked(bad, where, False)
     count = jnp.sum(bad)
     first = jnp.argmax(bad.reshape(-1))
-    checkify.check(count == 0, msg + f": {{count}} {what} value(s), first at flat index {{first}}",
-                   count=count, first=first)
+    checkify.check(
+        count == 0,
+        msg + f": {{count}} {what} value(s), first at flat index {{first}}",
+        count=count,
+        first=first,
+    )
 
 
 def detect_nan(x: jax.Array, msg: str, *, where: jax.Array | None = None) -> None:
@@ -205,40 +209,55 @@ def detect_inf(x: jax.Array, msg: str, *, where: jax.Array | None = None) -> Non
         _detect_values(jnp.isinf(x), "Inf", msg, where)
 
 
-def detect_oob(x: jax.Array, low: Any, high: Any, msg: str, *,
-               where: jax.Array | None = None) -> None:
+def detect_oob(
+    x: jax.Array, low: Any, high: Any, msg: str, *, where: jax.Array | None = None
+) -> None:
     """Probe: ``low <= x < high``; the low and the high bound are reported separately."""
     if _skip(x):
         return
     info = jnp.iinfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else jnp.finfo(x.dtype)
     x_min = jnp.min(_masked(x, where, info.max))
     x_max = jnp.max(_masked(x, where, info.min))
-    checkify.check(x_min >= low, msg + ": min value {v} < low bound {b}", v=x_min, b=jnp.asarray(low))
-    checkify.check(x_max < high, msg + ": max value {v} >= high bound {b}", v=x_max, b=jnp.asarray(high))
+    checkify.check(
+        x_min >= low, msg + ": min value {v} < low bound {b}", v=x_min, b=jnp.asarray(low)
+    )
+    checkify.check(
+        x_max < high, msg + ": max value {v} >= high bound {b}", v=x_max, b=jnp.asarray(high)
+    )
 
 
-def detect_in_closed_range(x: jax.Array, low: Any, high: Any, msg: str, *,
-                           where: jax.Array | None = None) -> None:
+def detect_in_closed_range(
+    x: jax.Array, low: Any, high: Any, msg: str, *, where: jax.Array | None = None
+) -> None:
     """Probe: ``low <= x <= high``."""
     if _skip(x):
         return
     info = jnp.iinfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else jnp.finfo(x.dtype)
     x_min = jnp.min(_masked(x, where, info.max))
     x_max = jnp.max(_masked(x, where, info.min))
-    checkify.check(x_min >= low, msg + ": min value {v} < low bound {b}", v=x_min, b=jnp.asarray(low))
-    checkify.check(x_max <= high, msg + ": max value {v} > high bound {b}", v=x_max, b=jnp.asarray(high))
+    checkify.check(
+        x_min >= low, msg + ": min value {v} < low bound {b}", v=x_min, b=jnp.asarray(low)
+    )
+    checkify.check(
+        x_max <= high, msg + ": max value {v} > high bound {b}", v=x_max, b=jnp.asarray(high)
+    )
 
 
-def detect_page_aligned(x: jax.Array, page_size: int, msg: str, *,
-                        where: jax.Array | None = None) -> None:
+def detect_page_aligned(
+    x: jax.Array, page_size: int, msg: str, *, where: jax.Array | None = None
+) -> None:
     """Probe: every ``x % page_size == 0``. Skipped when ``page_size <= 1``."""
     if page_size <= 1 or _skip(x):
         return
     bad = _masked(x % page_size != 0, where, False)
     first = jnp.argmax(bad.reshape(-1))
     value = x.reshape(-1)[first]
-    checkify.check(~jnp.any(bad), msg + ": value {v} at flat index {i} is not a multiple of "
-                   f"page_size={page_size}", v=value, i=first)
+    checkify.check(
+        ~jnp.any(bad),
+        msg + f": value {{v}} at flat index {{i}} is not a multiple of page_size={page_size}",
+        v=value,
+        i=first,
+    )
 
 
 def assert_async(cond: Any, msg: str, **values: Any) -> None:
@@ -260,8 +279,9 @@ def assert_buffer_fits(used: int, capacity: int, what: str, **ctx: Any) -> None:
     """Trace-time check ``used <= capacity`` (sglang ``assert_buffer_fits``), always on."""
     if int(used) > int(capacity):
         extra = ", ".join(f"{k}={v}" for k, v in ctx.items())
-        raise ValueError(f"{what}: needs {used} but buffer holds {capacity}"
-                         + (f" ({extra})" if extra else ""))
+        raise ValueError(
+            f"{what}: needs {used} but buffer holds {capacity}" + (f" ({extra})" if extra else "")
+        )
 
 
 def static_check(cond: bool, msg: str) -> None:
@@ -281,4 +301,6 @@ def static_check_dtype(x: Any, dtypes: Any, name: str) -> None:
     if not isinstance(dtypes, tuple):
         dtypes = (dtypes,)
     if jnp.dtype(x.dtype) not in tuple(jnp.dtype(d) for d in dtypes):
-        raise ValueError(f"{name}.dtype={x.dtype} must be one of {[str(jnp.dtype(d)) for d in dtypes]}")
+        raise ValueError(
+            f"{name}.dtype={x.dtype} must be one of {[str(jnp.dtype(d)) for d in dtypes]}"
+        )

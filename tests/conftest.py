@@ -15,7 +15,10 @@ from hypothesis import HealthCheck, settings
 from jspec import env
 
 settings.register_profile(
-    "ci", max_examples=25, derandomize=True, deadline=None,
+    "ci",
+    max_examples=25,
+    derandomize=True,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile("dev", max_examples=100, deadline=None)
@@ -28,8 +31,12 @@ ON_GPU = env.TEST_GPU
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-@pytest.fixture(params=[pytest.param(False, id="compiled", marks=pytest.mark.gpu),
-                        pytest.param(True, id="interpret")])
+@pytest.fixture(
+    params=[
+        pytest.param(False, id="compiled", marks=pytest.mark.gpu),
+        pytest.param(True, id="interpret"),
+    ]
+)
 def interpret(request: pytest.FixtureRequest) -> bool:
     """Pallas interpret flag: compiled kernels only with JSPEC_TEST_GPU=1."""
     if not request.param and not ON_GPU:

@@ -108,18 +108,23 @@ def test_hlo_fused_op_names_nested_and_plumbing_skipped():
     assert fused == {
         "loc": frozenset({"jit(step)/b/jit(cache_loc)/add"}),
         "loop_cos_fusion": frozenset({"jit(step)/a/cos"}),
-        "input_scatter_fusion": frozenset({"jit(step)/a/scatter",
-                                           "jit(step)/b/jit(cache_loc)/add"}),
+        "input_scatter_fusion": frozenset(
+            {"jit(step)/a/scatter", "jit(step)/b/jit(cache_loc)/add"}
+        ),
     }
 
 
 def test_attribute_events_mixed_fusions():
     op_names = hlo_op_names(_FUSED_HLO)
-    events = [("input_scatter_fusion", "input_scatter_fusion", 50.0),
-              ("loop_cos_fusion", "loop_cos_fusion", 20.0)]
+    events = [
+        ("input_scatter_fusion", "input_scatter_fusion", 50.0),
+        ("loop_cos_fusion", "loop_cos_fusion", 20.0),
+    ]
     fused = hlo_fused_op_names(_FUSED_HLO)
     assert attribute_events(events, op_names, _classify, fused) == {
-        "a" + MIXED_SUFFIX: 50.0, "a": 20.0}
+        "a" + MIXED_SUFFIX: 50.0,
+        "a": 20.0,
+    }
     assert attribute_events(events, op_names, _classify) == {"a": 70.0}
 
 
@@ -135,22 +140,29 @@ _OP_NAMES = {
 
 def test_attribute_events_exact_hlo_op():
     # Command buffers off: hlo_op is the instruction, whatever the kernel is called.
-    events = [("sm90_xmma_gemm_f32", "custom-call.3", 1000.0),
-              ("input_reduce_fusion_1", "input_reduce_fusion.1", 200.0),
-              ("cond_1_clone", "cond.1.clone", 30.0),
-              ("MemcpyD2D", "copy.1", 5.0)]
+    events = [
+        ("sm90_xmma_gemm_f32", "custom-call.3", 1000.0),
+        ("input_reduce_fusion_1", "input_reduce_fusion.1", 200.0),
+        ("cond_1_clone", "cond.1.clone", 30.0),
+        ("MemcpyD2D", "copy.1", 5.0),
+    ]
     assert attribute_events(events, _OP_NAMES, _classify) == {"a": 1000.0, "rest": 235.0}
 
 
 def test_attribute_events_by_kernel_name_under_command_buffers():
-    events = [("gemm_fusion_dot", "command_buffer_1", 400.0),
-              ("input_reduce_fusion_1", "command_buffer_1", 200.0),
-              ("sort_2_1", "command_buffer_1", 7.0),  # an instruction run as several kernels
-              ("sort_2_2", "command_buffer_1", 8.0),
-              ("sm90_xmma_gemm_f32", "command_buffer_1", 1000.0),  # cuBLAS: no instruction
-              ("input_reduce_fusion_9", "", 3.0)]  # no such instruction
+    events = [
+        ("gemm_fusion_dot", "command_buffer_1", 400.0),
+        ("input_reduce_fusion_1", "command_buffer_1", 200.0),
+        ("sort_2_1", "command_buffer_1", 7.0),  # an instruction run as several kernels
+        ("sort_2_2", "command_buffer_1", 8.0),
+        ("sm90_xmma_gemm_f32", "command_buffer_1", 1000.0),  # cuBLAS: no instruction
+        ("input_reduce_fusion_9", "", 3.0),
+    ]  # no such instruction
     assert attribute_events(events, _OP_NAMES, _classify) == {
-        "a": 400.0, "rest": 215.0, UNATTRIBUTED: 1003.0}
+        "a": 400.0,
+        "rest": 215.0,
+        UNATTRIBUTED: 1003.0,
+    }
 
 
 def test_attribute_events_empty():
@@ -171,10 +183,14 @@ def test_profilers_return_none_on_cpu_and_keep_donated_inputs_fresh():
 def test_e2e_op_key_and_top_ops():
     from bench.e2e import _op_key, _top_ops
 
-    assert _op_key("jit(fn)/jit(main)/shard_map/cond/branch_1_fun/jspec_model/dot_general") \
+    assert (
+        _op_key("jit(fn)/jit(main)/shard_map/cond/branch_1_fun/jspec_model/dot_general")
         == "model:dot_general"
-    assert _op_key("jit(fn)/cond/branch_1_fun/while/body/verify_tree/gather") \
+    )
+    assert (
+        _op_key("jit(fn)/cond/branch_1_fun/while/body/verify_tree/gather")
         == "while/body/verify_tree/gather"
+    )
     assert _op_key("") == "(no op_name)"
     assert _op_key("@copy.3") == "@copy.3"
     text = _top_ops({"config": "c", "_by_op": {"model:x": 5.0, "a/b": 2.0, "c": 3.0}}, top=1)
@@ -187,8 +203,14 @@ def test_e2e_classify_and_device_row():
     assert _classify("jit(fn)/cond/jspec_model/draft/dot_general") == "draft"
     assert _classify("jit(fn)/jspec_model/target/jit(set_kv_buffer)/scatter") == "target"
     assert _classify("jit(fn)/jit(build_tree)/pallas_call") == "bookkeeping"
-    split = {"draft": 10.0, "draft (mixed)": 2.0, "target": 20.0, "bookkeeping": 5.0,
-             "unattributed": 1.0, "total": 38.0}
+    split = {
+        "draft": 10.0,
+        "draft (mixed)": 2.0,
+        "target": 20.0,
+        "bookkeeping": 5.0,
+        "unattributed": 1.0,
+        "total": 38.0,
+    }
     row = _device_row(split, Case("c", 16, 8, 5, 32, 64, 32, 64, 8, compare_anchors=True))
     assert (row["draft us"], row["verify us"], row["model us"]) == (12.0, 20.0, 32.0)
     assert (row["bookkeeping us"], row["mixed us"]) == (6.0, 2.0)

@@ -48,8 +48,7 @@ def test_no_spec_and_adaptive() -> None:
 
 
 def test_derived_sizes() -> None:
-    cfg = SpecConfig(page_size=16, num_pages=100, max_running_requests=8, topk=4,
-                     context_len=512)
+    cfg = SpecConfig(page_size=16, num_pages=100, max_running_requests=8, topk=4, context_len=512)
     assert cfg.pool_size == 1600 and cfg.num_slots == 1616
     assert cfg.num_req_rows == 9
     assert cfg.kv_indices_width(8) == 8 * 4 * 512
@@ -77,8 +76,7 @@ def test_derived_sizes() -> None:
         ({"page_size": 2.0}, "page_size"),
         ({"max_num_draft_tokens": -1}, "max_num_draft_tokens"),
         ({"topk": 8, "num_steps": 20, "num_draft_tokens": 1100}, "num_draft_tokens"),
-        ({"max_running_requests": 4096, "topk": 8, "context_len": 131072},
-         "max_running_requests"),
+        ({"max_running_requests": 4096, "topk": 8, "context_len": 131072}, "max_running_requests"),
         ({"num_pages": 2**27, "page_size": 64}, "num_pages"),
     ],
 )

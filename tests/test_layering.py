@@ -25,13 +25,18 @@ PKG = ROOT / "jspec"
 
 # Rank of every unit (package or top-level module); higher is upper.
 LAYERS: dict[str, int] = {
-    "jspec.cli": 6, "jspec.apps": 6,
+    "jspec.cli": 6,
+    "jspec.apps": 6,
     "jspec.models": 5,
     "jspec.engine": 4,
-    "jspec.tree": 3, "jspec.attention_meta": 3,
+    "jspec.tree": 3,
+    "jspec.attention_meta": 3,
     "jspec.kv": 2,
     "jspec.kernels": 1,
-    "jspec.probes": 0, "jspec.config": 0, "jspec.env": 0, "jspec.sentinels": 0,
+    "jspec.probes": 0,
+    "jspec.config": 0,
+    "jspec.env": 0,
+    "jspec.sentinels": 0,
 }
 BOTTOM_PRIVATE_RANK = 0  # jspec._pytree, jspec._layout, jspec._compact, ...
 FORBIDDEN_TOP = ("interop", "bench")
@@ -72,7 +77,7 @@ def _imports(path: pathlib.Path, module: str) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -111,8 +116,9 @@ def test_no_upward_import():
         if unit is None or not target.startswith("jspec.") or target_unit == unit:
             continue  # jspec/__init__.py re-exports everything; imports inside one unit
         if _rank(target_unit) > _rank(unit):
-            bad.append(f"{where}:{line}: {module} ({_rank(unit)}) imports {target} "
-                       f"({_rank(target_unit)})")
+            bad.append(
+                f"{where}:{line}: {module} ({_rank(unit)}) imports {target} ({_rank(target_unit)})"
+            )
     assert not bad, "upward imports:\n" + "\n".join(bad)
 
 
@@ -133,22 +139,26 @@ def test_no_cycle_between_units():
         return seen
 
     cycles = sorted(u for u in graph if u in reach(u))
-    assert not cycles, f"import cycle through {cycles}: {({u: sorted(graph[u]) for u in cycles})}"
+    assert not cycles, f"import cycle through {cycles}: { ({u: sorted(graph[u]) for u in cycles}) }"
 
 
 def test_jspec_never_imports_interop_or_bench():
-    bad = [f"{where}:{line}: {module} imports {target}"
-           for module, target, where, line in _all_imports()
-           if target.split(".")[0] in FORBIDDEN_TOP
-           and (module, target.split(".")[0]) not in ALLOWED]
+    bad = [
+        f"{where}:{line}: {module} imports {target}"
+        for module, target, where, line in _all_imports()
+        if target.split(".")[0] in FORBIDDEN_TOP and (module, target.split(".")[0]) not in ALLOWED
+    ]
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("source, message", [
-    ("from jspec.tree.build import x\n", "upward"),
-    ("from jspec.kv import pool\n", "upward"),
-    ("if TYPE_CHECKING:\n    from jspec.kv.pool import KVPool\n", "upward"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("from jspec.tree.build import x\n", "upward"),
+        ("from jspec.kv import pool\n", "upward"),
+        ("if TYPE_CHECKING:\n    from jspec.kv.pool import KVPool\n", "upward"),
+    ],
+)
 def test_walker_sees_upward_imports(tmp_path, source, message):
     """The walker itself: a kernels module importing kv/tree is reported (mutation check)."""
     path = tmp_path / "fake.py"

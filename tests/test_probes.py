@@ -47,15 +47,21 @@ def test_clean_inputs_pass() -> None:
     "x,idx,pattern",
     [
         pytest.param(jnp.array([1.0, jnp.nan, 3.0]), GOOD_IDX, r"p\.nan: 1 NaN.*index 1", id="nan"),
-        pytest.param(jnp.array([1.0, 2.0, -jnp.inf]), GOOD_IDX, r"p\.inf: 1 Inf.*index 2",
-                     id="inf"),
-        pytest.param(GOOD_X, jnp.array([0, 4, 12], jnp.int32), r"p\.oob: max value 12 >= high",
-                     id="oob_high"),
-        pytest.param(GOOD_X, jnp.array([-4, 4, 8], jnp.int32), r"p\.oob: min value -4 < low",
-                     id="oob_low"),
-        pytest.param(GOOD_X, jnp.array([0, 5, 8], jnp.int32),
-                     r"p\.aligned: value 5 at flat index 1 is not a multiple of page_size=4",
-                     id="misaligned"),
+        pytest.param(
+            jnp.array([1.0, 2.0, -jnp.inf]), GOOD_IDX, r"p\.inf: 1 Inf.*index 2", id="inf"
+        ),
+        pytest.param(
+            GOOD_X, jnp.array([0, 4, 12], jnp.int32), r"p\.oob: max value 12 >= high", id="oob_high"
+        ),
+        pytest.param(
+            GOOD_X, jnp.array([-4, 4, 8], jnp.int32), r"p\.oob: min value -4 < low", id="oob_low"
+        ),
+        pytest.param(
+            GOOD_X,
+            jnp.array([0, 5, 8], jnp.int32),
+            r"p\.aligned: value 5 at flat index 1 is not a multiple of page_size=4",
+            id="misaligned",
+        ),
     ],
 )
 def test_planted_errors_are_named(x, idx, pattern) -> None:
@@ -136,6 +142,7 @@ def _counting(counter):
         counter.append(1)
         probes.detect_oob(idx, 0, 10, "p.count")
         return idx + 1
+
     return f
 
 
@@ -152,31 +159,31 @@ def test_checked_caches_and_leaves_other_jits_alone() -> None:
     g(GOOD_IDX)
     for _ in range(3):
         probes.checked(f)(GOOD_IDX)
-    assert len(traces) == 1                      # traced once, then cached (no clear_caches)
+    assert len(traces) == 1  # traced once, then cached (no clear_caches)
     with pytest.raises(probes.ProbeError, match=r"p\.count: max value 11 >= high bound 10"):
         probes.checked(f)(jnp.array([0, 11, 2], jnp.int32))
     assert len(traces) == 1
     g(GOOD_IDX)
-    assert len(other) == 1                       # an unrelated jitted function did not retrace
+    assert len(other) == 1  # an unrelated jitted function did not retrace
 
 
 def test_switch_is_part_of_the_jit_key() -> None:
     traces = []
     f = jax.jit(_counting(traces))
     bad = jnp.array([0, 11, 2], jnp.int32)
-    np.testing.assert_array_equal(f(bad), [1, 12, 3])          # off: no check in the program
+    np.testing.assert_array_equal(f(bad), [1, 12, 3])  # off: no check in the program
     with probes.probes_enabled():
         with pytest.raises(Exception, match=r"p\.count: max value 11 >= high bound 10"):
-            jax.block_until_ready(f(bad))                       # plain jit: runtime error
+            jax.block_until_ready(f(bad))  # plain jit: runtime error
         np.testing.assert_array_equal(f(GOOD_IDX), [1, 5, 9])
-    np.testing.assert_array_equal(f(bad), [1, 12, 3])          # off variant reused
-    assert len(traces) == 2                                    # one trace per switch value
+    np.testing.assert_array_equal(f(bad), [1, 12, 3])  # off variant reused
+    assert len(traces) == 2  # one trace per switch value
 
 
 def test_eager_probe_fires_when_on() -> None:
     with probes.probes_enabled(), pytest.raises(Exception, match=r"p\.count: max value 11"):
         _counting([])(jnp.array([0, 11, 2], jnp.int32))
-    _counting([])(jnp.array([0, 11, 2], jnp.int32))             # off: nothing
+    _counting([])(jnp.array([0, 11, 2], jnp.int32))  # off: nothing
 
 
 def test_checked_static_kwargs() -> None:
@@ -207,7 +214,13 @@ def test_env_switch_under_plain_jit(tmp_path) -> None:
         "    print('FIRED')\n"
     )
     env = {**os.environ, "JSPEC_ENABLE_ASYNC_ASSERT": "1", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "FIRED" in out.stdout

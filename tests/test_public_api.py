@@ -15,8 +15,15 @@ from typing import Any
 
 import pytest
 
-PUBLIC_MODULES = ("jspec", "jspec.config", "jspec.sentinels", "jspec.kv", "jspec.tree",
-                  "jspec.attention_meta", "jspec.kernels")
+PUBLIC_MODULES = (
+    "jspec",
+    "jspec.config",
+    "jspec.sentinels",
+    "jspec.kv",
+    "jspec.tree",
+    "jspec.attention_meta",
+    "jspec.kernels",
+)
 
 
 def _describe(obj: Any) -> str:
@@ -41,274 +48,220 @@ def _surface(module_name: str) -> dict[str, str]:
 
 # ---- the recorded table (regenerate: python tests/test_public_api.py) -------------------------
 RECORDED: dict[str, dict[str, str]] = {
-    'jspec': {
-        'BatchBuckets': "class(sizes: 'tuple[int, ...]') -> None",
-        'SpecConfig':
-            "class(page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
-            "num_draft_tokens: 'int' = 8, context_len: 'int' = 1024, "
-            "max_running_requests: 'int' = 8, num_pages: 'int' = 1024, num_layers: 'int' = 2, "
-            "num_kv_heads: 'int' = 2, head_dim: 'int' = 64, dtype: 'str' = 'bfloat16', "
-            "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
-        'attention_meta': 'module',
-        'kv': 'module',
-        'probes': 'module',
-        'sentinels': 'module',
-        'tree': 'module',
+    "jspec": {
+        "BatchBuckets": "class(sizes: 'tuple[int, ...]') -> None",
+        "SpecConfig": "class(page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
+        "num_draft_tokens: 'int' = 8, context_len: 'int' = 1024, "
+        "max_running_requests: 'int' = 8, num_pages: 'int' = 1024, num_layers: 'int' = 2, "
+        "num_kv_heads: 'int' = 2, head_dim: 'int' = 64, dtype: 'str' = 'bfloat16', "
+        "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
+        "attention_meta": "module",
+        "kv": "module",
+        "probes": "module",
+        "sentinels": "module",
+        "tree": "module",
     },
-    'jspec.config': {
-        'INT32_LIMIT': '= 2147483648',
-        'MAX_NUM_DRAFT_TOKENS': '= 1024',
-        'BatchBuckets': "class(sizes: 'tuple[int, ...]') -> None",
-        'SpecConfig':
-            "class(page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
-            "num_draft_tokens: 'int' = 8, context_len: 'int' = 1024, "
-            "max_running_requests: 'int' = 8, num_pages: 'int' = 1024, num_layers: 'int' = 2, "
-            "num_kv_heads: 'int' = 2, head_dim: 'int' = 64, dtype: 'str' = 'bfloat16', "
-            "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
-        'ceil_div': "def(a: 'int', b: 'int') -> 'int'",
-        'ceil_to_multiple': "def(a: 'int', b: 'int') -> 'int'",
+    "jspec.config": {
+        "INT32_LIMIT": "= 2147483648",
+        "MAX_NUM_DRAFT_TOKENS": "= 1024",
+        "BatchBuckets": "class(sizes: 'tuple[int, ...]') -> None",
+        "SpecConfig": "class(page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
+        "num_draft_tokens: 'int' = 8, context_len: 'int' = 1024, "
+        "max_running_requests: 'int' = 8, num_pages: 'int' = 1024, num_layers: 'int' = 2, "
+        "num_kv_heads: 'int' = 2, head_dim: 'int' = 64, dtype: 'str' = 'bfloat16', "
+        "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
+        "ceil_div": "def(a: 'int', b: 'int') -> 'int'",
+        "ceil_to_multiple": "def(a: 'int', b: 'int') -> 'int'",
     },
-    'jspec.sentinels': {
-        'NOT_ACCEPTED': '= -1',
-        'NO_NODE': '= -1',
-        'PAD_PAGE_ID': '= 0',
-        'PAD_ROW': '= 0',
-        'PAD_SLOT_ID': '= 0',
-        'ROOT_PARENT': '= -1',
-        'SEQ_LEN_FILL_VALUE': '= 1',
+    "jspec.sentinels": {
+        "NOT_ACCEPTED": "= -1",
+        "NO_NODE": "= -1",
+        "PAD_PAGE_ID": "= 0",
+        "PAD_ROW": "= 0",
+        "PAD_SLOT_ID": "= 0",
+        "ROOT_PARENT": "= -1",
+        "SEQ_LEN_FILL_VALUE": "= 1",
     },
-    'jspec.kv': {
-        'AllocatorIntegrityError': 'exception(AssertionError)',
-        'FreeGroup': "class() -> 'None'",
-        'KVPool': "class(k: 'jax.Array', v: 'jax.Array', page_size: 'int' = 1) -> None",
-        'PagedAllocator':
-            "class(free_pages: 'jax.Array', num_free: 'jax.Array', staged_pages: 'jax.Array', "
-            "num_staged: 'jax.Array', page_size: 'int', num_pages: 'int', "
-            "need_sort: 'bool' = False) -> None",
-        'ReqKVState':
-            "class(committed_lens: 'jax.Array', allocated_lens: 'jax.Array', "
-            "req_pool_indices: 'jax.Array', valid: 'jax.Array') -> None",
-        'ReqRowAllocator': "class(free_rows: 'jax.Array', num_free: 'jax.Array') -> None",
-        'alloc':
-            "def(a: 'PagedAllocator', num_slots: 'jax.Array', *, "
-            "max_slots: 'int') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
-        'alloc_decode':
-            "def(a: 'PagedAllocator', seq_lens: 'jax.Array', last_loc: 'jax.Array', *, "
-            "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
-            "interpret: 'bool | None' = None, "
-            "merge_rule: 'str' = 'sglang') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
-        'alloc_extend':
-            "def(a: 'PagedAllocator', prefix_lens: 'jax.Array', seq_lens: 'jax.Array', "
-            "last_loc: 'jax.Array', *, max_new_slots: 'int', valid: 'jax.Array | None' = None, "
-            "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
-            "merge_rule: 'str' = 'sglang') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
-        'alloc_req_rows':
-            "def(r: 'ReqRowAllocator', num: 'jax.Array', *, "
-            "max_rows: 'int') -> 'tuple[ReqRowAllocator, jax.Array, jax.Array]'",
-        'allocator_from_config':
-            "def(cfg: 'SpecConfig', *, need_sort: 'bool' = False) -> 'PagedAllocator'",
-        'assign_req_to_token_pool':
-            "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "start_offset: 'jax.Array', end_offset: 'jax.Array', out_cache_loc: 'jax.Array', *, "
-            "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
-            "return_ok: 'bool' = False) -> 'Any'",
-        'available_size': "def(a: 'PagedAllocator') -> 'jax.Array'",
-        'check_integrity':
-            "def(a: 'PagedAllocator', owned_mask: 'jax.Array | None' = None, *, "
-            "what: 'str' = '') -> 'None'",
-        'commit_kv_lens': "def(reqs: 'ReqKVState', accept_lens: 'jax.Array') -> 'ReqKVState'",
-        'free':
-            "def(a: 'PagedAllocator', slot_ids: 'jax.Array', *, "
-            "valid: 'jax.Array | None' = None, return_ok: 'bool' = False) -> 'Any'",
-        'free_page_ids':
-            "def(a: 'PagedAllocator', page_ids: 'jax.Array', *, "
-            "valid: 'jax.Array | None' = None, return_ok: 'bool' = False) -> 'Any'",
-        'free_req_rows':
-            "def(r: 'ReqRowAllocator', rows: 'jax.Array', *, valid: 'jax.Array | None' = None, "
-            "return_ok: 'bool' = False) -> 'Any'",
-        'free_segment':
-            "def(a: 'PagedAllocator', row_slot_ids: 'jax.Array', start: 'jax.Array', "
-            "end: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
-        'get_kv':
-            "def(pool: 'KVPool', layer: 'int', slot_ids: 'jax.Array') -> 'tuple[jax.Array, "
-            "jax.Array]'",
-        'get_last_loc':
-            "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "prefix_lens: 'jax.Array') -> 'jax.Array'",
-        'init_allocator':
-            "def(num_pages: 'int', page_size: 'int', *, "
-            "need_sort: 'bool' = False) -> 'PagedAllocator'",
-        'init_kv_pool': "def(cfg: 'SpecConfig', *, fill: 'float' = 0.0) -> 'KVPool'",
-        'init_req_kv_state': "def(max_batch: 'int') -> 'ReqKVState'",
-        'init_req_rows': "def(cfg: 'SpecConfig') -> 'ReqRowAllocator'",
-        'init_req_to_token': "def(cfg: 'SpecConfig') -> 'jax.Array'",
-        'integrity_violations':
-            "def(a: 'PagedAllocator', owned_mask: 'jax.Array | None' = None) -> 'dict[str, "
-            "jax.Array]'",
-        'merge_and_sort_free': "def(a: 'PagedAllocator') -> 'PagedAllocator'",
-        'move_kv_cache':
-            "def(pool: 'KVPool', tgt_slot_ids: 'jax.Array', src_slot_ids: 'jax.Array', *, "
-            "impl: 'str' = 'auto', interpret: 'bool | None' = None, block_rows: 'int' = 16, "
-            "block_elems: 'int' = 8192, num_warps: 'int' = 8, "
-            "single_block_rows: 'int' = 64) -> 'KVPool'",
-        'owned_page_mask':
-            "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "allocated_lens: 'jax.Array', *, num_pages: 'int', page_size: 'int', "
-            "valid: 'jax.Array | None' = None) -> 'jax.Array'",
-        'page_aligned_decode_alloc_lens':
-            "def(committed_lens: 'jax.Array', allocated_lens: 'jax.Array', *, reserve: 'int', "
-            "page_size: 'int', valid: 'jax.Array | None' = None) -> 'tuple[jax.Array, jax.Array, "
-            "jax.Array]'",
-        'prepare_for_decode':
-            "def(allocator: 'PagedAllocator', req_to_token: 'jax.Array', reqs: 'ReqKVState', "
-            "cfg: 'SpecConfig', *, impl: 'str' = 'xla', interpret: 'bool | None' = None, "
-            "max_new_slots: 'int | None' = None) -> 'tuple[PagedAllocator, jax.Array, "
-            "ReqKVState, jax.Array]'",
-        'release_kv_cache':
-            "def(allocator: 'PagedAllocator', req_to_token: 'jax.Array', reqs: 'ReqKVState', "
-            "finished: 'jax.Array') -> 'tuple[PagedAllocator, ReqKVState]'",
-        'set_kv_buffer':
-            "def(pool: 'KVPool', layer: 'int', slot_ids: 'jax.Array', k: 'jax.Array', "
-            "v: 'jax.Array') -> 'KVPool'",
+    "jspec.kv": {
+        "AllocatorIntegrityError": "exception(AssertionError)",
+        "FreeGroup": "class() -> 'None'",
+        "KVPool": "class(k: 'jax.Array', v: 'jax.Array', page_size: 'int' = 1) -> None",
+        "PagedAllocator": "class(free_pages: 'jax.Array', num_free: 'jax.Array', staged_pages: 'jax.Array', "
+        "num_staged: 'jax.Array', page_size: 'int', num_pages: 'int', "
+        "need_sort: 'bool' = False) -> None",
+        "ReqKVState": "class(committed_lens: 'jax.Array', allocated_lens: 'jax.Array', "
+        "req_pool_indices: 'jax.Array', valid: 'jax.Array') -> None",
+        "ReqRowAllocator": "class(free_rows: 'jax.Array', num_free: 'jax.Array') -> None",
+        "alloc": "def(a: 'PagedAllocator', num_slots: 'jax.Array', *, "
+        "max_slots: 'int') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
+        "alloc_decode": "def(a: 'PagedAllocator', seq_lens: 'jax.Array', last_loc: 'jax.Array', *, "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "interpret: 'bool | None' = None, "
+        "merge_rule: 'str' = 'sglang') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
+        "alloc_extend": "def(a: 'PagedAllocator', prefix_lens: 'jax.Array', seq_lens: 'jax.Array', "
+        "last_loc: 'jax.Array', *, max_new_slots: 'int', valid: 'jax.Array | None' = None, "
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
+        "merge_rule: 'str' = 'sglang') -> 'tuple[PagedAllocator, jax.Array, jax.Array]'",
+        "alloc_req_rows": "def(r: 'ReqRowAllocator', num: 'jax.Array', *, "
+        "max_rows: 'int') -> 'tuple[ReqRowAllocator, jax.Array, jax.Array]'",
+        "allocator_from_config": "def(cfg: 'SpecConfig', *, need_sort: 'bool' = False) -> 'PagedAllocator'",
+        "assign_req_to_token_pool": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "start_offset: 'jax.Array', end_offset: 'jax.Array', out_cache_loc: 'jax.Array', *, "
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
+        "return_ok: 'bool' = False) -> 'Any'",
+        "available_size": "def(a: 'PagedAllocator') -> 'jax.Array'",
+        "check_integrity": "def(a: 'PagedAllocator', owned_mask: 'jax.Array | None' = None, *, "
+        "what: 'str' = '') -> 'None'",
+        "commit_kv_lens": "def(reqs: 'ReqKVState', accept_lens: 'jax.Array') -> 'ReqKVState'",
+        "free": "def(a: 'PagedAllocator', slot_ids: 'jax.Array', *, "
+        "valid: 'jax.Array | None' = None, return_ok: 'bool' = False) -> 'Any'",
+        "free_page_ids": "def(a: 'PagedAllocator', page_ids: 'jax.Array', *, "
+        "valid: 'jax.Array | None' = None, return_ok: 'bool' = False) -> 'Any'",
+        "free_req_rows": "def(r: 'ReqRowAllocator', rows: 'jax.Array', *, valid: 'jax.Array | None' = None, "
+        "return_ok: 'bool' = False) -> 'Any'",
+        "free_segment": "def(a: 'PagedAllocator', row_slot_ids: 'jax.Array', start: 'jax.Array', "
+        "end: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
+        "get_kv": "def(pool: 'KVPool', layer: 'int', slot_ids: 'jax.Array') -> 'tuple[jax.Array, "
+        "jax.Array]'",
+        "get_last_loc": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "prefix_lens: 'jax.Array') -> 'jax.Array'",
+        "init_allocator": "def(num_pages: 'int', page_size: 'int', *, "
+        "need_sort: 'bool' = False) -> 'PagedAllocator'",
+        "init_kv_pool": "def(cfg: 'SpecConfig', *, fill: 'float' = 0.0) -> 'KVPool'",
+        "init_req_kv_state": "def(max_batch: 'int') -> 'ReqKVState'",
+        "init_req_rows": "def(cfg: 'SpecConfig') -> 'ReqRowAllocator'",
+        "init_req_to_token": "def(cfg: 'SpecConfig') -> 'jax.Array'",
+        "integrity_violations": "def(a: 'PagedAllocator', owned_mask: 'jax.Array | None' = None) -> 'dict[str, "
+        "jax.Array]'",
+        "merge_and_sort_free": "def(a: 'PagedAllocator') -> 'PagedAllocator'",
+        "move_kv_cache": "def(pool: 'KVPool', tgt_slot_ids: 'jax.Array', src_slot_ids: 'jax.Array', *, "
+        "impl: 'str' = 'auto', interpret: 'bool | None' = None, block_rows: 'int' = 16, "
+        "block_elems: 'int' = 8192, num_warps: 'int' = 8, "
+        "single_block_rows: 'int' = 64) -> 'KVPool'",
+        "owned_page_mask": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "allocated_lens: 'jax.Array', *, num_pages: 'int', page_size: 'int', "
+        "valid: 'jax.Array | None' = None) -> 'jax.Array'",
+        "page_aligned_decode_alloc_lens": "def(committed_lens: 'jax.Array', allocated_lens: 'jax.Array', *, reserve: 'int', "
+        "page_size: 'int', valid: 'jax.Array | None' = None) -> 'tuple[jax.Array, jax.Array, "
+        "jax.Array]'",
+        "prepare_for_decode": "def(allocator: 'PagedAllocator', req_to_token: 'jax.Array', reqs: 'ReqKVState', "
+        "cfg: 'SpecConfig', *, impl: 'str' = 'xla', interpret: 'bool | None' = None, "
+        "max_new_slots: 'int | None' = None) -> 'tuple[PagedAllocator, jax.Array, "
+        "ReqKVState, jax.Array]'",
+        "release_kv_cache": "def(allocator: 'PagedAllocator', req_to_token: 'jax.Array', reqs: 'ReqKVState', "
+        "finished: 'jax.Array') -> 'tuple[PagedAllocator, ReqKVState]'",
+        "set_kv_buffer": "def(pool: 'KVPool', layer: 'int', slot_ids: 'jax.Array', k: 'jax.Array', "
+        "v: 'jax.Array') -> 'KVPool'",
     },
-    'jspec.tree': {
-        'BuildTreeOutput':
-            "class(tree_mask: 'jax.Array', positions: 'jax.Array', retrive_index: 'jax.Array', "
-            "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
-            "draft_tokens: 'jax.Array', is_valid: 'jax.Array') -> None",
-        'TreeMaskMode': 'enum(FULL_MASK=0, QLEN_ONLY=1, QLEN_ONLY_BITPACKING=2)',
-        'accept_kv_move_pairs':
-            "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', accept_index: 'jax.Array', "
-            "accept_lens: 'jax.Array', valid: 'jax.Array | None' = None) -> 'tuple[jax.Array, "
-            "jax.Array, jax.Array]'",
-        'build_tree_kernel_efficient':
-            "def(bonus_tokens: 'jax.Array', parent_list: 'jax.Array', "
-            "top_scores_index: 'jax.Array', draft_tokens: 'jax.Array', seq_lens: 'jax.Array', *, "
-            "topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
-            "mode: 'TreeMaskMode' = <TreeMaskMode.FULL_MASK: 0>, "
-            "max_seq_len: 'int | None' = None, fill_prefix_mask: 'bool' = True, "
-            "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'BuildTreeOutput'",
-        'compact_accept_to_front':
-            "def(predict: 'jax.Array', hidden: 'jax.Array | None', accept_index: 'jax.Array', *, "
-            "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array | None]'",
-        'draft_out_cache_loc':
-            "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-            "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
-            "interpret: 'bool | None' = None) -> 'jax.Array'",
-        'draft_positions': "def(seq_lens: 'jax.Array', *, topk: 'int') -> 'jax.Array'",
-        'duplicate_prefix_tail_to_draft_branches':
-            "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-            "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
-            "impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
-            "interpret: 'bool | None' = None) -> 'KVPool'",
-        'eagle_sample_greedy':
-            "def(logits: 'jax.Array', candidates: 'jax.Array', retrive_index: 'jax.Array', "
-            "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', *, "
-            "num_spec_steps: 'int', impl: 'str' = 'xla', "
-            "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
-        'fill_accept_out_cache_loc':
-            "def(accept_index: 'jax.Array', out_cache_loc: 'jax.Array') -> 'jax.Array'",
-        'fill_bonus_tokens':
-            "def(accept_tokens: 'jax.Array', accept_lens: 'jax.Array') -> 'jax.Array'",
-        'flatten_full_mask': "def(tree_mask, seq_lens) -> 'np.ndarray'",
-        'get_src_tgt_cache_loc':
-            "def(seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', accept_index: 'jax.Array', "
-            "accept_length: 'jax.Array', *, num_draft_tokens: 'int', page_size: 'int', "
-            "valid: 'jax.Array | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "
-            "jax.Array]'",
-        'max_prefix_tail_pairs':
-            "def(batch_size: 'int', *, topk: 'int', page_size: 'int') -> 'int'",
-        'move_accept_tokens_to_target_kvcache':
-            "def(target_pool: 'KVPool', req_to_token: 'jax.Array', "
-            "req_pool_indices: 'jax.Array', seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', "
-            "accept_index: 'jax.Array', accept_lens: 'jax.Array', *, "
-            "valid: 'jax.Array | None' = None, impl: 'str' = 'auto', "
-            "interpret: 'bool | None' = None) -> 'KVPool'",
-        'organize_draft_results':
-            "def(score_list: 'list[jax.Array] | tuple[jax.Array, ...]', "
-            "token_list: 'list[jax.Array] | tuple[jax.Array, ...]', "
-            "parents_list: 'list[jax.Array] | tuple[jax.Array, ...]', *, "
-            "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array, jax.Array]'",
-        'prefix_tail_copy_pairs':
-            "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-            "max_pairs: 'int', valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
-            "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
-        'prepare_for_draft':
-            "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-            "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
-            "impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
-            "interpret: 'bool | None' = None) -> 'tuple[KVPool, jax.Array, jax.Array]'",
-        'select_top_k_tokens':
-            "def(step: 'int', topk_p: 'jax.Array', topk_index: 'jax.Array', hidden: 'jax.Array', "
-            "scores: 'jax.Array | None', *, topk: 'int', "
-            "vocab_size: 'int | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "
-            "tuple[jax.Array, jax.Array, jax.Array]]'",
-        'target_probs_from_logits':
-            "def(logits: 'jax.Array', temperatures: 'jax.Array', "
-            "top_ks: 'jax.Array | None' = None, top_ps: 'jax.Array | None' = None) -> 'jax.Array'",
-        'topk_probs':
-            "def(logits: 'jax.Array', topk: 'int', *, impl: 'str' = 'xla', "
-            "interpret: 'bool | None' = None, block_rows: 'int | None' = None, "
-            "num_warps: 'int | None' = None) -> 'tuple[jax.Array, jax.Array]'",
-        'tree_speculative_sampling_target_only':
-            "def(candidates: 'jax.Array', retrive_index: 'jax.Array', "
-            "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
-            "uniform_samples: 'jax.Array', uniform_samples_for_final_sampling: 'jax.Array', "
-            "target_probs: 'jax.Array', *, num_spec_steps: 'int', "
-            "threshold_single: 'float | jax.Array' = 1.0, "
-            "threshold_acc: 'float | jax.Array' = 1.0, deterministic: 'bool' = True, "
-            "predicts_init: 'int' = 0) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
-        'verify_out_cache_loc':
-            "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "seq_lens: 'jax.Array', *, num_draft_tokens: 'int', "
-            "valid: 'jax.Array | None' = None) -> 'jax.Array'",
-        'verify_tree_greedy':
-            "def(candidates: 'jax.Array', retrive_index: 'jax.Array', "
-            "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
-            "target_predict: 'jax.Array', *, num_spec_steps: 'int', predicts_init: 'int' = 0, "
-            "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'tuple[jax.Array, "
-            "jax.Array, jax.Array]'",
+    "jspec.tree": {
+        "BuildTreeOutput": "class(tree_mask: 'jax.Array', positions: 'jax.Array', retrive_index: 'jax.Array', "
+        "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
+        "draft_tokens: 'jax.Array', is_valid: 'jax.Array') -> None",
+        "TreeMaskMode": "enum(FULL_MASK=0, QLEN_ONLY=1, QLEN_ONLY_BITPACKING=2)",
+        "accept_kv_move_pairs": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', accept_index: 'jax.Array', "
+        "accept_lens: 'jax.Array', valid: 'jax.Array | None' = None) -> 'tuple[jax.Array, "
+        "jax.Array, jax.Array]'",
+        "build_tree_kernel_efficient": "def(bonus_tokens: 'jax.Array', parent_list: 'jax.Array', "
+        "top_scores_index: 'jax.Array', draft_tokens: 'jax.Array', seq_lens: 'jax.Array', *, "
+        "topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
+        "mode: 'TreeMaskMode' = <TreeMaskMode.FULL_MASK: 0>, "
+        "max_seq_len: 'int | None' = None, fill_prefix_mask: 'bool' = True, "
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'BuildTreeOutput'",
+        "compact_accept_to_front": "def(predict: 'jax.Array', hidden: 'jax.Array | None', accept_index: 'jax.Array', *, "
+        "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array | None]'",
+        "draft_out_cache_loc": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "interpret: 'bool | None' = None) -> 'jax.Array'",
+        "draft_positions": "def(seq_lens: 'jax.Array', *, topk: 'int') -> 'jax.Array'",
+        "duplicate_prefix_tail_to_draft_branches": "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
+        "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
+        "impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
+        "interpret: 'bool | None' = None) -> 'KVPool'",
+        "eagle_sample_greedy": "def(logits: 'jax.Array', candidates: 'jax.Array', retrive_index: 'jax.Array', "
+        "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', *, "
+        "num_spec_steps: 'int', impl: 'str' = 'xla', "
+        "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
+        "fill_accept_out_cache_loc": "def(accept_index: 'jax.Array', out_cache_loc: 'jax.Array') -> 'jax.Array'",
+        "fill_bonus_tokens": "def(accept_tokens: 'jax.Array', accept_lens: 'jax.Array') -> 'jax.Array'",
+        "flatten_full_mask": "def(tree_mask, seq_lens) -> 'np.ndarray'",
+        "get_src_tgt_cache_loc": "def(seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', accept_index: 'jax.Array', "
+        "accept_length: 'jax.Array', *, num_draft_tokens: 'int', page_size: 'int', "
+        "valid: 'jax.Array | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "
+        "jax.Array]'",
+        "max_prefix_tail_pairs": "def(batch_size: 'int', *, topk: 'int', page_size: 'int') -> 'int'",
+        "move_accept_tokens_to_target_kvcache": "def(target_pool: 'KVPool', req_to_token: 'jax.Array', "
+        "req_pool_indices: 'jax.Array', seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', "
+        "accept_index: 'jax.Array', accept_lens: 'jax.Array', *, "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'auto', "
+        "interpret: 'bool | None' = None) -> 'KVPool'",
+        "organize_draft_results": "def(score_list: 'list[jax.Array] | tuple[jax.Array, ...]', "
+        "token_list: 'list[jax.Array] | tuple[jax.Array, ...]', "
+        "parents_list: 'list[jax.Array] | tuple[jax.Array, ...]', *, "
+        "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array, jax.Array]'",
+        "prefix_tail_copy_pairs": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
+        "max_pairs: 'int', valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
+        "prepare_for_draft": "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
+        "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
+        "impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
+        "interpret: 'bool | None' = None) -> 'tuple[KVPool, jax.Array, jax.Array]'",
+        "select_top_k_tokens": "def(step: 'int', topk_p: 'jax.Array', topk_index: 'jax.Array', hidden: 'jax.Array', "
+        "scores: 'jax.Array | None', *, topk: 'int', "
+        "vocab_size: 'int | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "
+        "tuple[jax.Array, jax.Array, jax.Array]]'",
+        "target_probs_from_logits": "def(logits: 'jax.Array', temperatures: 'jax.Array', "
+        "top_ks: 'jax.Array | None' = None, top_ps: 'jax.Array | None' = None) -> 'jax.Array'",
+        "topk_probs": "def(logits: 'jax.Array', topk: 'int', *, impl: 'str' = 'xla', "
+        "interpret: 'bool | None' = None, block_rows: 'int | None' = None, "
+        "num_warps: 'int | None' = None) -> 'tuple[jax.Array, jax.Array]'",
+        "tree_speculative_sampling_target_only": "def(candidates: 'jax.Array', retrive_index: 'jax.Array', "
+        "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
+        "uniform_samples: 'jax.Array', uniform_samples_for_final_sampling: 'jax.Array', "
+        "target_probs: 'jax.Array', *, num_spec_steps: 'int', "
+        "threshold_single: 'float | jax.Array' = 1.0, "
+        "threshold_acc: 'float | jax.Array' = 1.0, deterministic: 'bool' = True, "
+        "predicts_init: 'int' = 0) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
+        "verify_out_cache_loc": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "seq_lens: 'jax.Array', *, num_draft_tokens: 'int', "
+        "valid: 'jax.Array | None' = None) -> 'jax.Array'",
+        "verify_tree_greedy": "def(candidates: 'jax.Array', retrive_index: 'jax.Array', "
+        "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
+        "target_predict: 'jax.Array', *, num_spec_steps: 'int', predicts_init: 'int' = 0, "
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'tuple[jax.Array, "
+        "jax.Array, jax.Array]'",
     },
-    'jspec.attention_meta': {
-        'DraftDecodeMetadata': "class(normal: 'NormalMetadata', expand: 'ExpandMetadata') -> None",
-        'ExpandMetadata':
-            "class(cache_seqlens: 'jax.Array', cu_seqlens_q: 'jax.Array', "
-            "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
-        'NormalMetadata':
-            "class(cache_seqlens: 'jax.Array', cu_seqlens_q: 'jax.Array', "
-            "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
-        'draft_decode_metadata':
-            "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', *, topk: 'int', "
-            "num_steps: 'int', page_size: 'int', max_pages: 'int', impl: 'str' = 'xla', "
-            "interpret: 'bool | None' = None) -> 'DraftDecodeMetadata'",
-        'draft_decode_normal_metadata':
-            "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-            "seq_lens: 'jax.Array', *, page_size: 'int', topk: 'int', "
-            "max_pages: 'int') -> 'NormalMetadata'",
-        'draft_decode_set_expand_metadata':
-            "def(last_page_lens: 'jax.Array', decode_length: 'int', cache_loc: 'jax.Array', *, "
-            "topk: 'int', page_size: 'int', page_table_width: 'int | None' = None, "
-            "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'tuple[jax.Array, "
-            "jax.Array]'",
-        'draft_kv_indices_used_len':
-            "def(sum_seq_lens: 'Any', topk: 'int', num_seqs_times_topk: 'Any', "
-            "it: 'Any') -> 'Any'",
-        'generate_draft_decode_kv_indices':
-            "def(req_pool_indices: 'jax.Array', req_to_token: 'jax.Array', "
-            "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-            "kv_indices_width: 'int', max_bs: 'int | None' = None, "
-            "max_seq_len: 'int | None' = None, kv_indices_buffer: 'jax.Array | None' = None, "
-            "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
-            "block_tokens: 'int' = 1024) -> 'tuple[jax.Array, jax.Array]'",
+    "jspec.attention_meta": {
+        "DraftDecodeMetadata": "class(normal: 'NormalMetadata', expand: 'ExpandMetadata') -> None",
+        "ExpandMetadata": "class(cache_seqlens: 'jax.Array', cu_seqlens_q: 'jax.Array', "
+        "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
+        "NormalMetadata": "class(cache_seqlens: 'jax.Array', cu_seqlens_q: 'jax.Array', "
+        "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
+        "draft_decode_metadata": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', *, topk: 'int', "
+        "num_steps: 'int', page_size: 'int', max_pages: 'int', impl: 'str' = 'xla', "
+        "interpret: 'bool | None' = None) -> 'DraftDecodeMetadata'",
+        "draft_decode_normal_metadata": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
+        "seq_lens: 'jax.Array', *, page_size: 'int', topk: 'int', "
+        "max_pages: 'int') -> 'NormalMetadata'",
+        "draft_decode_set_expand_metadata": "def(last_page_lens: 'jax.Array', decode_length: 'int', cache_loc: 'jax.Array', *, "
+        "topk: 'int', page_size: 'int', page_table_width: 'int | None' = None, "
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'tuple[jax.Array, "
+        "jax.Array]'",
+        "draft_kv_indices_used_len": "def(sum_seq_lens: 'Any', topk: 'int', num_seqs_times_topk: 'Any', "
+        "it: 'Any') -> 'Any'",
+        "generate_draft_decode_kv_indices": "def(req_pool_indices: 'jax.Array', req_to_token: 'jax.Array', "
+        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
+        "kv_indices_width: 'int', max_bs: 'int | None' = None, "
+        "max_seq_len: 'int | None' = None, kv_indices_buffer: 'jax.Array | None' = None, "
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
+        "block_tokens: 'int' = 1024) -> 'tuple[jax.Array, jax.Array]'",
     },
-    'jspec.kernels': {
-    },
+    "jspec.kernels": {},
 }
 
 
@@ -324,8 +277,11 @@ def test_public_names(module_name):
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)
 def test_public_signatures(module_name):
     got = _surface(module_name)
-    changed = {name: (RECORDED[module_name].get(name), sig) for name, sig in got.items()
-               if RECORDED[module_name].get(name) != sig}
+    changed = {
+        name: (RECORDED[module_name].get(name), sig)
+        for name, sig in got.items()
+        if RECORDED[module_name].get(name) != sig
+    }
     assert not changed, f"{module_name}: signatures changed (recorded, now): {changed}"
 
 
@@ -366,9 +322,9 @@ def _render() -> str:
             while rest:
                 cut = rest[:84]
                 if len(rest) > 84 and cut.rfind(", ") > 20:
-                    cut = rest[:cut.rfind(", ") + 2]
+                    cut = rest[: cut.rfind(", ") + 2]
                 chunks.append(cut)
-                rest = rest[len(cut):]
+                rest = rest[len(cut) :]
             lines += [f"            {c!r}" for c in chunks[:-1]] + [f"            {chunks[-1]!r},"]
         lines.append("    },")
     return "\n".join(lines)
@@ -377,7 +333,8 @@ def _render() -> str:
 if __name__ == "__main__":
     source = open(__file__).read()
     start = source.index("RECORDED: dict[str, dict[str, str]] = {\n") + len(
-        "RECORDED: dict[str, dict[str, str]] = {\n")
+        "RECORDED: dict[str, dict[str, str]] = {\n"
+    )
     end = source.index("\n}\n", start)
     with open(__file__, "w") as f:
         f.write(source[:start] + _render() + source[end:])

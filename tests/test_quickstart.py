@@ -38,10 +38,18 @@ def test_quickstart_uses_only_public_names() -> None:
             for alias in node.names:
                 assert alias.name in jspec.__all__, alias.name
                 namespaces[alias.asname or alias.name] = getattr(jspec, alias.name)
-    used = [(node.value.id, node.attr) for node in ast.walk(module)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-            and node.value.id in namespaces and hasattr(namespaces[node.value.id], "__all__")]
+    used = [
+        (node.value.id, node.attr)
+        for node in ast.walk(module)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in namespaces
+        and hasattr(namespaces[node.value.id], "__all__")
+    ]
     assert used
-    private = [f"{ns}.{attr}" for ns, attr in used
-               if attr not in importlib.import_module(namespaces[ns].__name__).__all__]
+    private = [
+        f"{ns}.{attr}"
+        for ns, attr in used
+        if attr not in importlib.import_module(namespaces[ns].__name__).__all__
+    ]
     assert not private, private

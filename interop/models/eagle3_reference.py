@@ -48,8 +48,12 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> t
     """x [T, heads, D]: pairs (i, i + D/2) rotated by positions * inv_freq[i]."""
     half = x.shape[-1] // 2
     z = torch.complex(x[..., :half].double(), x[..., half:].double())
-    z = z * torch.polar(torch.ones(1, dtype=torch.float64),
-                        positions.double()[:, None] * inv_freq[None, :])[:, None, :]
+    z = (
+        z
+        * torch.polar(
+            torch.ones(1, dtype=torch.float64), positions.double()[:, None] * inv_freq[None, :]
+        )[:, None, :]
+    )
     return torch.cat([z.real, z.imag], -1).to(x.dtype)
 
 
@@ -64,8 +68,9 @@ class Eagle3Reference:
       embed_tokens: [V, H] the TARGET's embedding (the head ships none).
     """
 
-    def __init__(self, config: dict[str, Any], weights: dict[str, torch.Tensor],
-                 embed_tokens: torch.Tensor) -> None:
+    def __init__(
+        self, config: dict[str, Any], weights: dict[str, torch.Tensor], embed_tokens: torch.Tensor
+    ) -> None:
         self.w = weights
         self.embed_tokens = embed_tokens
         self.hidden = config["hidden_size"]
@@ -74,8 +79,9 @@ class Eagle3Reference:
         self.head_dim = config.get("head_dim") or self.hidden // self.heads
         self.eps = config.get("rms_norm_eps", 1e-6)
         rope = config.get("rope_parameters") or config.get("rope_scaling")
-        theta = (config.get("rope_parameters") or {}).get("rope_theta",
-                                                          config.get("rope_theta", 10000.0))
+        theta = (config.get("rope_parameters") or {}).get(
+            "rope_theta", config.get("rope_theta", 10000.0)
+        )
         self.inv_freq = _inv_freq(self.head_dim, theta, rope)
         # sglang: hot_token_id = d2t + arange(draft_vocab)
         d2t = weights["d2t"].long()
@@ -106,8 +112,9 @@ class Eagle3Reference:
         up = self._linear(x, "midlayer.mlp.up_proj")
         return self._linear(torch.nn.functional.silu(gate) * up, "midlayer.mlp.down_proj")
 
-    def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor,
-                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, hidden_states: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden_states_to_logits [T, H], hidden_states_to_aux [T, H]) as sglang returns them.
 
         Args:
@@ -124,8 +131,7 @@ class Eagle3Reference:
         hidden_states = torch.cat([embeds, hidden_states], dim=-1)
         hidden_states = self._attention(hidden_states, positions)
         residual = hidden_states + residual  # post_attention_layernorm(hidden, residual)
-        hidden_states = _rms(residual, self.w["midlayer.post_attention_layernorm.weight"],
-                             self.eps)
+        hidden_states = _rms(residual, self.w["midlayer.post_attention_layernorm.weight"], self.eps)
         hidden_states = self._mlp(hidden_states)
         # final norm(hidden, residual): fused add + RMSNorm
         aux = hidden_states + residual

@@ -50,8 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
     g.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto")
     g.add_argument("--attention-impl", choices=("auto", "xla", "pallas"), default="auto")
-    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="weights / activations / KV dtype (default: the checkpoint's)")
+    g.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="weights / activations / KV dtype (default: the checkpoint's)",
+    )
     g.add_argument("--devices", type=int, default=1, help="data-parallel shards")
     g.add_argument("--tensor-parallel", type=int, default=1, help="devices per shard")
     g.add_argument("--checkify", action="store_true", help="all probes on")
@@ -66,12 +70,14 @@ def parse_prompt_ids(text: str) -> list[int]:
     try:
         return [int(x) for x in items]
     except ValueError:
-        raise InputError(f"--prompt-ids={text!r}: expected integers separated by spaces or "
-                         "commas") from None
+        raise InputError(
+            f"--prompt-ids={text!r}: expected integers separated by spaces or commas"
+        ) from None
 
 
-def hf_loader(model_dir: str, draft_dir: str | None, dtype: str | None,
-              say: Callable[[str], None]) -> tuple[Any, Any, Any, Any]:
+def hf_loader(
+    model_dir: str, draft_dir: str | None, dtype: str | None, say: Callable[[str], None]
+) -> tuple[Any, Any, Any, Any]:
     """Target (and draft) from Hugging Face directories through ``jspec.models``."""
     from jspec.models import load_draft, load_llama
 
@@ -136,48 +142,82 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
             print(f"jspec generate: {msg}", file=sys.stderr, flush=True)
 
     if prompt_ids is None and not os.path.isfile(os.path.join(args.model, "tokenizer.json")):
-        raise InputError(f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; "
-                         "or give --prompt-ids")
+        raise InputError(
+            f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; or give --prompt-ids"
+        )
     t0 = time.perf_counter()
     target, params, draft, draft_params = loader(args.model, args.draft, args.dtype, say)
-    say(f"loaded {type(target).__name__}" + (f" + {type(draft).__name__}" if draft else "")
-        + f" [{time.perf_counter() - t0:.1f} s]")
+    say(
+        f"loaded {type(target).__name__}"
+        + (f" + {type(draft).__name__}" if draft else "")
+        + f" [{time.perf_counter() - t0:.1f} s]"
+    )
     tokenizer = _load_tokenizer(args.model, target)
     if prompt_ids is None:
         if tokenizer is None:
-            raise InputError(f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; "
-                             "or give --prompt-ids")
+            raise InputError(
+                f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; or give --prompt-ids"
+            )
         prompt_ids = tokenizer.encode(args.prompt)
         if not prompt_ids:
             raise InputError(f"--prompt={args.prompt!r} encodes to no tokens")
     from jspec.probes import ProbeError
 
     try:
-        out, stats = generate_ids(args, target, params, draft, draft_params, prompt_ids, say,
-                                  eos=[] if args.ignore_eos else _eos_ids(args.model, target))
+        out, stats = generate_ids(
+            args,
+            target,
+            params,
+            draft,
+            draft_params,
+            prompt_ids,
+            say,
+            eos=[] if args.ignore_eos else _eos_ids(args.model, target),
+        )
     except ProbeError as e:
         print(f"jspec generate: a probe fired: {e}", file=sys.stderr)
         return 1
     text = tokenizer.decode(out) if tokenizer is not None else None
     mode = "spec" if draft is not None else "greedy"
     print(text if text is not None else " ".join(str(t) for t in out))
-    print(f"{stats.num_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s ({mode}, "
-          f"{stats.num_decode_steps} decode steps, {stats.wall_s:.2f} s)")
+    print(
+        f"{stats.num_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s ({mode}, "
+        f"{stats.num_decode_steps} decode steps, {stats.wall_s:.2f} s)"
+    )
     if mode == "spec":
-        print(f"mean acceptance length: {stats.mean_accept_len:.2f} tokens/step "
-              f"(max {args.steps + 1})")
+        print(
+            f"mean acceptance length: {stats.mean_accept_len:.2f} tokens/step "
+            f"(max {args.steps + 1})"
+        )
     if args.json:
-        print(json.dumps({"token_ids": out, "mode": mode, "text": text,
-                          "mean_accept_len": stats.mean_accept_len if mode == "spec" else 1.0,
-                          "tokens_per_s": stats.tokens_per_s, "num_tokens": stats.num_tokens,
-                          "num_decode_steps": stats.num_decode_steps,
-                          "prompt_ids": list(prompt_ids)}))
+        print(
+            json.dumps(
+                {
+                    "token_ids": out,
+                    "mode": mode,
+                    "text": text,
+                    "mean_accept_len": stats.mean_accept_len if mode == "spec" else 1.0,
+                    "tokens_per_s": stats.tokens_per_s,
+                    "num_tokens": stats.num_tokens,
+                    "num_decode_steps": stats.num_decode_steps,
+                    "prompt_ids": list(prompt_ids),
+                }
+            )
+        )
     return 0
 
 
-def generate_ids(args: argparse.Namespace, target: Any, params: Any, draft: Any,
-                 draft_params: Any, prompt_ids: Sequence[int], say: Callable[[str], None], *,
-                 eos: Sequence[int] = ()) -> tuple[list[int], Any]:
+def generate_ids(
+    args: argparse.Namespace,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    prompt_ids: Sequence[int],
+    say: Callable[[str], None],
+    *,
+    eos: Sequence[int] = (),
+) -> tuple[list[int], Any]:
     """Validate, build the engine, compile (with progress) and generate for one prompt."""
     from jspec import probes
     from jspec.engine.inputs import validate_requests
@@ -188,29 +228,54 @@ def generate_ids(args: argparse.Namespace, target: Any, params: Any, draft: Any,
     max_new = check_count("--max-new-tokens", args.max_new_tokens)
     limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
     if limit is not None and len(prompt_ids) + max_new > limit:
-        raise InputError(f"len(prompt) + --max-new-tokens = {len(prompt_ids)} + {max_new} "
-                         f"exceeds the model's max_position_embeddings={limit}")
+        raise InputError(
+            f"len(prompt) + --max-new-tokens = {len(prompt_ids)} + {max_new} "
+            f"exceeds the model's max_position_embeddings={limit}"
+        )
     context_len = 1 << (len(prompt_ids) + max_new + 1 - 1).bit_length()
     try:
         ecfg = make_engine_config(
-            target, page_size=args.page_size, topk=args.topk, num_steps=args.steps,
-            num_draft_tokens=args.draft_tokens, context_len=context_len,
-            max_running_requests=1, max_prompt_len=len(prompt_ids),
-            draft_attention=args.draft_attention, impl=args.impl,
-            attention_impl=args.attention_impl, tensor_parallel=args.tensor_parallel)
+            target,
+            page_size=args.page_size,
+            topk=args.topk,
+            num_steps=args.steps,
+            num_draft_tokens=args.draft_tokens,
+            context_len=context_len,
+            max_running_requests=1,
+            max_prompt_len=len(prompt_ids),
+            draft_attention=args.draft_attention,
+            impl=args.impl,
+            attention_impl=args.attention_impl,
+            tensor_parallel=args.tensor_parallel,
+        )
         check_engine_models(ecfg, target, draft)
         check_devices(args.devices, args.tensor_parallel)
     except ValueError as e:
         raise InputError(str(e)) from None
-    validate_requests([list(prompt_ids)], max_new, vocab_size=target.vocab_size,
-                      max_prompt_len=ecfg.max_prompt_len, context_len=context_len)
+    validate_requests(
+        [list(prompt_ids)],
+        max_new,
+        vocab_size=target.vocab_size,
+        max_prompt_len=ecfg.max_prompt_len,
+        context_len=context_len,
+    )
     checkify = args.checkify or probes.probes_on()
     with probes.probes_enabled(True) if args.checkify else contextlib.nullcontext():
-        engine = Engine(ecfg, target, params, draft, draft_params, num_devices=args.devices,
-                        eos_token_id=list(eos) or None, checkify=checkify)
+        engine = Engine(
+            ecfg,
+            target,
+            params,
+            draft,
+            draft_params,
+            num_devices=args.devices,
+            eos_token_id=list(eos) or None,
+            checkify=checkify,
+        )
         t0 = time.perf_counter()
-        say(f"compiling prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
-            f"(context {context_len}, page size {ecfg.spec.page_size}) ...")
+        say(
+            f"compiling prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
+            f"(context {context_len}, page size {ecfg.spec.page_size}) ..."
+        )
         engine.warmup()
         say(f"compiled [{time.perf_counter() - t0:.1f} s]; generating {max_new} tokens")
         outs, stats = engine.generate([list(prompt_ids)], max_new)

@@ -42,8 +42,9 @@ from jspec.kernels import draft_kv_indices as _kernel
 INT32_LIMIT = 2**31
 
 
-def draft_kv_indices_used_len(sum_seq_lens: Any, topk: int, num_seqs_times_topk: Any,
-                              it: Any) -> Any:
+def draft_kv_indices_used_len(
+    sum_seq_lens: Any, topk: int, num_seqs_times_topk: Any, it: Any
+) -> Any:
     """sglang ``draft_kv_indices_used_len``: ``sum_seq_lens * topk + num_seqs_times_topk * it``.
 
     Works on Python ints (static sizing) and on int32 arrays alike.
@@ -51,17 +52,36 @@ def draft_kv_indices_used_len(sum_seq_lens: Any, topk: int, num_seqs_times_topk:
     return sum_seq_lens * topk + num_seqs_times_topk * it
 
 
-@functools.partial(jax.jit, static_argnames=("topk", "num_steps", "page_size",
-                                             "kv_indices_width", "max_bs", "max_seq_len",
-                                             "impl", "interpret", "block_tokens"))
-def generate_draft_decode_kv_indices(req_pool_indices: jax.Array, req_to_token: jax.Array,
-                                     seq_lens: jax.Array, *, topk: int, num_steps: int,
-                                     page_size: int, kv_indices_width: int,
-                                     max_bs: int | None = None, max_seq_len: int | None = None,
-                                     kv_indices_buffer: jax.Array | None = None,
-                                     impl: str = "xla", interpret: bool | None = None,
-                                     block_tokens: int = _kernel.BLOCK_TOKENS
-                                     ) -> tuple[jax.Array, jax.Array]:
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "topk",
+        "num_steps",
+        "page_size",
+        "kv_indices_width",
+        "max_bs",
+        "max_seq_len",
+        "impl",
+        "interpret",
+        "block_tokens",
+    ),
+)
+def generate_draft_decode_kv_indices(
+    req_pool_indices: jax.Array,
+    req_to_token: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    kv_indices_width: int,
+    max_bs: int | None = None,
+    max_seq_len: int | None = None,
+    kv_indices_buffer: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    block_tokens: int = _kernel.BLOCK_TOKENS,
+) -> tuple[jax.Array, jax.Array]:
     """sglang ``generate_draft_decode_kv_indices`` (default mode: no window, no translation).
 
     Args:
@@ -83,53 +103,108 @@ def generate_draft_decode_kv_indices(req_pool_indices: jax.Array, req_to_token: 
       kv_indices: i32[S, W] token slot ids (step row ``i`` serves draft step ``i``).
       kv_indptr: i32[S, B*K+1] segment starts per step; ``kv_indptr[i, B*K]`` = used length.
     """
-    _validate(req_pool_indices, req_to_token, seq_lens, topk=topk, num_steps=num_steps,
-              page_size=page_size, kv_indices_width=kv_indices_width, max_bs=max_bs,
-              max_seq_len=max_seq_len, kv_indices_buffer=kv_indices_buffer)
-    _probe(req_pool_indices, req_to_token, seq_lens, topk=topk, num_steps=num_steps,
-           page_size=page_size, kv_indices_width=kv_indices_width)
+    _validate(
+        req_pool_indices,
+        req_to_token,
+        seq_lens,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        kv_indices_width=kv_indices_width,
+        max_bs=max_bs,
+        max_seq_len=max_seq_len,
+        kv_indices_buffer=kv_indices_buffer,
+    )
+    _probe(
+        req_pool_indices,
+        req_to_token,
+        seq_lens,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        kv_indices_width=kv_indices_width,
+    )
     return _kernel.draft_kv_indices(
-        req_pool_indices, req_to_token, seq_lens, topk=topk, num_steps=num_steps,
-        page_size=page_size, kv_indices_width=kv_indices_width,
-        kv_indices_buffer=kv_indices_buffer, impl=impl, interpret=interpret,
-        block_tokens=block_tokens)
+        req_pool_indices,
+        req_to_token,
+        seq_lens,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        kv_indices_width=kv_indices_width,
+        kv_indices_buffer=kv_indices_buffer,
+        impl=impl,
+        interpret=interpret,
+        block_tokens=block_tokens,
+    )
 
 
-def _validate(req_pool_indices: jax.Array, req_to_token: jax.Array, seq_lens: jax.Array, *,
-              topk: int, num_steps: int, page_size: int, kv_indices_width: int,
-              max_bs: int | None, max_seq_len: int | None,
-              kv_indices_buffer: jax.Array | None) -> None:
+def _validate(
+    req_pool_indices: jax.Array,
+    req_to_token: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    kv_indices_width: int,
+    max_bs: int | None,
+    max_seq_len: int | None,
+    kv_indices_buffer: jax.Array | None,
+) -> None:
     """Trace-time checks (``ValueError`` naming the argument)."""
     for name, value in (("topk", topk), ("num_steps", num_steps), ("page_size", page_size)):
-        probes.static_check(isinstance(value, int) and value >= 1,
-                            f"{name}={value!r} must be an int >= 1")
-    probes.static_check(page_size & (page_size - 1) == 0,
-                        f"page_size={page_size} must be a power of 2")
-    probes.static_check(isinstance(kv_indices_width, int) and 0 <= kv_indices_width < INT32_LIMIT,
-                        f"kv_indices_width={kv_indices_width!r} must be an int in [0, 2**31)")
+        probes.static_check(
+            isinstance(value, int) and value >= 1, f"{name}={value!r} must be an int >= 1"
+        )
+    probes.static_check(
+        page_size & (page_size - 1) == 0, f"page_size={page_size} must be a power of 2"
+    )
+    probes.static_check(
+        isinstance(kv_indices_width, int) and 0 <= kv_indices_width < INT32_LIMIT,
+        f"kv_indices_width={kv_indices_width!r} must be an int in [0, 2**31)",
+    )
     validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
     num_seqs = seq_lens.shape[0]
     if max_bs is not None:
-        probes.static_check(isinstance(max_bs, int) and num_seqs <= max_bs,
-                            f"batch size B={num_seqs} exceeds max_bs={max_bs!r}, the bucket "
-                            f"kv_indices_width was sized for")
+        probes.static_check(
+            isinstance(max_bs, int) and num_seqs <= max_bs,
+            f"batch size B={num_seqs} exceeds max_bs={max_bs!r}, the bucket "
+            f"kv_indices_width was sized for",
+        )
     if kv_indices_buffer is not None:
-        probes.static_check_shape(kv_indices_buffer, (num_steps, kv_indices_width),
-                                  "kv_indices_buffer")
+        probes.static_check_shape(
+            kv_indices_buffer, (num_steps, kv_indices_width), "kv_indices_buffer"
+        )
         probes.static_check_dtype(kv_indices_buffer, jnp.int32, "kv_indices_buffer")
     ctx = {"topk": topk, "num_seqs": num_seqs, "num_steps": num_steps}
     # Every segment holds at least its it <= S draft slots.
-    probes.assert_buffer_fits(num_seqs * topk * num_steps, kv_indices_width,
-                              "EAGLE draft kv_indices row too small (draft slots alone)", **ctx)
+    probes.assert_buffer_fits(
+        num_seqs * topk * num_steps,
+        kv_indices_width,
+        "EAGLE draft kv_indices row too small (draft slots alone)",
+        **ctx,
+    )
     if max_seq_len is not None:
         probes.assert_buffer_fits(
             draft_kv_indices_used_len(num_seqs * max_seq_len, topk, num_seqs * topk, num_steps),
-            kv_indices_width, "EAGLE draft kv_indices row too small for max_seq_len",
-            max_seq_len=max_seq_len, **ctx)
+            kv_indices_width,
+            "EAGLE draft kv_indices row too small for max_seq_len",
+            max_seq_len=max_seq_len,
+            **ctx,
+        )
 
 
-def _probe(req_pool_indices: jax.Array, req_to_token: jax.Array, seq_lens: jax.Array, *,
-           topk: int, num_steps: int, page_size: int, kv_indices_width: int) -> None:
+def _probe(
+    req_pool_indices: jax.Array,
+    req_to_token: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    kv_indices_width: int,
+) -> None:
     """Dynamic probes (off by default; nothing traced when off)."""
     if not probes.probes_on() or seq_lens.shape[0] == 0:
         return
@@ -137,13 +212,19 @@ def _probe(req_pool_indices: jax.Array, req_to_token: jax.Array, seq_lens: jax.A
     row_width = req_to_token.shape[1]
     probes.detect_oob(req_pool_indices, 0, req_to_token.shape[0], f"{name}: req_pool_indices")
     probes.detect_in_closed_range(seq_lens, 0, row_width, f"{name}: seq_lens vs row width")
-    used = draft_kv_indices_used_len(jnp.sum(seq_lens), topk, seq_lens.shape[0] * topk,
-                                     num_steps)
-    probes.assert_async(used <= kv_indices_width,
-                        f"{name}: EAGLE draft kv_indices row too small: need {{used}} but row "
-                        f"width is {kv_indices_width} (topk={topk}, num_steps={num_steps})",
-                        used=used)
-    last_draft_end = _kernel.draft_ext_start(seq_lens, topk=topk, num_steps=num_steps,
-                                             page_size=page_size)[:, -1] + num_steps
-    probes.detect_in_closed_range(last_draft_end, 0, row_width,
-                                  f"{name}: draft slots end past the req_to_token row")
+    used = draft_kv_indices_used_len(jnp.sum(seq_lens), topk, seq_lens.shape[0] * topk, num_steps)
+    probes.assert_async(
+        used <= kv_indices_width,
+        f"{name}: EAGLE draft kv_indices row too small: need {{used}} but row "
+        f"width is {kv_indices_width} (topk={topk}, num_steps={num_steps})",
+        used=used,
+    )
+    last_draft_end = (
+        _kernel.draft_ext_start(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)[
+            :, -1
+        ]
+        + num_steps
+    )
+    probes.detect_in_closed_range(
+        last_draft_end, 0, row_width, f"{name}: draft slots end past the req_to_token row"
+    )

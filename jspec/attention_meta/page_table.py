@@ -84,17 +84,27 @@ class DraftDecodeMetadata:
 
 
 def _exclusive_cumsum(x: jax.Array) -> jax.Array:
-    return jnp.concatenate([jnp.zeros(x.shape[:-1] + (1,), jnp.int32),
-                            jnp.cumsum(x, axis=-1, dtype=jnp.int32)], axis=-1)
+    return jnp.concatenate(
+        [jnp.zeros(x.shape[:-1] + (1,), jnp.int32), jnp.cumsum(x, axis=-1, dtype=jnp.int32)],
+        axis=-1,
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("decode_length", "topk", "page_size",
-                                             "page_table_width", "impl", "interpret"))
-def draft_decode_set_expand_metadata(last_page_lens: jax.Array, decode_length: int,
-                                     cache_loc: jax.Array, *, topk: int, page_size: int,
-                                     page_table_width: int | None = None, impl: str = "xla",
-                                     interpret: bool | None = None
-                                     ) -> tuple[jax.Array, jax.Array]:
+@functools.partial(
+    jax.jit,
+    static_argnames=("decode_length", "topk", "page_size", "page_table_width", "impl", "interpret"),
+)
+def draft_decode_set_expand_metadata(
+    last_page_lens: jax.Array,
+    decode_length: int,
+    cache_loc: jax.Array,
+    *,
+    topk: int,
+    page_size: int,
+    page_table_width: int | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """sglang ``draft_decode_set_expand_metadata`` with the #27360 slice to ``decode_length``.
 
     Args:
@@ -116,42 +126,71 @@ def draft_decode_set_expand_metadata(last_page_lens: jax.Array, decode_length: i
       An empty batch (B = 0) gives empty outputs.
     """
     width = decode_length + 1 if page_table_width is None else page_table_width
-    probes.static_check(isinstance(decode_length, int) and decode_length >= 1,
-                        f"decode_length={decode_length!r} must be an int >= 1")
-    probes.static_check(cache_loc.ndim == 2 and cache_loc.shape[1] >= decode_length,
-                        f"cache_loc.shape={tuple(cache_loc.shape)} must be (B*K, W) with "
-                        f"W >= decode_length={decode_length}")
+    probes.static_check(
+        isinstance(decode_length, int) and decode_length >= 1,
+        f"decode_length={decode_length!r} must be an int >= 1",
+    )
+    probes.static_check(
+        cache_loc.ndim == 2 and cache_loc.shape[1] >= decode_length,
+        f"cache_loc.shape={tuple(cache_loc.shape)} must be (B*K, W) with "
+        f"W >= decode_length={decode_length}",
+    )
     live = cache_loc[:, :decode_length]
-    probes.detect_in_closed_range(last_page_lens, 0, page_size - 1,
-                                  "draft_decode_set_expand_metadata: last_page_lens")
-    probes.detect_in_closed_range(live, 0, INT32_MAX,
-                                  "draft_decode_set_expand_metadata: cache_loc (live columns)")
-    return _expand.expand_page_table(last_page_lens, cache_loc, decode_length=decode_length,
-                                     topk=topk, page_size=page_size, page_table_width=width,
-                                     num_cols=decode_length, impl=impl, interpret=interpret)
+    probes.detect_in_closed_range(
+        last_page_lens, 0, page_size - 1, "draft_decode_set_expand_metadata: last_page_lens"
+    )
+    probes.detect_in_closed_range(
+        live, 0, INT32_MAX, "draft_decode_set_expand_metadata: cache_loc (live columns)"
+    )
+    return _expand.expand_page_table(
+        last_page_lens,
+        cache_loc,
+        decode_length=decode_length,
+        topk=topk,
+        page_size=page_size,
+        page_table_width=width,
+        num_cols=decode_length,
+        impl=impl,
+        interpret=interpret,
+    )
 
 
-def validate_row_args(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                      seq_lens: jax.Array, page_size: int) -> None:
+def validate_row_args(
+    req_to_token: jax.Array, req_pool_indices: jax.Array, seq_lens: jax.Array, page_size: int
+) -> None:
     """Trace-time checks of the (req_to_token, req_pool_indices, seq_lens) triple and page_size."""
-    probes.static_check(req_to_token.ndim == 2,
-                        f"req_to_token.ndim={req_to_token.ndim} must be 2 (i32[rows, R])")
-    probes.static_check(req_pool_indices.ndim == 1 and seq_lens.ndim == 1
-                        and req_pool_indices.shape == seq_lens.shape,
-                        f"req_pool_indices.shape={tuple(req_pool_indices.shape)} and "
-                        f"seq_lens.shape={tuple(seq_lens.shape)} must both be (B,)")
-    for name, x in (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices),
-                    ("seq_lens", seq_lens)):
+    probes.static_check(
+        req_to_token.ndim == 2, f"req_to_token.ndim={req_to_token.ndim} must be 2 (i32[rows, R])"
+    )
+    probes.static_check(
+        req_pool_indices.ndim == 1
+        and seq_lens.ndim == 1
+        and req_pool_indices.shape == seq_lens.shape,
+        f"req_pool_indices.shape={tuple(req_pool_indices.shape)} and "
+        f"seq_lens.shape={tuple(seq_lens.shape)} must both be (B,)",
+    )
+    for name, x in (
+        ("req_to_token", req_to_token),
+        ("req_pool_indices", req_pool_indices),
+        ("seq_lens", seq_lens),
+    ):
         probes.static_check_dtype(x, jnp.int32, name)
-    probes.static_check(isinstance(page_size, int) and page_size >= 1
-                        and page_size & (page_size - 1) == 0,
-                        f"page_size={page_size!r} must be a power of 2")
+    probes.static_check(
+        isinstance(page_size, int) and page_size >= 1 and page_size & (page_size - 1) == 0,
+        f"page_size={page_size!r} must be a power of 2",
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("page_size", "topk", "max_pages"))
-def draft_decode_normal_metadata(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                                 seq_lens: jax.Array, *, page_size: int, topk: int,
-                                 max_pages: int) -> NormalMetadata:
+def draft_decode_normal_metadata(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    page_size: int,
+    topk: int,
+    max_pages: int,
+) -> NormalMetadata:
     """FA3 pass-A metadata (SPEC.md §5.2, §5.3 "normal").
 
     Args:
@@ -168,34 +207,51 @@ def draft_decode_normal_metadata(req_to_token: jax.Array, req_pool_indices: jax.
     validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
     row_width = req_to_token.shape[1]
     row_pages = -(-row_width // page_size)
-    probes.static_check(isinstance(max_pages, int) and 1 <= max_pages <= row_pages,
-                        f"max_pages={max_pages!r} must be an int in [1, ceil(R / page_size) = "
-                        f"{row_pages}] (R={row_width}, page_size={page_size})")
+    probes.static_check(
+        isinstance(max_pages, int) and 1 <= max_pages <= row_pages,
+        f"max_pages={max_pages!r} must be an int in [1, ceil(R / page_size) = "
+        f"{row_pages}] (R={row_width}, page_size={page_size})",
+    )
     num_seqs = seq_lens.shape[0]
     _, cache_seqlens, _ = holey_geometry(seq_lens, num_steps=1, page_size=page_size)  # base
     num_live_pages = cache_seqlens // page_size
-    probes.detect_oob(req_pool_indices, 0, req_to_token.shape[0],
-                      "draft_decode_normal_metadata: req_pool_indices")
-    probes.detect_in_closed_range(num_live_pages, 0, max_pages,
-                                  f"draft_decode_normal_metadata: full prefix pages vs "
-                                  f"max_pages={max_pages}")
+    probes.detect_oob(
+        req_pool_indices, 0, req_to_token.shape[0], "draft_decode_normal_metadata: req_pool_indices"
+    )
+    probes.detect_in_closed_range(
+        num_live_pages,
+        0,
+        max_pages,
+        f"draft_decode_normal_metadata: full prefix pages vs max_pages={max_pages}",
+    )
     # row[:, 0 : max_pages*P : P] // P: the first slot of every row page.
-    first_slots = req_to_token[:, 0:max_pages * page_size:page_size][req_pool_indices]
+    first_slots = req_to_token[:, 0 : max_pages * page_size : page_size][req_pool_indices]
     col = jnp.arange(max_pages, dtype=jnp.int32)[None, :]
     page_table = jnp.where(col < num_live_pages[:, None], first_slots // page_size, 0)
     return NormalMetadata(
         cache_seqlens=cache_seqlens.astype(jnp.int32),
         cu_seqlens_q=jnp.arange(0, num_seqs * topk + 1, topk, dtype=jnp.int32),
         cu_seqlens_k=_exclusive_cumsum(cache_seqlens.astype(jnp.int32)),
-        page_table=page_table.astype(jnp.int32))
+        page_table=page_table.astype(jnp.int32),
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("topk", "num_steps", "page_size", "max_pages",
-                                             "impl", "interpret"))
-def draft_decode_metadata(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                          seq_lens: jax.Array, out_cache_loc: jax.Array, *, topk: int,
-                          num_steps: int, page_size: int, max_pages: int, impl: str = "xla",
-                          interpret: bool | None = None) -> DraftDecodeMetadata:
+@functools.partial(
+    jax.jit, static_argnames=("topk", "num_steps", "page_size", "max_pages", "impl", "interpret")
+)
+def draft_decode_metadata(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    out_cache_loc: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    max_pages: int,
+    impl: str = "xla",
+    interpret: bool | None = None,
+) -> DraftDecodeMetadata:
     """Both FA3 passes for draft steps ``0 .. S-2`` (sglang's per-step cuda-graph metadata).
 
     Runs unchanged on a padded bucket (padding rows: seq_len 1, request row 0, slots 0).
@@ -214,12 +270,20 @@ def draft_decode_metadata(req_to_token: jax.Array, req_pool_indices: jax.Array,
     validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
     num_seqs = seq_lens.shape[0]
     num_rows = num_seqs * topk
-    probes.static_check(out_cache_loc.size == num_rows * num_steps,
-                        f"out_cache_loc.size={out_cache_loc.size} must be B*topk*num_steps = "
-                        f"{num_rows * num_steps}")
+    probes.static_check(
+        out_cache_loc.size == num_rows * num_steps,
+        f"out_cache_loc.size={out_cache_loc.size} must be B*topk*num_steps = "
+        f"{num_rows * num_steps}",
+    )
     probes.static_check_dtype(out_cache_loc, jnp.int32, "out_cache_loc")
-    normal = draft_decode_normal_metadata(req_to_token, req_pool_indices, seq_lens,
-                                          page_size=page_size, topk=topk, max_pages=max_pages)
+    normal = draft_decode_normal_metadata(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size=page_size,
+        topk=topk,
+        max_pages=max_pages,
+    )
     cache_loc = out_cache_loc.reshape(num_rows, num_steps)
     last_page_lens, _, _ = holey_geometry(seq_lens, num_steps=num_steps, page_size=page_size)
     width = num_steps
@@ -228,21 +292,27 @@ def draft_decode_metadata(req_to_token: jax.Array, req_pool_indices: jax.Array,
         d = step + 1
         if page_size > 1:
             cache_seqlens, table = draft_decode_set_expand_metadata(
-                last_page_lens, d, cache_loc, topk=topk, page_size=page_size,
-                page_table_width=width, impl=impl, interpret=interpret)
+                last_page_lens,
+                d,
+                cache_loc,
+                topk=topk,
+                page_size=page_size,
+                page_table_width=width,
+                impl=impl,
+                interpret=interpret,
+            )
         else:
             cache_seqlens = jnp.full((num_rows,), d, jnp.int32)
             table = jnp.where(jnp.arange(width)[None, :] < d, cache_loc, 0)
         seqlens.append(cache_seqlens)
         tables.append(table)
     num_expand = num_steps - 1
-    cache_seqlens = (jnp.stack(seqlens) if seqlens
-                     else jnp.zeros((0, num_rows), jnp.int32))
-    page_table = (jnp.stack(tables) if tables
-                  else jnp.zeros((0, num_rows, width), jnp.int32))
+    cache_seqlens = jnp.stack(seqlens) if seqlens else jnp.zeros((0, num_rows), jnp.int32)
+    page_table = jnp.stack(tables) if tables else jnp.zeros((0, num_rows, width), jnp.int32)
     expand = ExpandMetadata(
         cache_seqlens=cache_seqlens.reshape(num_expand, num_rows),
         cu_seqlens_q=jnp.arange(num_rows + 1, dtype=jnp.int32),
         cu_seqlens_k=_exclusive_cumsum(cache_seqlens).reshape(num_expand, num_rows + 1),
-        page_table=page_table.reshape(num_expand, num_rows, width).astype(jnp.int32))
+        page_table=page_table.reshape(num_expand, num_rows, width).astype(jnp.int32),
+    )
     return DraftDecodeMetadata(normal=normal, expand=expand)

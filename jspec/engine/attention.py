@@ -55,8 +55,14 @@ class AttnPlan:
     passes: tuple  # tuple[AttnPass, ...], merged by log-sum-exp
 
 
-def attend(q: jax.Array, k_layer: jax.Array, v_layer: jax.Array, kv_slot_ids: jax.Array,
-           kv_mask: jax.Array, impl: str = "xla") -> tuple[jax.Array, jax.Array]:
+def attend(
+    q: jax.Array,
+    k_layer: jax.Array,
+    v_layer: jax.Array,
+    kv_slot_ids: jax.Array,
+    kv_mask: jax.Array,
+    impl: str = "xla",
+) -> tuple[jax.Array, jax.Array]:
     """Masked GQA attention over the pool rows of one layer
     (:func:`jspec.kernels.paged_attention.paged_attention`).
 
@@ -72,8 +78,9 @@ def attend(q: jax.Array, k_layer: jax.Array, v_layer: jax.Array, kv_slot_ids: ja
     return paged_attention(q, k_layer[None], v_layer[None], 0, kv_slot_ids, kv_mask, impl=impl)
 
 
-def merge_states(out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array,
-                 lse_b: jax.Array) -> tuple[jax.Array, jax.Array]:
+def merge_states(
+    out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array, lse_b: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Log-sum-exp merge of two partial attentions (sglang ``merge_state_v2``).
 
     Args:
@@ -86,8 +93,14 @@ def merge_states(out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array,
     return out_a * w_a[..., None] + out_b * w_b[..., None], lse
 
 
-def run_plan(plan: AttnPlan, k_pool: jax.Array, v_pool: jax.Array, layer: int, q: jax.Array,
-             impl: str = "xla") -> jax.Array:
+def run_plan(
+    plan: AttnPlan,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: int,
+    q: jax.Array,
+    impl: str = "xla",
+) -> jax.Array:
     """All passes of ``plan`` for flat queries ``q: dtype[T, Hq, D]``, merged: f32[T, Hq, D].
 
     ``k_pool, v_pool: dtype[L, S, Hkv, D]`` (the whole pool; ``layer`` selects one, no slice
@@ -97,15 +110,17 @@ def run_plan(plan: AttnPlan, k_pool: jax.Array, v_pool: jax.Array, layer: int, q
     out = lse = None
     for p in plan.passes:
         bp, qp, _ = p.kv_mask.shape
-        o, l = paged_attention(q.reshape(bp, qp, hq, dim), k_pool, v_pool, layer,
-                               p.kv_slot_ids, p.kv_mask, impl=impl)
-        o, l = o.reshape(num_tokens, hq, dim), l.reshape(num_tokens, hq)
-        out, lse = (o, l) if out is None else merge_states(out, lse, o, l)
+        o, part_lse = paged_attention(
+            q.reshape(bp, qp, hq, dim), k_pool, v_pool, layer, p.kv_slot_ids, p.kv_mask, impl=impl
+        )
+        o, part_lse = o.reshape(num_tokens, hq, dim), part_lse.reshape(num_tokens, hq)
+        out, lse = (o, part_lse) if out is None else merge_states(out, lse, o, part_lse)
     return out
 
 
-def make_attn_fn(plan: AttnPlan, set_kv: Callable[..., Any],
-                 impl: str = "xla") -> Callable[..., Any]:
+def make_attn_fn(
+    plan: AttnPlan, set_kv: Callable[..., Any], impl: str = "xla"
+) -> Callable[..., Any]:
     """``attn_fn(layer, pool, q, k, v)`` for the model: write K/V at the plan's slots, then read.
 
     ``set_kv(pool, layer, slot_ids, k, v) -> pool`` is ``jspec.kv.pool.set_kv_buffer``;
@@ -113,8 +128,9 @@ def make_attn_fn(plan: AttnPlan, set_kv: Callable[..., Any],
     """
 
     def attn_fn(layer: int, pool: Any, q: jax.Array, k: jax.Array, v: jax.Array):
-        pool = set_kv(pool, layer, plan.write_slot_ids, k.astype(pool.k.dtype),
-                      v.astype(pool.v.dtype))
+        pool = set_kv(
+            pool, layer, plan.write_slot_ids, k.astype(pool.k.dtype), v.astype(pool.v.dtype)
+        )
         return pool, run_plan(plan, pool.k, pool.v, layer, q, impl)
 
     return attn_fn
@@ -143,8 +159,9 @@ def length_mask(lengths: jax.Array, num_queries: int, width: int) -> jax.Array:
     return jnp.broadcast_to(mask[:, None, :], (lengths.shape[0], num_queries, width))
 
 
-def causal_mask(starts: jax.Array, num_queries: int, width: int,
-                lengths: jax.Array | None = None) -> jax.Array:
+def causal_mask(
+    starts: jax.Array, num_queries: int, width: int, lengths: jax.Array | None = None
+) -> jax.Array:
     """bool[R, Qp, W]: query q at position ``starts[r] + q`` sees keys ``w <= starts[r] + q``.
 
     With ``lengths``, keys are further limited to ``w < lengths[r]``.

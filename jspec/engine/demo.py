@@ -29,17 +29,26 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=3, help="speculative_num_steps")
     g.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
     g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
-    g.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto",
-                   help="bookkeeping kernels: auto = Pallas on GPU, pure jnp elsewhere")
-    g.add_argument("--attention-impl", choices=("auto", "xla", "pallas"), default="auto",
-                   help="paged attention of the model: auto = the fused Pallas kernel on GPU "
-                        "for head_dim <= 32, gather + softmax in pure jnp otherwise")
+    g.add_argument(
+        "--impl",
+        choices=("auto", "xla", "pallas"),
+        default="auto",
+        help="bookkeeping kernels: auto = Pallas on GPU, pure jnp elsewhere",
+    )
+    g.add_argument(
+        "--attention-impl",
+        choices=("auto", "xla", "pallas"),
+        default="auto",
+        help="paged attention of the model: auto = the fused Pallas kernel on GPU "
+        "for head_dim <= 32, gather + softmax in pure jnp otherwise",
+    )
     g = p.add_argument_group("workload")
     g.add_argument("--num-prompts", type=int, default=6)
     g.add_argument("--max-new-tokens", type=int, default=48)
     g.add_argument("--max-running", type=int, default=4, help="max running requests per device")
-    g.add_argument("--staggered", action="store_true",
-                   help="requests arrive over time (continuous batching)")
+    g.add_argument(
+        "--staggered", action="store_true", help="requests arrive over time (continuous batching)"
+    )
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("model")
     g.add_argument("--vocab-size", type=int, default=512)
@@ -49,20 +58,39 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--num-heads", type=int, default=4)
     g.add_argument("--num-kv-heads", type=int, default=2)
     g.add_argument("--head-dim", type=int, default=32)
-    g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="bf16 may flip near-tied argmaxes between verify and plain decode")
-    g.add_argument("--residual-scale", type=float, default=2.0,
-                   help="how strongly the context overrides the dominant transition")
+    g.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="bf16 may flip near-tied argmaxes between verify and plain decode",
+    )
+    g.add_argument(
+        "--residual-scale",
+        type=float,
+        default=2.0,
+        help="how strongly the context overrides the dominant transition",
+    )
     g.add_argument("--weights", default="", help="target weights (.npz / .safetensors)")
     g.add_argument("--draft-weights", default="", help="draft weights (default: built)")
     g = p.add_argument_group("run")
-    g.add_argument("--checkify", action="store_true",
-                   help="all probes on (jspec.probes.checked); report that none fired")
-    g.add_argument("--devices", type=int, default=1,
-                   help="data-parallel shards (each with its own pools and requests)")
-    g.add_argument("--tensor-parallel", type=int, default=1,
-                   help="devices per shard, splitting heads and MLP (sglang --tp-size); "
-                        "uses devices x tensor-parallel devices in all")
+    g.add_argument(
+        "--checkify",
+        action="store_true",
+        help="all probes on (jspec.probes.checked); report that none fired",
+    )
+    g.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="data-parallel shards (each with its own pools and requests)",
+    )
+    g.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        help="devices per shard, splitting heads and MLP (sglang --tp-size); "
+        "uses devices x tensor-parallel devices in all",
+    )
     g.add_argument("--no-progress", action="store_true")
     return p
 
@@ -89,8 +117,16 @@ def check_spec_args(args: argparse.Namespace) -> None:
     (``InputError`` naming the flag, before anything is built or compiled)."""
     from jspec.engine.inputs import check_count
 
-    for flag in ("page_size", "topk", "steps", "draft_tokens", "devices", "tensor_parallel",
-                 "max_new_tokens", "max_running"):
+    for flag in (
+        "page_size",
+        "topk",
+        "steps",
+        "draft_tokens",
+        "devices",
+        "tensor_parallel",
+        "max_new_tokens",
+        "max_running",
+    ):
         if hasattr(args, flag):
             check_count("--" + flag.replace("_", "-"), getattr(args, flag))
 
@@ -121,8 +157,11 @@ class _Progress:
         if filled == self.last and done < total:
             return
         self.last = filled
-        print(f"\r  {self.label:<6} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} tokens",
-              end="", flush=True)
+        print(
+            f"\r  {self.label:<6} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} tokens",
+            end="",
+            flush=True,
+        )
 
     def close(self) -> None:
         if self.enabled:
@@ -159,54 +198,83 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     t_build = time.perf_counter()
     try:
-        cfg = ModelConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-                          intermediate_size=args.intermediate_size, num_layers=args.num_layers,
-                          num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
-                          head_dim=args.head_dim, dtype=args.dtype)
+        cfg = ModelConfig(
+            vocab_size=args.vocab_size,
+            hidden_size=args.hidden_size,
+            intermediate_size=args.intermediate_size,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            num_kv_heads=args.num_kv_heads,
+            head_dim=args.head_dim,
+            dtype=args.dtype,
+        )
     except ValueError as e:
         raise InputError(str(e)) from None
     target, draft_model = ToyTarget(cfg), ToyDraft(cfg)
-    params = (load_target(args.weights, cfg) if args.weights
-              else init_target_params(cfg, args.seed, residual_scale=args.residual_scale))
-    draft = (load_draft(args.draft_weights, cfg) if args.draft_weights
-             else init_draft_params(cfg, params, args.seed + 1))
+    params = (
+        load_target(args.weights, cfg)
+        if args.weights
+        else init_target_params(cfg, args.seed, residual_scale=args.residual_scale)
+    )
+    draft = (
+        load_draft(args.draft_weights, cfg)
+        if args.draft_weights
+        else init_draft_params(cfg, params, args.seed + 1)
+    )
     rng = np.random.default_rng(args.seed)
     lens = rng.integers(4, 41, args.num_prompts)
     prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in lens]
-    arrivals = ([int(i * 3) for i in range(args.num_prompts)] if args.staggered else None)
+    arrivals = [int(i * 3) for i in range(args.num_prompts)] if args.staggered else None
     max_prompt = int(max(lens))
     context_len = 1 << int(np.ceil(np.log2(max_prompt + args.max_new_tokens + 1)))
     try:
         ecfg = make_engine_config(
-            target, page_size=args.page_size, topk=args.topk, num_steps=args.steps,
-            num_draft_tokens=args.draft_tokens, context_len=context_len,
-            max_running_requests=args.max_running, max_prompt_len=max_prompt,
-            draft_attention=args.draft_attention, tensor_parallel=args.tensor_parallel,
-            impl=args.impl, attention_impl=args.attention_impl)
+            target,
+            page_size=args.page_size,
+            topk=args.topk,
+            num_steps=args.steps,
+            num_draft_tokens=args.draft_tokens,
+            context_len=context_len,
+            max_running_requests=args.max_running,
+            max_prompt_len=max_prompt,
+            draft_attention=args.draft_attention,
+            tensor_parallel=args.tensor_parallel,
+            impl=args.impl,
+            attention_impl=args.attention_impl,
+        )
         check_engine_models(ecfg, target, draft_model)
         check_devices(args.devices, args.tensor_parallel)
     except ValueError as e:
         raise InputError(str(e)) from None
     devices = jax.devices()
-    layout = (f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"
-              if args.tensor_parallel > 1 else f"{args.devices}")
-    print(f"jspec demo on {layout} x {devices[0].platform}:"
-          f"{getattr(devices[0], 'device_kind', '')}")
-    print(f"  model: vocab {cfg.vocab_size}, hidden {cfg.hidden_size}, {cfg.num_layers} layers, "
-          f"{cfg.num_heads}/{cfg.num_kv_heads} heads x {cfg.head_dim}, {cfg.dtype}; EAGLE draft "
-          f"head (1 layer, shared embedding + LM head)  [{time.perf_counter() - t_build:.1f} s]")
+    layout = (
+        f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"
+        if args.tensor_parallel > 1
+        else f"{args.devices}"
+    )
+    print(
+        f"jspec demo on {layout} x {devices[0].platform}:{getattr(devices[0], 'device_kind', '')}"
+    )
+    print(
+        f"  model: vocab {cfg.vocab_size}, hidden {cfg.hidden_size}, {cfg.num_layers} layers, "
+        f"{cfg.num_heads}/{cfg.num_kv_heads} heads x {cfg.head_dim}, {cfg.dtype}; EAGLE draft "
+        f"head (1 layer, shared embedding + LM head)  [{time.perf_counter() - t_build:.1f} s]"
+    )
     spec = ecfg.spec
-    print(f"  spec: page_size {spec.page_size}, topk {spec.topk}, steps {spec.num_steps}, "
-          f"draft tokens {spec.num_draft_tokens}, draft attention {ecfg.draft_attention}, "
-          f"kernels {ecfg.kernel_impl}, attention {ecfg.attention_kernel_impl}; "
-          f"{spec.num_pages} pages/device, buckets {ecfg.batch_buckets}")
-    print(f"  workload: {len(prompts)} prompts (len {int(min(lens))}-{max_prompt}), "
-          f"{args.max_new_tokens} new tokens each, <= {args.max_running} running per device")
+    print(
+        f"  spec: page_size {spec.page_size}, topk {spec.topk}, steps {spec.num_steps}, "
+        f"draft tokens {spec.num_draft_tokens}, draft attention {ecfg.draft_attention}, "
+        f"kernels {ecfg.kernel_impl}, attention {ecfg.attention_kernel_impl}; "
+        f"{spec.num_pages} pages/device, buckets {ecfg.batch_buckets}"
+    )
+    print(
+        f"  workload: {len(prompts)} prompts (len {int(min(lens))}-{max_prompt}), "
+        f"{args.max_new_tokens} new tokens each, <= {args.max_running} running per device"
+    )
 
     def run(engine: Engine, label: str):
         bar = _Progress(label, not args.no_progress)
-        out, stats = engine.generate(prompts, args.max_new_tokens, arrivals=arrivals,
-                                     progress=bar)
+        out, stats = engine.generate(prompts, args.max_new_tokens, arrivals=arrivals, progress=bar)
         bar.close()
         return out, stats
 
@@ -217,12 +285,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
     with ctx:
         t0 = time.perf_counter()
         greedy = Engine(ecfg, target, params, num_devices=args.devices, checkify=checkify)
-        spec_engine = Engine(ecfg, target, params, draft_model, draft,
-                             num_devices=args.devices, checkify=checkify)
+        spec_engine = Engine(
+            ecfg, target, params, draft_model, draft, num_devices=args.devices, checkify=checkify
+        )
         greedy.warmup()
         spec_engine.warmup()
-        print(f"  compiled prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
-              f"[{time.perf_counter() - t0:.1f} s]")
+        print(
+            f"  compiled prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
+            f"[{time.perf_counter() - t0:.1f} s]"
+        )
         try:
             ref, g_stats = run(greedy, "greedy")
             out, s_stats = run(spec_engine, "spec")
@@ -234,25 +305,38 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     lossless = out == ref
     print(f"tokens generated: {s_stats.num_tokens} (spec), {g_stats.num_tokens} (greedy)")
-    print(f"plain greedy:     {g_stats.tokens_per_s:9.1f} tokens/s  "
-          f"({g_stats.num_decode_steps} decode steps, {g_stats.wall_s:.2f} s)")
-    print(f"spec decode:      {s_stats.tokens_per_s:9.1f} tokens/s  "
-          f"({s_stats.num_decode_steps} decode steps, {s_stats.wall_s:.2f} s)  "
-          f"speedup x{s_stats.tokens_per_s / max(g_stats.tokens_per_s, 1e-9):.2f}")
-    print(f"mean acceptance length: {s_stats.mean_accept_len:.2f} tokens/step/request "
-          f"(max {spec.num_steps + 1})")
-    print(f"lossless check: {'PASS' if lossless else 'FAIL'} (spec tokens == plain greedy "
-          f"tokens for all {len(prompts)} prompts)")
+    print(
+        f"plain greedy:     {g_stats.tokens_per_s:9.1f} tokens/s  "
+        f"({g_stats.num_decode_steps} decode steps, {g_stats.wall_s:.2f} s)"
+    )
+    print(
+        f"spec decode:      {s_stats.tokens_per_s:9.1f} tokens/s  "
+        f"({s_stats.num_decode_steps} decode steps, {s_stats.wall_s:.2f} s)  "
+        f"speedup x{s_stats.tokens_per_s / max(g_stats.tokens_per_s, 1e-9):.2f}"
+    )
+    print(
+        f"mean acceptance length: {s_stats.mean_accept_len:.2f} tokens/step/request "
+        f"(max {spec.num_steps + 1})"
+    )
+    print(
+        f"lossless check: {'PASS' if lossless else 'FAIL'} (spec tokens == plain greedy "
+        f"tokens for all {len(prompts)} prompts)"
+    )
     print(f"allocator balance: spec {s_stats.leak_check}; greedy {g_stats.leak_check}")
     if checkify:
         print("checkify: all probes on, none fired")
     if not lossless:
         for i, (a, b) in enumerate(zip(out, ref, strict=True)):
             if a != b:
-                j = next(k for k in range(min(len(a), len(b))) if a[k] != b[k]) \
-                    if any(x != y for x, y in zip(a, b)) else min(len(a), len(b))
-                print(f"  prompt {i}: first difference at token {j}: spec {a[j:j + 5]} vs "
-                      f"greedy {b[j:j + 5]}")
+                j = (
+                    next(k for k in range(min(len(a), len(b))) if a[k] != b[k])
+                    if any(x != y for x, y in zip(a, b))
+                    else min(len(a), len(b))
+                )
+                print(
+                    f"  prompt {i}: first difference at token {j}: spec {a[j : j + 5]} vs "
+                    f"greedy {b[j : j + 5]}"
+                )
         return 1
     return 0
 

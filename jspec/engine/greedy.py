@@ -36,9 +36,16 @@ from jspec.kv.allocator import alloc_decode
 from jspec.kv.req_to_token import assign_req_to_token_pool, get_last_loc
 
 
-def greedy_step_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any,
-                     draft_params: Any, state: EngineState, slot_idx: jax.Array,
-                     live: jax.Array) -> tuple[EngineState, GreedyStepOutput]:
+def greedy_step_body(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    live: jax.Array,
+) -> tuple[EngineState, GreedyStepOutput]:
     """The unjitted step (what :func:`greedy_step` jits and the sharded engine maps); the draft
     arguments are ignored (the engines share one body signature)."""
     del draft, draft_params
@@ -49,24 +56,35 @@ def greedy_step_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any,
     rpi = gather_slots(state.req_pool_indices, slot_idx, live)
     tokens = gather_slots(state.bonus_tokens, slot_idx, live)
     last_loc = get_last_loc(state.req_to_token, rpi, seq)
-    allocator, slots, ok = alloc_decode(state.allocator, seq + 1, last_loc, valid=live,
-                                        impl=ecfg.kernel_impl)
+    allocator, slots, ok = alloc_decode(
+        state.allocator, seq + 1, last_loc, valid=live, impl=ecfg.kernel_impl
+    )
 
     def run(state: EngineState):
-        r2t = assign_req_to_token_pool(state.req_to_token, rpi, jnp.where(live, seq, 0),
-                                       jnp.where(live, seq + 1, 0), pack_valid(slots, live),
-                                       impl=ecfg.kernel_impl)
+        r2t = assign_req_to_token_pool(
+            state.req_to_token,
+            rpi,
+            jnp.where(live, seq, 0),
+            jnp.where(live, seq + 1, 0),
+            pack_valid(slots, live),
+            impl=ecfg.kernel_impl,
+        )
         width = spec.context_len
-        plan = AttnPlan(write_slot_ids=jnp.where(live, slots, 0),
-                        passes=(AttnPass(row_slot_ids(r2t, rpi, width),
-                                         causal_mask(seq, 1, width)),))
+        plan = AttnPlan(
+            write_slot_ids=jnp.where(live, slots, 0),
+            passes=(AttnPass(row_slot_ids(r2t, rpi, width), causal_mask(seq, 1, width)),),
+        )
         pool, hidden, _ = run_target(ecfg, target, params, state.target_pool, tokens, seq, plan)
         nxt = jnp.argmax(target_logits(target, params, hidden), -1).astype(jnp.int32)
         new = replace(
-            state, allocator=allocator, req_to_token=r2t, target_pool=pool,
+            state,
+            allocator=allocator,
+            req_to_token=r2t,
+            target_pool=pool,
             committed_lens=scatter_slots(state.committed_lens, slot_idx, live, seq + 1),
             allocated_lens=scatter_slots(state.allocated_lens, slot_idx, live, seq + 1),
-            bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, live, nxt))
+            bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, live, nxt),
+        )
         return new, nxt
 
     def skip(state: EngineState):
@@ -77,8 +95,14 @@ def greedy_step_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any,
 
 
 @functools.partial(jax.jit, static_argnames=("ecfg", "target"), donate_argnames=("state",))
-def greedy_step(ecfg: EngineConfig, target: Any, params: Any, state: EngineState,
-                slot_idx: jax.Array, live: jax.Array) -> tuple[EngineState, GreedyStepOutput]:
+def greedy_step(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    live: jax.Array,
+) -> tuple[EngineState, GreedyStepOutput]:
     """One plain greedy decode step over a padded bucket of one shard.
 
     Args:

@@ -34,16 +34,22 @@ def check_token_ids(name: str, ids: Sequence[int], vocab_size: int) -> list[int]
         if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)):
             raise InputError(f"{name}[{i}]={tok!r} must be an int token id")
         if not 0 <= tok < vocab_size:
-            raise InputError(f"{name}[{i}]={int(tok)} is outside the vocabulary "
-                             f"[0, vocab_size={vocab_size})")
+            raise InputError(
+                f"{name}[{i}]={int(tok)} is outside the vocabulary [0, vocab_size={vocab_size})"
+            )
         out.append(int(tok))
     return out
 
 
-def validate_requests(prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *,
-                      vocab_size: int, max_prompt_len: int, context_len: int,
-                      arrivals: Sequence[int] | None = None,
-                      ) -> tuple[list[list[int]], list[int], list[int]]:
+def validate_requests(
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int | Sequence[int],
+    *,
+    vocab_size: int,
+    max_prompt_len: int,
+    context_len: int,
+    arrivals: Sequence[int] | None = None,
+) -> tuple[list[list[int]], list[int], list[int]]:
     """Check a batch of requests against the engine's limits (no device work).
 
     Args:
@@ -79,10 +85,13 @@ def validate_requests(prompts: Sequence[Sequence[int]], max_new_tokens: int | Se
         if not prompt:
             raise InputError(f"prompt {i} is empty: give at least one token")
         if len(prompt) > max_prompt_len:
-            raise InputError(f"prompt {i}: length {len(prompt)} exceeds max_prompt_len="
-                             f"{max_prompt_len}")
+            raise InputError(
+                f"prompt {i}: length {len(prompt)} exceeds max_prompt_len={max_prompt_len}"
+            )
         if len(prompt) + max_new[i] > context_len:
-            raise InputError(f"prompt {i}: len(prompt) + max_new_tokens = "
-                             f"{len(prompt)} + {max_new[i]} exceeds context_len={context_len}")
+            raise InputError(
+                f"prompt {i}: len(prompt) + max_new_tokens = "
+                f"{len(prompt)} + {max_new[i]} exceeds context_len={context_len}"
+            )
         out.append(prompt)
     return out, max_new, arrivals

@@ -42,13 +42,21 @@ from jspec.engine.state import (
 )
 from jspec.engine.step_types import PrefillOutput
 from jspec.kv.allocator import alloc_extend
-from jspec.kv.req_to_token import alloc_req_rows, assign_req_to_token_pool, free_req_rows
 from jspec.kv.decode_alloc import ReqKVState, release_kv_cache
+from jspec.kv.req_to_token import alloc_req_rows, assign_req_to_token_pool, free_req_rows
 
 
-def prefill_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-                 state: EngineState, slot_idx: jax.Array, prompt_ids: jax.Array,
-                 prompt_lens: jax.Array) -> tuple[EngineState, PrefillOutput]:
+def prefill_body(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    prompt_ids: jax.Array,
+    prompt_lens: jax.Array,
+) -> tuple[EngineState, PrefillOutput]:
     """The unjitted prefill (what :func:`prefill` jits and the sharded engine maps)."""
     check_engine_models(ecfg, target, draft)
     spec = ecfg.spec
@@ -56,51 +64,77 @@ def prefill_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft
     valid = prompt_lens > 0
     lens = jnp.where(valid, prompt_lens, 0).astype(jnp.int32)
     zeros = jnp.zeros((bp,), jnp.int32)
-    req_rows, rows, ok_rows = alloc_req_rows(state.req_rows, jnp.sum(valid.astype(jnp.int32)),
-                                             max_rows=bp)
+    req_rows, rows, ok_rows = alloc_req_rows(
+        state.req_rows, jnp.sum(valid.astype(jnp.int32)), max_rows=bp
+    )
     rank = jnp.clip(jnp.cumsum(valid.astype(jnp.int32)) - 1, 0, bp - 1)
     rpi = jnp.where(valid, rows[rank], 0)
     allocator, slots, ok_alloc = alloc_extend(
-        state.allocator, zeros, lens, jnp.full((bp,), -1, jnp.int32),
-        max_new_slots=bp * ceil_to_multiple(lp, spec.page_size), impl=ecfg.kernel_impl)
+        state.allocator,
+        zeros,
+        lens,
+        jnp.full((bp,), -1, jnp.int32),
+        max_new_slots=bp * ceil_to_multiple(lp, spec.page_size),
+        impl=ecfg.kernel_impl,
+    )
     ok = ok_rows & ok_alloc
 
     def run(state: EngineState):
-        r2t = assign_req_to_token_pool(state.req_to_token, rpi, zeros, lens, slots,
-                                       impl=ecfg.kernel_impl)
+        r2t = assign_req_to_token_pool(
+            state.req_to_token, rpi, zeros, lens, slots, impl=ecfg.kernel_impl
+        )
         pos = jnp.arange(lp, dtype=jnp.int32)
         tok_valid = pos[None, :] < lens[:, None]
         row = row_slot_ids(r2t, rpi, lp)  # i32[Bp, Lp]
-        plan = AttnPlan(write_slot_ids=jnp.where(tok_valid, row, 0).reshape(-1),
-                        passes=(AttnPass(row, causal_mask(zeros, lp, lp, lengths=lens)),))
+        plan = AttnPlan(
+            write_slot_ids=jnp.where(tok_valid, row, 0).reshape(-1),
+            passes=(AttnPass(row, causal_mask(zeros, lp, lp, lengths=lens)),),
+        )
         positions = jnp.tile(pos, bp)
-        tpool, hidden, feature = run_target(ecfg, target, params, state.target_pool,
-                                            prompt_ids.reshape(-1), positions, plan, draft)
+        tpool, hidden, feature = run_target(
+            ecfg, target, params, state.target_pool, prompt_ids.reshape(-1), positions, plan, draft
+        )
         hidden = hidden.reshape(bp, lp, -1)
         last = jnp.clip(lens - 1, 0, lp - 1)
         first = jnp.argmax(target_logits(target, params, hidden[jnp.arange(bp), last]), -1)
         first = first.astype(jnp.int32)
         new = replace(
-            state, allocator=allocator, req_rows=req_rows, req_to_token=r2t, target_pool=tpool,
+            state,
+            allocator=allocator,
+            req_rows=req_rows,
+            req_to_token=r2t,
+            target_pool=tpool,
             committed_lens=scatter_slots(state.committed_lens, slot_idx, valid, lens),
             allocated_lens=scatter_slots(state.allocated_lens, slot_idx, valid, lens),
             req_pool_indices=scatter_slots(state.req_pool_indices, slot_idx, valid, rpi),
             live=scatter_slots(state.live, slot_idx, valid, valid),
-            bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, valid, first))
+            bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, valid, first),
+        )
         if draft is None:
             return new, first
         # EAGLE: draft position p consumes (embed(x[p+1]), target_hidden[p]).
         shifted = jnp.concatenate([prompt_ids[:, 1:], jnp.zeros((bp, 1), jnp.int32)], 1)
         shifted = shifted.at[jnp.arange(bp), last].set(first)
-        dpool, dhidden = run_draft(ecfg, draft, draft_params, params, state.draft_pool,
-                                   shifted.reshape(-1), feature, positions, plan)
+        dpool, dhidden = run_draft(
+            ecfg,
+            draft,
+            draft_params,
+            params,
+            state.draft_pool,
+            shifted.reshape(-1),
+            feature,
+            positions,
+            plan,
+        )
         dlast = dhidden.reshape(bp, lp, -1)[jnp.arange(bp), last]
         topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, dlast)
         new = replace(
-            new, draft_pool=dpool,
+            new,
+            draft_pool=dpool,
             topk_p=scatter_slots(new.topk_p, slot_idx, valid, topk_p),
             topk_index=scatter_slots(new.topk_index, slot_idx, valid, topk_index),
-            draft_hidden=scatter_slots(new.draft_hidden, slot_idx, valid, dlast))
+            draft_hidden=scatter_slots(new.draft_hidden, slot_idx, valid, dlast),
+        )
         return new, first
 
     def skip(state: EngineState):
@@ -110,11 +144,18 @@ def prefill_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft
     return state, PrefillOutput(first_tokens=first, ok=ok)
 
 
-@functools.partial(jax.jit, static_argnames=("ecfg", "target", "draft"),
-                   donate_argnames=("state",))
-def prefill(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-            state: EngineState, slot_idx: jax.Array, prompt_ids: jax.Array,
-            prompt_lens: jax.Array) -> tuple[EngineState, PrefillOutput]:
+@functools.partial(jax.jit, static_argnames=("ecfg", "target", "draft"), donate_argnames=("state",))
+def prefill(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    prompt_ids: jax.Array,
+    prompt_lens: jax.Array,
+) -> tuple[EngineState, PrefillOutput]:
     """Admit up to ``Bp`` prompts into free batch slots of one shard.
 
     Args:
@@ -130,13 +171,21 @@ def prefill(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_para
     Returns:
       (state, :class:`PrefillOutput`).
     """
-    return prefill_body(ecfg, target, params, draft, draft_params, state, slot_idx,
-                        prompt_ids, prompt_lens)
+    return prefill_body(
+        ecfg, target, params, draft, draft_params, state, slot_idx, prompt_ids, prompt_lens
+    )
 
 
-def release_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-                 state: EngineState, slot_idx: jax.Array,
-                 finished: jax.Array) -> tuple[EngineState, tuple]:
+def release_body(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    finished: jax.Array,
+) -> tuple[EngineState, tuple]:
     """The unjitted release (the engines' shared body signature; the models are unused)."""
     del target, params, draft, draft_params
     rpi = gather_slots(state.req_pool_indices, slot_idx, finished)
@@ -145,16 +194,20 @@ def release_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft
     req_rows = free_req_rows(state.req_rows, rpi, valid=finished)
     zero = jnp.zeros(slot_idx.shape, jnp.int32)
     return replace(
-        state, allocator=allocator, req_rows=req_rows,
+        state,
+        allocator=allocator,
+        req_rows=req_rows,
         committed_lens=scatter_slots(state.committed_lens, slot_idx, finished, zero),
         allocated_lens=scatter_slots(state.allocated_lens, slot_idx, finished, zero),
         req_pool_indices=scatter_slots(state.req_pool_indices, slot_idx, finished, zero),
-        live=scatter_slots(state.live, slot_idx, finished, jnp.zeros(slot_idx.shape, bool))), ()
+        live=scatter_slots(state.live, slot_idx, finished, jnp.zeros(slot_idx.shape, bool)),
+    ), ()
 
 
 @functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))
-def release(ecfg: EngineConfig, state: EngineState, slot_idx: jax.Array,
-            finished: jax.Array) -> EngineState:
+def release(
+    ecfg: EngineConfig, state: EngineState, slot_idx: jax.Array, finished: jax.Array
+) -> EngineState:
     """Free the pages and rows of the finished requests and clear their batch slots.
 
     Args:
@@ -169,4 +222,5 @@ def _req_kv_state(state: EngineState, slot_idx: jax.Array, live: jax.Array) -> R
         committed_lens=gather_slots(state.committed_lens, slot_idx, live),
         allocated_lens=gather_slots(state.allocated_lens, slot_idx, live),
         req_pool_indices=gather_slots(state.req_pool_indices, slot_idx, live),
-        valid=live)
+        valid=live,
+    )

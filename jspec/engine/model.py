@@ -74,14 +74,22 @@ class ModelConfig:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                     "num_heads", "num_kv_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an int >= 1")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even (RoPE)")
         if self.dtype not in _DTYPES:
@@ -164,9 +172,16 @@ def _tp_sum(x: jax.Array, tp_axis: str | None) -> jax.Array:
     return x if tp_axis is None else jax.lax.psum(x, tp_axis)
 
 
-def decoder_layer(cfg: ModelConfig, lp: LayerParams, layer: int, pool: Any, x: jax.Array,
-                  positions: jax.Array, attn_fn: AttnFn,
-                  tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+def decoder_layer(
+    cfg: ModelConfig,
+    lp: LayerParams,
+    layer: int,
+    pool: Any,
+    x: jax.Array,
+    positions: jax.Array,
+    attn_fn: AttnFn,
+    tp_axis: str | None = None,
+) -> tuple[Any, jax.Array]:
     """One pre-norm Llama decoder layer over flat tokens ``x: dtype[T, H]``.
 
     Tensor parallel (Megatron layout, ``tp_axis`` names the mesh axis inside ``shard_map``):
@@ -190,9 +205,17 @@ def decoder_layer(cfg: ModelConfig, lp: LayerParams, layer: int, pool: Any, x: j
     return pool, x
 
 
-def target_forward(cfg: ModelConfig, params: TargetParams, pool: Any, token_ids: jax.Array,
-                   positions: jax.Array, attn_fn: AttnFn, tp_axis: str | None = None, *,
-                   capture_layers: tuple[int, ...] = ()) -> tuple[Any, jax.Array]:
+def target_forward(
+    cfg: ModelConfig,
+    params: TargetParams,
+    pool: Any,
+    token_ids: jax.Array,
+    positions: jax.Array,
+    attn_fn: AttnFn,
+    tp_axis: str | None = None,
+    *,
+    capture_layers: tuple[int, ...] = (),
+) -> tuple[Any, jax.Array]:
     """Target model over flat tokens.
 
     Args:
@@ -220,13 +243,22 @@ def target_forward(cfg: ModelConfig, params: TargetParams, pool: Any, token_ids:
 def target_logits(params: TargetParams, hidden: jax.Array) -> jax.Array:
     """f32[..., V] logits from the target's normed hidden states (f32: exact f32 product;
     bf16 / f16: a result in the model dtype, upcast after)."""
-    return jnp.dot(hidden, params.lm_head,
-                   precision=matmul_precision(params.lm_head.dtype)).astype(jnp.float32)
+    return jnp.dot(hidden, params.lm_head, precision=matmul_precision(params.lm_head.dtype)).astype(
+        jnp.float32
+    )
 
 
-def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, pool: Any,
-                  token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
-                  attn_fn: AttnFn, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+def draft_forward(
+    cfg: ModelConfig,
+    draft: DraftParams,
+    target: TargetParams,
+    pool: Any,
+    token_ids: jax.Array,
+    hidden_in: jax.Array,
+    positions: jax.Array,
+    attn_fn: AttnFn,
+    tp_axis: str | None = None,
+) -> tuple[Any, jax.Array]:
     """EAGLE draft head over flat tokens (its single layer is layer 0 of the draft pool).
 
     Args:
@@ -241,8 +273,9 @@ def draft_forward(cfg: ModelConfig, draft: DraftParams, target: TargetParams, po
     return decoder_layer(cfg, draft.layer, 0, pool, x, positions, attn_fn, tp_axis)
 
 
-def draft_logits(cfg: ModelConfig, draft: DraftParams, target: TargetParams,
-                 hidden: jax.Array) -> jax.Array:
+def draft_logits(
+    cfg: ModelConfig, draft: DraftParams, target: TargetParams, hidden: jax.Array
+) -> jax.Array:
     """f32[..., V] draft logits: shared LM head over the draft's own final norm."""
     return target_logits(target, rms_norm(hidden, draft.final_norm, cfg.rms_norm_eps))
 
@@ -256,18 +289,25 @@ def _init_layer(cfg: ModelConfig, rng: np.random.Generator, residual_scale: floa
         return rng.standard_normal((fan_in, fan_out)) * (scale / np.sqrt(fan_in))
 
     return {
-        "attn_norm": np.ones(hid), "wq": dense(hid, qd), "wk": dense(hid, kvd),
-        "wv": dense(hid, kvd), "wo": dense(qd, hid, residual_scale), "mlp_norm": np.ones(hid),
-        "w_gate": dense(hid, inter), "w_up": dense(hid, inter),
-        "w_down": dense(inter, hid, residual_scale)}
+        "attn_norm": np.ones(hid),
+        "wq": dense(hid, qd),
+        "wk": dense(hid, kvd),
+        "wv": dense(hid, kvd),
+        "wo": dense(qd, hid, residual_scale),
+        "mlp_norm": np.ones(hid),
+        "w_gate": dense(hid, inter),
+        "w_up": dense(hid, inter),
+        "w_down": dense(inter, hid, residual_scale),
+    }
 
 
 def _layer_params(cfg: ModelConfig, arrays: dict) -> LayerParams:
     return LayerParams(**{k: jnp.asarray(v, cfg.jnp_dtype) for k, v in arrays.items()})
 
 
-def init_target_params(cfg: ModelConfig, seed: int = 0, *,
-                       residual_scale: float = 0.5) -> TargetParams:
+def init_target_params(
+    cfg: ModelConfig, seed: int = 0, *, residual_scale: float = 0.5
+) -> TargetParams:
     """Seeded random target with transition-dominated logits (see the module docstring).
 
     ``lm_head[:, sigma(x)] = embed[x] / sqrt(H)``: with small layer residuals the normed hidden
@@ -280,15 +320,20 @@ def init_target_params(cfg: ModelConfig, seed: int = 0, *,
     sigma = rng.permutation(cfg.vocab_size)
     lm_head = np.zeros((cfg.hidden_size, cfg.vocab_size))
     lm_head[:, sigma] = embed.T / np.sqrt(cfg.hidden_size)
-    layers = tuple(_layer_params(cfg, _init_layer(cfg, rng, residual_scale))
-                   for _ in range(cfg.num_layers))
-    return TargetParams(embed=jnp.asarray(embed, cfg.jnp_dtype), layers=layers,
-                        final_norm=jnp.ones(cfg.hidden_size, cfg.jnp_dtype),
-                        lm_head=jnp.asarray(lm_head, cfg.jnp_dtype))
+    layers = tuple(
+        _layer_params(cfg, _init_layer(cfg, rng, residual_scale)) for _ in range(cfg.num_layers)
+    )
+    return TargetParams(
+        embed=jnp.asarray(embed, cfg.jnp_dtype),
+        layers=layers,
+        final_norm=jnp.ones(cfg.hidden_size, cfg.jnp_dtype),
+        lm_head=jnp.asarray(lm_head, cfg.jnp_dtype),
+    )
 
 
-def init_draft_params(cfg: ModelConfig, target: TargetParams, seed: int = 1, *,
-                      hidden_mix: float = 0.1) -> DraftParams:
+def init_draft_params(
+    cfg: ModelConfig, target: TargetParams, seed: int = 1, *, hidden_mix: float = 0.1
+) -> DraftParams:
     """Default EAGLE draft that accepts well on its own target.
 
     ``fc = [I; hidden_mix * R]`` passes the token embedding through (plus a little of the
@@ -298,21 +343,34 @@ def init_draft_params(cfg: ModelConfig, target: TargetParams, seed: int = 1, *,
     rng = np.random.default_rng(seed)
     hid = cfg.hidden_size
     fc = np.concatenate([np.eye(hid), hidden_mix * rng.standard_normal((hid, hid)) / np.sqrt(hid)])
-    return DraftParams(fc=jnp.asarray(fc, cfg.jnp_dtype), layer=target.layers[-1],
-                       final_norm=jnp.ones(hid, cfg.jnp_dtype))
+    return DraftParams(
+        fc=jnp.asarray(fc, cfg.jnp_dtype),
+        layer=target.layers[-1],
+        final_norm=jnp.ones(hid, cfg.jnp_dtype),
+    )
 
 
 def cast_params(tree: Any, dtype: Any) -> Any:
     """Cast every floating leaf of a params pytree to ``dtype``."""
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
-                        else x, tree)
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
 
 
 # ---- the model protocol (jspec.engine.protocol) -------------------------------------------------
 def _layer_param_specs(tp_axis: str) -> LayerParams:
     cols, rows = P(None, tp_axis), P(tp_axis, None)
-    return LayerParams(attn_norm=P(), wq=cols, wk=cols, wv=cols, wo=rows, mlp_norm=P(),
-                       w_gate=cols, w_up=cols, w_down=rows)
+    return LayerParams(
+        attn_norm=P(),
+        wq=cols,
+        wk=cols,
+        wv=cols,
+        wo=rows,
+        mlp_norm=P(),
+        w_gate=cols,
+        w_up=cols,
+        w_down=rows,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,9 +403,11 @@ class _ToyGeometry:
         """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
         cfg = self.cfg
         if cfg.num_kv_heads % tensor_parallel or cfg.intermediate_size % tensor_parallel:
-            raise ValueError(f"tensor_parallel={tensor_parallel} must divide num_kv_heads="
-                             f"{cfg.num_kv_heads} and intermediate_size="
-                             f"{cfg.intermediate_size}")
+            raise ValueError(
+                f"tensor_parallel={tensor_parallel} must divide num_kv_heads="
+                f"{cfg.num_kv_heads} and intermediate_size="
+                f"{cfg.intermediate_size}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,11 +418,27 @@ class ToyTarget(_ToyGeometry):
     def num_layers(self) -> int:
         return self.cfg.num_layers
 
-    def forward(self, params: TargetParams, pool: Any, token_ids: jax.Array,
-                positions: jax.Array, attn_fn: AttnFn, *, capture_layers: tuple[int, ...] = (),
-                tp_axis: str | None = None) -> tuple[Any, jax.Array, jax.Array | None]:
-        out = target_forward(self.cfg, params, pool, token_ids, positions, attn_fn, tp_axis,
-                             capture_layers=tuple(capture_layers))
+    def forward(
+        self,
+        params: TargetParams,
+        pool: Any,
+        token_ids: jax.Array,
+        positions: jax.Array,
+        attn_fn: AttnFn,
+        *,
+        capture_layers: tuple[int, ...] = (),
+        tp_axis: str | None = None,
+    ) -> tuple[Any, jax.Array, jax.Array | None]:
+        out = target_forward(
+            self.cfg,
+            params,
+            pool,
+            token_ids,
+            positions,
+            attn_fn,
+            tp_axis,
+            capture_layers=tuple(capture_layers),
+        )
         return out if capture_layers else (*out, None)
 
     def logits(self, params: TargetParams, hidden: jax.Array) -> jax.Array:
@@ -370,8 +446,12 @@ class ToyTarget(_ToyGeometry):
 
     def param_specs(self, params: TargetParams, tp_axis: str) -> TargetParams:
         """Layers head-sharded over ``tp_axis`` (Megatron), embedding / norms / LM head whole."""
-        return TargetParams(embed=P(), final_norm=P(), lm_head=P(),
-                            layers=tuple(_layer_param_specs(tp_axis) for _ in params.layers))
+        return TargetParams(
+            embed=P(),
+            final_norm=P(),
+            lm_head=P(),
+            layers=tuple(_layer_param_specs(tp_axis) for _ in params.layers),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,14 +467,25 @@ class ToyDraft(_ToyGeometry):
     def capture_layers(self) -> tuple[int, ...]:
         return ()
 
-    def forward(self, params: DraftParams, target_params: TargetParams, pool: Any,
-                token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
-                attn_fn: AttnFn, *, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
-        return draft_forward(self.cfg, params, target_params, pool, token_ids, hidden_in,
-                             positions, attn_fn, tp_axis)
+    def forward(
+        self,
+        params: DraftParams,
+        target_params: TargetParams,
+        pool: Any,
+        token_ids: jax.Array,
+        hidden_in: jax.Array,
+        positions: jax.Array,
+        attn_fn: AttnFn,
+        *,
+        tp_axis: str | None = None,
+    ) -> tuple[Any, jax.Array]:
+        return draft_forward(
+            self.cfg, params, target_params, pool, token_ids, hidden_in, positions, attn_fn, tp_axis
+        )
 
-    def logits(self, params: DraftParams, target_params: TargetParams,
-               hidden: jax.Array) -> jax.Array:
+    def logits(
+        self, params: DraftParams, target_params: TargetParams, hidden: jax.Array
+    ) -> jax.Array:
         return draft_logits(self.cfg, params, target_params, hidden)
 
     def to_target_ids(self, params: DraftParams, draft_ids: jax.Array) -> jax.Array:

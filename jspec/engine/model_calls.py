@@ -18,9 +18,16 @@ from jspec.kernels.topk_probs import topk_probs
 from jspec.kv.pool import set_kv_buffer
 
 
-def run_target(ecfg: EngineConfig, target: Any, params: Any, pool: Any, token_ids: jax.Array,
-               positions: jax.Array, plan: AttnPlan, draft: Any = None
-               ) -> tuple[Any, jax.Array, jax.Array]:
+def run_target(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    pool: Any,
+    token_ids: jax.Array,
+    positions: jax.Array,
+    plan: AttnPlan,
+    draft: Any = None,
+) -> tuple[Any, jax.Array, jax.Array]:
     """The target over flat tokens, its K/V written and read through ``plan``.
 
     Args:
@@ -34,8 +41,15 @@ def run_target(ecfg: EngineConfig, target: Any, params: Any, pool: Any, token_id
     capture = tuple(draft.capture_layers) if draft is not None else ()
     attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
     with model_scope("target"):
-        pool, hidden, aux = target.forward(params, pool, token_ids, positions, attn_fn,
-                                           capture_layers=capture, tp_axis=ecfg.tp_axis)
+        pool, hidden, aux = target.forward(
+            params,
+            pool,
+            token_ids,
+            positions,
+            attn_fn,
+            capture_layers=capture,
+            tp_axis=ecfg.tp_axis,
+        )
     return pool, hidden, hidden if aux is None or not capture else aux
 
 
@@ -45,9 +59,17 @@ def target_logits(target: Any, params: Any, hidden: jax.Array) -> jax.Array:
         return target.logits(params, hidden)
 
 
-def run_draft(ecfg: EngineConfig, draft: Any, params: Any, target_params: Any, pool: Any,
-              token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
-              plan: AttnPlan) -> tuple[Any, jax.Array]:
+def run_draft(
+    ecfg: EngineConfig,
+    draft: Any,
+    params: Any,
+    target_params: Any,
+    pool: Any,
+    token_ids: jax.Array,
+    hidden_in: jax.Array,
+    positions: jax.Array,
+    plan: AttnPlan,
+) -> tuple[Any, jax.Array]:
     """The draft over flat tokens (TARGET ids i32[T], hidden_in dtype[T, Hin or Hd]).
 
     Returns:
@@ -55,12 +77,21 @@ def run_draft(ecfg: EngineConfig, draft: Any, params: Any, target_params: Any, p
     """
     attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
     with model_scope("draft"):
-        return draft.forward(params, target_params, pool, token_ids, hidden_in, positions,
-                             attn_fn, tp_axis=ecfg.tp_axis)
+        return draft.forward(
+            params,
+            target_params,
+            pool,
+            token_ids,
+            hidden_in,
+            positions,
+            attn_fn,
+            tp_axis=ecfg.tp_axis,
+        )
 
 
-def draft_topk(ecfg: EngineConfig, draft: Any, params: Any, target_params: Any,
-               hidden: jax.Array) -> tuple[jax.Array, jax.Array]:
+def draft_topk(
+    ecfg: EngineConfig, draft: Any, params: Any, target_params: Any, hidden: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Top-K over the draft's logits, mapped to target ids.
 
     Args:

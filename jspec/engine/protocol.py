@@ -58,9 +58,17 @@ class TargetModel(Protocol):
     vocab_size: int
     dtype: str  # "float32" | "bfloat16" | "float16" (weights / activations / pool)
 
-    def forward(self, params: Any, pool: Any, token_ids: jax.Array, positions: jax.Array,
-                attn_fn: AttnFn, *, capture_layers: tuple[int, ...] = (),
-                tp_axis: str | None = None) -> tuple[Any, jax.Array, jax.Array | None]:
+    def forward(
+        self,
+        params: Any,
+        pool: Any,
+        token_ids: jax.Array,
+        positions: jax.Array,
+        attn_fn: AttnFn,
+        *,
+        capture_layers: tuple[int, ...] = (),
+        tp_axis: str | None = None,
+    ) -> tuple[Any, jax.Array, jax.Array | None]:
         """The target over flat tokens.
 
         Args:
@@ -96,9 +104,18 @@ class DraftModel(Protocol):
     # () = EAGLE-1: the draft consumes the target's final-norm hidden [T, H].
     capture_layers: tuple[int, ...]
 
-    def forward(self, params: Any, target_params: Any, pool: Any, token_ids: jax.Array,
-                hidden_in: jax.Array, positions: jax.Array, attn_fn: AttnFn, *,
-                tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+    def forward(
+        self,
+        params: Any,
+        target_params: Any,
+        pool: Any,
+        token_ids: jax.Array,
+        hidden_in: jax.Array,
+        positions: jax.Array,
+        attn_fn: AttnFn,
+        *,
+        tp_axis: str | None = None,
+    ) -> tuple[Any, jax.Array]:
         """The draft over flat tokens.
 
         Args:
@@ -160,8 +177,10 @@ def check_models(target: Any, draft: Any = None) -> None:
             continue
         missing = [a for a in _protocol_members(proto) if not hasattr(model, a)]
         if missing:
-            raise TypeError(f"{name} model {type(model).__name__} lacks {missing} "
-                            f"(jspec.engine.protocol.{proto.__name__})")
+            raise TypeError(
+                f"{name} model {type(model).__name__} lacks {missing} "
+                f"(jspec.engine.protocol.{proto.__name__})"
+            )
         for field in ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "vocab_size"):
             value = getattr(model, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -172,11 +191,13 @@ def check_models(target: Any, draft: Any = None) -> None:
         return
     layers = tuple(draft.capture_layers)
     if any(not 0 <= i < target.num_layers for i in layers):
-        raise ValueError(f"draft.capture_layers={layers} must lie in [0, target.num_layers="
-                         f"{target.num_layers})")
+        raise ValueError(
+            f"draft.capture_layers={layers} must lie in [0, target.num_layers={target.num_layers})"
+        )
     if draft.vocab_size > target.vocab_size:
-        raise ValueError(f"draft.vocab_size={draft.vocab_size} must be <= target.vocab_size="
-                         f"{target.vocab_size}")
+        raise ValueError(
+            f"draft.vocab_size={draft.vocab_size} must be <= target.vocab_size={target.vocab_size}"
+        )
 
 
 def _protocol_members(proto: type) -> tuple[str, ...]:

@@ -30,8 +30,9 @@ def _dense_attn_fn(length: jax.Array):
 
 
 @functools.partial(jax.jit, static_argnames=("target",))
-def dense_next_token(target: Any, params: Any, token_ids: jax.Array,
-                     length: jax.Array) -> jax.Array:
+def dense_next_token(
+    target: Any, params: Any, token_ids: jax.Array, length: jax.Array
+) -> jax.Array:
     """Greedy next token after ``token_ids[:length]`` (``token_ids: i32[T]`` padded).
 
     ``target``: static :class:`jspec.engine.protocol.TargetModel` (its ``forward`` gets
@@ -42,14 +43,20 @@ def dense_next_token(target: Any, params: Any, token_ids: jax.Array,
     return jnp.argmax(target.logits(params, hidden[length - 1][None])[0]).astype(jnp.int32)
 
 
-def dense_greedy_generate(target: Any, params: Any, prompt: list[int],
-                          max_new_tokens: int, *, max_len: int | None = None,
-                          eos_token_id: int | None = None) -> list[int]:
+def dense_greedy_generate(
+    target: Any,
+    params: Any,
+    prompt: list[int],
+    max_new_tokens: int,
+    *,
+    max_len: int | None = None,
+    eos_token_id: int | None = None,
+) -> list[int]:
     """Plain greedy continuation of ``prompt`` by full recomputation (the oracle)."""
     total = len(prompt) + max_new_tokens
     max_len = max_len or total
     buf = np.zeros(max_len, np.int32)
-    buf[:len(prompt)] = prompt
+    buf[: len(prompt)] = prompt
     out: list[int] = []
     length = len(prompt)
     for _ in range(max_new_tokens):

@@ -102,10 +102,19 @@ class Engine:
         functionalized, never left as bare ``checkify.check`` under ``jit``.
     """
 
-    def __init__(self, ecfg: EngineConfig, target: Any, target_params: Any, draft: Any = None,
-                 draft_params: Any = None, *, num_devices: int = 1,
-                 eos_token_id: int | Sequence[int] | None = None, check_every_step: bool = False,
-                 checkify: bool = False) -> None:
+    def __init__(
+        self,
+        ecfg: EngineConfig,
+        target: Any,
+        target_params: Any,
+        draft: Any = None,
+        draft_params: Any = None,
+        *,
+        num_devices: int = 1,
+        eos_token_id: int | Sequence[int] | None = None,
+        check_every_step: bool = False,
+        checkify: bool = False,
+    ) -> None:
         from jspec.engine.inputs import check_count
 
         num_devices = check_count("num_devices", num_devices)
@@ -122,7 +131,8 @@ class Engine:
         self.params = sharding.replicate(target, target_params, num_devices, tp)
         self.draft = sharding.replicate(draft, draft_params, num_devices, tp)
         self.state: EngineState = sharding.stack_states(
-            [init_engine_state(ecfg, draft) for _ in range(num_devices)], num_devices, tp)
+            [init_engine_state(ecfg, draft) for _ in range(num_devices)], num_devices, tp
+        )
         self.checkify = checkify
         self._step_body = _spec_body if self.mode == "spec" else greedy_step_body
         self._fns: dict[tuple, Any] = {}
@@ -136,8 +146,9 @@ class Engine:
     def _fn(self, body):
         key = (body, self._checked)
         if key not in self._fns:  # NOTE: cached here: hashing ecfg per host step costs
-            self._fns[key] = sharding.sharded(body, self.ecfg, self.target, self.draft_model,
-                                              self.num_devices, key[1])
+            self._fns[key] = sharding.sharded(
+                body, self.ecfg, self.target, self.draft_model, self.num_devices, key[1]
+            )
         return self._fns[key]
 
     @property
@@ -149,8 +160,9 @@ class Engine:
         # NOTE: device_put, not jnp.asarray: jnp.asarray dispatches an eager convert op per
         # argument (~0.3 ms each on the GPU host, measured), which the host loop paid every step.
         checked = self._checked
-        out = self._fn(body)(self.params, self.draft, self.state,
-                             *(jax.device_put(np.asarray(a)) for a in args))
+        out = self._fn(body)(
+            self.params, self.draft, self.state, *(jax.device_put(np.asarray(a)) for a in args)
+        )
         if checked:
             out, errors = out
             msg = sharding.first_error(errors, self.num_devices)
@@ -173,18 +185,25 @@ class Engine:
         """Compile prefill, release and the decode step of every bucket (all-padding inputs)."""
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
         bp, lp = self.ecfg.prefill_batch, self.ecfg.max_prompt_len
-        self._call_prefill(np.full((d, bp), m, np.int32), np.zeros((d, bp, lp), np.int32),
-                           np.zeros((d, bp), np.int32))
+        self._call_prefill(
+            np.full((d, bp), m, np.int32),
+            np.zeros((d, bp, lp), np.int32),
+            np.zeros((d, bp), np.int32),
+        )
         for bucket in self.ecfg.batch_buckets:
             idx = np.full((d, bucket), m, np.int32)
             self._call_step(idx, np.zeros((d, bucket), bool))
             self._call_release(idx, np.zeros((d, bucket), bool))
 
     # ---- the loop -------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
-                 *, arrivals: Sequence[int] | None = None,
-                 progress: Callable[[int, int], None] | None = None,
-                 ) -> tuple[list[list[int]], RunStats]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        *,
+        arrivals: Sequence[int] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> tuple[list[list[int]], RunStats]:
         """Generate greedily for every prompt with continuous batching.
 
         Every input is checked on the host first (``jspec.engine.inputs.validate_requests``:
@@ -203,15 +222,22 @@ class Engine:
         """
         ecfg, spec = self.ecfg, self.ecfg.spec
         prompts, max_new, arrivals = validate_requests(
-            prompts, max_new_tokens, vocab_size=self.target.vocab_size,
-            max_prompt_len=ecfg.max_prompt_len, context_len=spec.context_len, arrivals=arrivals)
+            prompts,
+            max_new_tokens,
+            vocab_size=self.target.vocab_size,
+            max_prompt_len=ecfg.max_prompt_len,
+            context_len=spec.context_len,
+            arrivals=arrivals,
+        )
         n = len(prompts)
         reqs = []
         for i, prompt in enumerate(prompts):
             reqs.append(Request(i, prompt, max_new[i], arrivals[i]))
             if self.lifetime_pages(reqs[-1]) > spec.num_pages:
-                raise ValueError(f"prompt {i}: needs up to {self.lifetime_pages(reqs[-1])} "
-                                 f"pages, the pool has num_pages={spec.num_pages}")
+                raise ValueError(
+                    f"prompt {i}: needs up to {self.lifetime_pages(reqs[-1])} "
+                    f"pages, the pool has num_pages={spec.num_pages}"
+                )
         stats = RunStats(mode=self.mode, num_requests=n)
         total_tokens = sum(max_new)
         d, m = self.num_devices, spec.max_running_requests
@@ -244,8 +270,13 @@ class Engine:
         stats.leak_check = self.check_leaks()
         return [r.output for r in reqs], stats
 
-    def _admit(self, step: int, pending: collections.deque, running: list[dict],
-               free_slots: list[list[int]]) -> None:
+    def _admit(
+        self,
+        step: int,
+        pending: collections.deque,
+        running: list[dict],
+        free_slots: list[list[int]],
+    ) -> None:
         d, bp = self.num_devices, self.ecfg.prefill_batch
         m, lp = self.ecfg.spec.max_running_requests, self.ecfg.max_prompt_len
         num_pages = self.ecfg.spec.num_pages
@@ -253,13 +284,15 @@ class Engine:
         while pending and pending[0].arrival_step <= step:
             batch: list[list[Request]] = [[] for _ in range(d)]
             # Pages promised to running requests (their lifetime maximum) and to this batch.
-            promised = [sum(self.lifetime_pages(r) for r in running[s].values())
-                        for s in range(d)]
+            promised = [sum(self.lifetime_pages(r) for r in running[s].values()) for s in range(d)]
             while pending and pending[0].arrival_step <= step:
                 need = self.lifetime_pages(pending[0])
-                room = [len(free_slots[s]) - len(batch[s])
-                        if not blocked[s] and len(batch[s]) < bp
-                        and promised[s] + need <= num_pages else 0 for s in range(d)]
+                room = [
+                    len(free_slots[s]) - len(batch[s])
+                    if not blocked[s] and len(batch[s]) < bp and promised[s] + need <= num_pages
+                    else 0
+                    for s in range(d)
+                ]
                 shard = int(np.argmax(room))
                 if room[shard] <= 0:
                     break  # FIFO: the head of the queue waits for pages / slots
@@ -273,7 +306,7 @@ class Engine:
             for s in range(d):
                 for i, req in enumerate(batch[s]):
                     slot_idx[s, i] = free_slots[s][i]
-                    prompt_ids[s, i, :len(req.prompt)] = req.prompt
+                    prompt_ids[s, i, : len(req.prompt)] = req.prompt
                     prompt_lens[s, i] = len(req.prompt)
             first, ok = self._call_prefill(slot_idx, prompt_ids, prompt_lens)
             for s in range(d):
@@ -284,7 +317,8 @@ class Engine:
                         raise RuntimeError(
                             f"shard {s}: cannot admit {len(batch[s])} prompt(s) into an idle "
                             f"engine: KV pool ({self.ecfg.spec.num_pages} pages) or request "
-                            "rows too small")
+                            "rows too small"
+                        )
                     blocked[s] = True
                     pending.extendleft(reversed(batch[s]))
                     continue
@@ -316,8 +350,8 @@ class Engine:
         order = []
         for s in range(d):
             slots = sorted(running[s])
-            slot_idx[s, :len(slots)] = slots
-            live[s, :len(slots)] = True
+            slot_idx[s, : len(slots)] = slots
+            live[s, : len(slots)] = True
             order.append(slots)
         return slot_idx, live, order
 
@@ -326,9 +360,11 @@ class Engine:
         out = self._call_step(slot_idx, live)
         ok = out.ok
         if not np.all(ok):
-            raise RuntimeError(f"decode step {stats.num_decode_steps}: KV pool exhausted on "
-                               f"shard(s) {np.flatnonzero(~ok).tolist()} (num_pages="
-                               f"{self.ecfg.spec.num_pages})")
+            raise RuntimeError(
+                f"decode step {stats.num_decode_steps}: KV pool exhausted on "
+                f"shard(s) {np.flatnonzero(~ok).tolist()} (num_pages="
+                f"{self.ecfg.spec.num_pages})"
+            )
         stats.num_decode_steps += 1
         stats.batch_sizes.append(int(live.sum()))
         for s, slots in enumerate(order):
@@ -348,16 +384,18 @@ class Engine:
         eos = () if eos is None else {int(eos)} if isinstance(eos, (int, np.integer)) else set(eos)
         hit = [i for i, t in enumerate(req.output) if t in eos]
         if hit:
-            del req.output[hit[0] + 1:]
+            del req.output[hit[0] + 1 :]
             return True
         if len(req.output) >= req.max_new_tokens:
-            del req.output[req.max_new_tokens:]
+            del req.output[req.max_new_tokens :]
             return True
         return False
 
     def _retire(self, running: list[dict], free_slots: list[list[int]]) -> None:
-        done = [[slot for slot, req in running[s].items() if self._finished(req)]
-                for s in range(self.num_devices)]
+        done = [
+            [slot for slot, req in running[s].items() if self._finished(req)]
+            for s in range(self.num_devices)
+        ]
         if not any(done):
             return
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
@@ -365,8 +403,8 @@ class Engine:
         slot_idx = np.full((d, bucket), m, np.int32)
         finished = np.zeros((d, bucket), bool)
         for s in range(d):
-            slot_idx[s, :len(done[s])] = done[s]
-            finished[s, :len(done[s])] = True
+            slot_idx[s, : len(done[s])] = done[s]
+            finished[s, : len(done[s])] = True
             for slot in done[s]:
                 del running[s][slot]
                 free_slots[s].append(slot)
@@ -384,8 +422,11 @@ class Engine:
         (never copied to the host)."""
         st = self.state
         host = jax.tree.map(lambda x: x[s], self._host_bookkeeping())
-        return replace(host, target_pool=jax.tree.map(lambda x: x[s], st.target_pool),
-                       draft_pool=jax.tree.map(lambda x: x[s], st.draft_pool))
+        return replace(
+            host,
+            target_pool=jax.tree.map(lambda x: x[s], st.target_pool),
+            draft_pool=jax.tree.map(lambda x: x[s], st.draft_pool),
+        )
 
     def _host_shards(self) -> list[EngineState]:
         """Every shard's bookkeeping on the host (pools None), fetched once."""
@@ -399,9 +440,14 @@ class Engine:
     def _check_shards(self, shards: list[EngineState], what: str) -> None:
         spec = self.ecfg.spec
         for s, st in enumerate(shards):
-            owned = owned_page_mask(st.req_to_token, st.req_pool_indices, st.allocated_lens,
-                                    num_pages=spec.num_pages, page_size=spec.page_size,
-                                    valid=st.live)
+            owned = owned_page_mask(
+                st.req_to_token,
+                st.req_pool_indices,
+                st.allocated_lens,
+                num_pages=spec.num_pages,
+                page_size=spec.page_size,
+                valid=st.live,
+            )
             check_integrity(st.allocator, owned, what=f"shard {s} {what}".strip())
 
     def check_leaks(self) -> str:
@@ -412,13 +458,19 @@ class Engine:
         for s, st in enumerate(shards):
             avail = int(available_size(st.allocator))
             rows = int(st.req_rows.num_free)
-            if avail != spec.pool_size or rows != spec.max_running_requests or bool(
-                    np.any(np.asarray(st.live))):
+            if (
+                avail != spec.pool_size
+                or rows != spec.max_running_requests
+                or bool(np.any(np.asarray(st.live)))
+            ):
                 raise AssertionError(
                     f"shard {s}: memory leak detected! available={avail} slots of "
-                    f"{spec.pool_size}, free rows={rows} of {spec.max_running_requests}")
-        return (f"ok: {self.num_devices} x {spec.num_pages} pages and "
-                f"{spec.max_running_requests} rows free")
+                    f"{spec.pool_size}, free rows={rows} of {spec.max_running_requests}"
+                )
+        return (
+            f"ok: {self.num_devices} x {spec.num_pages} pages and "
+            f"{spec.max_running_requests} rows free"
+        )
 
 
 def _to_host(x: jax.Array) -> np.ndarray:

@@ -49,10 +49,12 @@ def make_mesh(num_devices: int, tensor_parallel: int = 1) -> Mesh:
     devices = jax.devices()
     need = num_devices * tensor_parallel
     if need > len(devices):
-        raise ValueError(f"--devices {num_devices} x --tensor-parallel {tensor_parallel} = "
-                         f"{need} devices: only {len(devices)} JAX device(s) available "
-                         f"({devices[0].platform}); on CPU set "
-                         "XLA_FLAGS=--xla_force_host_platform_device_count=N")
+        raise ValueError(
+            f"--devices {num_devices} x --tensor-parallel {tensor_parallel} = "
+            f"{need} devices: only {len(devices)} JAX device(s) available "
+            f"({devices[0].platform}); on CPU set "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N"
+        )
     grid = np.asarray(devices[:need]).reshape(num_devices, tensor_parallel)
     return Mesh(grid, (DP_AXIS, TP_AXIS))
 
@@ -73,8 +75,10 @@ def param_specs(model: Any, params: Any, tensor_parallel: int) -> Any:
     if params is None or tensor_parallel == 1:
         return P()
     if not hasattr(model, "param_specs"):
-        raise ValueError(f"tensor_parallel={tensor_parallel}: {type(model).__name__} defines "
-                         "no param_specs (jspec.engine.protocol)")
+        raise ValueError(
+            f"tensor_parallel={tensor_parallel}: {type(model).__name__} defines "
+            "no param_specs (jspec.engine.protocol)"
+        )
     return model.param_specs(params, TP_AXIS)
 
 
@@ -88,10 +92,10 @@ def state_specs(state: Any, tensor_parallel: int) -> Any:
     if tensor_parallel == 1:
         return specs
     heads = P(DP_AXIS, None, None, TP_AXIS)
-    draft_pool = (None if specs.draft_pool is None
-                  else replace(specs.draft_pool, k=heads, v=heads))
-    return replace(specs, target_pool=replace(specs.target_pool, k=heads, v=heads),
-                   draft_pool=draft_pool)
+    draft_pool = None if specs.draft_pool is None else replace(specs.draft_pool, k=heads, v=heads)
+    return replace(
+        specs, target_pool=replace(specs.target_pool, k=heads, v=heads), draft_pool=draft_pool
+    )
 
 
 # ---- the jitted wrapper ------------------------------------------------------------------------
@@ -104,8 +108,14 @@ def _unsqueeze(tree: Any) -> Any:
 
 
 @functools.cache
-def sharded(body: Callable[..., Any], ecfg: Any, target: Any, draft: Any, num_devices: int,
-            with_checkify: bool = False) -> Callable[..., Any]:
+def sharded(
+    body: Callable[..., Any],
+    ecfg: Any,
+    target: Any,
+    draft: Any,
+    num_devices: int,
+    with_checkify: bool = False,
+) -> Callable[..., Any]:
     """Jitted ``f(params, draft_params, stacked_state, *stacked_args) -> stacked (state, out)``.
 
     ``num_devices`` is the number of data-parallel shards; each uses ``ecfg.tensor_parallel``
@@ -116,8 +126,9 @@ def sharded(body: Callable[..., Any], ecfg: Any, target: Any, draft: Any, num_de
     tp = ecfg.tensor_parallel
 
     def per_shard(params, draft_params, state, *args):
-        state, out = body(ecfg, target, params, draft, draft_params, _squeeze(state),
-                          *_squeeze(args))
+        state, out = body(
+            ecfg, target, params, draft, draft_params, _squeeze(state), *_squeeze(args)
+        )
         return _unsqueeze(state), _unsqueeze(out)
 
     if with_checkify:
@@ -129,7 +140,8 @@ def sharded(body: Callable[..., Any], ecfg: Any, target: Any, draft: Any, num_de
 
         def per_shard(params, draft_params, state, *args):
             err, out = checkify.checkify(plain, errors=probes.PROBE_ERRORS)(
-                params, draft_params, state, *args)
+                params, draft_params, state, *args
+            )
             return out, _unsqueeze(err)
 
     if num_devices * tp == 1:
@@ -138,13 +150,17 @@ def sharded(body: Callable[..., Any], ecfg: Any, target: Any, draft: Any, num_de
 
     def fn(params, draft_params, state, *args):
         st_specs = state_specs(state, tp)
-        in_specs = ((param_specs(target, params, tp), param_specs(draft, draft_params, tp),
-                     st_specs) + (P(DP_AXIS),) * len(args))
+        in_specs = (
+            param_specs(target, params, tp),
+            param_specs(draft, draft_params, tp),
+            st_specs,
+        ) + (P(DP_AXIS),) * len(args)
         out_specs = (st_specs, P(DP_AXIS))
         if with_checkify:
             out_specs = (out_specs, P(DP_AXIS))
-        mapped = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                               check_vma=False)
+        mapped = jax.shard_map(
+            per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+        )
         return mapped(params, draft_params, state, *args)
 
     return jax.jit(fn, donate_argnums=(2,))
@@ -170,8 +186,9 @@ def stack_states(states: list[Any], num_devices: int, tensor_parallel: int = 1) 
     stacked = jax.tree.map(lambda *xs: jax.numpy.stack(xs), *states)
     if num_devices * tensor_parallel == 1:
         return stacked
-    return _place(stacked, state_specs(stacked, tensor_parallel),
-                  make_mesh(num_devices, tensor_parallel))
+    return _place(
+        stacked, state_specs(stacked, tensor_parallel), make_mesh(num_devices, tensor_parallel)
+    )
 
 
 def replicate(model: Any, params: Any, num_devices: int, tensor_parallel: int = 1) -> Any:
@@ -179,5 +196,6 @@ def replicate(model: Any, params: Any, num_devices: int, tensor_parallel: int = 
     :func:`param_specs`."""
     if params is None or num_devices * tensor_parallel == 1:
         return params
-    return _place(params, param_specs(model, params, tensor_parallel),
-                  make_mesh(num_devices, tensor_parallel))
+    return _place(
+        params, param_specs(model, params, tensor_parallel), make_mesh(num_devices, tensor_parallel)
+    )

@@ -78,16 +78,21 @@ from jspec.engine.step_types import (
     VerifyPlan,
     VerifyResult,
 )
+from jspec.kv.decode_alloc import ReqKVState, commit_kv_lens, prepare_for_decode
 from jspec.tree.accept import move_accept_tokens_to_target_kvcache, verify_out_cache_loc
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
-from jspec.kv.decode_alloc import ReqKVState, commit_kv_lens, prepare_for_decode
 from jspec.tree.layout import prepare_for_draft
 from jspec.tree.select import organize_draft_results, select_top_k_tokens
 from jspec.tree.verify import compact_accept_to_front, eagle_sample_greedy, fill_bonus_tokens
 
 
-def draft_decode_passes(ecfg: EngineConfig, req_to_token: jax.Array, req_pool_indices: jax.Array,
-                        seq_lens: jax.Array, out_cache_loc: jax.Array) -> list[tuple]:
+def draft_decode_passes(
+    ecfg: EngineConfig,
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    out_cache_loc: jax.Array,
+) -> list[tuple]:
     """Attention passes of draft steps ``0 .. S-2`` for the B*K branch queries.
 
     ``cascade`` (FA3, SPEC §5): pass A reads the full prefix pages ``[0, L - L%P)`` through
@@ -111,29 +116,48 @@ def draft_decode_passes(ecfg: EngineConfig, req_to_token: jax.Array, req_pool_in
 
         width = spec.context_len + s
         kv_indices, kv_indptr = generate_draft_decode_kv_indices(
-            req_pool_indices, req_to_token, seq_lens, topk=k, num_steps=s, page_size=p,
-            kv_indices_width=batch * k * width, impl=ecfg.kernel_impl)
+            req_pool_indices,
+            req_to_token,
+            seq_lens,
+            topk=k,
+            num_steps=s,
+            page_size=p,
+            kv_indices_width=batch * k * width,
+            impl=ecfg.kernel_impl,
+        )
         cols = jnp.arange(width, dtype=jnp.int32)
         passes = []
         for step in range(s - 1):
             start = kv_indptr[step, :-1]
-            seg_len = kv_indptr[step, 1:] - start                  # L_b + step + 1
+            seg_len = kv_indptr[step, 1:] - start  # L_b + step + 1
             idx = jnp.clip(start[:, None] + cols[None, :], 0, kv_indices.shape[1] - 1)
             passes.append((AttnPass(kv_indices[step][idx], length_mask(seg_len, 1, width)),))
         return passes
     from jspec.attention_meta.page_table import draft_decode_metadata
 
-    meta = draft_decode_metadata(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
-                                 topk=k, num_steps=s, page_size=p,
-                                 max_pages=ceil_div(spec.context_len, p), impl=ecfg.kernel_impl)
+    meta = draft_decode_metadata(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        out_cache_loc,
+        topk=k,
+        num_steps=s,
+        page_size=p,
+        max_pages=ceil_div(spec.context_len, p),
+        impl=ecfg.kernel_impl,
+    )
     normal, expand = meta.normal, meta.expand
-    pass_a = AttnPass(page_table_slot_ids(normal.page_table, p),
-                      length_mask(normal.cache_seqlens, k, normal.page_table.shape[1] * p))
+    pass_a = AttnPass(
+        page_table_slot_ids(normal.page_table, p),
+        length_mask(normal.cache_seqlens, k, normal.page_table.shape[1] * p),
+    )
     passes = []
     for step in range(s - 1):
-        table = expand.page_table[step]                            # i32[B*K, S] page ids
-        pass_b = AttnPass(page_table_slot_ids(table, p),
-                          length_mask(expand.cache_seqlens[step], 1, table.shape[1] * p))
+        table = expand.page_table[step]  # i32[B*K, S] page ids
+        pass_b = AttnPass(
+            page_table_slot_ids(table, p),
+            length_mask(expand.cache_seqlens[step], 1, table.shape[1] * p),
+        )
         passes.append((pass_a, pass_b))
     return passes
 
@@ -145,8 +169,16 @@ def draft_decode_passes(ecfg: EngineConfig, req_to_token: jax.Array, req_pool_in
 # "verify".
 
 
-def phase_prepare(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-                  state: EngineState, slot_idx: jax.Array, live: jax.Array) -> DraftPlan:
+def phase_prepare(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    live: jax.Array,
+) -> DraftPlan:
     """1-2: prepare_for_decode, draft layout + hole duplication, draft attention metadata.
 
     Args:
@@ -155,38 +187,56 @@ def phase_prepare(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draf
     del target, params, draft, draft_params
     spec = ecfg.spec
     k, s, p = spec.topk, spec.num_steps, spec.page_size
-    reqs = ReqKVState(committed_lens=gather_slots(state.committed_lens, slot_idx, live),
-                      allocated_lens=gather_slots(state.allocated_lens, slot_idx, live),
-                      req_pool_indices=gather_slots(state.req_pool_indices, slot_idx, live),
-                      valid=live)
-    allocator, r2t, reqs, ok = prepare_for_decode(state.allocator, state.req_to_token, reqs,
-                                                  spec, impl=ecfg.kernel_impl)
+    reqs = ReqKVState(
+        committed_lens=gather_slots(state.committed_lens, slot_idx, live),
+        allocated_lens=gather_slots(state.allocated_lens, slot_idx, live),
+        req_pool_indices=gather_slots(state.req_pool_indices, slot_idx, live),
+        valid=live,
+    )
+    allocator, r2t, reqs, ok = prepare_for_decode(
+        state.allocator, state.req_to_token, reqs, spec, impl=ecfg.kernel_impl
+    )
     # Pages short (ok False): nothing was allocated; every entry becomes padding (row 0,
     # length 0), so the rest of the step changes no state (a skipped step). Not a lax.cond:
     # a cond keeps the pre-step pools alive for its skip branch, so XLA copied the draft pool
     # (modified below, before the branch) twice per step.
     live = live & ok
-    reqs = ReqKVState(committed_lens=jnp.where(live, reqs.committed_lens, 0),
-                      allocated_lens=jnp.where(live, reqs.allocated_lens, 0),
-                      req_pool_indices=jnp.where(live, reqs.req_pool_indices, 0), valid=live)
+    reqs = ReqKVState(
+        committed_lens=jnp.where(live, reqs.committed_lens, 0),
+        allocated_lens=jnp.where(live, reqs.allocated_lens, 0),
+        req_pool_indices=jnp.where(live, reqs.req_pool_indices, 0),
+        valid=live,
+    )
     seq_lens, rpi = reqs.committed_lens, reqs.req_pool_indices
     dpool, out_cache_loc, positions = prepare_for_draft(
-        state.draft_pool, r2t, rpi, seq_lens, topk=k, num_steps=s, page_size=p, valid=live,
-        impl=ecfg.kernel_impl)
+        state.draft_pool,
+        r2t,
+        rpi,
+        seq_lens,
+        topk=k,
+        num_steps=s,
+        page_size=p,
+        valid=live,
+        impl=ecfg.kernel_impl,
+    )
     return DraftPlan(
-        buffers=StepBuffers(allocator=allocator, req_to_token=r2t,
-                            target_pool=state.target_pool, draft_pool=dpool),
+        buffers=StepBuffers(
+            allocator=allocator, req_to_token=r2t, target_pool=state.target_pool, draft_pool=dpool
+        ),
         batch=StepBatch(slot_idx=slot_idx, live=live, reqs=reqs, ok=ok),
-        out_cache_loc=out_cache_loc, positions=positions,
+        out_cache_loc=out_cache_loc,
+        positions=positions,
         passes=tuple(draft_decode_passes(ecfg, r2t, rpi, seq_lens, out_cache_loc)),
         bonus_tokens=gather_slots(state.bonus_tokens, slot_idx, live),
         topk_p=gather_slots(state.topk_p, slot_idx, live),
         topk_index=gather_slots(state.topk_index, slot_idx, live),
-        draft_hidden=gather_slots(state.draft_hidden, slot_idx, live))
+        draft_hidden=gather_slots(state.draft_hidden, slot_idx, live),
+    )
 
 
-def phase_draft(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-                plan: DraftPlan) -> DraftResult:
+def phase_draft(
+    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, plan: DraftPlan
+) -> DraftResult:
     """3: S selections and S-1 draft forwards of width B*K, then organize_draft_results."""
     spec = ecfg.spec
     k, s, n = spec.topk, spec.num_steps, spec.num_draft_tokens
@@ -198,57 +248,99 @@ def phase_draft(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_
     scores = None
     for i in range(s):
         input_ids, hidden, scores, (sc, tok, par) = select_top_k_tokens(
-            i, topk_p, topk_index, hidden, scores, topk=k, vocab_size=target.vocab_size)
+            i, topk_p, topk_index, hidden, scores, topk=k, vocab_size=target.vocab_size
+        )
         score_list.append(sc)
         token_list.append(tok)
         parents_list.append(par)
         if i == s - 1:
             break  # the last step's tokens are leaves: no forward
         attn = AttnPlan(write_slot_ids=cache_loc[:, i], passes=plan.passes[i])
-        dpool, hidden = run_draft(ecfg, draft, draft_params, params, dpool, input_ids, hidden,
-                                  plan.positions + i, attn)
+        dpool, hidden = run_draft(
+            ecfg, draft, draft_params, params, dpool, input_ids, hidden, plan.positions + i, attn
+        )
         topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, hidden)
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
-        score_list, token_list, parents_list, num_draft_tokens=n)
-    return DraftResult(buffers=replace(plan.buffers, draft_pool=dpool), batch=plan.batch,
-                       bonus_tokens=plan.bonus_tokens, parent_list=parent_list,
-                       top_scores_index=top_scores_index, draft_tokens=draft_tokens)
+        score_list, token_list, parents_list, num_draft_tokens=n
+    )
+    return DraftResult(
+        buffers=replace(plan.buffers, draft_pool=dpool),
+        batch=plan.batch,
+        bonus_tokens=plan.bonus_tokens,
+        parent_list=parent_list,
+        top_scores_index=top_scores_index,
+        draft_tokens=draft_tokens,
+    )
 
 
-def phase_tree(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-               res: DraftResult) -> VerifyPlan:
+def phase_tree(
+    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, res: DraftResult
+) -> VerifyPlan:
     """4: build the verify tree (QLEN_ONLY mask) and the verify window row[L : L+N]."""
     del target, params, draft, draft_params
     spec, reqs = ecfg.spec, res.batch.reqs
     tree = build_tree_kernel_efficient(
-        res.bonus_tokens, res.parent_list, res.top_scores_index, res.draft_tokens,
-        reqs.committed_lens, topk=spec.topk, num_steps=spec.num_steps,
-        num_draft_tokens=spec.num_draft_tokens, mode=TreeMaskMode.QLEN_ONLY, impl=ecfg.kernel_impl)
-    verify_loc = verify_out_cache_loc(res.buffers.req_to_token, reqs.req_pool_indices,
-                                      reqs.committed_lens, num_draft_tokens=spec.num_draft_tokens,
-                                      valid=res.batch.live)
+        res.bonus_tokens,
+        res.parent_list,
+        res.top_scores_index,
+        res.draft_tokens,
+        reqs.committed_lens,
+        topk=spec.topk,
+        num_steps=spec.num_steps,
+        num_draft_tokens=spec.num_draft_tokens,
+        mode=TreeMaskMode.QLEN_ONLY,
+        impl=ecfg.kernel_impl,
+    )
+    verify_loc = verify_out_cache_loc(
+        res.buffers.req_to_token,
+        reqs.req_pool_indices,
+        reqs.committed_lens,
+        num_draft_tokens=spec.num_draft_tokens,
+        valid=res.batch.live,
+    )
     return VerifyPlan(buffers=res.buffers, batch=res.batch, tree=tree, verify_loc=verify_loc)
 
 
-def phase_verify(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-                 plan: VerifyPlan) -> VerifyResult:
+def phase_verify(
+    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, plan: VerifyPlan
+) -> VerifyResult:
     """5: the target over the N tree nodes: prefix pass over the row + tree-masked pass."""
     del draft_params
     spec, reqs, tree = ecfg.spec, plan.batch.reqs, plan.tree
     batch, n, width = plan.batch.live.shape[0], spec.num_draft_tokens, spec.context_len
-    attn = AttnPlan(write_slot_ids=plan.verify_loc, passes=(
-        AttnPass(row_slot_ids(plan.buffers.req_to_token, reqs.req_pool_indices, width),
-                 length_mask(reqs.committed_lens, n, width)),
-        AttnPass(plan.verify_loc.reshape(batch, n), tree.tree_mask)))
-    tpool, hidden, feature = run_target(ecfg, target, params, plan.buffers.target_pool,
-                                        tree.draft_tokens, tree.positions, attn, draft)
-    return VerifyResult(buffers=replace(plan.buffers, target_pool=tpool), batch=plan.batch,
-                        tree=tree, verify_loc=plan.verify_loc, target_feature=feature,
-                        logits=target_logits(target, params, hidden))
+    attn = AttnPlan(
+        write_slot_ids=plan.verify_loc,
+        passes=(
+            AttnPass(
+                row_slot_ids(plan.buffers.req_to_token, reqs.req_pool_indices, width),
+                length_mask(reqs.committed_lens, n, width),
+            ),
+            AttnPass(plan.verify_loc.reshape(batch, n), tree.tree_mask),
+        ),
+    )
+    tpool, hidden, feature = run_target(
+        ecfg,
+        target,
+        params,
+        plan.buffers.target_pool,
+        tree.draft_tokens,
+        tree.positions,
+        attn,
+        draft,
+    )
+    return VerifyResult(
+        buffers=replace(plan.buffers, target_pool=tpool),
+        batch=plan.batch,
+        tree=tree,
+        verify_loc=plan.verify_loc,
+        target_feature=feature,
+        logits=target_logits(target, params, hidden),
+    )
 
 
-def phase_accept(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-                 res: VerifyResult) -> AcceptResult:
+def phase_accept(
+    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, res: VerifyResult
+) -> AcceptResult:
     """6-7: greedy tree verification; K>1: move accepted target KV, compact to the front."""
     del target, params, draft, draft_params
     spec, reqs, tree, live = ecfg.spec, res.batch.reqs, res.tree, res.batch.live
@@ -256,28 +348,47 @@ def phase_accept(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft
     batch = live.shape[0]
     # accept_index width: the deepest possible path + 1 (S+1 unless the tree is shallower).
     predict, accept_lens, accept_index = eagle_sample_greedy(
-        res.logits, tree.draft_tokens.reshape(batch, n), tree.retrive_index,
-        tree.retrive_next_token, tree.retrive_next_sibling, num_spec_steps=min(s, n - 1) + 1,
-        impl=ecfg.kernel_impl)
+        res.logits,
+        tree.draft_tokens.reshape(batch, n),
+        tree.retrive_index,
+        tree.retrive_next_token,
+        tree.retrive_next_sibling,
+        num_spec_steps=min(s, n - 1) + 1,
+        impl=ecfg.kernel_impl,
+    )
     accept_lens = jnp.where(live, accept_lens, 0).astype(jnp.int32)
     accept_tokens = jnp.where(accept_index >= 0, predict[jnp.maximum(accept_index, 0)], 0)
     accept_tokens = jnp.where(live[:, None], accept_tokens, 0).astype(jnp.int32)
     tpool, feature = res.buffers.target_pool, res.target_feature
     if k > 1:  # for K == 1 the accepted chain already sits at the front (as sglang)
         tpool = move_accept_tokens_to_target_kvcache(
-            tpool, res.buffers.req_to_token, reqs.req_pool_indices, reqs.committed_lens,
-            res.verify_loc, accept_index, accept_lens, valid=live)
-        predict, feature = compact_accept_to_front(predict, feature, accept_index,
-                                                   num_draft_tokens=n)
+            tpool,
+            res.buffers.req_to_token,
+            reqs.req_pool_indices,
+            reqs.committed_lens,
+            res.verify_loc,
+            accept_index,
+            accept_lens,
+            valid=live,
+        )
+        predict, feature = compact_accept_to_front(
+            predict, feature, accept_index, num_draft_tokens=n
+        )
     return AcceptResult(
-        buffers=replace(res.buffers, target_pool=tpool), batch=res.batch,
-        verify_loc=res.verify_loc, predict=predict, target_feature=feature,
-        accept_lens=accept_lens, accept_tokens=accept_tokens,
-        new_bonus=fill_bonus_tokens(accept_tokens, jnp.maximum(accept_lens, 1)))
+        buffers=replace(res.buffers, target_pool=tpool),
+        batch=res.batch,
+        verify_loc=res.verify_loc,
+        predict=predict,
+        target_feature=feature,
+        accept_lens=accept_lens,
+        accept_tokens=accept_tokens,
+        new_bonus=fill_bonus_tokens(accept_tokens, jnp.maximum(accept_lens, 1)),
+    )
 
 
-def phase_extend(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-                 res: AcceptResult) -> ExtendResult:
+def phase_extend(
+    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, res: AcceptResult
+) -> ExtendResult:
     """8: draft extend of the N window tokens on the target feature; row accept_len-1 seeds
     the next step's first tree level."""
     del target
@@ -286,24 +397,47 @@ def phase_extend(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft
     batch = res.batch.live.shape[0]
     seq_lens = reqs.committed_lens
     ext_pos = (seq_lens[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]).reshape(-1)
-    attn = AttnPlan(write_slot_ids=res.verify_loc, passes=(
-        AttnPass(row_slot_ids(res.buffers.req_to_token, reqs.req_pool_indices, width),
-                 length_mask(seq_lens, n, width)),
-        AttnPass(res.verify_loc.reshape(batch, n),
-                 causal_mask(jnp.zeros((batch,), jnp.int32), n, n))))
-    dpool, ext_hidden = run_draft(ecfg, draft, draft_params, params, res.buffers.draft_pool,
-                                  res.predict, res.target_feature, ext_pos, attn)
+    attn = AttnPlan(
+        write_slot_ids=res.verify_loc,
+        passes=(
+            AttnPass(
+                row_slot_ids(res.buffers.req_to_token, reqs.req_pool_indices, width),
+                length_mask(seq_lens, n, width),
+            ),
+            AttnPass(
+                res.verify_loc.reshape(batch, n), causal_mask(jnp.zeros((batch,), jnp.int32), n, n)
+            ),
+        ),
+    )
+    dpool, ext_hidden = run_draft(
+        ecfg,
+        draft,
+        draft_params,
+        params,
+        res.buffers.draft_pool,
+        res.predict,
+        res.target_feature,
+        ext_pos,
+        attn,
+    )
     select = jnp.arange(batch) * n + jnp.maximum(res.accept_lens, 1) - 1
     next_hidden = ext_hidden[select]
     next_p, next_index = draft_topk(ecfg, draft, draft_params, params, next_hidden)
-    return ExtendResult(buffers=replace(res.buffers, draft_pool=dpool), batch=res.batch,
-                        accept_lens=res.accept_lens, accept_tokens=res.accept_tokens,
-                        new_bonus=res.new_bonus, next_p=next_p, next_index=next_index,
-                        next_hidden=next_hidden)
+    return ExtendResult(
+        buffers=replace(res.buffers, draft_pool=dpool),
+        batch=res.batch,
+        accept_lens=res.accept_lens,
+        accept_tokens=res.accept_tokens,
+        new_bonus=res.new_bonus,
+        next_p=next_p,
+        next_index=next_index,
+        next_hidden=next_hidden,
+    )
 
 
-def phase_commit(ecfg: EngineConfig, state: EngineState,
-                 res: ExtendResult) -> tuple[EngineState, SpecStepOutput]:
+def phase_commit(
+    ecfg: EngineConfig, state: EngineState, res: ExtendResult
+) -> tuple[EngineState, SpecStepOutput]:
     """9: L += accept_len; write the bucket rows back to their batch slots."""
     del ecfg
     slot_idx, live = res.batch.slot_idx, res.batch.live
@@ -314,25 +448,43 @@ def phase_commit(ecfg: EngineConfig, state: EngineState,
 
     buffers = res.buffers
     state = replace(
-        state, allocator=buffers.allocator, req_to_token=buffers.req_to_token,
-        target_pool=buffers.target_pool, draft_pool=buffers.draft_pool,
+        state,
+        allocator=buffers.allocator,
+        req_to_token=buffers.req_to_token,
+        target_pool=buffers.target_pool,
+        draft_pool=buffers.draft_pool,
         committed_lens=put(state.committed_lens, new_reqs.committed_lens),
         allocated_lens=put(state.allocated_lens, new_reqs.allocated_lens),
         bonus_tokens=put(state.bonus_tokens, res.new_bonus),
-        topk_p=put(state.topk_p, res.next_p), topk_index=put(state.topk_index, res.next_index),
-        draft_hidden=put(state.draft_hidden, res.next_hidden))
-    return state, SpecStepOutput(accept_tokens=res.accept_tokens, accept_lens=res.accept_lens,
-                                 ok=res.batch.ok)
+        topk_p=put(state.topk_p, res.next_p),
+        topk_index=put(state.topk_index, res.next_index),
+        draft_hidden=put(state.draft_hidden, res.next_hidden),
+    )
+    return state, SpecStepOutput(
+        accept_tokens=res.accept_tokens, accept_lens=res.accept_lens, ok=res.batch.ok
+    )
 
 
 # Phases after prepare, in order, with the time class bench/e2e.py reports them under.
-PHASES = (("draft", phase_draft), ("bookkeeping", phase_tree), ("verify", phase_verify),
-          ("bookkeeping", phase_accept), ("draft", phase_extend))
+PHASES = (
+    ("draft", phase_draft),
+    ("bookkeeping", phase_tree),
+    ("verify", phase_verify),
+    ("bookkeeping", phase_accept),
+    ("draft", phase_extend),
+)
 
 
-def spec_step_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any,
-                   state: EngineState, slot_idx: jax.Array,
-                   live: jax.Array) -> tuple[EngineState, SpecStepOutput]:
+def spec_step_body(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    live: jax.Array,
+) -> tuple[EngineState, SpecStepOutput]:
     """The unjitted step (what :func:`spec_decode_step` jits and the sharded engine maps)."""
     check_engine_models(ecfg, target, draft)
     x = phase_prepare(ecfg, target, params, draft, draft_params, state, slot_idx, live)
@@ -341,11 +493,17 @@ def spec_step_body(ecfg: EngineConfig, target: Any, params: Any, draft: Any, dra
     return phase_commit(ecfg, state, x)
 
 
-@functools.partial(jax.jit, static_argnames=("ecfg", "target", "draft"),
-                   donate_argnames=("state",))
-def spec_decode_step(ecfg: EngineConfig, target: Any, params: Any, draft: Any,
-                     draft_params: Any, state: EngineState, slot_idx: jax.Array,
-                     live: jax.Array) -> tuple[EngineState, SpecStepOutput]:
+@functools.partial(jax.jit, static_argnames=("ecfg", "target", "draft"), donate_argnames=("state",))
+def spec_decode_step(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    live: jax.Array,
+) -> tuple[EngineState, SpecStepOutput]:
     """One speculative decode step over a padded bucket of one shard (module docstring).
 
     Args:

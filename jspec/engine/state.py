@@ -105,23 +105,30 @@ class EngineConfig:
         if s.num_kv_heads % tp:
             raise ValueError(f"tensor_parallel={tp} must divide num_kv_heads={s.num_kv_heads}")
         if not 1 <= self.max_prompt_len <= s.context_len:
-            raise ValueError(f"max_prompt_len={self.max_prompt_len} must be in "
-                             f"[1, context_len={s.context_len}]")
+            raise ValueError(
+                f"max_prompt_len={self.max_prompt_len} must be in [1, context_len={s.context_len}]"
+            )
         buckets = BatchBuckets(tuple(int(b) for b in self.batch_buckets))  # validates
         if buckets.max_bs > s.max_running_requests:
-            raise ValueError(f"batch_buckets={buckets.sizes}: largest bucket must be <= "
-                             f"max_running_requests={s.max_running_requests}")
+            raise ValueError(
+                f"batch_buckets={buckets.sizes}: largest bucket must be <= "
+                f"max_running_requests={s.max_running_requests}"
+            )
         if not 1 <= self.prefill_batch <= s.max_running_requests:
-            raise ValueError(f"prefill_batch={self.prefill_batch} must be in "
-                             f"[1, max_running_requests={s.max_running_requests}]")
+            raise ValueError(
+                f"prefill_batch={self.prefill_batch} must be in "
+                f"[1, max_running_requests={s.max_running_requests}]"
+            )
         if self.impl not in IMPLS:
             raise ValueError(f"impl={self.impl!r} must be one of {IMPLS}")
         if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"attention_impl={self.attention_impl!r} must be one of "
-                             f"{ATTENTION_IMPLS}")
+            raise ValueError(
+                f"attention_impl={self.attention_impl!r} must be one of {ATTENTION_IMPLS}"
+            )
         if self.draft_attention not in DRAFT_ATTENTION:
-            raise ValueError(f"draft_attention={self.draft_attention!r} must be one of "
-                             f"{DRAFT_ATTENTION}")
+            raise ValueError(
+                f"draft_attention={self.draft_attention!r} must be one of {DRAFT_ATTENTION}"
+            )
 
     @property
     def kernel_impl(self) -> str:
@@ -159,35 +166,59 @@ def default_num_pages(spec_like: dict, max_running_requests: int) -> int:
     return max_running_requests * per_req
 
 
-def make_engine_config(target: Any, *, page_size: int = 16, topk: int = 4,
-                       num_steps: int = 3, num_draft_tokens: int = 8, context_len: int = 256,
-                       max_running_requests: int = 8, max_prompt_len: int = 64,
-                       num_pages: int | None = None,
-                       batch_buckets: tuple[int, ...] | None = None, prefill_batch: int = 1,
-                       draft_attention: str = "cascade", impl: str = "auto",
-                       tensor_parallel: int = 1, attention_impl: str = "auto") -> EngineConfig:
+def make_engine_config(
+    target: Any,
+    *,
+    page_size: int = 16,
+    topk: int = 4,
+    num_steps: int = 3,
+    num_draft_tokens: int = 8,
+    context_len: int = 256,
+    max_running_requests: int = 8,
+    max_prompt_len: int = 64,
+    num_pages: int | None = None,
+    batch_buckets: tuple[int, ...] | None = None,
+    prefill_batch: int = 1,
+    draft_attention: str = "cascade",
+    impl: str = "auto",
+    tensor_parallel: int = 1,
+    attention_impl: str = "auto",
+) -> EngineConfig:
     """An :class:`EngineConfig` whose target pool matches ``target`` (num_pages sized to never
     run out).
 
     ``target``: a :class:`jspec.engine.protocol.TargetModel` (or anything with its
     ``num_layers``, ``num_kv_heads``, ``head_dim`` and ``dtype``, e.g. a ``ModelConfig``).
     """
-    spec_like = {"page_size": page_size, "topk": topk, "num_steps": num_steps,
-                 "num_draft_tokens": num_draft_tokens, "context_len": context_len,
-                 "num_layers": target.num_layers, "num_kv_heads": target.num_kv_heads,
-                 "head_dim": target.head_dim, "dtype": target.dtype}
+    spec_like = {
+        "page_size": page_size,
+        "topk": topk,
+        "num_steps": num_steps,
+        "num_draft_tokens": num_draft_tokens,
+        "context_len": context_len,
+        "num_layers": target.num_layers,
+        "num_kv_heads": target.num_kv_heads,
+        "head_dim": target.head_dim,
+        "dtype": target.dtype,
+    }
     if num_pages is None:
         num_pages = default_num_pages(spec_like, max_running_requests)
-    spec = SpecConfig(**spec_like, max_running_requests=max_running_requests,
-                      num_pages=num_pages)
+    spec = SpecConfig(**spec_like, max_running_requests=max_running_requests, num_pages=num_pages)
     if batch_buckets is None:
         powers = {1 << i for i in range(max_running_requests.bit_length())}
-        batch_buckets = tuple(sorted({b for b in powers if b < max_running_requests}
-                                     | {max_running_requests}))
-    return EngineConfig(spec=spec, max_prompt_len=max_prompt_len,
-                        batch_buckets=tuple(batch_buckets), prefill_batch=prefill_batch,
-                        draft_attention=draft_attention, impl=impl,
-                        tensor_parallel=tensor_parallel, attention_impl=attention_impl)
+        batch_buckets = tuple(
+            sorted({b for b in powers if b < max_running_requests} | {max_running_requests})
+        )
+    return EngineConfig(
+        spec=spec,
+        max_prompt_len=max_prompt_len,
+        batch_buckets=tuple(batch_buckets),
+        prefill_batch=prefill_batch,
+        draft_attention=draft_attention,
+        impl=impl,
+        tensor_parallel=tensor_parallel,
+        attention_impl=attention_impl,
+    )
 
 
 @pytree_dataclass
@@ -211,9 +242,13 @@ class EngineState:
 
 def draft_pool_spec(ecfg: EngineConfig, draft: Any) -> SpecConfig:
     """The draft pool's config: the draft's geometry, the target pool's slots."""
-    return dataclasses.replace(ecfg.spec, num_layers=draft.num_layers,
-                               num_kv_heads=draft.num_kv_heads, head_dim=draft.head_dim,
-                               dtype=draft.dtype)
+    return dataclasses.replace(
+        ecfg.spec,
+        num_layers=draft.num_layers,
+        num_kv_heads=draft.num_kv_heads,
+        head_dim=draft.head_dim,
+        dtype=draft.dtype,
+    )
 
 
 def check_engine_models(ecfg: EngineConfig, target: Any, draft: Any = None) -> None:
@@ -227,19 +262,24 @@ def check_engine_models(ecfg: EngineConfig, target: Any, draft: Any = None) -> N
     s = ecfg.spec
     for field in ("num_layers", "num_kv_heads", "head_dim", "dtype"):
         if getattr(s, field) != getattr(target, field):
-            raise ValueError(f"target.{field}={getattr(target, field)!r} does not match the "
-                             f"engine config's spec.{field}={getattr(s, field)!r} (build the "
-                             "config with make_engine_config(target, ...))")
+            raise ValueError(
+                f"target.{field}={getattr(target, field)!r} does not match the "
+                f"engine config's spec.{field}={getattr(s, field)!r} (build the "
+                "config with make_engine_config(target, ...))"
+            )
     tp = ecfg.tensor_parallel
     for name, model in (("target", target), ("draft", draft)):
         if model is None or tp == 1:
             continue
         if not hasattr(model, "param_specs"):
-            raise ValueError(f"tensor_parallel={tp}: the {name} model {type(model).__name__} "
-                             "defines no param_specs (jspec.engine.protocol)")
+            raise ValueError(
+                f"tensor_parallel={tp}: the {name} model {type(model).__name__} "
+                "defines no param_specs (jspec.engine.protocol)"
+            )
         if model.num_kv_heads % tp:
-            raise ValueError(f"tensor_parallel={tp} must divide {name}.num_kv_heads="
-                             f"{model.num_kv_heads}")
+            raise ValueError(
+                f"tensor_parallel={tp} must divide {name}.num_kv_heads={model.num_kv_heads}"
+            )
         if hasattr(model, "check_tensor_parallel"):
             model.check_tensor_parallel(tp)
 
@@ -267,7 +307,8 @@ def init_engine_state(ecfg: EngineConfig, draft: Any = None) -> EngineState:
         bonus_tokens=jnp.zeros((cap,), jnp.int32),
         topk_p=jnp.zeros((cap, k), jnp.float32),
         topk_index=jnp.zeros((cap, k), jnp.int32),
-        draft_hidden=jnp.zeros((cap, hidden[0]), DTYPES[hidden[1]]))
+        draft_hidden=jnp.zeros((cap, hidden[0]), DTYPES[hidden[1]]),
+    )
 
 
 def gather_slots(x: jax.Array, slot_idx: jax.Array, live: jax.Array, fill=0) -> jax.Array:
@@ -280,8 +321,9 @@ def gather_slots(x: jax.Array, slot_idx: jax.Array, live: jax.Array, fill=0) -> 
     return jnp.where(mask, rows, jnp.asarray(fill, x.dtype))
 
 
-def scatter_slots(x: jax.Array, slot_idx: jax.Array, live: jax.Array,
-                  values: jax.Array) -> jax.Array:
+def scatter_slots(
+    x: jax.Array, slot_idx: jax.Array, live: jax.Array, values: jax.Array
+) -> jax.Array:
     """``x[slot_idx[i]] = values[i]`` for live ``i`` (padding entries are dropped)."""
     idx = jnp.where(live, slot_idx, x.shape[0])
     return x.at[idx].set(values.astype(x.dtype), mode="drop")

@@ -52,13 +52,15 @@ def read_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         except ImportError as e:
             raise ImportError(
                 f"reading {path!r} needs the 'safetensors' package (pip install safetensors); "
-                "alternatively convert the weights to .npz") from e
+                "alternatively convert the weights to .npz"
+            ) from e
         return dict(load_file(path))
     raise ValueError(f"weights path={path!r}: expected a .npz or .safetensors file")
 
 
-def _take(tensors: dict, name: str, shape: tuple[int, ...], dtype: Any,
-          transpose: bool = False) -> jnp.ndarray:
+def _take(
+    tensors: dict, name: str, shape: tuple[int, ...], dtype: Any, transpose: bool = False
+) -> jnp.ndarray:
     if name not in tensors:
         raise KeyError(f"weight {name!r} missing (have {sorted(tensors)[:8]}...)")
     arr = np.asarray(tensors[name], np.float32)
@@ -72,9 +74,17 @@ def _take(tensors: dict, name: str, shape: tuple[int, ...], dtype: Any,
 def _layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     hid, inter = cfg.hidden_size, cfg.intermediate_size
     qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return {"attn_norm": (hid,), "wq": (hid, qd), "wk": (hid, kvd), "wv": (hid, kvd),
-            "wo": (qd, hid), "mlp_norm": (hid,), "w_gate": (hid, inter), "w_up": (hid, inter),
-            "w_down": (inter, hid)}
+    return {
+        "attn_norm": (hid,),
+        "wq": (hid, qd),
+        "wk": (hid, kvd),
+        "wv": (hid, kvd),
+        "wo": (qd, hid),
+        "mlp_norm": (hid,),
+        "w_gate": (hid, inter),
+        "w_up": (hid, inter),
+        "w_down": (inter, hid),
+    }
 
 
 def _load_layer(cfg: ModelConfig, tensors: dict, prefix: str, hf: bool) -> LayerParams:
@@ -99,14 +109,16 @@ def load_target(path: str | os.PathLike, cfg: ModelConfig) -> TargetParams:
         lm_name = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
         lm_head = _take(tensors, lm_name, (hid, vocab), cfg.jnp_dtype, transpose=True)
         final_norm = _take(tensors, "model.norm.weight", (hid,), cfg.jnp_dtype)
-        layers = tuple(_load_layer(cfg, tensors, f"model.layers.{i}.", True)
-                       for i in range(cfg.num_layers))
+        layers = tuple(
+            _load_layer(cfg, tensors, f"model.layers.{i}.", True) for i in range(cfg.num_layers)
+        )
     else:
         embed = _take(tensors, "embed", (vocab, hid), cfg.jnp_dtype)
         lm_head = _take(tensors, "lm_head", (hid, vocab), cfg.jnp_dtype)
         final_norm = _take(tensors, "final_norm", (hid,), cfg.jnp_dtype)
-        layers = tuple(_load_layer(cfg, tensors, f"layers.{i}.", False)
-                       for i in range(cfg.num_layers))
+        layers = tuple(
+            _load_layer(cfg, tensors, f"layers.{i}.", False) for i in range(cfg.num_layers)
+        )
     return TargetParams(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 
 
@@ -120,20 +132,28 @@ def load_draft(path: str | os.PathLike, cfg: ModelConfig) -> DraftParams:
             # EAGLE-1 checkpoints drop the draft layer's input_layernorm: use ones.
             tensors["layers.0.input_layernorm.weight"] = np.ones(hid, np.float32)
         layer = _load_layer(cfg, tensors, "layers.0.", True)
-        norm = (_take(tensors, "norm.weight", (hid,), cfg.jnp_dtype) if "norm.weight" in tensors
-                else jnp.ones(hid, cfg.jnp_dtype))
+        norm = (
+            _take(tensors, "norm.weight", (hid,), cfg.jnp_dtype)
+            if "norm.weight" in tensors
+            else jnp.ones(hid, cfg.jnp_dtype)
+        )
         return DraftParams(fc=fc, layer=layer, final_norm=norm)
     fc = _take(tensors, "draft.fc", (2 * hid, hid), cfg.jnp_dtype)
     norm = _take(tensors, "draft.final_norm", (hid,), cfg.jnp_dtype)
-    return DraftParams(fc=fc, layer=_load_layer(cfg, tensors, "draft.layer.", False),
-                       final_norm=norm)
+    return DraftParams(
+        fc=fc, layer=_load_layer(cfg, tensors, "draft.layer.", False), final_norm=norm
+    )
 
 
-def save_weights(path: str | os.PathLike, target: TargetParams,
-                 draft: DraftParams | None = None) -> None:
+def save_weights(
+    path: str | os.PathLike, target: TargetParams, draft: DraftParams | None = None
+) -> None:
     """Write target (and draft) params as a jspec-named ``.npz`` (f32 on disk)."""
     out: dict[str, np.ndarray] = {
-        "embed": target.embed, "final_norm": target.final_norm, "lm_head": target.lm_head}
+        "embed": target.embed,
+        "final_norm": target.final_norm,
+        "lm_head": target.lm_head,
+    }
     for i, lp in enumerate(target.layers):
         for field in _LAYER_FIELDS:
             out[f"layers.{i}.{field}"] = getattr(lp, field)

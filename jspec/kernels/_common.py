@@ -38,8 +38,9 @@ def quiet_pallas_triton() -> Iterator[None]:
     inside jax (it is shown only under ``-W`` or pytest). 0.10 (CPU) does not warn.
     """
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=PALLAS_TRITON_DEPRECATION,
-                                category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message=PALLAS_TRITON_DEPRECATION, category=DeprecationWarning
+        )
         yield
 
 
@@ -48,8 +49,10 @@ def resolve_impl(impl: str, available: tuple[str, ...], op: str) -> str:
     if impl not in available:
         raise ValueError(f"impl={impl!r} is not available for {op}; choose one of {available}")
     if impl == "triton" and not on_gpu():
-        raise ValueError(f"impl='triton' for {op} needs a GPU backend (jax_triton); "
-                         f"jax.default_backend()={jax.default_backend()!r}")
+        raise ValueError(
+            f"impl='triton' for {op} needs a GPU backend (jax_triton); "
+            f"jax.default_backend()={jax.default_backend()!r}"
+        )
     return impl
 
 
@@ -75,9 +78,10 @@ def validate_tuning(**knobs: int | None) -> None:
     from jspec import probes
 
     for name, val in knobs.items():
-        probes.static_check(val is None or (isinstance(val, int) and val >= 1
-                                            and val & (val - 1) == 0),
-                            f"{name}={val!r} must be None or a power of 2 >= 1")
+        probes.static_check(
+            val is None or (isinstance(val, int) and val >= 1 and val & (val - 1) == 0),
+            f"{name}={val!r} must be None or a power of 2 >= 1",
+        )
 
 
 def next_power_of_2(x: int) -> int:

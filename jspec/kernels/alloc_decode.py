@@ -30,8 +30,17 @@ IMPLS = ("xla", "pallas")
 MAX_BLOCK = 256
 
 
-def _alloc_decode_kernel(last_loc_ref, rank_ref, free_pages_ref, fill_ref, out_ref, *,
-                         block: int, page_size: int, num_req: int):
+def _alloc_decode_kernel(
+    last_loc_ref,
+    rank_ref,
+    free_pages_ref,
+    fill_ref,
+    out_ref,
+    *,
+    block: int,
+    page_size: int,
+    num_req: int,
+):
     # last_loc_ref: i32[B]  slot of position seq-2
     # rank_ref:     i32[B]  free-list index of the request's new page; -1: no new page;
     #                       -2: invalid row (keeps the fill value)
@@ -44,26 +53,33 @@ def _alloc_decode_kernel(last_loc_ref, rank_ref, free_pages_ref, fill_ref, out_r
     rank = pltriton.load(rank_ref.at[rows], mask=in_range, other=-2)
     last_loc = pltriton.load(last_loc_ref.at[rows], mask=in_range, other=0)
     new_page = rank >= 0
-    page = pltriton.load(free_pages_ref.at[jnp.maximum(rank, 0)], mask=in_range & new_page,
-                         other=0)
+    page = pltriton.load(free_pages_ref.at[jnp.maximum(rank, 0)], mask=in_range & new_page, other=0)
     slot = jnp.where(new_page, page * page_size, last_loc + 1)
     pltriton.store(out_ref.at[rows], slot, mask=in_range & (rank >= -1))
 
 
 def _ranks(seq_lens: jax.Array, valid: jax.Array, page_size: int) -> jax.Array:
     """i32[B]: free-list index of each new page, -1 for no new page, -2 for invalid rows."""
-    new_page = valid & ((seq_lens + page_size - 1) // page_size
-                        > (seq_lens + page_size - 2) // page_size)
+    new_page = valid & (
+        (seq_lens + page_size - 1) // page_size > (seq_lens + page_size - 2) // page_size
+    )
     flags = new_page.astype(jnp.int32)
     rank = jnp.cumsum(flags) - flags
     return jnp.where(new_page, rank, jnp.where(valid, -1, -2))
 
 
 @functools.partial(jax.jit, static_argnames=("page_size", "impl", "interpret"))
-def alloc_decode_slots(seq_lens: jax.Array, last_loc: jax.Array, free_pages: jax.Array, *,
-                       page_size: int, valid: jax.Array | None = None,
-                       out: jax.Array | None = None, impl: str = "xla",
-                       interpret: bool | None = None) -> jax.Array:
+def alloc_decode_slots(
+    seq_lens: jax.Array,
+    last_loc: jax.Array,
+    free_pages: jax.Array,
+    *,
+    page_size: int,
+    valid: jax.Array | None = None,
+    out: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+) -> jax.Array:
     """New-token slot ids of ``alloc_decode`` (no free-list update, no OOM check).
 
     Args:
@@ -80,8 +96,10 @@ def alloc_decode_slots(seq_lens: jax.Array, last_loc: jax.Array, free_pages: jax
       i32[B] slot ids.
     """
     impl = resolve_impl(impl, IMPLS, "alloc_decode_slots")
-    probes.static_check(page_size >= 1 and page_size & (page_size - 1) == 0,
-                        f"page_size={page_size} must be a power of 2")
+    probes.static_check(
+        page_size >= 1 and page_size & (page_size - 1) == 0,
+        f"page_size={page_size} must be a power of 2",
+    )
     probes.static_check(seq_lens.ndim == 1, f"seq_lens.ndim={seq_lens.ndim} must be 1")
     probes.static_check_shape(last_loc, seq_lens.shape, "last_loc")
     if valid is not None:
@@ -89,8 +107,9 @@ def alloc_decode_slots(seq_lens: jax.Array, last_loc: jax.Array, free_pages: jax
     if out is not None:
         probes.static_check_shape(out, seq_lens.shape, "out")
     if impl == "xla":
-        return alloc_decode_slots_reference(seq_lens, last_loc, free_pages, page_size=page_size,
-                                            valid=valid, out=out)
+        return alloc_decode_slots_reference(
+            seq_lens, last_loc, free_pages, page_size=page_size, valid=valid, out=out
+        )
     num_req = seq_lens.shape[0]
     fill = jnp.zeros((num_req,), jnp.int32) if out is None else out.astype(jnp.int32)
     if num_req == 0:
@@ -99,8 +118,9 @@ def alloc_decode_slots(seq_lens: jax.Array, last_loc: jax.Array, free_pages: jax
     rank = _ranks(seq_lens.astype(jnp.int32), valid, page_size)
     interpret = resolve_interpret(interpret)
     block = min(MAX_BLOCK, next_power_of_2(num_req))
-    kernel = functools.partial(_alloc_decode_kernel, block=block, page_size=page_size,
-                               num_req=num_req)
+    kernel = functools.partial(
+        _alloc_decode_kernel, block=block, page_size=page_size, num_req=num_req
+    )
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((num_req,), jnp.int32),
@@ -112,9 +132,15 @@ def alloc_decode_slots(seq_lens: jax.Array, last_loc: jax.Array, free_pages: jax
     )(last_loc.astype(jnp.int32), rank, free_pages.astype(jnp.int32), fill)
 
 
-def alloc_decode_slots_reference(seq_lens: jax.Array, last_loc: jax.Array, free_pages: jax.Array,
-                                 *, page_size: int, valid: jax.Array | None = None,
-                                 out: jax.Array | None = None) -> jax.Array:
+def alloc_decode_slots_reference(
+    seq_lens: jax.Array,
+    last_loc: jax.Array,
+    free_pages: jax.Array,
+    *,
+    page_size: int,
+    valid: jax.Array | None = None,
+    out: jax.Array | None = None,
+) -> jax.Array:
     """Pure-jnp oracle of :func:`alloc_decode_slots` (same args)."""
     num_req = seq_lens.shape[0]
     fill = jnp.zeros((num_req,), jnp.int32) if out is None else out.astype(jnp.int32)

@@ -34,9 +34,20 @@ IMPLS = ("xla", "pallas")
 MAX_BLOCK = 256
 
 
-def _alloc_extend_kernel(prefix_ref, seq_ref, last_loc_ref, out_start_ref, page_start_ref,
-                         free_pages_ref, fill_ref, out_ref, *, page_size: int, block: int,
-                         max_new_slots: int):
+def _alloc_extend_kernel(
+    prefix_ref,
+    seq_ref,
+    last_loc_ref,
+    out_start_ref,
+    page_start_ref,
+    free_pages_ref,
+    fill_ref,
+    out_ref,
+    *,
+    page_size: int,
+    block: int,
+    max_new_slots: int,
+):
     # prefix_ref, seq_ref, last_loc_ref: i32[B]   request lengths and last slot
     # out_start_ref, page_start_ref:     i32[B]   exclusive cumsums (slots, new pages)
     # free_pages_ref:                    i32[F]   free list (front = next page handed out)
@@ -53,11 +64,11 @@ def _alloc_extend_kernel(prefix_ref, seq_ref, last_loc_ref, out_start_ref, page_
     offsets = jnp.arange(block, dtype=jnp.int32)
 
     def body(k, carry):
-        t = k * block + offsets                      # i32[block]: offset inside the request
+        t = k * block + offsets  # i32[block]: offset inside the request
         dst = out_start + t
         mask = (t < num_slots) & (dst < max_new_slots)
-        pos = pre + t                                # token position in the row
-        continues = pos < ceil_pre                   # part 1: the prefix's partial page
+        pos = pre + t  # token position in the row
+        continues = pos < ceil_pre  # part 1: the prefix's partial page
         page_idx = page_start + jnp.maximum(pos - ceil_pre, 0) // page_size
         page = pltriton.load(free_pages_ref.at[page_idx], mask=mask & ~continues, other=0)
         slot = jnp.where(continues, last_loc + 1 + t, page * page_size + pos % page_size)
@@ -70,18 +81,21 @@ def _alloc_extend_kernel(prefix_ref, seq_ref, last_loc_ref, out_start_ref, page_
 def _layout(prefix_lens: jax.Array, seq_lens: jax.Array, page_size: int):
     """Per-request extend lengths and exclusive cumsums (XLA bookkeeping)."""
     num_slots = jnp.maximum(seq_lens - prefix_lens, 0)
-    num_pages = jnp.where(num_slots > 0,
-                          (seq_lens + page_size - 1) // page_size
-                          - (prefix_lens + page_size - 1) // page_size, 0)
+    num_pages = jnp.where(
+        num_slots > 0,
+        (seq_lens + page_size - 1) // page_size - (prefix_lens + page_size - 1) // page_size,
+        0,
+    )
     out_start = jnp.cumsum(num_slots) - num_slots
     page_start = jnp.cumsum(num_pages) - num_pages
     return num_slots, out_start, page_start
 
 
-def _check_args(prefix_lens, seq_lens, last_loc, free_pages, page_size, max_new_slots,
-                out) -> None:
-    probes.static_check(page_size >= 1 and page_size & (page_size - 1) == 0,
-                        f"page_size={page_size} must be a power of 2")
+def _check_args(prefix_lens, seq_lens, last_loc, free_pages, page_size, max_new_slots, out) -> None:
+    probes.static_check(
+        page_size >= 1 and page_size & (page_size - 1) == 0,
+        f"page_size={page_size} must be a power of 2",
+    )
     probes.static_check(max_new_slots >= 0, f"max_new_slots={max_new_slots} must be >= 0")
     probes.static_check(prefix_lens.ndim == 1, f"prefix_lens.ndim={prefix_lens.ndim} must be 1")
     probes.static_check_shape(seq_lens, prefix_lens.shape, "seq_lens")
@@ -92,10 +106,18 @@ def _check_args(prefix_lens, seq_lens, last_loc, free_pages, page_size, max_new_
 
 
 @functools.partial(jax.jit, static_argnames=("page_size", "max_new_slots", "impl", "interpret"))
-def alloc_extend_slots(prefix_lens: jax.Array, seq_lens: jax.Array, last_loc: jax.Array,
-                       free_pages: jax.Array, *, page_size: int, max_new_slots: int,
-                       out: jax.Array | None = None, impl: str = "xla",
-                       interpret: bool | None = None) -> jax.Array:
+def alloc_extend_slots(
+    prefix_lens: jax.Array,
+    seq_lens: jax.Array,
+    last_loc: jax.Array,
+    free_pages: jax.Array,
+    *,
+    page_size: int,
+    max_new_slots: int,
+    out: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+) -> jax.Array:
     """Packed new slot ids of ``alloc_extend`` (no free-list update, no OOM check).
 
     Args:
@@ -115,9 +137,15 @@ def alloc_extend_slots(prefix_lens: jax.Array, seq_lens: jax.Array, last_loc: ja
     impl = resolve_impl(impl, IMPLS, "alloc_extend_slots")
     _check_args(prefix_lens, seq_lens, last_loc, free_pages, page_size, max_new_slots, out)
     if impl == "xla":
-        return alloc_extend_slots_reference(prefix_lens, seq_lens, last_loc, free_pages,
-                                            page_size=page_size, max_new_slots=max_new_slots,
-                                            out=out)
+        return alloc_extend_slots_reference(
+            prefix_lens,
+            seq_lens,
+            last_loc,
+            free_pages,
+            page_size=page_size,
+            max_new_slots=max_new_slots,
+            out=out,
+        )
     prefix_lens = prefix_lens.astype(jnp.int32)
     seq_lens = seq_lens.astype(jnp.int32)
     fill = jnp.zeros((max_new_slots,), jnp.int32) if out is None else out.astype(jnp.int32)
@@ -126,8 +154,9 @@ def alloc_extend_slots(prefix_lens: jax.Array, seq_lens: jax.Array, last_loc: ja
     _, out_start, page_start = _layout(prefix_lens, seq_lens, page_size)
     interpret = resolve_interpret(interpret)
     block = min(MAX_BLOCK, next_power_of_2(max_new_slots))
-    kernel = functools.partial(_alloc_extend_kernel, page_size=page_size, block=block,
-                               max_new_slots=max_new_slots)
+    kernel = functools.partial(
+        _alloc_extend_kernel, page_size=page_size, block=block, max_new_slots=max_new_slots
+    )
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((max_new_slots,), jnp.int32),
@@ -136,13 +165,27 @@ def alloc_extend_slots(prefix_lens: jax.Array, seq_lens: jax.Array, last_loc: ja
         interpret=interpret,
         compiler_params=None if interpret else triton_params(num_warps=4, num_stages=1),
         name="alloc_extend_slots",
-    )(prefix_lens, seq_lens, last_loc.astype(jnp.int32), out_start, page_start,
-      free_pages.astype(jnp.int32), fill)
+    )(
+        prefix_lens,
+        seq_lens,
+        last_loc.astype(jnp.int32),
+        out_start,
+        page_start,
+        free_pages.astype(jnp.int32),
+        fill,
+    )
 
 
-def alloc_extend_slots_reference(prefix_lens: jax.Array, seq_lens: jax.Array,
-                                 last_loc: jax.Array, free_pages: jax.Array, *, page_size: int,
-                                 max_new_slots: int, out: jax.Array | None = None) -> jax.Array:
+def alloc_extend_slots_reference(
+    prefix_lens: jax.Array,
+    seq_lens: jax.Array,
+    last_loc: jax.Array,
+    free_pages: jax.Array,
+    *,
+    page_size: int,
+    max_new_slots: int,
+    out: jax.Array | None = None,
+) -> jax.Array:
     """Pure-jnp oracle of :func:`alloc_extend_slots` (same args; one gather per output slot)."""
     prefix_lens = prefix_lens.astype(jnp.int32)
     seq_lens = seq_lens.astype(jnp.int32)
@@ -156,9 +199,11 @@ def alloc_extend_slots_reference(prefix_lens: jax.Array, seq_lens: jax.Array,
     j = jnp.arange(max_new_slots, dtype=jnp.int32)
     # Owner request of output slot j: the last growing row whose segment starts at or before j
     # (row-start marks, then a running max: O(M + B), no searchsorted).
-    marks = jnp.full((max_new_slots,), -1, jnp.int32).at[
-        jnp.where(num_slots > 0, out_start, max_new_slots)].max(
-            jnp.arange(num_req, dtype=jnp.int32), mode="drop")
+    marks = (
+        jnp.full((max_new_slots,), -1, jnp.int32)
+        .at[jnp.where(num_slots > 0, out_start, max_new_slots)]
+        .max(jnp.arange(num_req, dtype=jnp.int32), mode="drop")
+    )
     b = jnp.clip(jax.lax.cummax(marks), 0, num_req - 1)
     t = j - out_start[b]
     pre = prefix_lens[b]

@@ -29,9 +29,19 @@ IMPLS = ("xla", "pallas")
 MAX_BLOCK = 256
 
 
-def _assign_req_to_token_pool_kernel(rows_ref, start_ref, end_ref, src_start_ref, loc_ref,
-                                     table_in_ref, table_ref, *, block: int, width: int,
-                                     num_locs: int):
+def _assign_req_to_token_pool_kernel(
+    rows_ref,
+    start_ref,
+    end_ref,
+    src_start_ref,
+    loc_ref,
+    table_in_ref,
+    table_ref,
+    *,
+    block: int,
+    width: int,
+    num_locs: int,
+):
     # rows_ref, start_ref, end_ref: i32[B]   target row and [start, end) positions
     # src_start_ref:                i32[B]   exclusive cumsum of end - start
     # loc_ref:                      i32[M]   packed slot ids (out_cache_loc)
@@ -46,7 +56,7 @@ def _assign_req_to_token_pool_kernel(rows_ref, start_ref, end_ref, src_start_ref
     offsets = jnp.arange(block, dtype=jnp.int32)
 
     def body(k, carry):
-        t = k * block + offsets                     # i32[block]: offset inside the segment
+        t = k * block + offsets  # i32[block]: offset inside the segment
         src = src_start + t
         mask = (t < length) & (src < num_locs)
         slot = pltriton.load(loc_ref.at[src], mask=mask, other=0)
@@ -59,19 +69,27 @@ def _assign_req_to_token_pool_kernel(rows_ref, start_ref, end_ref, src_start_ref
 def _check_args(req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc) -> None:
     probes.static_check(req_to_token.ndim == 2, f"req_to_token.ndim={req_to_token.ndim} must be 2")
     probes.static_check_dtype(req_to_token, jnp.int32, "req_to_token")
-    probes.static_check(req_pool_indices.ndim == 1,
-                        f"req_pool_indices.ndim={req_pool_indices.ndim} must be 1")
+    probes.static_check(
+        req_pool_indices.ndim == 1, f"req_pool_indices.ndim={req_pool_indices.ndim} must be 1"
+    )
     probes.static_check_shape(start_offset, req_pool_indices.shape, "start_offset")
     probes.static_check_shape(end_offset, req_pool_indices.shape, "end_offset")
-    probes.static_check(out_cache_loc.ndim == 1,
-                        f"out_cache_loc.ndim={out_cache_loc.ndim} must be 1")
+    probes.static_check(
+        out_cache_loc.ndim == 1, f"out_cache_loc.ndim={out_cache_loc.ndim} must be 1"
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "interpret"))
-def assign_req_to_token_pool(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                             start_offset: jax.Array, end_offset: jax.Array,
-                             out_cache_loc: jax.Array, *, impl: str = "xla",
-                             interpret: bool | None = None) -> jax.Array:
+def assign_req_to_token_pool(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    start_offset: jax.Array,
+    end_offset: jax.Array,
+    out_cache_loc: jax.Array,
+    *,
+    impl: str = "xla",
+    interpret: bool | None = None,
+) -> jax.Array:
     """Scatter packed slots into req_to_token rows (no probes; see ``jspec.kv.req_to_token``).
 
     Args:
@@ -88,8 +106,9 @@ def assign_req_to_token_pool(req_to_token: jax.Array, req_pool_indices: jax.Arra
     impl = resolve_impl(impl, IMPLS, "assign_req_to_token_pool")
     _check_args(req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc)
     if impl == "xla":
-        return assign_req_to_token_pool_reference(req_to_token, req_pool_indices, start_offset,
-                                                  end_offset, out_cache_loc)
+        return assign_req_to_token_pool_reference(
+            req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc
+        )
     num_req = req_pool_indices.shape[0]
     num_locs = out_cache_loc.shape[0]
     num_rows, width = req_to_token.shape
@@ -100,8 +119,9 @@ def assign_req_to_token_pool(req_to_token: jax.Array, req_pool_indices: jax.Arra
     src_start = jnp.cumsum(lengths) - lengths
     interpret = resolve_interpret(interpret)
     block = min(MAX_BLOCK, next_power_of_2(min(num_locs, width)))
-    kernel = functools.partial(_assign_req_to_token_pool_kernel, block=block, width=width,
-                               num_locs=num_locs)
+    kernel = functools.partial(
+        _assign_req_to_token_pool_kernel, block=block, width=width, num_locs=num_locs
+    )
     flat = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((num_rows * width,), jnp.int32),
@@ -110,14 +130,24 @@ def assign_req_to_token_pool(req_to_token: jax.Array, req_pool_indices: jax.Arra
         interpret=interpret,
         compiler_params=None if interpret else triton_params(num_warps=4, num_stages=1),
         name="assign_req_to_token_pool",
-    )(req_pool_indices.astype(jnp.int32), start_offset, end_offset.astype(jnp.int32), src_start,
-      out_cache_loc.astype(jnp.int32), req_to_token.reshape(-1))
+    )(
+        req_pool_indices.astype(jnp.int32),
+        start_offset,
+        end_offset.astype(jnp.int32),
+        src_start,
+        out_cache_loc.astype(jnp.int32),
+        req_to_token.reshape(-1),
+    )
     return flat.reshape(num_rows, width)
 
 
-def assign_req_to_token_pool_reference(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                                       start_offset: jax.Array, end_offset: jax.Array,
-                                       out_cache_loc: jax.Array) -> jax.Array:
+def assign_req_to_token_pool_reference(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    start_offset: jax.Array,
+    end_offset: jax.Array,
+    out_cache_loc: jax.Array,
+) -> jax.Array:
     """Pure-jnp oracle of :func:`assign_req_to_token_pool`: one scatter over the M sources."""
     num_req = req_pool_indices.shape[0]
     num_locs = out_cache_loc.shape[0]
@@ -130,9 +160,11 @@ def assign_req_to_token_pool_reference(req_to_token: jax.Array, req_pool_indices
     total = jnp.sum(lengths)
     j = jnp.arange(num_locs, dtype=jnp.int32)
     # Owner request of source j (row-start marks + running max, like alloc_extend_slots).
-    marks = jnp.full((num_locs,), -1, jnp.int32).at[
-        jnp.where(lengths > 0, src_start, num_locs)].max(
-            jnp.arange(num_req, dtype=jnp.int32), mode="drop")
+    marks = (
+        jnp.full((num_locs,), -1, jnp.int32)
+        .at[jnp.where(lengths > 0, src_start, num_locs)]
+        .max(jnp.arange(num_req, dtype=jnp.int32), mode="drop")
+    )
     b = jnp.clip(jax.lax.cummax(marks), 0, num_req - 1)
     col = start_offset[b] + (j - src_start[b])
     row = req_pool_indices.astype(jnp.int32)[b]

@@ -77,8 +77,12 @@ def _links(parent, ok, rows, cols, big):
     """next_token / next_sibling from the parent rule (2-D compare + min-reduce)."""
     child = ok[..., None, :] & (parent[..., None, :] == rows)
     next_token = jnp.min(jnp.where(child, cols, big), axis=-1)
-    sib = (ok[..., :, None] & ok[..., None, :] & (parent[..., None, :] == parent[..., :, None])
-           & (cols > rows))
+    sib = (
+        ok[..., :, None]
+        & ok[..., None, :]
+        & (parent[..., None, :] == parent[..., :, None])
+        & (cols > rows)
+    )
     next_sibling = jnp.min(jnp.where(sib, cols, big), axis=-1)
     next_token = jnp.where(next_token == big, NO_NODE, next_token)
     next_sibling = jnp.where(next_sibling == big, NO_NODE, next_sibling)
@@ -88,18 +92,18 @@ def _links(parent, ok, rows, cols, big):
 # ---- Pallas kernel ------------------------------------------------------------------------------
 def _build_tree_kernel(
     parent_list_ref,  # i32[B * PW]      flattened parent_list (PW >= 1; padded with -1 if empty)
-    sel_ref,          # i32[B * (N-1)]   flattened top_scores_index
-    seq_lens_ref,     # i32[B]
-    bonus_ref,        # i32[B]           bonus tokens (tree roots)
-    drafts_ref,       # i32[B * (N-1)]   flattened draft tokens
-    next_token_ref,   # i32[B * N]       out
+    sel_ref,  # i32[B * (N-1)]   flattened top_scores_index
+    seq_lens_ref,  # i32[B]
+    bonus_ref,  # i32[B]           bonus tokens (tree roots)
+    drafts_ref,  # i32[B * (N-1)]   flattened draft tokens
+    next_token_ref,  # i32[B * N]       out
     next_sibling_ref,  # i32[B * N]      out
-    positions_ref,    # i32[B * N]       out
-    mask_ref,         # bool[B * N * N]  out (qlen mask) | word_dtype[B * N] (bitpacked rows)
-    invalid_ref,      # i32[B]           out: first invalid node or -1
+    positions_ref,  # i32[B * N]       out
+    mask_ref,  # bool[B * N * N]  out (qlen mask) | word_dtype[B * N] (bitpacked rows)
+    invalid_ref,  # i32[B]           out: first invalid node or -1
     retrive_index_ref,  # i32[B * N]     out: b*N + j
-    tokens_ref,       # i32[B * N]       out: bonus token, then the drafts
-    valid_ref,        # bool[B]          out
+    tokens_ref,  # i32[B * N]       out: bonus token, then the drafts
+    valid_ref,  # bool[B]          out
     *,
     topk: int,
     num_nodes: int,
@@ -120,8 +124,9 @@ def _build_tree_kernel(
     sel_node = _load(sel_ref, b * nsel + jnp.maximum(nodes - 1, 0), live, 0)
     tb = jnp.where(sel_node >= 0, jax.lax.div(jnp.maximum(sel_node, 0), topk), -1)
     need = live & (tb >= 1) & (tb < parent_width)
-    parent_tok = _load(parent_list_ref, b * parent_stride + jnp.clip(tb, 0, parent_stride - 1),
-                       need, -1)
+    parent_tok = _load(
+        parent_list_ref, b * parent_stride + jnp.clip(tb, 0, parent_stride - 1), need, -1
+    )
     parent, ok = _parent_search(sel_node, parent_tok, tb, nodes, live, parent_width=parent_width)
     next_token, next_sibling = _links(parent, ok, rows, cols, np_)
     # Ancestor-or-self closure: start from {self, parent} (invalid -> root), square `rounds` times.
@@ -173,8 +178,9 @@ def _store(ref, idx, value, mask):
     pltriton.store(ref.at[idx], value, mask=mask)
 
 
-def _build_tree_pallas(parent_list, sel, seq_lens, bonus, drafts, *, topk, word_dtype,
-                       interpret, poison=False):
+def _build_tree_pallas(
+    parent_list, sel, seq_lens, bonus, drafts, *, topk, word_dtype, interpret, poison=False
+):
     """Launch the kernel; ``poison=True`` (tests) pre-fills outputs with sentinels via aliasing."""
     bsz, nsel = sel.shape
     n = nsel + 1
@@ -185,25 +191,52 @@ def _build_tree_pallas(parent_list, sel, seq_lens, bonus, drafts, *, topk, word_
     block = max(_MIN_BLOCK, next_power_of_2(n))
     interpret = resolve_interpret(interpret)
     flat = jax.ShapeDtypeStruct((bsz * n,), jnp.int32)
-    mask_shape = jax.ShapeDtypeStruct((bsz * n,), word_dtype) if word_dtype is not None else \
-        jax.ShapeDtypeStruct((bsz * n * n,), jnp.bool_)
-    out_shape = (flat, flat, flat, mask_shape, jax.ShapeDtypeStruct((bsz,), jnp.int32), flat, flat,
-                 jax.ShapeDtypeStruct((bsz,), jnp.bool_))
+    mask_shape = (
+        jax.ShapeDtypeStruct((bsz * n,), word_dtype)
+        if word_dtype is not None
+        else jax.ShapeDtypeStruct((bsz * n * n,), jnp.bool_)
+    )
+    out_shape = (
+        flat,
+        flat,
+        flat,
+        mask_shape,
+        jax.ShapeDtypeStruct((bsz,), jnp.int32),
+        flat,
+        flat,
+        jax.ShapeDtypeStruct((bsz,), jnp.bool_),
+    )
     kernel = functools.partial(
-        _build_tree_kernel, topk=topk, num_nodes=n, parent_width=width, parent_stride=stride,
-        block=block, rounds=num_closure_rounds(n), word_dtype=word_dtype)
+        _build_tree_kernel,
+        topk=topk,
+        num_nodes=n,
+        parent_width=width,
+        parent_stride=stride,
+        block=block,
+        rounds=num_closure_rounds(n),
+        word_dtype=word_dtype,
+    )
     args = [parent_list.reshape(-1), sel.reshape(-1), seq_lens, bonus, drafts.reshape(-1)]
     num_in = len(args)
     aliases = {}
     if poison:
-        inits = [jnp.full(s.shape, True if s.dtype == jnp.bool_ else 7 if
-                          jnp.issubdtype(s.dtype, jnp.unsignedinteger) else -7, s.dtype)
-                 for s in out_shape]
+        inits = [
+            jnp.full(
+                s.shape,
+                True
+                if s.dtype == jnp.bool_
+                else 7
+                if jnp.issubdtype(s.dtype, jnp.unsignedinteger)
+                else -7,
+                s.dtype,
+            )
+            for s in out_shape
+        ]
         aliases = {num_in + i: i for i in range(len(inits))}
         args = args + inits
 
         def kernel_with_inits(*refs, _k=kernel):
-            return _k(*refs[:num_in], *refs[num_in + len(inits):])
+            return _k(*refs[:num_in], *refs[num_in + len(inits) :])
 
         kernel = kernel_with_inits
     outs = pl.pallas_call(
@@ -217,13 +250,29 @@ def _build_tree_pallas(parent_list, sel, seq_lens, bonus, drafts, *, topk, word_
     )(*args)
     next_token, next_sibling, positions, mask, first_invalid, ridx, tokens, is_valid = outs
     mask = mask.reshape(bsz, n) if word_dtype is not None else mask.reshape(bsz, n, n)
-    return (next_token.reshape(bsz, n), next_sibling.reshape(bsz, n), positions, mask,
-            first_invalid, ridx.reshape(bsz, n), tokens, is_valid)
+    return (
+        next_token.reshape(bsz, n),
+        next_sibling.reshape(bsz, n),
+        positions,
+        mask,
+        first_invalid,
+        ridx.reshape(bsz, n),
+        tokens,
+        is_valid,
+    )
 
 
 # ---- pure-jnp reference -------------------------------------------------------------------------
-def build_tree_reference(parent_list: jax.Array, sel: jax.Array, seq_lens: jax.Array,
-                         bonus: jax.Array, drafts: jax.Array, *, topk: int, word_dtype=None):
+def build_tree_reference(
+    parent_list: jax.Array,
+    sel: jax.Array,
+    seq_lens: jax.Array,
+    bonus: jax.Array,
+    drafts: jax.Array,
+    *,
+    topk: int,
+    word_dtype=None,
+):
     """Pure-jnp oracle; same arguments and outputs as :func:`build_tree` (no impl)."""
     bsz, nsel = sel.shape
     n = nsel + 1
@@ -242,15 +291,18 @@ def build_tree_reference(parent_list: jax.Array, sel: jax.Array, seq_lens: jax.A
     next_token, next_sibling = _links(parent, ok, nodes[:, None], nodes[None, :], n)
     # Pointer jumping: anc = ancestors within 2^k hops (self included); jump = 2^k-th ancestor.
     jump = jnp.where(ok, parent, 0)
-    anc = (nodes[None, None, :] == nodes[None, :, None]) | (nodes[None, None, :] == jump[:, :, None])
+    anc = (nodes[None, None, :] == nodes[None, :, None]) | (
+        nodes[None, None, :] == jump[:, :, None]
+    )
     for _ in range(num_closure_rounds(n)):
         anc = anc | jnp.take_along_axis(anc, jump[:, :, None], axis=1)
         jump = jnp.take_along_axis(jump, jump, axis=1)
     depth = jnp.sum(anc, axis=2, dtype=jnp.int32) - 1
     positions = (seq_lens[:, None] + depth).reshape(-1)
     if word_dtype is not None:
-        words = jnp.sum(jnp.where(anc, jnp.left_shift(1, nodes)[None, None, :], 0), axis=2,
-                        dtype=jnp.int32)
+        words = jnp.sum(
+            jnp.where(anc, jnp.left_shift(1, nodes)[None, None, :], 0), axis=2, dtype=jnp.int32
+        )
         mask = _to_word(words, word_dtype)
     else:
         mask = anc
@@ -259,15 +311,32 @@ def build_tree_reference(parent_list: jax.Array, sel: jax.Array, seq_lens: jax.A
     first_invalid = jnp.where(first_bad == n, NO_NODE, first_bad).astype(jnp.int32)
     retrive_index = jnp.arange(bsz, dtype=jnp.int32)[:, None] * n + nodes[None, :]
     tokens = jnp.concatenate([bonus[:, None], drafts], axis=1).reshape(-1)
-    return (next_token, next_sibling, positions.astype(jnp.int32), mask, first_invalid,
-            retrive_index, tokens, first_invalid == NO_NODE)
+    return (
+        next_token,
+        next_sibling,
+        positions.astype(jnp.int32),
+        mask,
+        first_invalid,
+        retrive_index,
+        tokens,
+        first_invalid == NO_NODE,
+    )
 
 
 # ---- dispatch -----------------------------------------------------------------------------------
 @functools.partial(jax.jit, static_argnames=("topk", "word_dtype", "impl", "interpret"))
-def build_tree(parent_list: jax.Array, sel: jax.Array, seq_lens: jax.Array, bonus: jax.Array,
-               drafts: jax.Array, *, topk: int, word_dtype=None, impl: str = "xla",
-               interpret: bool | None = None):
+def build_tree(
+    parent_list: jax.Array,
+    sel: jax.Array,
+    seq_lens: jax.Array,
+    bonus: jax.Array,
+    drafts: jax.Array,
+    *,
+    topk: int,
+    word_dtype=None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+):
     """Links, positions, ancestor mask and flat tokens of every request's draft tree.
 
     Args:
@@ -289,12 +358,24 @@ def build_tree(parent_list: jax.Array, sel: jax.Array, seq_lens: jax.Array, bonu
     """
     impl = resolve_impl(impl, IMPLS, "build_tree_kernel_efficient")
     parent_list, sel, seq_lens, bonus, drafts = (
-        x.astype(jnp.int32) for x in (parent_list, sel, seq_lens, bonus, drafts))
+        x.astype(jnp.int32) for x in (parent_list, sel, seq_lens, bonus, drafts)
+    )
     if impl == "pallas" and sel.shape[0] > 0:
         if sel.shape[1] + 1 > MAX_PALLAS_NODES:
-            raise ValueError(f"num_draft_tokens={sel.shape[1] + 1} exceeds the Pallas tile limit "
-                             f"{MAX_PALLAS_NODES}; use impl='xla'")
-        return _build_tree_pallas(parent_list, sel, seq_lens, bonus, drafts, topk=topk,
-                                  word_dtype=word_dtype, interpret=interpret)
-    return build_tree_reference(parent_list, sel, seq_lens, bonus, drafts, topk=topk,
-                                word_dtype=word_dtype)
+            raise ValueError(
+                f"num_draft_tokens={sel.shape[1] + 1} exceeds the Pallas tile limit "
+                f"{MAX_PALLAS_NODES}; use impl='xla'"
+            )
+        return _build_tree_pallas(
+            parent_list,
+            sel,
+            seq_lens,
+            bonus,
+            drafts,
+            topk=topk,
+            word_dtype=word_dtype,
+            interpret=interpret,
+        )
+    return build_tree_reference(
+        parent_list, sel, seq_lens, bonus, drafts, topk=topk, word_dtype=word_dtype
+    )

@@ -50,52 +50,86 @@ def max_prefix_tail_pairs(batch_size: int, *, topk: int, page_size: int) -> int:
     return batch_size * max(topk - 1, 0) * max(page_size - 1, 0)
 
 
-def _static_validate(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                     seq_lens: jax.Array, *, topk: int, num_steps: int, page_size: int,
-                     max_pairs: int) -> None:
+def _static_validate(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    max_pairs: int,
+) -> None:
     for name, value in (("topk", topk), ("num_steps", num_steps), ("page_size", page_size)):
-        probes.static_check(isinstance(value, int) and value >= 1,
-                            f"{name}={value!r} must be an int >= 1")
-    probes.static_check(page_size & (page_size - 1) == 0,
-                        f"page_size={page_size} must be a power of 2")
-    probes.static_check(isinstance(max_pairs, int) and max_pairs >= 0,
-                        f"max_pairs={max_pairs!r} must be an int >= 0")
-    probes.static_check(req_to_token.ndim == 2,
-                        f"req_to_token.shape={req_to_token.shape} must be 2-D")
-    probes.static_check(req_to_token.size < INT32_LIMIT,
-                        f"req_to_token.size={req_to_token.size} must be < 2**31 (flat int32 index)")
+        probes.static_check(
+            isinstance(value, int) and value >= 1, f"{name}={value!r} must be an int >= 1"
+        )
+    probes.static_check(
+        page_size & (page_size - 1) == 0, f"page_size={page_size} must be a power of 2"
+    )
+    probes.static_check(
+        isinstance(max_pairs, int) and max_pairs >= 0,
+        f"max_pairs={max_pairs!r} must be an int >= 0",
+    )
+    probes.static_check(
+        req_to_token.ndim == 2, f"req_to_token.shape={req_to_token.shape} must be 2-D"
+    )
+    probes.static_check(
+        req_to_token.size < INT32_LIMIT,
+        f"req_to_token.size={req_to_token.size} must be < 2**31 (flat int32 index)",
+    )
     (batch,) = req_pool_indices.shape
     probes.static_check_shape(seq_lens, (batch,), "seq_lens")
-    for name, x in (("req_to_token", req_to_token), ("req_pool_indices", req_pool_indices),
-                    ("seq_lens", seq_lens)):
+    for name, x in (
+        ("req_to_token", req_to_token),
+        ("req_pool_indices", req_pool_indices),
+        ("seq_lens", seq_lens),
+    ):
         probes.static_check_dtype(x, jnp.int32, name)
 
 
-def _probe_positions(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                     seq_lens: jax.Array, valid: jax.Array, *, topk: int, num_steps: int,
-                     page_size: int) -> None:
+def _probe_positions(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    valid: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+) -> None:
     """Probes: row indices in range and the draft footprint ``base + K*nnp*P`` inside the row."""
     rows, width = req_to_token.shape
     footprint = draft_footprint(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
-    probes.detect_oob(req_pool_indices, 0, rows, "draft_cache_loc: req_pool_indices",
-                      where=valid)
+    probes.detect_oob(req_pool_indices, 0, rows, "draft_cache_loc: req_pool_indices", where=valid)
     probes.detect_in_closed_range(seq_lens, 0, width, "draft_cache_loc: seq_lens", where=valid)
-    probes.detect_in_closed_range(footprint, 0, width,
-                                  "draft_cache_loc: draft footprint base + K*nnp*P vs row width",
-                                  where=valid)
+    probes.detect_in_closed_range(
+        footprint,
+        0,
+        width,
+        "draft_cache_loc: draft footprint base + K*nnp*P vs row width",
+        where=valid,
+    )
 
 
-def draft_cache_loc_reference(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                              seq_lens: jax.Array, valid: jax.Array, *, topk: int,
-                              num_steps: int, page_size: int, max_pairs: int,
-                              ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def draft_cache_loc_reference(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    valid: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    max_pairs: int,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Pure-jnp oracle; see :func:`draft_cache_loc` for the contract."""
     batch = req_pool_indices.shape[0]
     width = req_to_token.shape[1]
     k, s, p = topk, num_steps, page_size
     flat = req_to_token.reshape(-1)
     lp, base, region = holey_geometry(seq_lens, num_steps=s, page_size=p)  # i32[B] each
-    row_start = req_pool_indices * width                               # i32[B]
+    row_start = req_pool_indices * width  # i32[B]
 
     def gather(pos: jax.Array, live: jax.Array) -> jax.Array:
         # pos: i32[B, ...] row positions; live masks padding rows / unused entries.
@@ -108,15 +142,15 @@ def draft_cache_loc_reference(req_to_token: jax.Array, req_pool_indices: jax.Arr
     pos = (base + lp)[:, None, None] + t * region[:, None, None] + step  # i32[B, K, S]
     out_cache_loc = gather(pos, jnp.broadcast_to(valid[:, None, None], pos.shape))
 
-    counts = jnp.where(valid, (k - 1) * lp, 0)                         # pairs per request
+    counts = jnp.where(valid, (k - 1) * lp, 0)  # pairs per request
     num_pairs = jnp.sum(counts).astype(jnp.int32)
     if max_pairs == 0 or k == 1 or p == 1:
         zeros = jnp.zeros((max_pairs,), jnp.int32)
         return out_cache_loc, zeros, zeros, num_pairs
-    cu = jnp.cumsum(counts) - counts                                   # exclusive, i32[B]
-    tb = jnp.arange(1, k, dtype=jnp.int32)[None, :, None]              # branches 1..K-1
-    o = jnp.arange(p - 1, dtype=jnp.int32)[None, None, :]              # hole offsets
-    live = valid[:, None, None] & (o < lp[:, None, None])             # bool[B, K-1, P-1]
+    cu = jnp.cumsum(counts) - counts  # exclusive, i32[B]
+    tb = jnp.arange(1, k, dtype=jnp.int32)[None, :, None]  # branches 1..K-1
+    o = jnp.arange(p - 1, dtype=jnp.int32)[None, None, :]  # hole offsets
+    live = valid[:, None, None] & (o < lp[:, None, None])  # bool[B, K-1, P-1]
     dst = cu[:, None, None] + (tb - 1) * lp[:, None, None] + o
     live = live & (dst < max_pairs)
     tgt_val = gather(base[:, None, None] + tb * region[:, None, None] + o, live)
@@ -126,10 +160,26 @@ def draft_cache_loc_reference(req_to_token: jax.Array, req_pool_indices: jax.Arr
     return out_cache_loc, tgt, src, num_pairs
 
 
-def _draft_cache_loc_kernel(rpi_ref, seq_ref, valid_ref, cu_ref, r2t_ref, tgt_in_ref, src_in_ref,
-                            loc_ref, tgt_ref, src_ref, *, topk: int, num_steps: int,
-                            page_size: int, width: int, max_pairs: int, loc_block: int,
-                            pair_block: int) -> None:
+def _draft_cache_loc_kernel(
+    rpi_ref,
+    seq_ref,
+    valid_ref,
+    cu_ref,
+    r2t_ref,
+    tgt_in_ref,
+    src_in_ref,
+    loc_ref,
+    tgt_ref,
+    src_ref,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    width: int,
+    max_pairs: int,
+    loc_block: int,
+    pair_block: int,
+) -> None:
     # rpi_ref:   i32[B]                 req_pool_indices
     # seq_ref:   i32[B]                 seq_lens (L)
     # valid_ref: i32[B]                 1 = live request, 0 = padding row
@@ -165,10 +215,12 @@ def _draft_cache_loc_kernel(rpi_ref, seq_ref, valid_ref, cu_ref, r2t_ref, tgt_in
         o = q % p
         dst = cu_ref[b] + (tb - 1) * lp + o
         live = is_live & (tb < topk) & (o < lp) & (dst < max_pairs)
-        tgt_val = pltriton.load(r2t_ref.at[row_start + jnp.where(live, base + tb * region + o, 0)],
-                                mask=live, other=0)
-        src_val = pltriton.load(r2t_ref.at[row_start + jnp.where(live, base + o, 0)],
-                                mask=live, other=0)
+        tgt_val = pltriton.load(
+            r2t_ref.at[row_start + jnp.where(live, base + tb * region + o, 0)], mask=live, other=0
+        )
+        src_val = pltriton.load(
+            r2t_ref.at[row_start + jnp.where(live, base + o, 0)], mask=live, other=0
+        )
         # NOTE: masked lanes get distinct in-range scratch indices past max_pairs: interpret
         # mode applies a masked scatter as a read-modify-write, and clamped duplicates would
         # race with live lanes. Compiled, masked lanes store nothing.
@@ -177,8 +229,19 @@ def _draft_cache_loc_kernel(rpi_ref, seq_ref, valid_ref, cu_ref, r2t_ref, tgt_in
         pltriton.store(src_ref.at[dst], src_val, mask=live)
 
 
-def _draft_cache_loc_pallas(req_to_token, req_pool_indices, seq_lens, valid, *, topk, num_steps,
-                            page_size, max_pairs, interpret, pair_fill: int = PAD_SLOT_ID):
+def _draft_cache_loc_pallas(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    valid,
+    *,
+    topk,
+    num_steps,
+    page_size,
+    max_pairs,
+    interpret,
+    pair_fill: int = PAD_SLOT_ID,
+):
     """Launch the kernel. ``pair_fill`` initialises the pair buffers (tests poison it)."""
     from jax.experimental import pallas as pl
 
@@ -194,35 +257,63 @@ def _draft_cache_loc_pallas(req_to_token, req_pool_indices, seq_lens, valid, *, 
     pair_block = next_power_of_2((k - 1) * p) if with_pairs else 0
     buf = max_pairs + pair_block if with_pairs else 1
     kernel = functools.partial(
-        _draft_cache_loc_kernel, topk=k, num_steps=s, page_size=p, width=width,
-        max_pairs=max_pairs, loc_block=loc_block, pair_block=pair_block)
+        _draft_cache_loc_kernel,
+        topk=k,
+        num_steps=s,
+        page_size=p,
+        width=width,
+        max_pairs=max_pairs,
+        loc_block=loc_block,
+        pair_block=pair_block,
+    )
     interpret = resolve_interpret(interpret)
-    out_shape = (jax.ShapeDtypeStruct((batch * loc_block,), jnp.int32),
-                 jax.ShapeDtypeStruct((buf,), jnp.int32),
-                 jax.ShapeDtypeStruct((buf,), jnp.int32))
+    out_shape = (
+        jax.ShapeDtypeStruct((batch * loc_block,), jnp.int32),
+        jax.ShapeDtypeStruct((buf,), jnp.int32),
+        jax.ShapeDtypeStruct((buf,), jnp.int32),
+    )
     tgt_init = jnp.full((buf,), pair_fill, jnp.int32)
     src_init = jnp.full((buf,), pair_fill, jnp.int32)
     loc, tgt, src = pl.pallas_call(
-        kernel, out_shape=out_shape, grid=(batch,),
+        kernel,
+        out_shape=out_shape,
+        grid=(batch,),
         input_output_aliases={5: 1, 6: 2},
         interpret=interpret,
         compiler_params=None if interpret else triton_params(num_warps=4),
         name="draft_cache_loc",
-    )(req_pool_indices, seq_lens, valid.astype(jnp.int32), cu, req_to_token.reshape(-1),
-      tgt_init, src_init)
-    out_cache_loc = loc.reshape(batch, loc_block)[:, :k * s].reshape(batch, k, s)
+    )(
+        req_pool_indices,
+        seq_lens,
+        valid.astype(jnp.int32),
+        cu,
+        req_to_token.reshape(-1),
+        tgt_init,
+        src_init,
+    )
+    out_cache_loc = loc.reshape(batch, loc_block)[:, : k * s].reshape(batch, k, s)
     if not with_pairs:
         empty = jnp.zeros((max_pairs,), jnp.int32)
         return out_cache_loc, empty, empty, num_pairs
     return out_cache_loc, tgt[:max_pairs], src[:max_pairs], num_pairs
 
 
-@functools.partial(jax.jit, static_argnames=("topk", "num_steps", "page_size", "max_pairs",
-                                             "impl", "interpret"))
-def draft_cache_loc(req_to_token: jax.Array, req_pool_indices: jax.Array, seq_lens: jax.Array,
-                    valid: jax.Array | None = None, *, topk: int, num_steps: int, page_size: int,
-                    max_pairs: int, impl: str = "xla", interpret: bool | None = None,
-                    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+@functools.partial(
+    jax.jit, static_argnames=("topk", "num_steps", "page_size", "max_pairs", "impl", "interpret")
+)
+def draft_cache_loc(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    valid: jax.Array | None = None,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    max_pairs: int,
+    impl: str = "xla",
+    interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Draft ``out_cache_loc`` and prefix-tail hole pairs in one pass (SPEC.md §4.2, §4.3).
 
     Args:
@@ -243,23 +334,54 @@ def draft_cache_loc(req_to_token: jax.Array, req_pool_indices: jax.Array, seq_le
       num_pairs: i32[] true pair count ``(K-1) * sum(lp)`` over valid rows.
     """
     impl = resolve_impl(impl, IMPLS, "draft_cache_loc")
-    _static_validate(req_to_token, req_pool_indices, seq_lens, topk=topk, num_steps=num_steps,
-                     page_size=page_size, max_pairs=max_pairs)
+    _static_validate(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        max_pairs=max_pairs,
+    )
     if valid is None:
         valid = jnp.ones(req_pool_indices.shape, bool)
     probes.static_check_shape(valid, req_pool_indices.shape, "valid")
     valid = valid.astype(bool)
-    _probe_positions(req_to_token, req_pool_indices, seq_lens, valid, topk=topk,
-                     num_steps=num_steps, page_size=page_size)
+    _probe_positions(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        valid,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+    )
     if impl == "pallas":
-        out = _draft_cache_loc_pallas(req_to_token, req_pool_indices, seq_lens, valid, topk=topk,
-                                      num_steps=num_steps, page_size=page_size,
-                                      max_pairs=max_pairs, interpret=interpret)
+        out = _draft_cache_loc_pallas(
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            valid,
+            topk=topk,
+            num_steps=num_steps,
+            page_size=page_size,
+            max_pairs=max_pairs,
+            interpret=interpret,
+        )
     else:
-        out = draft_cache_loc_reference(req_to_token, req_pool_indices, seq_lens, valid,
-                                        topk=topk, num_steps=num_steps, page_size=page_size,
-                                        max_pairs=max_pairs)
-    probes.assert_async(lambda: out[3] <= max_pairs,
-                        "draft_cache_loc: num_pairs {n} exceeds max_pairs=" + str(max_pairs),
-                        n=lambda: out[3])
+        out = draft_cache_loc_reference(
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            valid,
+            topk=topk,
+            num_steps=num_steps,
+            page_size=page_size,
+            max_pairs=max_pairs,
+        )
+    probes.assert_async(
+        lambda: out[3] <= max_pairs,
+        "draft_cache_loc: num_pairs {n} exceeds max_pairs=" + str(max_pairs),
+        n=lambda: out[3],
+    )
     return out

@@ -61,20 +61,26 @@ def draft_kv_indptr(seq_lens: jax.Array, *, topk: int, num_steps: int) -> jax.Ar
     return (base[None, :] + z[None, :] * its).astype(jnp.int32)
 
 
-def draft_ext_start(seq_lens: jax.Array, *, topk: int, num_steps: int,
-                    page_size: int) -> jax.Array:
+def draft_ext_start(seq_lens: jax.Array, *, topk: int, num_steps: int, page_size: int) -> jax.Array:
     """Row position of each branch's step-0 draft slot: i32[B, K] (SPEC.md §4.2, §6.1)."""
     branch = jnp.arange(topk, dtype=jnp.int32)[None, :]
-    return _layout.draft_ext_start(seq_lens[:, None], branch, num_steps=num_steps,
-                                   page_size=page_size)
+    return _layout.draft_ext_start(
+        seq_lens[:, None], branch, num_steps=num_steps, page_size=page_size
+    )
 
 
 # ---- reference ------------------------------------------------------------------------------
-def draft_kv_indices_reference(req_pool_indices: jax.Array, req_to_token: jax.Array,
-                               seq_lens: jax.Array, *, topk: int, num_steps: int,
-                               page_size: int, kv_indices_width: int,
-                               kv_indices_buffer: jax.Array | None = None
-                               ) -> tuple[jax.Array, jax.Array]:
+def draft_kv_indices_reference(
+    req_pool_indices: jax.Array,
+    req_to_token: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    kv_indices_width: int,
+    kv_indices_buffer: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """Pure-jnp oracle: every output entry gathers its slot (see the module docstring).
 
     Returns ``(kv_indices i32[S, W], kv_indptr i32[S, B*K+1])``; entries past the used length
@@ -85,8 +91,9 @@ def draft_kv_indices_reference(req_pool_indices: jax.Array, req_to_token: jax.Ar
     width = kv_indices_width
     row_width = req_to_token.shape[1]
     kv_indptr = draft_kv_indptr(seq_lens, topk=topk, num_steps=num_steps)
-    old = (jnp.zeros((num_steps, width), jnp.int32) if kv_indices_buffer is None
-           else kv_indices_buffer)
+    old = (
+        jnp.zeros((num_steps, width), jnp.int32) if kv_indices_buffer is None else kv_indices_buffer
+    )
     if num_seqs == 0 or width == 0:
         return old, kv_indptr
     pos = jnp.arange(width, dtype=jnp.int32)
@@ -96,32 +103,43 @@ def draft_kv_indices_reference(req_pool_indices: jax.Array, req_to_token: jax.Ar
     local = pos[None, :] - jnp.take_along_axis(kv_indptr, seg, axis=1)
     seq = seg // topk
     seq_len = seq_lens[seq]
-    ext = draft_ext_start(seq_lens, topk=topk, num_steps=num_steps,
-                          page_size=page_size).reshape(-1)[seg]
+    ext = draft_ext_start(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size).reshape(
+        -1
+    )[seg]
     src = jnp.where(local < seq_len, local, ext + local - seq_len)
     in_row = (src >= 0) & (src < row_width)
     slots = req_to_token[req_pool_indices[seq], jnp.clip(src, 0, row_width - 1)]
     slots = jnp.where(in_row, slots, 0)
-    used = kv_indptr[:, num_rows:num_rows + 1]
+    used = kv_indptr[:, num_rows : num_rows + 1]
     return jnp.where(pos[None, :] < used, slots, old).astype(jnp.int32), kv_indptr
 
 
 # ---- Pallas kernel ---------------------------------------------------------------------------
-def _draft_kv_indices_kernel(req_pool_indices_ref,  # i32[B]
-                             req_to_token_ref,  # i32[num_req_rows, R]
-                             seq_lens_ref,  # i32[B]
-                             kv_indices_in_ref,  # i32[S, W] (aliased to kv_indices_ref)
-                             kv_indices_ref,  # i32[S, W] (out)
-                             kv_indptr_ref,  # i32[S, B*K+1] (out)
-                             *, num_seqs: int, topk: int, num_steps: int, page_size: int,
-                             width: int, row_width: int, block_tokens: int, block_seqs: int,
-                             block_steps: int):
+def _draft_kv_indices_kernel(
+    req_pool_indices_ref,  # i32[B]
+    req_to_token_ref,  # i32[num_req_rows, R]
+    seq_lens_ref,  # i32[B]
+    kv_indices_in_ref,  # i32[S, W] (aliased to kv_indices_ref)
+    kv_indices_ref,  # i32[S, W] (out)
+    kv_indptr_ref,  # i32[S, B*K+1] (out)
+    *,
+    num_seqs: int,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    width: int,
+    row_width: int,
+    block_tokens: int,
+    block_seqs: int,
+    block_steps: int,
+):
     del kv_indices_in_ref  # same buffer as kv_indices_ref
     seq = pl.program_id(0)
     branch = pl.program_id(1)
     seq_ids = jnp.arange(block_seqs, dtype=jnp.int32)
-    all_lens = pltriton.load(seq_lens_ref.at[pl.ds(0, block_seqs)], mask=seq_ids < num_seqs,
-                             other=0)  # [BS]
+    all_lens = pltriton.load(
+        seq_lens_ref.at[pl.ds(0, block_seqs)], mask=seq_ids < num_seqs, other=0
+    )  # [BS]
     cum_len = jnp.sum(jnp.where(seq_ids < seq, all_lens, 0))  # sum_{b' < b} L_b'
     total_len = jnp.sum(all_lens)
     seq_len = seq_lens_ref[seq]
@@ -139,7 +157,8 @@ def _draft_kv_indices_kernel(req_pool_indices_ref,  # i32[B]
     def _():
         for i in range(num_steps):
             kv_indptr_ref[jnp.int32(i), jnp.int32(num_seqs * topk)] = (
-                total_len * topk + num_seqs * topk * (i + 1))
+                total_len * topk + num_seqs * topk * (i + 1)
+            )
 
     # Prefix: copy row[0:L] once per token block into all S step rows (slots read past the row
     # width R are 0, like the reference).
@@ -149,12 +168,16 @@ def _draft_kv_indices_kernel(req_pool_indices_ref,  # i32[B]
     def copy_block(blk, carry):
         tok0 = blk * block_tokens
         tok = tok0 + jnp.arange(block_tokens, dtype=jnp.int32)  # [BT]
-        slots = pltriton.load(req_to_token_ref.at[req, pl.ds(tok0, block_tokens)],
-                              mask=tok < copy_len, other=0)
+        slots = pltriton.load(
+            req_to_token_ref.at[req, pl.ds(tok0, block_tokens)], mask=tok < copy_len, other=0
+        )
         for i in range(num_steps):
             start = seg_base + z * (i + 1)
-            pltriton.store(kv_indices_ref.at[jnp.int32(i), pl.ds(start + tok0, block_tokens)],
-                           slots, mask=(tok < seq_len) & (start + tok < width))
+            pltriton.store(
+                kv_indices_ref.at[jnp.int32(i), pl.ds(start + tok0, block_tokens)],
+                slots,
+                mask=(tok < seq_len) & (start + tok < width),
+            )
         return carry
 
     jax.lax.fori_loop(0, num_blocks, copy_block, jnp.int32(0))
@@ -164,29 +187,50 @@ def _draft_kv_indices_kernel(req_pool_indices_ref,  # i32[B]
     step = jnp.arange(block_steps, dtype=jnp.int32)  # [BSt]
     draft_slots = pltriton.load(
         req_to_token_ref.at[req, pl.ds(ext, block_steps)],
-        mask=(step < num_steps) & (ext + step >= 0) & (ext + step < row_width), other=0)
+        mask=(step < num_steps) & (ext + step >= 0) & (ext + step < row_width),
+        other=0,
+    )
     for i in range(num_steps):
         start = seg_base + z * (i + 1) + seq_len
-        pltriton.store(kv_indices_ref.at[jnp.int32(i), pl.ds(start, block_steps)], draft_slots,
-                       mask=(step <= i) & (start + step < width))
+        pltriton.store(
+            kv_indices_ref.at[jnp.int32(i), pl.ds(start, block_steps)],
+            draft_slots,
+            mask=(step <= i) & (start + step < width),
+        )
 
 
-def _draft_kv_indices_pallas(req_pool_indices: jax.Array, req_to_token: jax.Array,
-                             seq_lens: jax.Array, kv_indices_buffer: jax.Array, *, topk: int,
-                             num_steps: int, page_size: int, interpret: bool,
-                             block_tokens: int) -> tuple[jax.Array, jax.Array]:
+def _draft_kv_indices_pallas(
+    req_pool_indices: jax.Array,
+    req_to_token: jax.Array,
+    seq_lens: jax.Array,
+    kv_indices_buffer: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    interpret: bool,
+    block_tokens: int,
+) -> tuple[jax.Array, jax.Array]:
     num_seqs = seq_lens.shape[0]
     width = kv_indices_buffer.shape[1]
     kernel = functools.partial(
-        _draft_kv_indices_kernel, num_seqs=num_seqs, topk=topk, num_steps=num_steps,
-        page_size=page_size, width=width, row_width=req_to_token.shape[1],
+        _draft_kv_indices_kernel,
+        num_seqs=num_seqs,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        width=width,
+        row_width=req_to_token.shape[1],
         block_tokens=_common.next_power_of_2(block_tokens),
         block_seqs=_common.next_power_of_2(num_seqs),
-        block_steps=_common.next_power_of_2(num_steps))
+        block_steps=_common.next_power_of_2(num_steps),
+    )
     return pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((num_steps, width), jnp.int32),
-                   jax.ShapeDtypeStruct((num_steps, num_seqs * topk + 1), jnp.int32)),
+        out_shape=(
+            jax.ShapeDtypeStruct((num_steps, width), jnp.int32),
+            jax.ShapeDtypeStruct((num_steps, num_seqs * topk + 1), jnp.int32),
+        ),
         grid=(num_seqs, topk),
         input_output_aliases={3: 0},
         interpret=interpret,
@@ -196,11 +240,20 @@ def _draft_kv_indices_pallas(req_pool_indices: jax.Array, req_to_token: jax.Arra
 
 
 # ---- dispatch (validation and probes live in jspec.attention_meta.kv_indices) -----------------
-def draft_kv_indices(req_pool_indices: jax.Array, req_to_token: jax.Array, seq_lens: jax.Array,
-                     *, topk: int, num_steps: int, page_size: int, kv_indices_width: int,
-                     kv_indices_buffer: jax.Array | None = None, impl: str = "xla",
-                     interpret: bool | None = None,
-                     block_tokens: int = BLOCK_TOKENS) -> tuple[jax.Array, jax.Array]:
+def draft_kv_indices(
+    req_pool_indices: jax.Array,
+    req_to_token: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    kv_indices_width: int,
+    kv_indices_buffer: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    block_tokens: int = BLOCK_TOKENS,
+) -> tuple[jax.Array, jax.Array]:
     """Unchecked dispatch over ``impl``; use ``generate_draft_decode_kv_indices`` instead.
 
     Shapes as in ``jspec.attention_meta.kv_indices.generate_draft_decode_kv_indices``.
@@ -209,18 +262,41 @@ def draft_kv_indices(req_pool_indices: jax.Array, req_to_token: jax.Array, seq_l
     num_seqs = seq_lens.shape[0]
     if impl == "xla" or num_seqs == 0 or kv_indices_width == 0:
         return draft_kv_indices_reference(
-            req_pool_indices, req_to_token, seq_lens, topk=topk, num_steps=num_steps,
-            page_size=page_size, kv_indices_width=kv_indices_width,
-            kv_indices_buffer=kv_indices_buffer)
-    buffer = (jnp.zeros((num_steps, kv_indices_width), jnp.int32) if kv_indices_buffer is None
-              else kv_indices_buffer)
+            req_pool_indices,
+            req_to_token,
+            seq_lens,
+            topk=topk,
+            num_steps=num_steps,
+            page_size=page_size,
+            kv_indices_width=kv_indices_width,
+            kv_indices_buffer=kv_indices_buffer,
+        )
+    buffer = (
+        jnp.zeros((num_steps, kv_indices_width), jnp.int32)
+        if kv_indices_buffer is None
+        else kv_indices_buffer
+    )
     if impl == "pallas":
-        return _draft_kv_indices_pallas(req_pool_indices, req_to_token, seq_lens, buffer,
-                                        topk=topk, num_steps=num_steps, page_size=page_size,
-                                        interpret=_common.resolve_interpret(interpret),
-                                        block_tokens=block_tokens)
+        return _draft_kv_indices_pallas(
+            req_pool_indices,
+            req_to_token,
+            seq_lens,
+            buffer,
+            topk=topk,
+            num_steps=num_steps,
+            page_size=page_size,
+            interpret=_common.resolve_interpret(interpret),
+            block_tokens=block_tokens,
+        )
     from jspec.kernels import triton_meta  # GPU only: imports jax_triton lazily
 
-    return triton_meta.draft_kv_indices_triton(req_pool_indices, req_to_token, seq_lens, buffer,
-                                               topk=topk, num_steps=num_steps,
-                                               page_size=page_size, block_tokens=block_tokens)
+    return triton_meta.draft_kv_indices_triton(
+        req_pool_indices,
+        req_to_token,
+        seq_lens,
+        buffer,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        block_tokens=block_tokens,
+    )

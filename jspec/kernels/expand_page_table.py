@@ -57,43 +57,69 @@ def _log2(page_size: int) -> int:
     return int(page_size).bit_length() - 1
 
 
-def validate_expand_args(last_page_lens: jax.Array, cache_loc: jax.Array, *, decode_length: int,
-                         topk: int, page_size: int, page_table_width: int,
-                         num_cols: int) -> None:
+def validate_expand_args(
+    last_page_lens: jax.Array,
+    cache_loc: jax.Array,
+    *,
+    decode_length: int,
+    topk: int,
+    page_size: int,
+    page_table_width: int,
+    num_cols: int,
+) -> None:
     """Trace-time checks shared by every impl; raises ``ValueError`` naming the argument."""
     probes.static_check(isinstance(topk, int) and topk >= 1, f"topk={topk!r} must be an int >= 1")
-    probes.static_check(isinstance(page_size, int) and page_size >= 1
-                        and page_size & (page_size - 1) == 0,
-                        f"page_size={page_size!r} must be a power of 2")
-    probes.static_check(isinstance(decode_length, int) and decode_length >= 1,
-                        f"decode_length={decode_length!r} must be an int >= 1")
-    probes.static_check(cache_loc.ndim == 2, f"cache_loc.ndim={cache_loc.ndim} must be 2 "
-                        "(i32[num_seqs*topk, num_cols])")
-    probes.static_check(last_page_lens.ndim == 1,
-                        f"last_page_lens.ndim={last_page_lens.ndim} must be 1 (i32[num_seqs])")
+    probes.static_check(
+        isinstance(page_size, int) and page_size >= 1 and page_size & (page_size - 1) == 0,
+        f"page_size={page_size!r} must be a power of 2",
+    )
+    probes.static_check(
+        isinstance(decode_length, int) and decode_length >= 1,
+        f"decode_length={decode_length!r} must be an int >= 1",
+    )
+    probes.static_check(
+        cache_loc.ndim == 2,
+        f"cache_loc.ndim={cache_loc.ndim} must be 2 (i32[num_seqs*topk, num_cols])",
+    )
+    probes.static_check(
+        last_page_lens.ndim == 1,
+        f"last_page_lens.ndim={last_page_lens.ndim} must be 1 (i32[num_seqs])",
+    )
     probes.static_check_dtype(cache_loc, jnp.int32, "cache_loc")
     probes.static_check_dtype(last_page_lens, jnp.int32, "last_page_lens")
     num_rows = last_page_lens.shape[0] * topk
-    probes.static_check(cache_loc.shape[0] == num_rows,
-                        f"cache_loc.shape[0]={cache_loc.shape[0]} must be "
-                        f"last_page_lens.shape[0] * topk = {num_rows}")
-    probes.static_check(isinstance(num_cols, int) and 0 <= num_cols <= cache_loc.shape[1],
-                        f"num_cols={num_cols!r} must be an int in [0, cache_loc.shape[1]="
-                        f"{cache_loc.shape[1]}] (cache_loc too narrow for decode_length="
-                        f"{decode_length}?)")
+    probes.static_check(
+        cache_loc.shape[0] == num_rows,
+        f"cache_loc.shape[0]={cache_loc.shape[0]} must be "
+        f"last_page_lens.shape[0] * topk = {num_rows}",
+    )
+    probes.static_check(
+        isinstance(num_cols, int) and 0 <= num_cols <= cache_loc.shape[1],
+        f"num_cols={num_cols!r} must be an int in [0, cache_loc.shape[1]="
+        f"{cache_loc.shape[1]}] (cache_loc too narrow for decode_length="
+        f"{decode_length}?)",
+    )
     # NOTE: the exact never-OOB bound: n slots give at most n distinct consecutive pages.
-    probes.static_check(isinstance(page_table_width, int) and page_table_width >= num_cols,
-                        f"draft expand page_table too narrow: cache_loc width {num_cols} (live "
-                        f"columns) > "
-                        f"page_table_width={page_table_width} columns; page_size={page_size}, "
-                        f"topk={topk}, decode_length={decode_length}")
+    probes.static_check(
+        isinstance(page_table_width, int) and page_table_width >= num_cols,
+        f"draft expand page_table too narrow: cache_loc width {num_cols} (live "
+        f"columns) > "
+        f"page_table_width={page_table_width} columns; page_size={page_size}, "
+        f"topk={topk}, decode_length={decode_length}",
+    )
 
 
 # ---- reference ------------------------------------------------------------------------------
-def expand_page_table_reference(last_page_lens: jax.Array, cache_loc: jax.Array, *,
-                                decode_length: int, topk: int, page_size: int,
-                                page_table_width: int,
-                                num_cols: int | None = None) -> tuple[jax.Array, jax.Array]:
+def expand_page_table_reference(
+    last_page_lens: jax.Array,
+    cache_loc: jax.Array,
+    *,
+    decode_length: int,
+    topk: int,
+    page_size: int,
+    page_table_width: int,
+    num_cols: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """Pure-jnp oracle of sglang's ``draft_decode_set_expand_metadata``.
 
     Args:
@@ -115,7 +141,8 @@ def expand_page_table_reference(last_page_lens: jax.Array, cache_loc: jax.Array,
     cache_seqlens = decode_length + jnp.repeat(last_page_lens, topk, total_repeat_length=num_rows)
     pages = cache_loc // page_size
     is_new = jnp.concatenate(
-        [jnp.ones((num_rows, min(num_cols, 1)), bool), pages[:, 1:] != pages[:, :-1]], axis=1)
+        [jnp.ones((num_rows, min(num_cols, 1)), bool), pages[:, 1:] != pages[:, :-1]], axis=1
+    )
     col = jnp.cumsum(is_new, axis=1, dtype=jnp.int32) - 1
     # Only the first slot of each run writes (duplicates would write the same page anyway).
     col = jnp.where(is_new, col, page_table_width)
@@ -126,18 +153,28 @@ def expand_page_table_reference(last_page_lens: jax.Array, cache_loc: jax.Array,
 
 
 # ---- Pallas kernel ---------------------------------------------------------------------------
-def _expand_page_table_kernel(last_page_lens_ref,  # i32[B]
-                              cache_loc_ref,  # i32[B*K, W]; columns [0, num_cols) read
-                              cache_seqlens_ref,  # i32[B*K] (out)
-                              page_table_ref,  # i32[B*K, width] (out)
-                              *, num_rows: int, num_cols: int, decode_length: int, topk: int,
-                              page_shift: int, width: int, block_rows: int, block_cols: int):
+def _expand_page_table_kernel(
+    last_page_lens_ref,  # i32[B]
+    cache_loc_ref,  # i32[B*K, W]; columns [0, num_cols) read
+    cache_seqlens_ref,  # i32[B*K] (out)
+    page_table_ref,  # i32[B*K, width] (out)
+    *,
+    num_rows: int,
+    num_cols: int,
+    decode_length: int,
+    topk: int,
+    page_shift: int,
+    width: int,
+    block_rows: int,
+    block_cols: int,
+):
     row0 = pl.program_id(0) * block_rows
     rows = row0 + jnp.arange(block_rows, dtype=jnp.int32)  # [BR]
     row_ok = rows < num_rows
     last_page_len = pltriton.load(last_page_lens_ref.at[rows // topk], mask=row_ok, other=0)
-    pltriton.store(cache_seqlens_ref.at[pl.ds(row0, block_rows)], last_page_len + decode_length,
-                   mask=row_ok)
+    pltriton.store(
+        cache_seqlens_ref.at[pl.ds(row0, block_rows)], last_page_len + decode_length, mask=row_ok
+    )
 
     cols = jnp.arange(block_cols, dtype=jnp.int32)[None, :]  # [1, BC]
     table = jnp.zeros((block_rows, block_cols), jnp.int32)  # [BR, BC]
@@ -146,38 +183,59 @@ def _expand_page_table_kernel(last_page_lens_ref,  # i32[B]
     # The row is tiny (n <= num_steps): unroll the columns. NOTE: static scalar indices are
     # jnp.int32 (a Python int indexer breaks interpret mode in jax 0.10).
     for c in range(num_cols):
-        slot = pltriton.load(cache_loc_ref.at[pl.ds(row0, block_rows), jnp.int32(c)],
-                             mask=row_ok, other=0)  # [BR]
+        slot = pltriton.load(
+            cache_loc_ref.at[pl.ds(row0, block_rows), jnp.int32(c)], mask=row_ok, other=0
+        )  # [BR]
         page = jax.lax.shift_right_arithmetic(slot, jnp.int32(page_shift))  # floor(slot / P)
         is_new = (page != prev_page) if c > 0 else jnp.ones_like(row_ok)
         count = count + is_new.astype(jnp.int32)
         hit = is_new[:, None] & (cols == (count - 1)[:, None])
         table = jnp.where(hit, page[:, None], table)
         prev_page = page
-    pltriton.store(page_table_ref.at[pl.ds(row0, block_rows), pl.ds(0, block_cols)], table,
-                   mask=row_ok[:, None] & (cols < width))
+    pltriton.store(
+        page_table_ref.at[pl.ds(row0, block_rows), pl.ds(0, block_cols)],
+        table,
+        mask=row_ok[:, None] & (cols < width),
+    )
 
 
 def _block_rows(num_rows: int, block_rows: int) -> int:
-    return min(_common.next_power_of_2(block_rows),
-               max(MIN_BLOCK_ROWS, _common.next_power_of_2(num_rows)))
+    return min(
+        _common.next_power_of_2(block_rows), max(MIN_BLOCK_ROWS, _common.next_power_of_2(num_rows))
+    )
 
 
-def _expand_page_table_pallas(last_page_lens: jax.Array, cache_loc: jax.Array, *,
-                              decode_length: int, topk: int, page_size: int,
-                              page_table_width: int, num_cols: int, interpret: bool,
-                              block_rows: int) -> tuple[jax.Array, jax.Array]:
+def _expand_page_table_pallas(
+    last_page_lens: jax.Array,
+    cache_loc: jax.Array,
+    *,
+    decode_length: int,
+    topk: int,
+    page_size: int,
+    page_table_width: int,
+    num_cols: int,
+    interpret: bool,
+    block_rows: int,
+) -> tuple[jax.Array, jax.Array]:
     num_rows = cache_loc.shape[0]
     block_rows = _block_rows(num_rows, block_rows)
     kernel = functools.partial(
-        _expand_page_table_kernel, num_rows=num_rows, num_cols=num_cols,
-        decode_length=decode_length, topk=topk, page_shift=_log2(page_size),
-        width=page_table_width, block_rows=block_rows,
-        block_cols=_common.next_power_of_2(page_table_width))
+        _expand_page_table_kernel,
+        num_rows=num_rows,
+        num_cols=num_cols,
+        decode_length=decode_length,
+        topk=topk,
+        page_shift=_log2(page_size),
+        width=page_table_width,
+        block_rows=block_rows,
+        block_cols=_common.next_power_of_2(page_table_width),
+    )
     return pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((num_rows,), jnp.int32),
-                   jax.ShapeDtypeStruct((num_rows, page_table_width), jnp.int32)),
+        out_shape=(
+            jax.ShapeDtypeStruct((num_rows,), jnp.int32),
+            jax.ShapeDtypeStruct((num_rows, page_table_width), jnp.int32),
+        ),
         grid=(pl.cdiv(num_rows, block_rows),),
         interpret=interpret,
         compiler_params=None if interpret else _common.triton_params(num_warps=NUM_WARPS),
@@ -186,13 +244,32 @@ def _expand_page_table_pallas(last_page_lens: jax.Array, cache_loc: jax.Array, *
 
 
 # ---- public wrapper --------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("decode_length", "topk", "page_size",
-                                             "page_table_width", "num_cols", "impl",
-                                             "interpret", "block_rows"))
-def expand_page_table(last_page_lens: jax.Array, cache_loc: jax.Array, *, decode_length: int,
-                      topk: int, page_size: int, page_table_width: int | None = None,
-                      num_cols: int | None = None, impl: str = "xla", interpret: bool | None = None,
-                      block_rows: int = BLOCK_ROWS) -> tuple[jax.Array, jax.Array]:
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "decode_length",
+        "topk",
+        "page_size",
+        "page_table_width",
+        "num_cols",
+        "impl",
+        "interpret",
+        "block_rows",
+    ),
+)
+def expand_page_table(
+    last_page_lens: jax.Array,
+    cache_loc: jax.Array,
+    *,
+    decode_length: int,
+    topk: int,
+    page_size: int,
+    page_table_width: int | None = None,
+    num_cols: int | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    block_rows: int = BLOCK_ROWS,
+) -> tuple[jax.Array, jax.Array]:
     """sglang's ``draft_decode_set_expand_metadata`` over the first ``num_cols`` columns.
 
     Args:
@@ -213,23 +290,40 @@ def expand_page_table(last_page_lens: jax.Array, cache_loc: jax.Array, *, decode
     """
     num_cols = cache_loc.shape[1] if num_cols is None else num_cols
     width = num_cols if page_table_width is None else page_table_width
-    validate_expand_args(last_page_lens, cache_loc, decode_length=decode_length, topk=topk,
-                         page_size=page_size, page_table_width=width, num_cols=num_cols)
+    validate_expand_args(
+        last_page_lens,
+        cache_loc,
+        decode_length=decode_length,
+        topk=topk,
+        page_size=page_size,
+        page_table_width=width,
+        num_cols=num_cols,
+    )
     impl = _common.resolve_impl(impl, IMPLS, "expand_page_table")
     num_rows = cache_loc.shape[0]
     if num_rows == 0 or num_cols == 0:
         # Empty batch (or no columns): nothing to launch.
         seqlens = decode_length + jnp.repeat(last_page_lens, topk, total_repeat_length=num_rows)
         return seqlens.astype(jnp.int32), jnp.zeros((num_rows, width), jnp.int32)
-    kwargs = {"decode_length": decode_length, "topk": topk, "page_size": page_size,
-                  "page_table_width": width, "num_cols": num_cols}
+    kwargs = {
+        "decode_length": decode_length,
+        "topk": topk,
+        "page_size": page_size,
+        "page_table_width": width,
+        "num_cols": num_cols,
+    }
     if impl == "xla":
         return expand_page_table_reference(last_page_lens, cache_loc, **kwargs)
     if impl == "pallas":
-        return _expand_page_table_pallas(last_page_lens, cache_loc, **kwargs,
-                                         interpret=_common.resolve_interpret(interpret),
-                                         block_rows=block_rows)
+        return _expand_page_table_pallas(
+            last_page_lens,
+            cache_loc,
+            **kwargs,
+            interpret=_common.resolve_interpret(interpret),
+            block_rows=block_rows,
+        )
     from jspec.kernels import triton_meta  # GPU only: imports jax_triton lazily
 
-    return triton_meta.expand_page_table_triton(last_page_lens, cache_loc, **kwargs,
-                                                block_rows=_block_rows(num_rows, block_rows))
+    return triton_meta.expand_page_table_triton(
+        last_page_lens, cache_loc, **kwargs, block_rows=_block_rows(num_rows, block_rows)
+    )

@@ -55,9 +55,9 @@ IMPLS = ("xla", "pallas", "triton")
 # noise of each other (both ~3 TB/s at n=4096); pallas needs no jax_triton.
 AUTO_GPU_IMPL = "pallas"
 # Per-pair modes (i32), computed in XLA before the kernels.
-MODE_SKIP = 0     # self pair (t -> t) or padding: nothing to do
-MODE_DIRECT = 1   # read the source row from the pool
-MODE_STASH = 2    # read the source row from the stash (another row block writes it)
+MODE_SKIP = 0  # self pair (t -> t) or padding: nothing to do
+MODE_DIRECT = 1  # read the source row from the pool
+MODE_STASH = 2  # read the source row from the stash (another row block writes it)
 # Default tuning (H200, 2 KB rows; bench/move_kv_cache.py --sweep): rows per program,
 # K-or-V elements per program, warps, and the largest n (rounded up to a power of 2) moved by
 # a single row block (then there is no stash pass and no XLA work at all).
@@ -97,8 +97,19 @@ def _load_pairs(refs, row0, n: int, block_rows: int):
     return [pltriton.load(ref.at[pairs], mask=ok, other=0)[:, None] for ref in refs]
 
 
-def _stash_kv_kernel(src_ref, mode_ref, k_ref, v_ref, stash_k_ref, stash_v_ref, *,
-                     n: int, block_rows: int, block_cols: int, row_width: int):
+def _stash_kv_kernel(
+    src_ref,
+    mode_ref,
+    k_ref,
+    v_ref,
+    stash_k_ref,
+    stash_v_ref,
+    *,
+    n: int,
+    block_rows: int,
+    block_cols: int,
+    row_width: int,
+):
     # src_ref, mode_ref: i32[n]
     # k_ref, v_ref: dtype[num_layers, num_slots, row_width]           (the pool, read only)
     # stash_k_ref, stash_v_ref: dtype[num_layers, n_pad, row_width]   (rows of stashed pairs)
@@ -113,8 +124,17 @@ def _stash_kv_kernel(src_ref, mode_ref, k_ref, v_ref, stash_k_ref, stash_v_ref, 
         pltriton.store(out_ref.at[layer, rows, cols], val, mask=stash)
 
 
-def _move_kv_kernel(tgt_ref, src_ref, *refs, n: int, block_rows: int, block_cols: int,
-                    row_width: int, stashed: bool, barrier: bool):
+def _move_kv_kernel(
+    tgt_ref,
+    src_ref,
+    *refs,
+    n: int,
+    block_rows: int,
+    block_cols: int,
+    row_width: int,
+    stashed: bool,
+    barrier: bool,
+):
     # tgt_ref, src_ref: i32[n]                        (self and padding pairs are skipped)
     # [mode_ref: i32[n]; stash_k_ref, stash_v_ref: dtype[num_layers, n_pad, row_width]]
     #                                                 (only when stashed, i.e. > 1 row block)
@@ -138,13 +158,14 @@ def _move_kv_kernel(tgt_ref, src_ref, *refs, n: int, block_rows: int, block_cols
     direct = jnp.broadcast_to(_and(direct, col_ok), shape)
     move = jnp.broadcast_to(_and(move, col_ok), shape)
     vals = []
-    for buf_ref, stash_ref in ((k_ref, stash_k_ref if stashed else None),
-                               (v_ref, stash_v_ref if stashed else None)):
+    for buf_ref, stash_ref in (
+        (k_ref, stash_k_ref if stashed else None),
+        (v_ref, stash_v_ref if stashed else None),
+    ):
         val = pltriton.load(buf_ref.at[layer, src, cols], mask=direct, other=0)
         if stash_ref is not None:
             from_stash = jnp.broadcast_to(_and(mode == MODE_STASH, col_ok), shape)
-            stashed_val = pltriton.load(stash_ref.at[layer, rows, cols], mask=from_stash,
-                                        other=0)
+            stashed_val = pltriton.load(stash_ref.at[layer, rows, cols], mask=from_stash, other=0)
             val = jnp.where(from_stash, stashed_val, val)
         vals.append(val)
     # Every thread of the program has read its source rows before any target row is written
@@ -156,18 +177,23 @@ def _move_kv_kernel(tgt_ref, src_ref, *refs, n: int, block_rows: int, block_cols
 
 
 # ---- planning (static) and modes (XLA) -------------------------------------------------------
-def plan_blocks(n: int, row_width: int, *, block_rows: int, block_elems: int,
-                single_block_rows: int) -> tuple[int, int, int, int]:
+def plan_blocks(
+    n: int, row_width: int, *, block_rows: int, block_elems: int, single_block_rows: int
+) -> tuple[int, int, int, int]:
     """Static launch plan ``(block_rows, block_cols, n_pad, num_col_tiles)``.
 
     One row block of ``next_pow2(n)`` rows when that is <= ``single_block_rows`` (no stash
     pass), else ``block_rows`` rows per block. ``block_cols`` = block_elems // rows, capped at
     next_pow2(row_width); ``n_pad`` = n rounded up to a multiple of the rows per block.
     """
-    for name, value in (("block_rows", block_rows), ("block_elems", block_elems),
-                        ("single_block_rows", single_block_rows)):
-        probes.static_check(value >= 1 and value & (value - 1) == 0,
-                            f"{name}={value} must be a power of 2")
+    for name, value in (
+        ("block_rows", block_rows),
+        ("block_elems", block_elems),
+        ("single_block_rows", single_block_rows),
+    ):
+        probes.static_check(
+            value >= 1 and value & (value - 1) == 0, f"{name}={value} must be a power of 2"
+        )
     rows = next_power_of_2(n)
     if rows > single_block_rows:
         rows = min(block_rows, rows)
@@ -181,11 +207,11 @@ class LaunchPlan(NamedTuple):
 
     num_layers: int
     num_slots: int
-    row_width: int    # elements per slot row (num_kv_heads * head_dim)
-    n: int            # pairs
+    row_width: int  # elements per slot row (num_kv_heads * head_dim)
+    n: int  # pairs
     block_rows: int
     block_cols: int
-    n_pad: int        # n rounded up to a multiple of block_rows
+    n_pad: int  # n rounded up to a multiple of block_rows
     grid: tuple[int, int, int]  # (layer, row block, column tile)
 
     @property
@@ -194,20 +220,39 @@ class LaunchPlan(NamedTuple):
         return self.n_pad > self.block_rows
 
 
-def plan_launch(k: jax.Array, n: int, *, block_rows: int, block_elems: int,
-                single_block_rows: int) -> LaunchPlan:
+def plan_launch(
+    k: jax.Array, n: int, *, block_rows: int, block_elems: int, single_block_rows: int
+) -> LaunchPlan:
     """:class:`LaunchPlan` for moving ``n`` pairs in a pool buffer ``k: dtype[L, slots, ...]``."""
     num_layers, num_slots = k.shape[:2]
     row_width = k.size // (num_layers * num_slots)
     rows, cols, n_pad, num_col_tiles = plan_blocks(
-        n, row_width, block_rows=block_rows, block_elems=block_elems,
-        single_block_rows=single_block_rows)
-    return LaunchPlan(num_layers, num_slots, row_width, n, rows, cols, n_pad,
-                      (num_layers, n_pad // rows, num_col_tiles))
+        n,
+        row_width,
+        block_rows=block_rows,
+        block_elems=block_elems,
+        single_block_rows=single_block_rows,
+    )
+    return LaunchPlan(
+        num_layers,
+        num_slots,
+        row_width,
+        n,
+        rows,
+        cols,
+        n_pad,
+        (num_layers, n_pad // rows, num_col_tiles),
+    )
 
 
-def pair_modes(tgt: jax.Array, src: jax.Array, num_slots: int, block_rows: int, *,
-               dense_max: int = DENSE_HAZARD_MAX) -> jax.Array:
+def pair_modes(
+    tgt: jax.Array,
+    src: jax.Array,
+    num_slots: int,
+    block_rows: int,
+    *,
+    dense_max: int = DENSE_HAZARD_MAX,
+) -> jax.Array:
     """i32[n] per-pair mode: MODE_SKIP, MODE_DIRECT, or MODE_STASH.
 
     A moving pair (``tgt != src``) is stashed when its source slot is the target of a moving
@@ -219,26 +264,45 @@ def pair_modes(tgt: jax.Array, src: jax.Array, num_slots: int, block_rows: int, 
     moving = tgt != src
     block = jnp.arange(n, dtype=jnp.int32) // block_rows
     if n <= dense_max:
-        hit = ((tgt[None, :] == src[:, None]) & moving[None, :]
-               & (block[None, :] != block[:, None]))
+        hit = (tgt[None, :] == src[:, None]) & moving[None, :] & (block[None, :] != block[:, None])
         stash = moving & jnp.any(hit, axis=1)
     else:
         num_blocks = -(-n // block_rows)
-        lo = jnp.full((num_slots,), num_blocks, jnp.int32).at[tgt].min(
-            jnp.where(moving, block, num_blocks), mode="drop")
-        hi = jnp.full((num_slots,), -1, jnp.int32).at[tgt].max(
-            jnp.where(moving, block, -1), mode="drop")
+        lo = (
+            jnp.full((num_slots,), num_blocks, jnp.int32)
+            .at[tgt]
+            .min(jnp.where(moving, block, num_blocks), mode="drop")
+        )
+        hi = (
+            jnp.full((num_slots,), -1, jnp.int32)
+            .at[tgt]
+            .max(jnp.where(moving, block, -1), mode="drop")
+        )
         lo_src = lo.at[src].get(mode="fill", fill_value=num_blocks)
         hi_src = hi.at[src].get(mode="fill", fill_value=-1)
         stash = moving & (hi_src >= 0) & ((lo_src != block) | (hi_src != block))
     return jnp.where(stash, MODE_STASH, moving.astype(jnp.int32))
 
 
-def _move_pallas(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *,
-                 interpret: bool, block_rows: int, block_elems: int, num_warps: int,
-                 single_block_rows: int) -> tuple[jax.Array, jax.Array]:
-    plan = plan_launch(k, tgt.shape[0], block_rows=block_rows, block_elems=block_elems,
-                       single_block_rows=single_block_rows)
+def _move_pallas(
+    k: jax.Array,
+    v: jax.Array,
+    tgt: jax.Array,
+    src: jax.Array,
+    *,
+    interpret: bool,
+    block_rows: int,
+    block_elems: int,
+    num_warps: int,
+    single_block_rows: int,
+) -> tuple[jax.Array, jax.Array]:
+    plan = plan_launch(
+        k,
+        tgt.shape[0],
+        block_rows=block_rows,
+        block_elems=block_elems,
+        single_block_rows=single_block_rows,
+    )
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
     k3 = k.reshape(num_layers, num_slots, row_width)
     v3 = v.reshape(num_layers, num_slots, row_width)
@@ -251,16 +315,23 @@ def _move_pallas(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *,
         stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k.dtype)
         stash = pl.pallas_call(
             functools.partial(_stash_kv_kernel, **static),
-            out_shape=(stash_shape, stash_shape), grid=grid, interpret=interpret,
-            name="stash_kv_rows", **params,
+            out_shape=(stash_shape, stash_shape),
+            grid=grid,
+            interpret=interpret,
+            name="stash_kv_rows",
+            **params,
         )(src, mode, k3, v3)
         extra = (mode, *stash)
     first = 2 + len(extra)
     pool_shape = jax.ShapeDtypeStruct(k3.shape, k3.dtype)
     k3, v3 = pl.pallas_call(
         functools.partial(_move_kv_kernel, stashed=stashed, barrier=not interpret, **static),
-        out_shape=(pool_shape, pool_shape), grid=grid, interpret=interpret,
-        input_output_aliases={first: 0, first + 1: 1}, name="move_kv_rows", **params,
+        out_shape=(pool_shape, pool_shape),
+        grid=grid,
+        interpret=interpret,
+        input_output_aliases={first: 0, first + 1: 1},
+        name="move_kv_rows",
+        **params,
     )(tgt, src, *extra, k3, v3)
     return k3.reshape(k.shape), v3.reshape(v.shape)
 
@@ -268,22 +339,38 @@ def _move_pallas(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *,
 # ---- public wrapper and reference -----------------------------------------------------------
 def _check_locs(x: jax.Array, name: str) -> jax.Array:
     probes.static_check(x.ndim == 1, f"{name}.shape={tuple(x.shape)} must be 1-D")
-    probes.static_check(jnp.issubdtype(x.dtype, jnp.integer),
-                        f"{name}.dtype={x.dtype} must be an integer dtype (int32)")
+    probes.static_check(
+        jnp.issubdtype(x.dtype, jnp.integer),
+        f"{name}.dtype={x.dtype} must be an integer dtype (int32)",
+    )
     return x.astype(jnp.int32)
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("impl", "interpret", "block_rows", "block_elems", "num_warps",
-                     "single_block_rows"),
+    static_argnames=(
+        "impl",
+        "interpret",
+        "block_rows",
+        "block_elems",
+        "num_warps",
+        "single_block_rows",
+    ),
     donate_argnames=("k", "v"),
 )
-def move_kv_cache(k: jax.Array, v: jax.Array, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array,
-                  *, impl: str = "auto", interpret: bool | None = None,
-                  block_rows: int = BLOCK_ROWS, block_elems: int = BLOCK_ELEMS,
-                  num_warps: int = NUM_WARPS,
-                  single_block_rows: int = SINGLE_BLOCK_ROWS) -> tuple[jax.Array, jax.Array]:
+def move_kv_cache(
+    k: jax.Array,
+    v: jax.Array,
+    tgt_slot_ids: jax.Array,
+    src_slot_ids: jax.Array,
+    *,
+    impl: str = "auto",
+    interpret: bool | None = None,
+    block_rows: int = BLOCK_ROWS,
+    block_elems: int = BLOCK_ELEMS,
+    num_warps: int = NUM_WARPS,
+    single_block_rows: int = SINGLE_BLOCK_ROWS,
+) -> tuple[jax.Array, jax.Array]:
     """Copy K and V rows ``src -> tgt`` in every layer (gather-then-scatter), in place.
 
     Args:
@@ -311,12 +398,15 @@ def move_kv_cache(k: jax.Array, v: jax.Array, tgt_slot_ids: jax.Array, src_slot_
     """
     tgt = _check_locs(tgt_slot_ids, "tgt_slot_ids")
     src = _check_locs(src_slot_ids, "src_slot_ids")
-    probes.static_check(tgt.shape == src.shape,
-                        f"tgt_slot_ids.shape={tgt.shape} must equal "
-                        f"src_slot_ids.shape={src.shape}")
-    probes.static_check(k.shape == v.shape and k.ndim == 4,
-                        f"k.shape={k.shape} and v.shape={v.shape} must be equal and 4-D "
-                        "[num_layers, num_slots, num_kv_heads, head_dim]")
+    probes.static_check(
+        tgt.shape == src.shape,
+        f"tgt_slot_ids.shape={tgt.shape} must equal src_slot_ids.shape={src.shape}",
+    )
+    probes.static_check(
+        k.shape == v.shape and k.ndim == 4,
+        f"k.shape={k.shape} and v.shape={v.shape} must be equal and 4-D "
+        "[num_layers, num_slots, num_kv_heads, head_dim]",
+    )
     if impl == "auto":
         impl = AUTO_GPU_IMPL if on_gpu() else "xla"
     impl = resolve_impl(impl, IMPLS, "move_kv_cache")
@@ -327,8 +417,12 @@ def move_kv_cache(k: jax.Array, v: jax.Array, tgt_slot_ids: jax.Array, src_slot_
         return k, v
     if impl == "xla":
         return move_kv_cache_reference(k, v, tgt, src)
-    tuning = {"block_rows": block_rows, "block_elems": block_elems, "num_warps": num_warps,
-              "single_block_rows": single_block_rows}
+    tuning = {
+        "block_rows": block_rows,
+        "block_elems": block_elems,
+        "num_warps": num_warps,
+        "single_block_rows": single_block_rows,
+    }
     if impl == "pallas":
         return _move_pallas(k, v, tgt, src, interpret=resolve_interpret(interpret), **tuning)
     from jspec.kernels.move_kv_cache_triton import move_kv_triton
@@ -336,8 +430,9 @@ def move_kv_cache(k: jax.Array, v: jax.Array, tgt_slot_ids: jax.Array, src_slot_
     return move_kv_triton(k, v, tgt, src, **tuning)
 
 
-def move_kv_cache_reference(k: jax.Array, v: jax.Array, tgt_slot_ids: jax.Array,
-                            src_slot_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+def move_kv_cache_reference(
+    k: jax.Array, v: jax.Array, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """XLA oracle: ``k.at[:, tgt].set(k[:, src])`` and the same for v.
 
     Args:

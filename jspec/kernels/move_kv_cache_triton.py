@@ -32,8 +32,9 @@ _MODE_STASH = tl.constexpr(MODE_STASH)
 
 
 @triton.jit
-def _tile(N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-          ROW_WIDTH: tl.constexpr):
+def _tile(
+    N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, ROW_WIDTH: tl.constexpr
+):
     layer = tl.program_id(0).to(tl.int64)
     pairs = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.program_id(2) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
@@ -41,10 +42,20 @@ def _tile(N: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 
 
 @triton.jit
-def stash_kv_rows_kernel(src_ptr, mode_ptr, k_ptr, v_ptr, stash_k_ptr, stash_v_ptr,
-                         N: tl.constexpr, NUM_SLOTS: tl.constexpr, N_PAD: tl.constexpr,
-                         ROW_WIDTH: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                         BLOCK_COLS: tl.constexpr):
+def stash_kv_rows_kernel(
+    src_ptr,
+    mode_ptr,
+    k_ptr,
+    v_ptr,
+    stash_k_ptr,
+    stash_v_ptr,
+    N: tl.constexpr,
+    NUM_SLOTS: tl.constexpr,
+    N_PAD: tl.constexpr,
+    ROW_WIDTH: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+):
     # src_ptr, mode_ptr: i32[N]
     # k_ptr, v_ptr: dtype[num_layers, NUM_SLOTS, ROW_WIDTH]        (the pool, read only)
     # stash_k_ptr, stash_v_ptr: dtype[num_layers, N_PAD, ROW_WIDTH] (rows of stashed pairs)
@@ -61,11 +72,24 @@ def stash_kv_rows_kernel(src_ptr, mode_ptr, k_ptr, v_ptr, stash_k_ptr, stash_v_p
 
 
 @triton.jit
-def move_kv_rows_kernel(tgt_ptr, src_ptr, mode_ptr, stash_k_ptr, stash_v_ptr, k_ptr, v_ptr,
-                        k_out_ptr, v_out_ptr,
-                        N: tl.constexpr, NUM_SLOTS: tl.constexpr, N_PAD: tl.constexpr,
-                        ROW_WIDTH: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                        BLOCK_COLS: tl.constexpr, STASHED: tl.constexpr):
+def move_kv_rows_kernel(
+    tgt_ptr,
+    src_ptr,
+    mode_ptr,
+    stash_k_ptr,
+    stash_v_ptr,
+    k_ptr,
+    v_ptr,
+    k_out_ptr,
+    v_out_ptr,
+    N: tl.constexpr,
+    NUM_SLOTS: tl.constexpr,
+    N_PAD: tl.constexpr,
+    ROW_WIDTH: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    STASHED: tl.constexpr,
+):
     # tgt_ptr, src_ptr: i32[N]                    (self and padding pairs are skipped)
     # mode_ptr: i32[N]; stash_k_ptr, stash_v_ptr: dtype[num_layers, N_PAD, ROW_WIDTH]
     #                                             (unused unless STASHED)
@@ -77,7 +101,7 @@ def move_kv_rows_kernel(tgt_ptr, src_ptr, mode_ptr, stash_k_ptr, stash_v_ptr, k_
     if STASHED:
         mode = tl.load(mode_ptr + pairs, mask=pair_ok, other=_MODE_SKIP)
     else:
-        mode = (tgt != src).to(tl.int32)   # MODE_DIRECT or MODE_SKIP
+        mode = (tgt != src).to(tl.int32)  # MODE_DIRECT or MODE_SKIP
     direct = (mode == _MODE_DIRECT)[:, None] & col_ok[None, :]
     move = (mode != _MODE_SKIP)[:, None] & col_ok[None, :]
     src_off = (layer * NUM_SLOTS + src[:, None]) * ROW_WIDTH + cols[None, :]
@@ -87,19 +111,29 @@ def move_kv_rows_kernel(tgt_ptr, src_ptr, mode_ptr, stash_k_ptr, stash_v_ptr, k_
     if STASHED:
         from_stash = (mode == _MODE_STASH)[:, None] & col_ok[None, :]
         stash_off = (layer * N_PAD + pairs.to(tl.int64)[:, None]) * ROW_WIDTH + cols[None, :]
-        val_k = tl.where(from_stash, tl.load(stash_k_ptr + stash_off, mask=from_stash, other=0),
-                         val_k)
-        val_v = tl.where(from_stash, tl.load(stash_v_ptr + stash_off, mask=from_stash, other=0),
-                         val_v)
+        val_k = tl.where(
+            from_stash, tl.load(stash_k_ptr + stash_off, mask=from_stash, other=0), val_k
+        )
+        val_v = tl.where(
+            from_stash, tl.load(stash_v_ptr + stash_off, mask=from_stash, other=0), val_v
+        )
     # Every thread of the program has read its source rows before any target row is written.
     tl.debug_barrier()
     tl.store(k_out_ptr + tgt_off, val_k, mask=move)
     tl.store(v_out_ptr + tgt_off, val_v, mask=move)
 
 
-def move_kv_triton(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *,
-                   block_rows: int, block_elems: int, num_warps: int, single_block_rows: int
-                   ) -> tuple[jax.Array, jax.Array]:
+def move_kv_triton(
+    k: jax.Array,
+    v: jax.Array,
+    tgt: jax.Array,
+    src: jax.Array,
+    *,
+    block_rows: int,
+    block_elems: int,
+    num_warps: int,
+    single_block_rows: int,
+) -> tuple[jax.Array, jax.Array]:
     """Raw-Triton ``move_kv_cache`` on ``k, v: dtype[num_layers, num_slots, H, D]``.
 
     Args:
@@ -113,26 +147,58 @@ def move_kv_triton(k: jax.Array, v: jax.Array, tgt: jax.Array, src: jax.Array, *
     """
     jt = import_jax_triton()
 
-    plan = plan_launch(k, tgt.shape[0], block_rows=block_rows, block_elems=block_elems,
-                       single_block_rows=single_block_rows)
+    plan = plan_launch(
+        k,
+        tgt.shape[0],
+        block_rows=block_rows,
+        block_elems=block_elems,
+        single_block_rows=single_block_rows,
+    )
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
     k3 = k.reshape(num_layers, num_slots, row_width)
     v3 = v.reshape(num_layers, num_slots, row_width)
-    static = {"N": n, "NUM_SLOTS": num_slots, "N_PAD": n_pad, "ROW_WIDTH": row_width,
-              "BLOCK_ROWS": rows, "BLOCK_COLS": cols}
+    static = {
+        "N": n,
+        "NUM_SLOTS": num_slots,
+        "N_PAD": n_pad,
+        "ROW_WIDTH": row_width,
+        "BLOCK_ROWS": rows,
+        "BLOCK_COLS": cols,
+    }
     stashed = plan.stashed
     if stashed:
         mode = pair_modes(tgt, src, num_slots, rows)
         stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k.dtype)
-        stash = jt.triton_call(src, mode, k3, v3, kernel=stash_kv_rows_kernel,
-                               out_shape=(stash_shape, stash_shape), grid=grid,
-                               num_warps=num_warps, num_stages=1, **static)
-    else:   # unused pointers
+        stash = jt.triton_call(
+            src,
+            mode,
+            k3,
+            v3,
+            kernel=stash_kv_rows_kernel,
+            out_shape=(stash_shape, stash_shape),
+            grid=grid,
+            num_warps=num_warps,
+            num_stages=1,
+            **static,
+        )
+    else:  # unused pointers
         mode = src
         stash = (jnp.zeros((1,), k.dtype), jnp.zeros((1,), k.dtype))
     pool_shape = jax.ShapeDtypeStruct(k3.shape, k3.dtype)
-    k3, v3 = jt.triton_call(tgt, src, mode, *stash, k3, v3, kernel=move_kv_rows_kernel,
-                            out_shape=(pool_shape, pool_shape), grid=grid,
-                            input_output_aliases={5: 0, 6: 1}, num_warps=num_warps,
-                            num_stages=1, STASHED=stashed, **static)
+    k3, v3 = jt.triton_call(
+        tgt,
+        src,
+        mode,
+        *stash,
+        k3,
+        v3,
+        kernel=move_kv_rows_kernel,
+        out_shape=(pool_shape, pool_shape),
+        grid=grid,
+        input_output_aliases={5: 0, 6: 1},
+        num_warps=num_warps,
+        num_stages=1,
+        STASHED=stashed,
+        **static,
+    )
     return k3.reshape(k.shape), v3.reshape(v.shape)

@@ -76,31 +76,50 @@ MAX_BLOCK_D = 32
 DEFAULT_NUM_WARPS = 4
 
 
-def _validate(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: int,
-              kv_slot_ids: jax.Array, kv_mask: jax.Array) -> None:
+def _validate(
+    q: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: int,
+    kv_slot_ids: jax.Array,
+    kv_mask: jax.Array,
+) -> None:
     probes.static_check(q.ndim == 4, f"q.shape={tuple(q.shape)} must be 4-D (f32[Bp, Qp, Hq, D])")
-    probes.static_check(k_pool.ndim == 4 and k_pool.shape == v_pool.shape,
-                        f"k_pool.shape={tuple(k_pool.shape)} and v_pool.shape="
-                        f"{tuple(v_pool.shape)} must be equal and 4-D ([L, S, Hkv, D])")
+    probes.static_check(
+        k_pool.ndim == 4 and k_pool.shape == v_pool.shape,
+        f"k_pool.shape={tuple(k_pool.shape)} and v_pool.shape="
+        f"{tuple(v_pool.shape)} must be equal and 4-D ([L, S, Hkv, D])",
+    )
     bp, qp, hq, dim = q.shape
     hkv = k_pool.shape[2]
-    probes.static_check(k_pool.shape[3] == dim,
-                        f"k_pool head_dim={k_pool.shape[3]} must equal q head_dim={dim}")
+    probes.static_check(
+        k_pool.shape[3] == dim, f"k_pool head_dim={k_pool.shape[3]} must equal q head_dim={dim}"
+    )
     probes.static_check(hq % hkv == 0, f"q heads Hq={hq} must be a multiple of Hkv={hkv}")
-    probes.static_check(kv_slot_ids.ndim == 2 and kv_slot_ids.shape[0] == bp,
-                        f"kv_slot_ids.shape={tuple(kv_slot_ids.shape)} must be i32[Bp={bp}, W]")
+    probes.static_check(
+        kv_slot_ids.ndim == 2 and kv_slot_ids.shape[0] == bp,
+        f"kv_slot_ids.shape={tuple(kv_slot_ids.shape)} must be i32[Bp={bp}, W]",
+    )
     probes.static_check_shape(kv_mask, (bp, qp, kv_slot_ids.shape[1]), "kv_mask")
-    probes.static_check(jnp.issubdtype(kv_slot_ids.dtype, jnp.integer),
-                        f"kv_slot_ids.dtype={kv_slot_ids.dtype} must be an integer dtype")
-    probes.static_check(isinstance(layer, int) and not isinstance(layer, bool)
-                        and 0 <= layer < k_pool.shape[0],
-                        f"layer={layer!r} must be a static int in [0, L={k_pool.shape[0]})")
+    probes.static_check(
+        jnp.issubdtype(kv_slot_ids.dtype, jnp.integer),
+        f"kv_slot_ids.dtype={kv_slot_ids.dtype} must be an integer dtype",
+    )
+    probes.static_check(
+        isinstance(layer, int) and not isinstance(layer, bool) and 0 <= layer < k_pool.shape[0],
+        f"layer={layer!r} must be a static int in [0, L={k_pool.shape[0]})",
+    )
 
 
 # ---- reference ------------------------------------------------------------------------------
-def paged_attention_reference(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: int,
-                              kv_slot_ids: jax.Array,
-                              kv_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def paged_attention_reference(
+    q: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: int,
+    kv_slot_ids: jax.Array,
+    kv_mask: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
     """Pure-jnp oracle: gather the pool rows, masked softmax in f32 (HIGHEST precision).
 
     Args: as :func:`paged_attention`.
@@ -115,7 +134,7 @@ def paged_attention_reference(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array
     qg = q.astype(jnp.float32).reshape(bp, qp, hkv, hq // hkv, dim)
     # NOTE: HIGHEST: the GPU's default f32 matmul is TF32 (protocol.matmul_precision).
     scores = jnp.einsum("bqhgd,bwhd->bqhgw", qg, k, precision=jax.lax.Precision.HIGHEST)
-    scores = scores * (dim ** -0.5)
+    scores = scores * (dim**-0.5)
     mask = kv_mask[:, :, None, None, :]
     scores = jnp.where(mask, scores, -jnp.inf)
     row_max = jnp.max(scores, axis=-1)
@@ -130,15 +149,25 @@ def paged_attention_reference(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array
 
 
 # ---- Pallas kernel ---------------------------------------------------------------------------
-def _paged_attention_kernel(q_ref,  # f32[Bp, Qp, Hq * D]
-                            k_ref,  # dtype[L, S, Hkv * D]
-                            v_ref,  # dtype[L, S, Hkv * D]
-                            slot_ref,  # i32[Bp, W]
-                            mask_ref,  # i8[Bp, Qp, W]
-                            out_ref,  # f32[Bp, Qp, Hq * D] (out)
-                            lse_ref,  # f32[Bp, Qp, Hq] (out)
-                            *, layer: int, num_queries: int, width: int, dim: int, group: int,
-                            block_q: int, block_w: int, block_d: int, scale: float):
+def _paged_attention_kernel(
+    q_ref,  # f32[Bp, Qp, Hq * D]
+    k_ref,  # dtype[L, S, Hkv * D]
+    v_ref,  # dtype[L, S, Hkv * D]
+    slot_ref,  # i32[Bp, W]
+    mask_ref,  # i8[Bp, Qp, W]
+    out_ref,  # f32[Bp, Qp, Hq * D] (out)
+    lse_ref,  # f32[Bp, Qp, Hq] (out)
+    *,
+    layer: int,
+    num_queries: int,
+    width: int,
+    dim: int,
+    group: int,
+    block_q: int,
+    block_w: int,
+    block_d: int,
+    scale: float,
+):
     from jax.experimental.pallas import triton as pltriton
 
     hp = jax.lax.Precision.HIGHEST
@@ -153,9 +182,14 @@ def _paged_attention_kernel(q_ref,  # f32[Bp, Qp, Hq * D]
     for c0 in range(0, dim, block_d):
         cols = c0 + jnp.arange(block_d, dtype=jnp.int32)
         chunks.append((cols, cols < dim))
-    q = [pltriton.load(q_ref.at[b, query[:, None], head[:, None] * dim + cols[None, :]],
-                       mask=row_ok[:, None] & ok[None, :], other=0.0).astype(jnp.float32)
-         for cols, ok in chunks]  # [BQ, BD] each
+    q = [
+        pltriton.load(
+            q_ref.at[b, query[:, None], head[:, None] * dim + cols[None, :]],
+            mask=row_ok[:, None] & ok[None, :],
+            other=0.0,
+        ).astype(jnp.float32)
+        for cols, ok in chunks
+    ]  # [BQ, BD] each
 
     def body(blk, carry):
         m, l, acc = carry  # [BQ], [BQ], list of [BQ, BD]
@@ -164,15 +198,25 @@ def _paged_attention_kernel(q_ref,  # f32[Bp, Qp, Hq * D]
         slots = pltriton.load(slot_ref.at[b, w], mask=w_ok, other=0)  # [BW] token slots
 
         def load_kv(ref, cols, ok):  # [BW, BD] f32: the chunk of this KV head's rows
-            return pltriton.load(ref.at[layer, slots[:, None], kv_head * dim + cols[None, :]],
-                                 mask=w_ok[:, None] & ok[None, :], other=0).astype(jnp.float32)
+            return pltriton.load(
+                ref.at[layer, slots[:, None], kv_head * dim + cols[None, :]],
+                mask=w_ok[:, None] & ok[None, :],
+                other=0,
+            ).astype(jnp.float32)
 
-        visible = pltriton.load(mask_ref.at[b, query[:, None], w[None, :]],
-                                mask=row_ok[:, None] & w_ok[None, :], other=0) != 0  # [BQ, BW]
+        visible = (
+            pltriton.load(
+                mask_ref.at[b, query[:, None], w[None, :]],
+                mask=row_ok[:, None] & w_ok[None, :],
+                other=0,
+            )
+            != 0
+        )  # [BQ, BW]
         s = None
         for q_c, (cols, ok) in zip(q, chunks):  # s = q @ k.T over the chunks: [BQ, BW]
-            part = jax.lax.dot_general(q_c, load_kv(k_ref, cols, ok), (((1,), (1,)), ((), ())),
-                                       precision=hp)
+            part = jax.lax.dot_general(
+                q_c, load_kv(k_ref, cols, ok), (((1,), (1,)), ((), ())), precision=hp
+            )
             s = part if s is None else s + part
         s = jnp.where(visible, s * scale, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
@@ -181,25 +225,40 @@ def _paged_attention_kernel(q_ref,  # f32[Bp, Qp, Hq * D]
         p = jnp.where(visible, jnp.exp(s - shift[:, None]), 0.0)  # [BQ, BW]
         alpha = jnp.exp(m - shift)  # [BQ]; 0 while m = -inf
         l = l * alpha + jnp.sum(p, axis=1)
-        acc = [a * alpha[:, None] + jnp.dot(p, load_kv(v_ref, cols, ok), precision=hp)
-               for a, (cols, ok) in zip(acc, chunks)]
+        acc = [
+            a * alpha[:, None] + jnp.dot(p, load_kv(v_ref, cols, ok), precision=hp)
+            for a, (cols, ok) in zip(acc, chunks)
+        ]
         return m_new, l, acc
 
-    carry = (jnp.full((block_q,), -jnp.inf, jnp.float32), jnp.zeros((block_q,), jnp.float32),
-             [jnp.zeros((block_q, block_d), jnp.float32) for _ in chunks])
+    carry = (
+        jnp.full((block_q,), -jnp.inf, jnp.float32),
+        jnp.zeros((block_q,), jnp.float32),
+        [jnp.zeros((block_q, block_d), jnp.float32) for _ in chunks],
+    )
     m, l, acc = jax.lax.fori_loop(0, pl.cdiv(width, block_w), body, carry)
     has_key = l > 0
     safe_l = jnp.where(has_key, l, 1.0)
     for a, (cols, ok) in zip(acc, chunks):
-        pltriton.store(out_ref.at[b, query[:, None], head[:, None] * dim + cols[None, :]],
-                       jnp.where(has_key[:, None], a / safe_l[:, None], 0.0),
-                       mask=row_ok[:, None] & ok[None, :])
-    pltriton.store(lse_ref.at[b, query, head], jnp.where(has_key, m + jnp.log(safe_l), -jnp.inf),
-                   mask=row_ok)
+        pltriton.store(
+            out_ref.at[b, query[:, None], head[:, None] * dim + cols[None, :]],
+            jnp.where(has_key[:, None], a / safe_l[:, None], 0.0),
+            mask=row_ok[:, None] & ok[None, :],
+        )
+    pltriton.store(
+        lse_ref.at[b, query, head], jnp.where(has_key, m + jnp.log(safe_l), -jnp.inf), mask=row_ok
+    )
 
 
-def _launch_shape(num_rows: int, width: int, dim: int, block_q: int | None, block_w: int | None,
-                  block_d: int | None, num_warps: int | None) -> tuple[int, int, int, int]:
+def _launch_shape(
+    num_rows: int,
+    width: int,
+    dim: int,
+    block_q: int | None,
+    block_w: int | None,
+    block_d: int | None,
+    num_warps: int | None,
+) -> tuple[int, int, int, int]:
     """Static ``(block_q, block_w, block_d, num_warps)``: powers of 2, tiles >= :data:`MIN_DOT`.
 
     Defaults: see :data:`MAX_BLOCK_Q`, :data:`DEFAULT_BLOCK_W`, :data:`MAX_BLOCK_D`.
@@ -210,45 +269,87 @@ def _launch_shape(num_rows: int, width: int, dim: int, block_q: int | None, bloc
         block_w = min(DEFAULT_BLOCK_W, _common.next_power_of_2(width))
     if block_d is None:
         block_d = min(MAX_BLOCK_D, _common.next_power_of_2(dim))
-    return (max(MIN_DOT, block_q), max(MIN_DOT, block_w), max(MIN_DOT, block_d),
-            num_warps or DEFAULT_NUM_WARPS)
+    return (
+        max(MIN_DOT, block_q),
+        max(MIN_DOT, block_w),
+        max(MIN_DOT, block_d),
+        num_warps or DEFAULT_NUM_WARPS,
+    )
 
 
-def _paged_attention_pallas(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask, *, interpret: bool,
-                            block_q: int | None, block_w: int | None, block_d: int | None,
-                            num_warps: int | None):
+def _paged_attention_pallas(
+    q,
+    k_pool,
+    v_pool,
+    layer,
+    kv_slot_ids,
+    kv_mask,
+    *,
+    interpret: bool,
+    block_q: int | None,
+    block_w: int | None,
+    block_d: int | None,
+    num_warps: int | None,
+):
     bp, qp, hq, dim = q.shape
     num_layers, num_slots, hkv, _ = k_pool.shape
     width = kv_slot_ids.shape[1]
     group = hq // hkv
-    block_q, block_w, block_d, num_warps = _launch_shape(qp * group, width, dim, block_q,
-                                                         block_w, block_d, num_warps)
+    block_q, block_w, block_d, num_warps = _launch_shape(
+        qp * group, width, dim, block_q, block_w, block_d, num_warps
+    )
     kernel = functools.partial(
-        _paged_attention_kernel, layer=layer, num_queries=qp, width=width, dim=dim, group=group,
-        block_q=block_q, block_w=block_w, block_d=block_d, scale=float(dim) ** -0.5)
+        _paged_attention_kernel,
+        layer=layer,
+        num_queries=qp,
+        width=width,
+        dim=dim,
+        group=group,
+        block_q=block_q,
+        block_w=block_w,
+        block_d=block_d,
+        scale=float(dim) ** -0.5,
+    )
     out, lse = pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((bp, qp, hq * dim), jnp.float32),
-                   jax.ShapeDtypeStruct((bp, qp, hq), jnp.float32)),
+        out_shape=(
+            jax.ShapeDtypeStruct((bp, qp, hq * dim), jnp.float32),
+            jax.ShapeDtypeStruct((bp, qp, hq), jnp.float32),
+        ),
         grid=(bp, hkv, pl.cdiv(qp * group, block_q)),
         interpret=interpret,
         compiler_params=None if interpret else _common.triton_params(num_warps=num_warps),
         name="jspec_paged_attention",
-    )(q.astype(jnp.float32).reshape(bp, qp, hq * dim),
-      k_pool.reshape(num_layers, num_slots, hkv * dim),
-      v_pool.reshape(num_layers, num_slots, hkv * dim),
-      kv_slot_ids.astype(jnp.int32), kv_mask.astype(jnp.int8))
+    )(
+        q.astype(jnp.float32).reshape(bp, qp, hq * dim),
+        k_pool.reshape(num_layers, num_slots, hkv * dim),
+        v_pool.reshape(num_layers, num_slots, hkv * dim),
+        kv_slot_ids.astype(jnp.int32),
+        kv_mask.astype(jnp.int8),
+    )
     return out.reshape(bp, qp, hq, dim), lse
 
 
 # ---- public wrapper --------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("layer", "impl", "interpret", "block_q", "block_w",
-                                             "block_d", "num_warps"))
-def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: int,
-                    kv_slot_ids: jax.Array, kv_mask: jax.Array, *, impl: str = "xla",
-                    interpret: bool | None = None, block_q: int | None = None,
-                    block_w: int | None = None, block_d: int | None = None,
-                    num_warps: int | None = None) -> tuple[jax.Array, jax.Array]:
+@functools.partial(
+    jax.jit,
+    static_argnames=("layer", "impl", "interpret", "block_q", "block_w", "block_d", "num_warps"),
+)
+def paged_attention(
+    q: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: int,
+    kv_slot_ids: jax.Array,
+    kv_mask: jax.Array,
+    *,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    block_q: int | None = None,
+    block_w: int | None = None,
+    block_d: int | None = None,
+    num_warps: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """Masked GQA attention of ``q`` over the pool rows at ``kv_slot_ids`` (one pass).
 
     Args:
@@ -272,8 +373,7 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
       ``(out f32[Bp, Qp, Hq, D], lse f32[Bp, Qp, Hq])``: a query that sees no key gets
       ``out = 0`` and ``lse = -inf`` (so a log-sum-exp merge ignores this pass).
     """
-    tuning = {"block_q": block_q, "block_w": block_w, "block_d": block_d,
-              "num_warps": num_warps}
+    tuning = {"block_q": block_q, "block_w": block_w, "block_d": block_d, "num_warps": num_warps}
     _validate(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask)
     _common.validate_tuning(**tuning)
     impl = _common.resolve_impl(impl, IMPLS, "paged_attention")
@@ -283,7 +383,24 @@ def paged_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: i
     if impl == "triton":
         from jspec.kernels.paged_attention_triton import paged_attention_triton
 
-        return paged_attention_triton(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask,
-                                      block_m=block_q, block_n=block_w, num_warps=num_warps)
-    return _paged_attention_pallas(q, k_pool, v_pool, layer, kv_slot_ids, kv_mask,
-                                   interpret=_common.resolve_interpret(interpret), **tuning)
+        return paged_attention_triton(
+            q,
+            k_pool,
+            v_pool,
+            layer,
+            kv_slot_ids,
+            kv_mask,
+            block_m=block_q,
+            block_n=block_w,
+            num_warps=num_warps,
+        )
+    return _paged_attention_pallas(
+        q,
+        k_pool,
+        v_pool,
+        layer,
+        kv_slot_ids,
+        kv_mask,
+        interpret=_common.resolve_interpret(interpret),
+        **tuning,
+    )

@@ -69,11 +69,21 @@ def _paged_attention_kernel(
     layer_ptr,  # i32[1]
     out_ptr,  # f32[Bp, NS, Qp, Hq, D] (out)
     lse_ptr,  # f32[Bp, NS, Qp, Hq] (out)
-    QP: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-    NUM_SLOTS: tl.constexpr, W: tl.constexpr, NS: tl.constexpr, CHUNK: tl.constexpr,
+    QP: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    NUM_SLOTS: tl.constexpr,
+    W: tl.constexpr,
+    NS: tl.constexpr,
+    CHUNK: tl.constexpr,
     CHUNK_BLOCKS: tl.constexpr,
-    ROW_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, SCALE_LOG2: tl.constexpr, IEEE: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SCALE_LOG2: tl.constexpr,
+    IEEE: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     G: tl.constexpr = HQ // HKV
@@ -90,8 +100,9 @@ def _paged_attention_kernel(
     dcol = tl.arange(0, BLOCK_D)  # [BD]
     d_ok = dcol < D
     q_off = ((b * QP + query) * HQ + head).to(tl.int64) * D  # [BM]
-    q = tl.load(q_ptr + q_off[:, None] + dcol[None, :], mask=row_ok[:, None] & d_ok[None, :],
-                other=0.0)  # [BM, BD]
+    q = tl.load(
+        q_ptr + q_off[:, None] + dcol[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0
+    )  # [BM, BD]
     if IEEE:
         q = q.to(tl.float32)
     else:
@@ -112,8 +123,10 @@ def _paged_attention_kernel(
     for blk in range(CHUNK_BLOCKS if INTERPRET else num_iters):
         w = w_start + blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         w_ok = w < kv_len
-        vis = tl.load(mask_row[:, None] + w[None, :], mask=row_ok[:, None] & w_ok[None, :],
-                      other=0) != 0  # [BM, BN]
+        vis = (
+            tl.load(mask_row[:, None] + w[None, :], mask=row_ok[:, None] & w_ok[None, :], other=0)
+            != 0
+        )  # [BM, BN]
         col = tl.max(vis.to(tl.int32), axis=0) > 0  # [BN]: some row sees this key
         slots = tl.load(slot_ptr + b * W + w, mask=col, other=0).to(tl.int64)  # [BN]
         kv_off = kv_base + slots * (HKV * D)  # [BN]
@@ -147,8 +160,9 @@ def _paged_attention_kernel(
     lse = tl.where(has_key, (m + tl.math.log2(safe_l)) * 0.6931471805599453, float("-inf"))
     part = (b * NS + split) * QP + query  # [BM]
     o_off = (part * HQ + head).to(tl.int64)
-    tl.store(out_ptr + o_off[:, None] * D + dcol[None, :], out,
-             mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(
+        out_ptr + o_off[:, None] * D + dcol[None, :], out, mask=row_ok[:, None] & d_ok[None, :]
+    )
     tl.store(lse_ptr + o_off, lse, mask=row_ok)
 
 
@@ -168,11 +182,21 @@ def get_kernel() -> Any:
     return _JITTED[key]
 
 
-def launch_plan(bp: int, qp: int, hq: int, hkv: int, dim: int, width: int, pool_dtype: Any, *,
-                block_m: int | None = None, block_n: int | None = None,
-                num_splits: int | None = None, num_warps: int | None = None,
-                num_stages: int | None = None
-                ) -> tuple[tuple[int, int, int], dict[str, Any], dict[str, int]]:
+def launch_plan(
+    bp: int,
+    qp: int,
+    hq: int,
+    hkv: int,
+    dim: int,
+    width: int,
+    pool_dtype: Any,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> tuple[tuple[int, int, int], dict[str, Any], dict[str, int]]:
     """Static ``(grid, constexprs, launch options)`` for one pass.
 
     Defaults: ``block_m = min(64, next_pow2(Qp * G))`` (>= 16), ``block_n`` as
@@ -184,27 +208,45 @@ def launch_plan(bp: int, qp: int, hq: int, hkv: int, dim: int, width: int, pool_
         block_m = min(MAX_BLOCK_M, _common.next_power_of_2(qp * group))
     block_m = max(MIN_DOT, block_m)
     if block_n is None:
-        block_n = min(MAX_BLOCK_N, max(MIN_BLOCK_N, _common.next_power_of_2(width) // 4),
-                      _common.next_power_of_2(width))
+        block_n = min(
+            MAX_BLOCK_N,
+            max(MIN_BLOCK_N, _common.next_power_of_2(width) // 4),
+            _common.next_power_of_2(width),
+        )
     block_n = max(MIN_DOT, block_n)
     row_blocks = -(-qp * group // block_m)
     num_blocks = max(1, -(-width // block_n))
     if num_splits is None:
         base = bp * hkv * row_blocks
-        num_splits = max(1, min(-(-TARGET_PROGRAMS // max(base, 1)),
-                                num_blocks // MIN_SPLIT_BLOCKS))
+        num_splits = max(
+            1, min(-(-TARGET_PROGRAMS // max(base, 1)), num_blocks // MIN_SPLIT_BLOCKS)
+        )
     num_splits = max(1, min(num_splits, num_blocks))
     chunk = -(-num_blocks // num_splits) * block_n
     num_splits = -(-width // chunk) if width else 1
     ieee = jnp.dtype(pool_dtype) == jnp.float32
-    meta = {"QP": qp, "HQ": hq, "HKV": hkv, "D": dim, "W": width, "NS": num_splits,
-            "CHUNK": chunk, "CHUNK_BLOCKS": chunk // block_n, "ROW_BLOCKS": row_blocks, "BLOCK_M": block_m, "BLOCK_N": block_n,
-            "BLOCK_D": max(MIN_DOT, _common.next_power_of_2(dim)),
-            "SCALE_LOG2": float(dim) ** -0.5 * _LOG2E, "IEEE": bool(ieee),
-            "INTERPRET": interpreting()}
-    opts = {"num_warps": num_warps or DEFAULT_NUM_WARPS,
-            "num_stages": num_stages or (DEFAULT_NUM_STAGES_SMALL_M if block_m <= MIN_DOT
-                                         else DEFAULT_NUM_STAGES)}
+    meta = {
+        "QP": qp,
+        "HQ": hq,
+        "HKV": hkv,
+        "D": dim,
+        "W": width,
+        "NS": num_splits,
+        "CHUNK": chunk,
+        "CHUNK_BLOCKS": chunk // block_n,
+        "ROW_BLOCKS": row_blocks,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_D": max(MIN_DOT, _common.next_power_of_2(dim)),
+        "SCALE_LOG2": float(dim) ** -0.5 * _LOG2E,
+        "IEEE": bool(ieee),
+        "INTERPRET": interpreting(),
+    }
+    opts = {
+        "num_warps": num_warps or DEFAULT_NUM_WARPS,
+        "num_stages": num_stages
+        or (DEFAULT_NUM_STAGES_SMALL_M if block_m <= MIN_DOT else DEFAULT_NUM_STAGES),
+    }
     return (bp, hkv * row_blocks, num_splits), meta, opts
 
 
@@ -231,9 +273,15 @@ def merge_splits(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.where(has_key[..., None], merged, 0.0), lse_out
 
 
-def paged_attention_triton(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, layer: int,
-                           kv_slot_ids: jax.Array, kv_mask: jax.Array,
-                           **tuning: Any) -> tuple[jax.Array, jax.Array]:
+def paged_attention_triton(
+    q: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: int,
+    kv_slot_ids: jax.Array,
+    kv_mask: jax.Array,
+    **tuning: Any,
+) -> tuple[jax.Array, jax.Array]:
     """:func:`jspec.kernels.paged_attention.paged_attention` through ``jax_triton`` (GPU only).
 
     Args: as ``paged_attention`` (validated there); ``tuning``: :func:`launch_plan`'s
@@ -245,13 +293,26 @@ def paged_attention_triton(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, l
     width = kv_slot_ids.shape[1]
     grid, meta, opts = launch_plan(bp, qp, hq, hkv, dim, width, k_pool.dtype, **tuning)
     ns = meta["NS"]
-    out_shape = (jax.ShapeDtypeStruct((bp, ns, qp, hq, dim), jnp.float32),
-                 jax.ShapeDtypeStruct((bp, ns, qp, hq), jnp.float32))
+    out_shape = (
+        jax.ShapeDtypeStruct((bp, ns, qp, hq, dim), jnp.float32),
+        jax.ShapeDtypeStruct((bp, ns, qp, hq), jnp.float32),
+    )
     out, lse = jt.triton_call(
-        q.astype(k_pool.dtype), k_pool, v_pool, kv_slot_ids.astype(jnp.int32),
-        kv_mask.astype(jnp.int8), visible_length(kv_mask), jnp.full((1,), layer, jnp.int32),
-        kernel=get_kernel(), out_shape=out_shape, grid=grid, name="jspec_paged_attention",
-        NUM_SLOTS=num_slots, **meta, **opts)
+        q.astype(k_pool.dtype),
+        k_pool,
+        v_pool,
+        kv_slot_ids.astype(jnp.int32),
+        kv_mask.astype(jnp.int8),
+        visible_length(kv_mask),
+        jnp.full((1,), layer, jnp.int32),
+        kernel=get_kernel(),
+        out_shape=out_shape,
+        grid=grid,
+        name="jspec_paged_attention",
+        NUM_SLOTS=num_slots,
+        **meta,
+        **opts,
+    )
     return merge_splits(out, lse)
 
 
@@ -268,20 +329,31 @@ def paged_attention_torch(q, k_pool, v_pool, layer: int, kv_slot_ids, kv_mask, *
 
     bp, qp, hq, dim = q.shape
     num_slots, hkv = k_pool.shape[1], k_pool.shape[2]
-    pool_dtype = {torch.float32: jnp.float32, torch.bfloat16: jnp.bfloat16,
-                  torch.float16: jnp.float16}[k_pool.dtype]
-    grid, meta, opts = launch_plan(bp, qp, hq, hkv, dim, kv_slot_ids.shape[1], pool_dtype,
-                                   **tuning)
+    pool_dtype = {
+        torch.float32: jnp.float32,
+        torch.bfloat16: jnp.bfloat16,
+        torch.float16: jnp.float16,
+    }[k_pool.dtype]
+    grid, meta, opts = launch_plan(bp, qp, hq, hkv, dim, kv_slot_ids.shape[1], pool_dtype, **tuning)
     ns = meta["NS"]
     out = torch.full((bp, ns, qp, hq, dim), float("nan"), dtype=torch.float32, device=q.device)
     lse = torch.full((bp, ns, qp, hq), float("nan"), dtype=torch.float32, device=q.device)
     layer_t = torch.full((1,), layer, dtype=torch.int32, device=q.device)
     kv_len = torch.from_numpy(np.array(visible_length(jnp.asarray(kv_mask.cpu().numpy()))))
-    get_kernel()[grid](q.to(k_pool.dtype).contiguous(), k_pool, v_pool,
-                       kv_slot_ids.to(torch.int32).contiguous(),
-                       kv_mask.to(torch.int8).contiguous(), kv_len.to(q.device), layer_t, out,
-                       lse,
-                       NUM_SLOTS=num_slots, **meta, **opts)
+    get_kernel()[grid](
+        q.to(k_pool.dtype).contiguous(),
+        k_pool,
+        v_pool,
+        kv_slot_ids.to(torch.int32).contiguous(),
+        kv_mask.to(torch.int8).contiguous(),
+        kv_len.to(q.device),
+        layer_t,
+        out,
+        lse,
+        NUM_SLOTS=num_slots,
+        **meta,
+        **opts,
+    )
     return out, lse
 
 

@@ -56,15 +56,19 @@ MAX_NUM_WARPS = 16
 MAX_UNROLL = 16
 
 
-def _validate(logits: jax.Array, topk: int, block_rows: int | None,
-              num_warps: int | None) -> None:
-    probes.static_check(logits.ndim == 2,
-                        f"logits.shape={tuple(logits.shape)} must be 2-D (f32[R, V])")
-    probes.static_check(jnp.issubdtype(logits.dtype, jnp.floating),
-                        f"logits.dtype={logits.dtype} must be floating (f32[R, V])")
+def _validate(logits: jax.Array, topk: int, block_rows: int | None, num_warps: int | None) -> None:
+    probes.static_check(
+        logits.ndim == 2, f"logits.shape={tuple(logits.shape)} must be 2-D (f32[R, V])"
+    )
+    probes.static_check(
+        jnp.issubdtype(logits.dtype, jnp.floating),
+        f"logits.dtype={logits.dtype} must be floating (f32[R, V])",
+    )
     vocab = logits.shape[1]
-    probes.static_check(isinstance(topk, int) and 1 <= topk <= vocab,
-                        f"topk={topk!r} must be an int in [1, V={vocab}]")
+    probes.static_check(
+        isinstance(topk, int) and 1 <= topk <= vocab,
+        f"topk={topk!r} must be an int in [1, V={vocab}]",
+    )
     _common.validate_tuning(block_rows=block_rows, num_warps=num_warps)
 
 
@@ -86,11 +90,18 @@ def topk_probs_reference(logits: jax.Array, topk: int) -> tuple[jax.Array, jax.A
 
 
 # ---- Pallas kernel ---------------------------------------------------------------------------
-def _topk_probs_kernel(logits_ref,  # float[R, V]
-                       topk_p_ref,  # f32[R, K] (out)
-                       topk_index_ref,  # i32[R, K] (out)
-                       *, num_rows: int, vocab: int, topk: int, block_rows: int,
-                       block_cols: int, block_k: int):
+def _topk_probs_kernel(
+    logits_ref,  # float[R, V]
+    topk_p_ref,  # f32[R, K] (out)
+    topk_index_ref,  # i32[R, K] (out)
+    *,
+    num_rows: int,
+    vocab: int,
+    topk: int,
+    block_rows: int,
+    block_cols: int,
+    block_k: int,
+):
     from jax.experimental.pallas import triton as pltriton
 
     row0 = pl.program_id(0) * block_rows
@@ -98,8 +109,11 @@ def _topk_probs_kernel(logits_ref,  # float[R, V]
     row_ok = rows < num_rows
     col = jnp.arange(block_cols, dtype=jnp.int32)[None, :]  # [1, V_pad]
     # Rows past R and columns past V read as -inf (never written back / never picked).
-    x = pltriton.load(logits_ref.at[pl.ds(row0, block_rows), pl.ds(0, block_cols)],
-                      mask=row_ok[:, None] & (col < vocab), other=-jnp.inf)
+    x = pltriton.load(
+        logits_ref.at[pl.ds(row0, block_rows), pl.ds(0, block_cols)],
+        mask=row_ok[:, None] & (col < vocab),
+        other=-jnp.inf,
+    )
     x = x.astype(jnp.float32)  # [BR, V_pad]
 
     # Log-sum-exp as jax.nn.logsumexp: a non-finite max is replaced by 0 (all -inf -> -inf,
@@ -122,8 +136,12 @@ def _topk_probs_kernel(logits_ref,  # float[R, V]
         taken = colm == idx[:, None]
         return (jnp.where(taken, -jnp.inf, xm), jnp.where(taken, block_cols, colm), top, index)
 
-    carry = (x, cols, jnp.full((block_rows, block_k), -jnp.inf, jnp.float32),
-             jnp.zeros((block_rows, block_k), jnp.int32))
+    carry = (
+        x,
+        cols,
+        jnp.full((block_rows, block_k), -jnp.inf, jnp.float32),
+        jnp.zeros((block_rows, block_k), jnp.int32),
+    )
     if topk <= MAX_UNROLL:
         for j in range(topk):
             carry = pick(j, carry)
@@ -133,14 +151,15 @@ def _topk_probs_kernel(logits_ref,  # float[R, V]
     probs = jnp.exp(top - lse[:, None])  # [BR, K_pad]
 
     out_mask = row_ok[:, None] & (kcol < topk)
-    pltriton.store(topk_p_ref.at[pl.ds(row0, block_rows), pl.ds(0, block_k)], probs,
-                   mask=out_mask)
-    pltriton.store(topk_index_ref.at[pl.ds(row0, block_rows), pl.ds(0, block_k)], index,
-                   mask=out_mask)
+    pltriton.store(topk_p_ref.at[pl.ds(row0, block_rows), pl.ds(0, block_k)], probs, mask=out_mask)
+    pltriton.store(
+        topk_index_ref.at[pl.ds(row0, block_rows), pl.ds(0, block_k)], index, mask=out_mask
+    )
 
 
-def _launch_shape(num_rows: int, vocab: int, block_rows: int | None,
-                  num_warps: int | None) -> tuple[int, int]:
+def _launch_shape(
+    num_rows: int, vocab: int, block_rows: int | None, num_warps: int | None
+) -> tuple[int, int]:
     """Static ``(block_rows, num_warps)``; see :data:`COLS_PER_WARP` for the defaults."""
     block_cols = _common.next_power_of_2(vocab)
     if block_rows is None:
@@ -152,18 +171,26 @@ def _launch_shape(num_rows: int, vocab: int, block_rows: int | None,
     return block_rows, num_warps
 
 
-def _topk_probs_pallas(logits: jax.Array, topk: int, *, interpret: bool,
-                       block_rows: int | None,
-                       num_warps: int | None) -> tuple[jax.Array, jax.Array]:
+def _topk_probs_pallas(
+    logits: jax.Array, topk: int, *, interpret: bool, block_rows: int | None, num_warps: int | None
+) -> tuple[jax.Array, jax.Array]:
     num_rows, vocab = logits.shape
     block_rows, num_warps = _launch_shape(num_rows, vocab, block_rows, num_warps)
     kernel = functools.partial(
-        _topk_probs_kernel, num_rows=num_rows, vocab=vocab, topk=topk, block_rows=block_rows,
-        block_cols=_common.next_power_of_2(vocab), block_k=_common.next_power_of_2(topk))
+        _topk_probs_kernel,
+        num_rows=num_rows,
+        vocab=vocab,
+        topk=topk,
+        block_rows=block_rows,
+        block_cols=_common.next_power_of_2(vocab),
+        block_k=_common.next_power_of_2(topk),
+    )
     return pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((num_rows, topk), jnp.float32),
-                   jax.ShapeDtypeStruct((num_rows, topk), jnp.int32)),
+        out_shape=(
+            jax.ShapeDtypeStruct((num_rows, topk), jnp.float32),
+            jax.ShapeDtypeStruct((num_rows, topk), jnp.int32),
+        ),
         grid=(pl.cdiv(num_rows, block_rows),),
         interpret=interpret,
         compiler_params=None if interpret else _common.triton_params(num_warps=num_warps),
@@ -172,11 +199,18 @@ def _topk_probs_pallas(logits: jax.Array, topk: int, *, interpret: bool,
 
 
 # ---- public wrapper --------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("topk", "impl", "interpret", "block_rows",
-                                             "num_warps"))
-def topk_probs(logits: jax.Array, topk: int, *, impl: str = "xla", interpret: bool | None = None,
-               block_rows: int | None = None,
-               num_warps: int | None = None) -> tuple[jax.Array, jax.Array]:
+@functools.partial(
+    jax.jit, static_argnames=("topk", "impl", "interpret", "block_rows", "num_warps")
+)
+def topk_probs(
+    logits: jax.Array,
+    topk: int,
+    *,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    block_rows: int | None = None,
+    num_warps: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """Top-k of each logits row with its softmax probability.
 
     Args:
@@ -209,5 +243,10 @@ def topk_probs(logits: jax.Array, topk: int, *, impl: str = "xla", interpret: bo
     num_rows, vocab = logits.shape
     if impl == "xla" or num_rows == 0 or _common.next_power_of_2(vocab) > MAX_COLS:
         return topk_probs_reference(logits, topk)
-    return _topk_probs_pallas(logits, topk, interpret=_common.resolve_interpret(interpret),
-                              block_rows=block_rows, num_warps=num_warps)
+    return _topk_probs_pallas(
+        logits,
+        topk,
+        interpret=_common.resolve_interpret(interpret),
+        block_rows=block_rows,
+        num_warps=num_warps,
+    )

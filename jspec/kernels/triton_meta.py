@@ -42,9 +42,15 @@ def _expand_page_table_triton_kernel(
     cache_loc_ptr,  # i32[B*K, ROW_STRIDE]; columns [0, NUM_COLS) read
     cache_seqlens_ptr,  # i32[B*K] (out)
     page_table_ptr,  # i32[B*K, WIDTH] (out)
-    NUM_ROWS: tl.constexpr, NUM_COLS: tl.constexpr, ROW_STRIDE: tl.constexpr,
-    DECODE_LENGTH: tl.constexpr, TOPK: tl.constexpr, PAGE_SHIFT: tl.constexpr,
-    WIDTH: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    NUM_ROWS: tl.constexpr,
+    NUM_COLS: tl.constexpr,
+    ROW_STRIDE: tl.constexpr,
+    DECODE_LENGTH: tl.constexpr,
+    TOPK: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
+    WIDTH: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
 ):
     row0 = tl.program_id(0) * BLOCK_ROWS
     rows = row0 + tl.arange(0, BLOCK_ROWS)  # [BR]
@@ -76,9 +82,15 @@ def _draft_kv_indices_triton_kernel(
     kv_indices_in_ptr,  # i32[S, WIDTH] (aliased to kv_indices_ptr; unused)
     kv_indices_ptr,  # i32[S, WIDTH] (out)
     kv_indptr_ptr,  # i32[S, B*K+1] (out)
-    NUM_SEQS: tl.constexpr, TOPK: tl.constexpr, NUM_STEPS: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, WIDTH: tl.constexpr, ROW_WIDTH: tl.constexpr,
-    BLOCK_TOKENS: tl.constexpr, BLOCK_SEQS: tl.constexpr, BLOCK_STEPS: tl.constexpr,
+    NUM_SEQS: tl.constexpr,
+    TOPK: tl.constexpr,
+    NUM_STEPS: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    WIDTH: tl.constexpr,
+    ROW_WIDTH: tl.constexpr,
+    BLOCK_TOKENS: tl.constexpr,
+    BLOCK_SEQS: tl.constexpr,
+    BLOCK_STEPS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     branch = tl.program_id(1)
@@ -96,8 +108,10 @@ def _draft_kv_indices_triton_kernel(
         tl.store(kv_indptr_ptr + i * indptr_width + z, seg_base + z * (i + 1))
     if (seq == NUM_SEQS - 1) & (branch == TOPK - 1):
         for i in tl.static_range(NUM_STEPS):
-            tl.store(kv_indptr_ptr + i * indptr_width + NUM_SEQS * TOPK,
-                     total_len * TOPK + NUM_SEQS * TOPK * (i + 1))
+            tl.store(
+                kv_indptr_ptr + i * indptr_width + NUM_SEQS * TOPK,
+                total_len * TOPK + NUM_SEQS * TOPK * (i + 1),
+            )
 
     # Prefix: each token block is loaded once and stored into all S step rows.
     row_ptr = req_to_token_ptr + req.to(tl.int64) * ROW_WIDTH
@@ -110,8 +124,11 @@ def _draft_kv_indices_triton_kernel(
         slots = tl.load(row_ptr + tok, mask=tok < copy_len, other=0)
         for i in tl.static_range(NUM_STEPS):
             start = seg_base + z * (i + 1)
-            tl.store(kv_indices_ptr + i * WIDTH + start + tok, slots,
-                     mask=(tok < seq_len) & (start + tok < WIDTH))
+            tl.store(
+                kv_indices_ptr + i * WIDTH + start + tok,
+                slots,
+                mask=(tok < seq_len) & (start + tok < WIDTH),
+            )
         tok0 += BLOCK_TOKENS
 
     # Draft slots: row[ext + s] for s <= i, right after the prefix. NOTE: jspec._layout's
@@ -124,12 +141,16 @@ def _draft_kv_indices_triton_kernel(
         ext = seq_len - last_page_len + branch * num_new_pages * PAGE_SIZE + last_page_len
     step = tl.arange(0, BLOCK_STEPS)
     pos = ext + step
-    draft_slots = tl.load(row_ptr + pos,
-                          mask=(step < NUM_STEPS) & (pos >= 0) & (pos < ROW_WIDTH), other=0)
+    draft_slots = tl.load(
+        row_ptr + pos, mask=(step < NUM_STEPS) & (pos >= 0) & (pos < ROW_WIDTH), other=0
+    )
     for i in tl.static_range(NUM_STEPS):
         start = seg_base + z * (i + 1) + seq_len
-        tl.store(kv_indices_ptr + i * WIDTH + start + step, draft_slots,
-                 mask=(step <= i) & (start + step < WIDTH))
+        tl.store(
+            kv_indices_ptr + i * WIDTH + start + step,
+            draft_slots,
+            mask=(step <= i) & (start + step < WIDTH),
+        )
 
 
 _KERNELS: dict[str, Callable[..., Any]] = {
@@ -152,65 +173,142 @@ def get_kernel(name: str) -> Any:
     return _JITTED[key]
 
 
-def expand_launch_meta(num_rows: int, row_stride: int, *, decode_length: int, topk: int,
-                       page_size: int, page_table_width: int, num_cols: int,
-                       block_rows: int) -> dict[str, int]:
+def expand_launch_meta(
+    num_rows: int,
+    row_stride: int,
+    *,
+    decode_length: int,
+    topk: int,
+    page_size: int,
+    page_table_width: int,
+    num_cols: int,
+    block_rows: int,
+) -> dict[str, int]:
     """The expand kernel's constexpr metaparameters (shared by the JAX and torch launchers)."""
-    return {"NUM_ROWS": num_rows, "NUM_COLS": num_cols, "ROW_STRIDE": row_stride,
-                "DECODE_LENGTH": decode_length, "TOPK": topk,
-                "PAGE_SHIFT": int(page_size).bit_length() - 1, "WIDTH": page_table_width,
-                "BLOCK_ROWS": _common.next_power_of_2(block_rows),
-                "BLOCK_COLS": _common.next_power_of_2(page_table_width)}
+    return {
+        "NUM_ROWS": num_rows,
+        "NUM_COLS": num_cols,
+        "ROW_STRIDE": row_stride,
+        "DECODE_LENGTH": decode_length,
+        "TOPK": topk,
+        "PAGE_SHIFT": int(page_size).bit_length() - 1,
+        "WIDTH": page_table_width,
+        "BLOCK_ROWS": _common.next_power_of_2(block_rows),
+        "BLOCK_COLS": _common.next_power_of_2(page_table_width),
+    }
 
 
-def kv_indices_launch_meta(num_seqs: int, width: int, row_width: int, *, topk: int,
-                           num_steps: int, page_size: int, block_tokens: int) -> dict[str, int]:
+def kv_indices_launch_meta(
+    num_seqs: int,
+    width: int,
+    row_width: int,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    block_tokens: int,
+) -> dict[str, int]:
     """The kv_indices kernel's constexpr metaparameters (shared by both launchers)."""
-    return {"NUM_SEQS": num_seqs, "TOPK": topk, "NUM_STEPS": num_steps, "PAGE_SIZE": page_size,
-                "WIDTH": width, "ROW_WIDTH": row_width,
-                "BLOCK_TOKENS": _common.next_power_of_2(block_tokens),
-                "BLOCK_SEQS": _common.next_power_of_2(num_seqs),
-                "BLOCK_STEPS": _common.next_power_of_2(num_steps)}
+    return {
+        "NUM_SEQS": num_seqs,
+        "TOPK": topk,
+        "NUM_STEPS": num_steps,
+        "PAGE_SIZE": page_size,
+        "WIDTH": width,
+        "ROW_WIDTH": row_width,
+        "BLOCK_TOKENS": _common.next_power_of_2(block_tokens),
+        "BLOCK_SEQS": _common.next_power_of_2(num_seqs),
+        "BLOCK_STEPS": _common.next_power_of_2(num_steps),
+    }
 
 
 # ---- JAX launchers (jax_triton, GPU only) -----------------------------------------------------
-def expand_page_table_triton(last_page_lens: Any, cache_loc: Any, *, decode_length: int,
-                             topk: int, page_size: int, page_table_width: int, num_cols: int,
-                             block_rows: int) -> tuple[Any, Any]:
+def expand_page_table_triton(
+    last_page_lens: Any,
+    cache_loc: Any,
+    *,
+    decode_length: int,
+    topk: int,
+    page_size: int,
+    page_table_width: int,
+    num_cols: int,
+    block_rows: int,
+) -> tuple[Any, Any]:
     """``expand_page_table`` through ``jax_triton.triton_call``; inputs already validated."""
     import jax
     import jax.numpy as jnp
+
     jt = _common.import_jax_triton()
 
     num_rows = cache_loc.shape[0]
-    meta = expand_launch_meta(num_rows, cache_loc.shape[1], decode_length=decode_length,
-                              topk=topk, page_size=page_size, page_table_width=page_table_width,
-                              num_cols=num_cols, block_rows=block_rows)
+    meta = expand_launch_meta(
+        num_rows,
+        cache_loc.shape[1],
+        decode_length=decode_length,
+        topk=topk,
+        page_size=page_size,
+        page_table_width=page_table_width,
+        num_cols=num_cols,
+        block_rows=block_rows,
+    )
     return jt.triton_call(
-        last_page_lens, cache_loc, kernel=get_kernel("expand_page_table"),
-        out_shape=(jax.ShapeDtypeStruct((num_rows,), jnp.int32),
-                   jax.ShapeDtypeStruct((num_rows, page_table_width), jnp.int32)),
-        grid=(triton.cdiv(num_rows, meta["BLOCK_ROWS"]),), num_warps=NUM_WARPS, num_stages=1,
-        name="jspec_expand_page_table_triton", **meta)
+        last_page_lens,
+        cache_loc,
+        kernel=get_kernel("expand_page_table"),
+        out_shape=(
+            jax.ShapeDtypeStruct((num_rows,), jnp.int32),
+            jax.ShapeDtypeStruct((num_rows, page_table_width), jnp.int32),
+        ),
+        grid=(triton.cdiv(num_rows, meta["BLOCK_ROWS"]),),
+        num_warps=NUM_WARPS,
+        num_stages=1,
+        name="jspec_expand_page_table_triton",
+        **meta,
+    )
 
 
-def draft_kv_indices_triton(req_pool_indices: Any, req_to_token: Any, seq_lens: Any,
-                            kv_indices_buffer: Any, *, topk: int, num_steps: int, page_size: int,
-                            block_tokens: int) -> tuple[Any, Any]:
+def draft_kv_indices_triton(
+    req_pool_indices: Any,
+    req_to_token: Any,
+    seq_lens: Any,
+    kv_indices_buffer: Any,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    block_tokens: int,
+) -> tuple[Any, Any]:
     """``draft_kv_indices`` through ``jax_triton.triton_call``; the buffer is aliased."""
     import jax
     import jax.numpy as jnp
+
     jt = _common.import_jax_triton()
 
     num_seqs = seq_lens.shape[0]
     width = kv_indices_buffer.shape[1]
-    meta = kv_indices_launch_meta(num_seqs, width, req_to_token.shape[1], topk=topk,
-                                  num_steps=num_steps, page_size=page_size,
-                                  block_tokens=block_tokens)
+    meta = kv_indices_launch_meta(
+        num_seqs,
+        width,
+        req_to_token.shape[1],
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        block_tokens=block_tokens,
+    )
     return jt.triton_call(
-        req_pool_indices, req_to_token, seq_lens, kv_indices_buffer,
+        req_pool_indices,
+        req_to_token,
+        seq_lens,
+        kv_indices_buffer,
         kernel=get_kernel("draft_kv_indices"),
-        out_shape=(jax.ShapeDtypeStruct((num_steps, width), jnp.int32),
-                   jax.ShapeDtypeStruct((num_steps, num_seqs * topk + 1), jnp.int32)),
-        grid=(num_seqs, topk), num_warps=NUM_WARPS, num_stages=1,
-        input_output_aliases={3: 0}, name="jspec_draft_kv_indices_triton", **meta)
+        out_shape=(
+            jax.ShapeDtypeStruct((num_steps, width), jnp.int32),
+            jax.ShapeDtypeStruct((num_steps, num_seqs * topk + 1), jnp.int32),
+        ),
+        grid=(num_seqs, topk),
+        num_warps=NUM_WARPS,
+        num_stages=1,
+        input_output_aliases={3: 0},
+        name="jspec_draft_kv_indices_triton",
+        **meta,
+    )

@@ -45,17 +45,29 @@ from jspec.sentinels import NO_NODE, NOT_ACCEPTED
 IMPLS = ("xla", "pallas")
 
 
-def _validate(candidates, retrive_index, retrive_next_token, retrive_next_sibling,
-              target_predict, num_spec_steps) -> None:
+def _validate(
+    candidates,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    target_predict,
+    num_spec_steps,
+) -> None:
     probes.static_check(candidates.ndim == 2, f"candidates.shape={candidates.shape} must be (B, N)")
-    for name, x in (("retrive_index", retrive_index), ("retrive_next_token", retrive_next_token),
-                    ("retrive_next_sibling", retrive_next_sibling)):
+    for name, x in (
+        ("retrive_index", retrive_index),
+        ("retrive_next_token", retrive_next_token),
+        ("retrive_next_sibling", retrive_next_sibling),
+    ):
         probes.static_check_shape(x, candidates.shape, name)
-    probes.static_check(target_predict.size == candidates.size,
-                        f"target_predict.shape={target_predict.shape} must hold B*N="
-                        f"{candidates.size} entries")
-    probes.static_check(isinstance(num_spec_steps, int) and num_spec_steps >= 1,
-                        f"num_spec_steps={num_spec_steps!r} must be an int >= 1 (S+1)")
+    probes.static_check(
+        target_predict.size == candidates.size,
+        f"target_predict.shape={target_predict.shape} must hold B*N={candidates.size} entries",
+    )
+    probes.static_check(
+        isinstance(num_spec_steps, int) and num_spec_steps >= 1,
+        f"num_spec_steps={num_spec_steps!r} must be an int >= 1 (S+1)",
+    )
 
 
 def _probe_inputs(retrive_index, retrive_next_token, retrive_next_sibling) -> None:
@@ -71,14 +83,14 @@ def _probe_outputs(accept_index, total) -> None:
 
 # ---- Pallas kernel ------------------------------------------------------------------------------
 def _verify_tree_greedy_kernel(
-    candidates_ref,    # i32[B * N]
+    candidates_ref,  # i32[B * N]
     retrive_index_ref,  # i32[B * N]    global node ids (b*N + j)
-    next_token_ref,    # i32[B * N]
+    next_token_ref,  # i32[B * N]
     next_sibling_ref,  # i32[B * N]
-    target_ref,        # i32[B * N]     target_predict, flat, indexed by global node id
-    predicts_ref,      # i32[B * N]     out
+    target_ref,  # i32[B * N]     target_predict, flat, indexed by global node id
+    predicts_ref,  # i32[B * N]     out
     accept_index_ref,  # i32[B * (S+1)] out
-    accept_num_ref,    # i32[B]         out
+    accept_num_ref,  # i32[B]         out
     *,
     num_nodes: int,
     block: int,
@@ -124,19 +136,37 @@ def _verify_tree_greedy_kernel(
         return it + 1, cur, last, depth, num, done, pred, acc
 
     zero = jnp.int32(0)
-    state = (zero, pick(nxt_tok, 0), zero, jnp.int32(1), zero, jnp.bool_(max_depth == 0),
-             jnp.full((block,), predicts_init, jnp.int32),
-             jnp.where(acc_lanes == 0, pick(ridx, 0), NOT_ACCEPTED))
+    state = (
+        zero,
+        pick(nxt_tok, 0),
+        zero,
+        jnp.int32(1),
+        zero,
+        jnp.bool_(max_depth == 0),
+        jnp.full((block,), predicts_init, jnp.int32),
+        jnp.where(acc_lanes == 0, pick(ridx, 0), NOT_ACCEPTED),
+    )
     _, _, last, _, num, _, pred, acc = jax.lax.while_loop(cond, body, state)
     pred = jnp.where(lanes == last, pick(tgt, last), pred)  # bonus token
     pltriton.store(predicts_ref.at[idx], pred, mask=live)
-    pltriton.store(accept_index_ref.at[b * (max_depth + 1) + acc_lanes], acc,
-                   mask=acc_lanes < max_depth + 1)
+    pltriton.store(
+        accept_index_ref.at[b * (max_depth + 1) + acc_lanes], acc, mask=acc_lanes < max_depth + 1
+    )
     accept_num_ref[b] = num
 
 
-def _verify_tree_greedy_pallas(candidates, retrive_index, next_token, next_sibling, target_flat,
-                               *, num_spec_steps, predicts_init, interpret, poison=False):
+def _verify_tree_greedy_pallas(
+    candidates,
+    retrive_index,
+    next_token,
+    next_sibling,
+    target_flat,
+    *,
+    num_spec_steps,
+    predicts_init,
+    interpret,
+    poison=False,
+):
     """Launch the kernel; ``poison=True`` (tests) pre-fills outputs with -7 via aliasing."""
     bsz, n = candidates.shape
     block = next_power_of_2(n)
@@ -146,8 +176,13 @@ def _verify_tree_greedy_pallas(candidates, retrive_index, next_token, next_sibli
         jax.ShapeDtypeStruct((bsz,), jnp.int32),
     )
     kernel = functools.partial(
-        _verify_tree_greedy_kernel, num_nodes=n, block=block, max_depth=num_spec_steps - 1,
-        accept_block=max(2, next_power_of_2(num_spec_steps)), predicts_init=predicts_init)
+        _verify_tree_greedy_kernel,
+        num_nodes=n,
+        block=block,
+        max_depth=num_spec_steps - 1,
+        accept_block=max(2, next_power_of_2(num_spec_steps)),
+        predicts_init=predicts_init,
+    )
     args = [x.reshape(-1) for x in (candidates, retrive_index, next_token, next_sibling)]
     args.append(target_flat)
     aliases = {}
@@ -157,7 +192,7 @@ def _verify_tree_greedy_pallas(candidates, retrive_index, next_token, next_sibli
         args = args + inits
 
         def kernel_with_inits(*refs, _k=kernel):
-            return _k(*refs[:5], *refs[5 + len(inits):])
+            return _k(*refs[:5], *refs[5 + len(inits) :])
 
         kernel = kernel_with_inits
     interpret = resolve_interpret(interpret)
@@ -174,9 +209,16 @@ def _verify_tree_greedy_pallas(candidates, retrive_index, next_token, next_sibli
 
 
 # ---- pure-jnp reference -------------------------------------------------------------------------
-def verify_tree_greedy_reference(candidates, retrive_index, retrive_next_token,
-                                 retrive_next_sibling, target_predict, *, num_spec_steps: int,
-                                 predicts_init: int = 0):
+def verify_tree_greedy_reference(
+    candidates,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    target_predict,
+    *,
+    num_spec_steps: int,
+    predicts_init: int = 0,
+):
     """Pure-jnp oracle with the same arguments and outputs as :func:`verify_tree_greedy`."""
     bsz, n = candidates.shape
     total = bsz * n
@@ -197,35 +239,52 @@ def verify_tree_greedy_reference(candidates, retrive_index, retrive_next_token,
         pred = jnp.where(match[:, None] & onehot_last, target[:, None], pred)
         written = written | (match[:, None] & onehot_last)
         num = num + match
-        acc = jnp.where(match[:, None] & (jnp.arange(num_spec_steps)[None, :] == num[:, None]),
-                        at(retrive_index, cur)[:, None], acc)
+        acc = jnp.where(
+            match[:, None] & (jnp.arange(num_spec_steps)[None, :] == num[:, None]),
+            at(retrive_index, cur)[:, None],
+            acc,
+        )
         last = jnp.where(match, cur, last)
         depth = depth + match
-        cur = jnp.where(match, at(retrive_next_token, cur),
-                        jnp.where(cur_ok, at(retrive_next_sibling, cur), cur))
+        cur = jnp.where(
+            match,
+            at(retrive_next_token, cur),
+            jnp.where(cur_ok, at(retrive_next_sibling, cur), cur),
+        )
         done = done | ~cur_ok | (match & (depth > max_depth))
         return cur, last, depth, num, done, pred, written, acc
 
     zeros = jnp.zeros((bsz,), jnp.int32)
     acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32)
     acc0 = acc0.at[:, 0].set(retrive_index[:, 0])
-    state = (retrive_next_token[:, 0], zeros, zeros + 1, zeros,
-             jnp.full((bsz,), max_depth == 0), jnp.zeros((bsz, n), jnp.int32),
-             jnp.zeros((bsz, n), bool), acc0)
+    state = (
+        retrive_next_token[:, 0],
+        zeros,
+        zeros + 1,
+        zeros,
+        jnp.full((bsz,), max_depth == 0),
+        jnp.zeros((bsz, n), jnp.int32),
+        jnp.zeros((bsz, n), bool),
+        acc0,
+    )
     _, last, _, num, _, pred, written, acc = jax.lax.fori_loop(0, n, body, state)
     onehot_last = jnp.arange(n)[None, :] == last[:, None]
     pred = jnp.where(onehot_last, at(tgt, last)[:, None], pred)
     written = written | onehot_last
     # Scatter by global node id; unwritten nodes keep predicts_init.
     dest = jnp.where(written, retrive_index, total)
-    predicts = jnp.full((total,), predicts_init, jnp.int32).at[dest.reshape(-1)].set(
-        pred.reshape(-1), mode="drop")
+    predicts = (
+        jnp.full((total,), predicts_init, jnp.int32)
+        .at[dest.reshape(-1)]
+        .set(pred.reshape(-1), mode="drop")
+    )
     return predicts, acc, num.astype(jnp.int32)
 
 
 # ---- public wrapper -----------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("num_spec_steps", "predicts_init", "impl",
-                                             "interpret"))
+@functools.partial(
+    jax.jit, static_argnames=("num_spec_steps", "predicts_init", "impl", "interpret")
+)
 def verify_tree_greedy(
     candidates: jax.Array,
     retrive_index: jax.Array,
@@ -255,22 +314,41 @@ def verify_tree_greedy(
       accepted node holds the bonus token), ``accept_index`` i32[B, S+1] (global node ids,
       -1 padded), ``accept_token_num`` i32[B] (correct drafts, root excluded).
     """
-    _validate(candidates, retrive_index, retrive_next_token, retrive_next_sibling,
-              target_predict, num_spec_steps)
+    _validate(
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        target_predict,
+        num_spec_steps,
+    )
     impl = resolve_impl(impl, IMPLS, "verify_tree_greedy")
     candidates, retrive_index, retrive_next_token, retrive_next_sibling = (
-        x.astype(jnp.int32) for x in (candidates, retrive_index, retrive_next_token,
-                                      retrive_next_sibling))
+        x.astype(jnp.int32)
+        for x in (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
+    )
     target_predict = target_predict.astype(jnp.int32)
     _probe_inputs(retrive_index, retrive_next_token, retrive_next_sibling)
     if impl == "pallas" and candidates.shape[0] > 0:
         out = _verify_tree_greedy_pallas(
-            candidates, retrive_index, retrive_next_token, retrive_next_sibling,
-            target_predict.reshape(-1), num_spec_steps=num_spec_steps,
-            predicts_init=predicts_init, interpret=interpret)
+            candidates,
+            retrive_index,
+            retrive_next_token,
+            retrive_next_sibling,
+            target_predict.reshape(-1),
+            num_spec_steps=num_spec_steps,
+            predicts_init=predicts_init,
+            interpret=interpret,
+        )
     else:
         out = verify_tree_greedy_reference(
-            candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict,
-            num_spec_steps=num_spec_steps, predicts_init=predicts_init)
+            candidates,
+            retrive_index,
+            retrive_next_token,
+            retrive_next_sibling,
+            target_predict,
+            num_spec_steps=num_spec_steps,
+            predicts_init=predicts_init,
+        )
     _probe_outputs(out[1], candidates.size)
     return out

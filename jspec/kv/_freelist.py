@@ -37,8 +37,7 @@ def pop_front(a: PagedAllocator, n: jax.Array) -> PagedAllocator:
     """Drop ``n`` pages from the front of the free list (caller guarantees ``n <= num_free``)."""
     i = jnp.arange(a.num_pages, dtype=jnp.int32)
     src = i + n
-    free = jnp.where(src < a.num_free, a.free_pages[jnp.minimum(src, a.num_pages - 1)],
-                     PAD_PAGE_ID)
+    free = jnp.where(src < a.num_free, a.free_pages[jnp.minimum(src, a.num_pages - 1)], PAD_PAGE_ID)
     return replace(a, free_pages=free, num_free=a.num_free - n)
 
 
@@ -63,13 +62,18 @@ def release(a: PagedAllocator, pages: jax.Array, count: jax.Array) -> PagedAlloc
         return a
     if a.need_sort:
         j = i - a.num_staged
-        staged = jnp.where(i < a.num_staged, a.staged_pages,
-                           jnp.where(j < count, pages[jnp.clip(j, 0, m - 1)], PAD_PAGE_ID))
-        return replace(a, staged_pages=staged,
-                       num_staged=jnp.minimum(a.num_staged + count, n))
+        staged = jnp.where(
+            i < a.num_staged,
+            a.staged_pages,
+            jnp.where(j < count, pages[jnp.clip(j, 0, m - 1)], PAD_PAGE_ID),
+        )
+        return replace(a, staged_pages=staged, num_staged=jnp.minimum(a.num_staged + count, n))
     j = i - count
-    free = jnp.where(i < count, pages[jnp.minimum(i, m - 1)],
-                     jnp.where(j < a.num_free, a.free_pages[jnp.clip(j, 0, n - 1)], PAD_PAGE_ID))
+    free = jnp.where(
+        i < count,
+        pages[jnp.minimum(i, m - 1)],
+        jnp.where(j < a.num_free, a.free_pages[jnp.clip(j, 0, n - 1)], PAD_PAGE_ID),
+    )
     return replace(a, free_pages=free, num_free=jnp.minimum(a.num_free + count, n))
 
 
@@ -78,13 +82,21 @@ def merge_and_sort_free(a: PagedAllocator) -> PagedAllocator:
     """sglang ``merge_and_sort_free``: ``free_pages = sort(free ++ staged)``; staged emptied."""
     n = a.num_pages
     i = jnp.arange(n, dtype=jnp.int32)
-    both = jnp.concatenate([jnp.where(i < a.num_free, a.free_pages, SORT_PAD),
-                            jnp.where(i < a.num_staged, a.staged_pages, SORT_PAD)])
+    both = jnp.concatenate(
+        [
+            jnp.where(i < a.num_free, a.free_pages, SORT_PAD),
+            jnp.where(i < a.num_staged, a.staged_pages, SORT_PAD),
+        ]
+    )
     count = jnp.minimum(a.num_free + a.num_staged, n)
     merged = jnp.sort(both)[:n]
-    return replace(a, free_pages=jnp.where(i < count, merged, PAD_PAGE_ID), num_free=count,
-                   staged_pages=jnp.full((n,), PAD_PAGE_ID, jnp.int32),
-                   num_staged=jnp.zeros((), jnp.int32))
+    return replace(
+        a,
+        free_pages=jnp.where(i < count, merged, PAD_PAGE_ID),
+        num_free=count,
+        staged_pages=jnp.full((n,), PAD_PAGE_ID, jnp.int32),
+        num_staged=jnp.zeros((), jnp.int32),
+    )
 
 
 def ensure_free(a: PagedAllocator, short: jax.Array) -> PagedAllocator:
@@ -98,16 +110,20 @@ def free_counts(a: PagedAllocator) -> jax.Array:
     """i32[num_pages+1]: occurrences of each page id among the live free + staged entries."""
     n = a.num_pages
     i = jnp.arange(n, dtype=jnp.int32)
+
     # NOTE: dead or out-of-range entries go to index n+1 (dropped); negative ids would wrap.
     def bucket(x, live):
         return jnp.where(live & (x >= 0) & (x <= n), x, n + 1)
-    ids = jnp.concatenate([bucket(a.free_pages, i < a.num_free),
-                           bucket(a.staged_pages, i < a.num_staged)])
+
+    ids = jnp.concatenate(
+        [bucket(a.free_pages, i < a.num_free), bucket(a.staged_pages, i < a.num_staged)]
+    )
     return jnp.zeros((n + 1,), jnp.int32).at[ids].add(1, mode="drop")
 
 
-def free_faults(a: PagedAllocator, pages: jax.Array, valid: jax.Array, *,
-                repeats_ok: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+def free_faults(
+    a: PagedAllocator, pages: jax.Array, valid: jax.Array, *, repeats_ok: bool
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-entry faults of freeing ``pages[valid]`` (all bool[M]).
 
     Returns:
@@ -129,37 +145,45 @@ def free_faults(a: PagedAllocator, pages: jax.Array, valid: jax.Array, *,
 
 # ---- input checks -------------------------------------------------------------------------------
 def check_merge_rule(merge_rule: str, merge_rules: tuple[str, ...]) -> None:
-    probes.static_check(merge_rule in merge_rules,
-                        f"merge_rule={merge_rule!r} must be one of {merge_rules}")
+    probes.static_check(
+        merge_rule in merge_rules, f"merge_rule={merge_rule!r} must be one of {merge_rules}"
+    )
 
 
 def check_capacity(value: Any, name: str) -> None:
-    probes.static_check(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-                        f"{name}={value!r} must be a Python int >= 0 (static)")
+    probes.static_check(
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        f"{name}={value!r} must be a Python int >= 0 (static)",
+    )
 
 
 def check_1d_int(x: jax.Array, name: str) -> None:
-    probes.static_check(jnp.ndim(x) == 1 and jnp.issubdtype(jnp.result_type(x), jnp.integer),
-                        f"{name} must be a 1-D int array, got shape {jnp.shape(x)} "
-                        f"dtype {jnp.result_type(x)}")
+    probes.static_check(
+        jnp.ndim(x) == 1 and jnp.issubdtype(jnp.result_type(x), jnp.integer),
+        f"{name} must be a 1-D int array, got shape {jnp.shape(x)} dtype {jnp.result_type(x)}",
+    )
 
 
-def free_ok(a: PagedAllocator, pages: jax.Array, valid: jax.Array, what: str, *,
-             repeats_ok: bool) -> jax.Array:
+def free_ok(
+    a: PagedAllocator, pages: jax.Array, valid: jax.Array, what: str, *, repeats_ok: bool
+) -> jax.Array:
     """bool[]: the free is valid (else it is rejected whole); probes name the first bad page."""
     out_of_range, already, repeated = free_faults(a, pages, valid, repeats_ok=repeats_ok)
     if probes.probes_on():
-        bad_range = (f"freed page id {{page}} outside [1, {a.num_pages}] (page 0 is the "
-                     "padding page)")
-        for bad, msg in ((out_of_range, bad_range),
-                         (already, "double free of page {page} (already free)"),
-                         (repeated, "page {page} freed twice in one call")):
-            probes.assert_async(~jnp.any(bad), f"{what}: " + msg,
-                                page=pages[jnp.argmax(bad)])
+        bad_range = (
+            f"freed page id {{page}} outside [1, {a.num_pages}] (page 0 is the padding page)"
+        )
+        for bad, msg in (
+            (out_of_range, bad_range),
+            (already, "double free of page {page} (already free)"),
+            (repeated, "page {page} freed twice in one call"),
+        ):
+            probes.assert_async(~jnp.any(bad), f"{what}: " + msg, page=pages[jnp.argmax(bad)])
     return ~jnp.any(out_of_range | already | repeated)
 
 
-def aligned_rows(last_loc: jax.Array, lens: jax.Array, rows: jax.Array, p: int,
-                  shift: int) -> jax.Array:
+def aligned_rows(
+    last_loc: jax.Array, lens: jax.Array, rows: jax.Array, p: int, shift: int
+) -> jax.Array:
     """bool[B]: ``(last_loc + shift) % P == lens % P`` on ``rows`` (sglang debug assert)."""
     return ~rows | ((last_loc + shift) % p == lens % p)

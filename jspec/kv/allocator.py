@@ -44,9 +44,22 @@ from jspec.kernels.alloc_extend import alloc_extend_slots
 from jspec.kv import _freelist as _fl
 from jspec.kv._freelist import PAD_PAGE_ID, merge_and_sort_free
 
-__all__ = ["MERGE_RULES", "PAD_PAGE_ID", "FreeGroup", "PagedAllocator", "alloc", "alloc_decode",
-           "alloc_extend", "allocator_from_config", "available_size", "free", "free_page_ids",
-           "free_segment", "init_allocator", "merge_and_sort_free"]
+__all__ = [
+    "MERGE_RULES",
+    "PAD_PAGE_ID",
+    "FreeGroup",
+    "PagedAllocator",
+    "alloc",
+    "alloc_decode",
+    "alloc_extend",
+    "allocator_from_config",
+    "available_size",
+    "free",
+    "free_page_ids",
+    "free_segment",
+    "init_allocator",
+    "merge_and_sort_free",
+]
 # Merge-before-alloc rules in need_sort mode: "exact" (merge iff the free list is short of the
 # exact page count) or "sglang" (sglang's quick bounds: extend ``tokens//P + bs + 1 > len(free)``,
 # decode ``bs > len(free)``; they may merge when not strictly needed).
@@ -87,19 +100,27 @@ def init_allocator(num_pages: int, page_size: int, *, need_sort: bool = False) -
     Raises:
       ValueError: ``num_pages < 1`` or ``page_size`` not a power of 2 (names the argument).
     """
-    probes.static_check(isinstance(num_pages, int) and num_pages >= 1,
-                        f"num_pages={num_pages!r} must be an int >= 1")
-    probes.static_check(isinstance(page_size, int) and page_size >= 1
-                        and page_size & (page_size - 1) == 0,
-                        f"page_size={page_size!r} must be a power of 2")
-    probes.static_check((num_pages + 1) * page_size < 2**31,
-                        f"num_pages={num_pages}: (num_pages+1)*page_size must be < 2**31")
+    probes.static_check(
+        isinstance(num_pages, int) and num_pages >= 1,
+        f"num_pages={num_pages!r} must be an int >= 1",
+    )
+    probes.static_check(
+        isinstance(page_size, int) and page_size >= 1 and page_size & (page_size - 1) == 0,
+        f"page_size={page_size!r} must be a power of 2",
+    )
+    probes.static_check(
+        (num_pages + 1) * page_size < 2**31,
+        f"num_pages={num_pages}: (num_pages+1)*page_size must be < 2**31",
+    )
     return PagedAllocator(
         free_pages=jnp.arange(1, num_pages + 1, dtype=jnp.int32),
         num_free=jnp.asarray(num_pages, jnp.int32),
         staged_pages=jnp.full((num_pages,), PAD_PAGE_ID, jnp.int32),
         num_staged=jnp.zeros((), jnp.int32),
-        page_size=page_size, num_pages=num_pages, need_sort=bool(need_sort))
+        page_size=page_size,
+        num_pages=num_pages,
+        need_sort=bool(need_sort),
+    )
 
 
 def allocator_from_config(cfg: SpecConfig, *, need_sort: bool = False) -> PagedAllocator:
@@ -114,8 +135,9 @@ def available_size(a: PagedAllocator) -> jax.Array:
 
 # ---- allocation ---------------------------------------------------------------------------------
 @functools.partial(jax.jit, static_argnames=("max_slots",))
-def alloc(a: PagedAllocator, num_slots: jax.Array, *,
-          max_slots: int) -> tuple[PagedAllocator, jax.Array, jax.Array]:
+def alloc(
+    a: PagedAllocator, num_slots: jax.Array, *, max_slots: int
+) -> tuple[PagedAllocator, jax.Array, jax.Array]:
     """sglang ``alloc(need_size)``: ``num_slots/P`` whole pages from the front of the free list.
 
     Args:
@@ -132,8 +154,9 @@ def alloc(a: PagedAllocator, num_slots: jax.Array, *,
     _fl.check_capacity(max_slots, "max_slots")
     p = a.page_size
     num_slots = jnp.asarray(num_slots, jnp.int32)
-    probes.static_check(num_slots.ndim == 0, f"num_slots must be a scalar, got shape "
-                        f"{num_slots.shape}")
+    probes.static_check(
+        num_slots.ndim == 0, f"num_slots must be a scalar, got shape {num_slots.shape}"
+    )
     probes.detect_page_aligned(num_slots, p, "alloc: num_slots")
     n_pages = num_slots // p
     valid_size = (num_slots % p == 0) & (num_slots >= 0) & (num_slots <= max_slots)
@@ -146,11 +169,18 @@ def alloc(a: PagedAllocator, num_slots: jax.Array, *,
 
 
 @functools.partial(jax.jit, static_argnames=("max_new_slots", "impl", "interpret", "merge_rule"))
-def alloc_extend(a: PagedAllocator, prefix_lens: jax.Array, seq_lens: jax.Array,
-                 last_loc: jax.Array, *, max_new_slots: int, valid: jax.Array | None = None,
-                 impl: str = "xla",
-                 interpret: bool | None = None,
-                 merge_rule: str = "sglang") -> tuple[PagedAllocator, jax.Array, jax.Array]:
+def alloc_extend(
+    a: PagedAllocator,
+    prefix_lens: jax.Array,
+    seq_lens: jax.Array,
+    last_loc: jax.Array,
+    *,
+    max_new_slots: int,
+    valid: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    merge_rule: str = "sglang",
+) -> tuple[PagedAllocator, jax.Array, jax.Array]:
     """sglang ``alloc_extend``: grow each request from ``prefix_lens`` to ``seq_lens`` tokens.
 
     Per request (SPEC §10): part 1 continues the partial page at ``last_loc + 1``; part 2 takes
@@ -195,13 +225,17 @@ def alloc_extend(a: PagedAllocator, prefix_lens: jax.Array, seq_lens: jax.Array,
     lens_ok = ~valid | ((seq_lens >= prefix_lens) & (prefix_lens >= 0))
     aligned = _fl.aligned_rows(last_loc, prefix_lens, grows, p, 1)
     if probes.probes_on():
-        probes.assert_async(jnp.all(lens_ok),
-                            "alloc_extend: 0 <= prefix_lens <= seq_lens violated at row {row}",
-                            row=jnp.argmax(~lens_ok))
-        probes.assert_async(jnp.all(aligned), "alloc_extend: last_loc {loc} not aligned with "
-                            f"prefix_len {{pre}} (page_size={p})",
-                            loc=last_loc[jnp.argmax(~aligned)],
-                            pre=prefix_lens[jnp.argmax(~aligned)])
+        probes.assert_async(
+            jnp.all(lens_ok),
+            "alloc_extend: 0 <= prefix_lens <= seq_lens violated at row {row}",
+            row=jnp.argmax(~lens_ok),
+        )
+        probes.assert_async(
+            jnp.all(aligned),
+            f"alloc_extend: last_loc {{loc}} not aligned with prefix_len {{pre}} (page_size={p})",
+            loc=last_loc[jnp.argmax(~aligned)],
+            pre=prefix_lens[jnp.argmax(~aligned)],
+        )
     inputs_ok = jnp.all(lens_ok) & jnp.all(aligned)
     total_slots = jnp.sum(jnp.where(grows, seq_lens - prefix_lens, 0))
     new_pages = jnp.where(grows, _fl.ceil_div(seq_lens, p) - _fl.ceil_div(prefix_lens, p), 0)
@@ -212,18 +246,31 @@ def alloc_extend(a: PagedAllocator, prefix_lens: jax.Array, seq_lens: jax.Array,
         short = total_pages > a.num_free
     work = _fl.ensure_free(a, inputs_ok & short)
     ok = inputs_ok & (total_pages <= work.num_free) & (total_slots <= max_new_slots)
-    slot_ids = alloc_extend_slots(prefix_lens, seq_lens, last_loc, work.free_pages,
-                                  page_size=p, max_new_slots=max_new_slots, impl=impl,
-                                  interpret=interpret)
+    slot_ids = alloc_extend_slots(
+        prefix_lens,
+        seq_lens,
+        last_loc,
+        work.free_pages,
+        page_size=p,
+        max_new_slots=max_new_slots,
+        impl=impl,
+        interpret=interpret,
+    )
     slot_ids = jnp.where(ok, slot_ids, 0)
     return _fl.select(ok, _fl.pop_front(work, jnp.where(ok, total_pages, 0)), a), slot_ids, ok
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "interpret", "merge_rule"))
-def alloc_decode(a: PagedAllocator, seq_lens: jax.Array, last_loc: jax.Array, *,
-                 valid: jax.Array | None = None, impl: str = "xla",
-                 interpret: bool | None = None,
-                 merge_rule: str = "sglang") -> tuple[PagedAllocator, jax.Array, jax.Array]:
+def alloc_decode(
+    a: PagedAllocator,
+    seq_lens: jax.Array,
+    last_loc: jax.Array,
+    *,
+    valid: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    merge_rule: str = "sglang",
+) -> tuple[PagedAllocator, jax.Array, jax.Array]:
     """sglang ``alloc_decode``: one new token per request (``seq_lens`` includes it).
 
     A request needs a new page iff ``ceil(seq/P) > ceil((seq-1)/P)`` (``seq % P == 1`` for P>1);
@@ -251,13 +298,15 @@ def alloc_decode(a: PagedAllocator, seq_lens: jax.Array, last_loc: jax.Array, *,
     seq_lens = seq_lens.astype(jnp.int32)
     last_loc = last_loc.astype(jnp.int32)
     valid = jnp.ones(seq_lens.shape, bool) if valid is None else valid.astype(bool)
-    probes.detect_oob(seq_lens, 1, jnp.iinfo(jnp.int32).max, "alloc_decode: seq_lens",
-                      where=valid)
+    probes.detect_oob(seq_lens, 1, jnp.iinfo(jnp.int32).max, "alloc_decode: seq_lens", where=valid)
     aligned = _fl.aligned_rows(last_loc, seq_lens, valid, p, 2)
     if probes.probes_on():
-        probes.assert_async(jnp.all(aligned), "alloc_decode: last_loc {loc} not aligned with "
-                            f"seq_len {{seq}} (page_size={p})",
-                            loc=last_loc[jnp.argmax(~aligned)], seq=seq_lens[jnp.argmax(~aligned)])
+        probes.assert_async(
+            jnp.all(aligned),
+            f"alloc_decode: last_loc {{loc}} not aligned with seq_len {{seq}} (page_size={p})",
+            loc=last_loc[jnp.argmax(~aligned)],
+            seq=seq_lens[jnp.argmax(~aligned)],
+        )
     inputs_ok = jnp.all(aligned) & jnp.all(~valid | (seq_lens >= 1))
     new_page = valid & (_fl.ceil_div(seq_lens, p) > _fl.ceil_div(seq_lens - 1, p))
     total_pages = jnp.sum(new_page.astype(jnp.int32))
@@ -267,8 +316,15 @@ def alloc_decode(a: PagedAllocator, seq_lens: jax.Array, last_loc: jax.Array, *,
         short = total_pages > a.num_free
     work = _fl.ensure_free(a, inputs_ok & short)
     ok = inputs_ok & (total_pages <= work.num_free)
-    slot_ids = alloc_decode_slots(seq_lens, last_loc, work.free_pages, valid=valid,
-                                  page_size=p, impl=impl, interpret=interpret)
+    slot_ids = alloc_decode_slots(
+        seq_lens,
+        last_loc,
+        work.free_pages,
+        valid=valid,
+        page_size=p,
+        impl=impl,
+        interpret=interpret,
+    )
     slot_ids = jnp.where(ok, slot_ids, 0)
     return _fl.select(ok, _fl.pop_front(work, jnp.where(ok, total_pages, 0)), a), slot_ids, ok
 
@@ -284,8 +340,13 @@ def _result(new: PagedAllocator, old: PagedAllocator, ok: jax.Array, return_ok: 
 
 
 @functools.partial(jax.jit, static_argnames=("return_ok",))
-def free(a: PagedAllocator, slot_ids: jax.Array, *, valid: jax.Array | None = None,
-         return_ok: bool = False) -> Any:
+def free(
+    a: PagedAllocator,
+    slot_ids: jax.Array,
+    *,
+    valid: jax.Array | None = None,
+    return_ok: bool = False,
+) -> Any:
     """sglang ``free(idx)``: pages ``unique(slot_ids // P)`` (ascending) back to the pool.
 
     A bad free is rejected whole (state unchanged): a slot outside ``[P, (num_pages+1)*P)``
@@ -319,8 +380,13 @@ def free(a: PagedAllocator, slot_ids: jax.Array, *, valid: jax.Array | None = No
 
 
 @functools.partial(jax.jit, static_argnames=("return_ok",))
-def free_page_ids(a: PagedAllocator, page_ids: jax.Array, *, valid: jax.Array | None = None,
-                  return_ok: bool = False) -> Any:
+def free_page_ids(
+    a: PagedAllocator,
+    page_ids: jax.Array,
+    *,
+    valid: jax.Array | None = None,
+    return_ok: bool = False,
+) -> Any:
     """sglang ``free_page_ids``: exactly these pages (no unique), in the given order.
 
     Rejected whole (state unchanged, ``ok=False``) when a valid page id is outside
@@ -341,8 +407,14 @@ def free_page_ids(a: PagedAllocator, page_ids: jax.Array, *, valid: jax.Array | 
 
 
 @functools.partial(jax.jit, static_argnames=("return_ok",))
-def free_segment(a: PagedAllocator, row_slot_ids: jax.Array, start: jax.Array,
-                 end: jax.Array, *, return_ok: bool = False) -> Any:
+def free_segment(
+    a: PagedAllocator,
+    row_slot_ids: jax.Array,
+    start: jax.Array,
+    end: jax.Array,
+    *,
+    return_ok: bool = False,
+) -> Any:
     """sglang ``free_segment(row[start:end], start)``: pages ``row[start:end:P] // P``.
 
     The row maps positions to slots with one physical page per row page (SPEC §4.1), so the page
@@ -359,8 +431,9 @@ def free_segment(a: PagedAllocator, row_slot_ids: jax.Array, start: jax.Array,
       The new state, or ``(state, ok)``. Rejected whole (state unchanged, ``ok=False``) on an
       unaligned or out-of-bounds segment or a bad page (as :func:`free_page_ids`).
     """
-    probes.static_check(row_slot_ids.ndim == 1, f"row_slot_ids must be 1-D, got shape "
-                        f"{row_slot_ids.shape}")
+    probes.static_check(
+        row_slot_ids.ndim == 1, f"row_slot_ids must be 1-D, got shape {row_slot_ids.shape}"
+    )
     row_slot_ids = row_slot_ids.astype(jnp.int32)
     width = row_slot_ids.shape[0]
     p = a.page_size
@@ -368,8 +441,12 @@ def free_segment(a: PagedAllocator, row_slot_ids: jax.Array, start: jax.Array,
     end = jnp.asarray(end, jnp.int32)
     probes.detect_page_aligned(start, p, "free_segment: start")
     bounds_ok = (start >= 0) & (start <= end) & (end <= width) & (start % p == 0)
-    probes.assert_async(lambda: bounds_ok, f"free_segment: need 0 <= start <= end <= {width}, "
-                        "got start={s} end={e}", s=start, e=end)
+    probes.assert_async(
+        lambda: bounds_ok,
+        f"free_segment: need 0 <= start <= end <= {width}, got start={{s}} end={{e}}",
+        s=start,
+        e=end,
+    )
     pos = start + jnp.arange(ceil_div(width, p), dtype=jnp.int32) * p
     keep = (pos < end) & (pos < width) & bounds_ok
     slots = row_slot_ids[jnp.clip(pos, 0, width - 1)]
@@ -414,8 +491,9 @@ class FreeGroup:
             raise RuntimeError("FreeGroup.add outside free_group_begin/end")
         slot_ids = jnp.asarray(slot_ids, jnp.int32).reshape(-1)
         self._slot_ids.append(slot_ids)
-        self._valid.append(_valid_or_all(slot_ids, None if valid is None
-                                         else jnp.asarray(valid).reshape(-1)))
+        self._valid.append(
+            _valid_or_all(slot_ids, None if valid is None else jnp.asarray(valid).reshape(-1))
+        )
 
     def end(self, a: PagedAllocator) -> PagedAllocator:
         """Close the group and free everything added, in one :func:`free` call."""

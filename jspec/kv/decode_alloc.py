@@ -68,15 +68,22 @@ class ReqKVState:
 def init_req_kv_state(max_batch: int) -> ReqKVState:
     """An all-padding batch of ``max_batch`` rows."""
     zeros = jnp.zeros((max_batch,), jnp.int32)
-    return ReqKVState(committed_lens=zeros, allocated_lens=zeros,
-                      req_pool_indices=jnp.full((max_batch,), PAD_ROW, jnp.int32),
-                      valid=jnp.zeros((max_batch,), bool))
+    return ReqKVState(
+        committed_lens=zeros,
+        allocated_lens=zeros,
+        req_pool_indices=jnp.full((max_batch,), PAD_ROW, jnp.int32),
+        valid=jnp.zeros((max_batch,), bool),
+    )
 
 
-def page_aligned_decode_alloc_lens(committed_lens: jax.Array, allocated_lens: jax.Array, *,
-                                   reserve: int, page_size: int,
-                                   valid: jax.Array | None = None,
-                                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def page_aligned_decode_alloc_lens(
+    committed_lens: jax.Array,
+    allocated_lens: jax.Array,
+    *,
+    reserve: int,
+    page_size: int,
+    valid: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """sglang ``page_aligned_decode_alloc_lens`` (SPEC.md §3).
 
     Args:
@@ -101,8 +108,9 @@ def _max_new_slots_default(batch: int, cfg: SpecConfig) -> int:
     return batch * (cfg.alloc_reserve_per_decode + cfg.page_size - 1)
 
 
-def _static_validate_decode(allocator: PagedAllocator, req_to_token: jax.Array,
-                            reqs: ReqKVState, cfg: SpecConfig) -> None:
+def _static_validate_decode(
+    allocator: PagedAllocator, req_to_token: jax.Array, reqs: ReqKVState, cfg: SpecConfig
+) -> None:
     width = req_to_token.shape[1]
     worst = ceil_to_multiple(cfg.context_len + cfg.alloc_reserve_per_decode, cfg.page_size)
     # PR #26972's row-width invariant, always on here (sglang: only P > 1 and K > 1).
@@ -111,10 +119,13 @@ def _static_validate_decode(allocator: PagedAllocator, req_to_token: jax.Array,
         f"prepare_for_decode: worst-case allocated row length ceil_P(context_len + "
         f"alloc_reserve_per_decode) = {worst} exceeds the req_to_token row width {width} "
         f"(cfg.req_to_token_width={cfg.req_to_token_width}; spec v2 draft over-allocation, "
-        f"PR #26972; {cfg})")
-    probes.static_check(allocator.page_size == cfg.page_size,
-                        f"prepare_for_decode: allocator.page_size={allocator.page_size} != "
-                        f"cfg.page_size={cfg.page_size}")
+        f"PR #26972; {cfg})",
+    )
+    probes.static_check(
+        allocator.page_size == cfg.page_size,
+        f"prepare_for_decode: allocator.page_size={allocator.page_size} != "
+        f"cfg.page_size={cfg.page_size}",
+    )
     probes.static_check_dtype(req_to_token, jnp.int32, "req_to_token")
     (batch,) = reqs.valid.shape
     for name in ("committed_lens", "allocated_lens", "req_pool_indices"):
@@ -122,10 +133,16 @@ def _static_validate_decode(allocator: PagedAllocator, req_to_token: jax.Array,
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "impl", "interpret", "max_new_slots"))
-def prepare_for_decode(allocator: PagedAllocator, req_to_token: jax.Array, reqs: ReqKVState,
-                       cfg: SpecConfig, *, impl: str = "xla", interpret: bool | None = None,
-                       max_new_slots: int | None = None,
-                       ) -> tuple[PagedAllocator, jax.Array, ReqKVState, jax.Array]:
+def prepare_for_decode(
+    allocator: PagedAllocator,
+    req_to_token: jax.Array,
+    reqs: ReqKVState,
+    cfg: SpecConfig,
+    *,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    max_new_slots: int | None = None,
+) -> tuple[PagedAllocator, jax.Array, ReqKVState, jax.Array]:
     """Grow every live row to ``nxt`` and write the new slots (``eagle_prepare_for_decode``).
 
     Args:
@@ -155,14 +172,23 @@ def prepare_for_decode(allocator: PagedAllocator, req_to_token: jax.Array, reqs:
     probes.assert_async(
         lambda: jnp.all(~valid | (reqs.committed_lens <= reqs.allocated_lens)),
         "prepare_for_decode: kv_committed_len > kv_allocated_len at row {row}",
-        row=lambda: jnp.argmax(valid & (reqs.committed_lens > reqs.allocated_lens)))
+        row=lambda: jnp.argmax(valid & (reqs.committed_lens > reqs.allocated_lens)),
+    )
     cur, nxt, _ = page_aligned_decode_alloc_lens(
-        reqs.committed_lens, reqs.allocated_lens, reserve=cfg.alloc_reserve_per_decode,
-        page_size=p, valid=valid)
+        reqs.committed_lens,
+        reqs.allocated_lens,
+        reserve=cfg.alloc_reserve_per_decode,
+        page_size=p,
+        valid=valid,
+    )
     max_nxt = jnp.max(jnp.where(valid, nxt, 0))
     width_ok = max_nxt <= width
-    probes.assert_async(width_ok, "prepare_for_decode: max(nxt)={nxt} exceeds req_to_token row "
-                        f"width {width} (spec v2 draft over-allocation, PR #26972)", nxt=max_nxt)
+    probes.assert_async(
+        width_ok,
+        "prepare_for_decode: max(nxt)={nxt} exceeds req_to_token row "
+        f"width {width} (spec v2 draft over-allocation, PR #26972)",
+        nxt=max_nxt,
+    )
     # Rows that must not grow (padding, or everything when a row would overflow) ask for 0.
     prefix = jnp.where(valid, cur, 0)
     seq = jnp.where(valid & width_ok, nxt, prefix)
@@ -170,16 +196,22 @@ def prepare_for_decode(allocator: PagedAllocator, req_to_token: jax.Array, reqs:
     if p == 1:
         allocator, slot_ids, ok = alloc(allocator, need, max_slots=max_new_slots)
     else:
-        last_loc = jnp.where(valid, get_last_loc(req_to_token, reqs.req_pool_indices, prefix),
-                             -1)
-        allocator, slot_ids, ok = alloc_extend(allocator, prefix, seq, last_loc,
-                                               max_new_slots=max_new_slots, impl=impl,
-                                               interpret=interpret)
+        last_loc = jnp.where(valid, get_last_loc(req_to_token, reqs.req_pool_indices, prefix), -1)
+        allocator, slot_ids, ok = alloc_extend(
+            allocator,
+            prefix,
+            seq,
+            last_loc,
+            max_new_slots=max_new_slots,
+            impl=impl,
+            interpret=interpret,
+        )
     ok = ok & width_ok
     # On failure nothing was taken from the allocator; write nothing either.
     end = jnp.where(ok, seq, prefix)
-    req_to_token = assign_req_to_token_pool(req_to_token, reqs.req_pool_indices, prefix, end,
-                                            slot_ids, impl=impl, interpret=interpret)
+    req_to_token = assign_req_to_token_pool(
+        req_to_token, reqs.req_pool_indices, prefix, end, slot_ids, impl=impl, interpret=interpret
+    )
     reqs = replace(reqs, allocated_lens=jnp.where(valid & ok, nxt, reqs.allocated_lens))
     return allocator, req_to_token, reqs, ok
 
@@ -192,18 +224,24 @@ def commit_kv_lens(reqs: ReqKVState, accept_lens: jax.Array) -> ReqKVState:
       reqs: the batch; accept_lens: i32[B] accepted tokens incl. the bonus.
     """
     probes.assert_async(
-        lambda: jnp.all(~reqs.valid | (reqs.committed_lens + accept_lens
-                                       <= reqs.allocated_lens)),
+        lambda: jnp.all(~reqs.valid | (reqs.committed_lens + accept_lens <= reqs.allocated_lens)),
         "commit_kv_lens: committed + accept_len exceeds kv_allocated_len at row {row}",
-        row=lambda: jnp.argmax(reqs.valid & (reqs.committed_lens + accept_lens
-                                             > reqs.allocated_lens)))
-    return replace(reqs, committed_lens=jnp.where(reqs.valid, reqs.committed_lens + accept_lens,
-                                                  reqs.committed_lens))
+        row=lambda: jnp.argmax(
+            reqs.valid & (reqs.committed_lens + accept_lens > reqs.allocated_lens)
+        ),
+    )
+    return replace(
+        reqs,
+        committed_lens=jnp.where(
+            reqs.valid, reqs.committed_lens + accept_lens, reqs.committed_lens
+        ),
+    )
 
 
 @jax.jit
-def release_kv_cache(allocator: PagedAllocator, req_to_token: jax.Array, reqs: ReqKVState,
-                     finished: jax.Array) -> tuple[PagedAllocator, ReqKVState]:
+def release_kv_cache(
+    allocator: PagedAllocator, req_to_token: jax.Array, reqs: ReqKVState, finished: jax.Array
+) -> tuple[PagedAllocator, ReqKVState]:
     """Free the whole row ``[0, allocated)`` of finished requests and mark them padding.
 
     sglang frees the committed part via the tree/chunk cache and the over-allocated tail
@@ -227,14 +265,16 @@ def release_kv_cache(allocator: PagedAllocator, req_to_token: jax.Array, reqs: R
     p = allocator.page_size
     width = req_to_token.shape[1]
     done = finished.astype(bool) & reqs.valid
-    pos = jnp.arange(ceil_div(width, p), dtype=jnp.int32)[None, :] * p      # page starts
-    live = done[:, None] & (pos < reqs.allocated_lens[:, None])             # bool[B, W/P]
+    pos = jnp.arange(ceil_div(width, p), dtype=jnp.int32)[None, :] * p  # page starts
+    live = done[:, None] & (pos < reqs.allocated_lens[:, None])  # bool[B, W/P]
     rows = jnp.where(done, reqs.req_pool_indices, PAD_ROW)
     slot_ids = req_to_token.reshape(-1)[(rows[:, None] * width + jnp.minimum(pos, width - 1))]
     allocator = free(allocator, slot_ids.reshape(-1), valid=live.reshape(-1))
     zeros = jnp.zeros_like(reqs.committed_lens)
-    reqs = ReqKVState(committed_lens=jnp.where(done, zeros, reqs.committed_lens),
-                      allocated_lens=jnp.where(done, zeros, reqs.allocated_lens),
-                      req_pool_indices=jnp.where(done, PAD_ROW, reqs.req_pool_indices),
-                      valid=reqs.valid & ~done)
+    reqs = ReqKVState(
+        committed_lens=jnp.where(done, zeros, reqs.committed_lens),
+        allocated_lens=jnp.where(done, zeros, reqs.allocated_lens),
+        req_pool_indices=jnp.where(done, PAD_ROW, reqs.req_pool_indices),
+        valid=reqs.valid & ~done,
+    )
     return allocator, reqs

@@ -29,9 +29,15 @@ class AllocatorIntegrityError(AssertionError):
 
 
 @functools.partial(jax.jit, static_argnames=("num_pages", "page_size"))
-def owned_page_mask(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                    allocated_lens: jax.Array, *, num_pages: int, page_size: int,
-                    valid: jax.Array | None = None) -> jax.Array:
+def owned_page_mask(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    allocated_lens: jax.Array,
+    *,
+    num_pages: int,
+    page_size: int,
+    valid: jax.Array | None = None,
+) -> jax.Array:
     """bool[num_pages+1]: pages referenced by ``row[0:allocated_len]`` of the valid requests.
 
     Args:
@@ -46,9 +52,8 @@ def owned_page_mask(req_to_token: jax.Array, req_pool_indices: jax.Array,
       length into page ``p``. Index 0 (the padding page) is set when a row points there.
     """
     width = req_to_token.shape[1]
-    valid = (jnp.ones(req_pool_indices.shape, bool) if valid is None
-             else valid.astype(bool))
-    rows = req_to_token[req_pool_indices.astype(jnp.int32)]                  # i32[B, W]
+    valid = jnp.ones(req_pool_indices.shape, bool) if valid is None else valid.astype(bool)
+    rows = req_to_token[req_pool_indices.astype(jnp.int32)]  # i32[B, W]
     live = valid[:, None] & (jnp.arange(width)[None, :] < allocated_lens[:, None])
     pages = jnp.where(live & (rows >= 0), rows // page_size, num_pages + 1)  # never wrap
     return jnp.zeros((num_pages + 1,), bool).at[pages.reshape(-1)].set(True, mode="drop")
@@ -66,14 +71,19 @@ def _free_counts(a: PagedAllocator) -> jax.Array:
         return jnp.where((x >= 0) & (x <= n), x, n + 1)
 
     # NOTE: dead entries get index n+2 (dropped); a negative index would wrap around.
-    ids = jnp.concatenate([jnp.where(i < a.num_free, bucket(a.free_pages), n + 2),
-                           jnp.where(i < a.num_staged, bucket(a.staged_pages), n + 2)])
+    ids = jnp.concatenate(
+        [
+            jnp.where(i < a.num_free, bucket(a.free_pages), n + 2),
+            jnp.where(i < a.num_staged, bucket(a.staged_pages), n + 2),
+        ]
+    )
     return jnp.zeros((n + 2,), jnp.int32).at[ids].add(1, mode="drop")
 
 
 @jax.jit
-def integrity_violations(a: PagedAllocator, owned_mask: jax.Array | None = None
-                         ) -> dict[str, jax.Array]:
+def integrity_violations(
+    a: PagedAllocator, owned_mask: jax.Array | None = None
+) -> dict[str, jax.Array]:
     """Counts of integrity violations (all i32[]; zero means healthy).
 
     Keys:
@@ -86,7 +96,7 @@ def integrity_violations(a: PagedAllocator, owned_mask: jax.Array | None = None
     """
     counts = _free_counts(a)
     n = a.num_pages
-    real = counts[1:n + 1]
+    real = counts[1 : n + 1]
     out = {
         "duplicate_free": jnp.sum(jnp.maximum(real - 1, 0)),
         "page0_free": counts[0],
@@ -94,7 +104,7 @@ def integrity_violations(a: PagedAllocator, owned_mask: jax.Array | None = None
         "num_free": a.num_free + a.num_staged,
     }
     if owned_mask is not None:
-        owned = owned_mask[1:n + 1]
+        owned = owned_mask[1 : n + 1]
         is_free = real > 0
         out["owned_and_free"] = jnp.sum((owned & is_free).astype(jnp.int32))
         out["lost"] = jnp.sum((~owned & ~is_free).astype(jnp.int32))
@@ -107,8 +117,9 @@ def _ids(x: np.ndarray, limit: int = 16) -> str:
     return str(x[:limit]) + (f" (+{len(x) - limit} more)" if len(x) > limit else "")
 
 
-def check_integrity(a: PagedAllocator, owned_mask: jax.Array | None = None, *,
-                    what: str = "") -> None:
+def check_integrity(
+    a: PagedAllocator, owned_mask: jax.Array | None = None, *, what: str = ""
+) -> None:
     """Host-side integrity check (syncs); raises :class:`AllocatorIntegrityError` on failure.
 
     Without ``owned_mask`` only the free lists are checked (duplicates, page 0, range). With it
@@ -125,35 +136,39 @@ def check_integrity(a: PagedAllocator, owned_mask: jax.Array | None = None, *,
     nf, ns = int(a.num_free), int(a.num_staged)
     live = np.concatenate([np.asarray(a.free_pages)[:nf], np.asarray(a.staged_pages)[:ns]])
     if nf < 0 or ns < 0 or nf > n or ns > n:
-        raise AllocatorIntegrityError(f"{prefix}bad free-list counts num_free={nf} "
-                                      f"num_staged={ns} (num_pages={n})")
+        raise AllocatorIntegrityError(
+            f"{prefix}bad free-list counts num_free={nf} num_staged={ns} (num_pages={n})"
+        )
     bad_range = live[(live < 1) | (live > n)]
     if bad_range.size:
-        raise AllocatorIntegrityError(f"{prefix}free list holds page ids outside [1, {n}]: "
-                                      f"{_ids(bad_range)} (page 0 is the padding page)")
+        raise AllocatorIntegrityError(
+            f"{prefix}free list holds page ids outside [1, {n}]: "
+            f"{_ids(bad_range)} (page 0 is the padding page)"
+        )
     ids, counts = np.unique(live, return_counts=True)
     if np.any(counts > 1):
         raise AllocatorIntegrityError(f"{prefix}duplicate free pages {_ids(ids[counts > 1])}")
     if owned_mask is None:
         return
-    owned = np.asarray(owned_mask)[1:n + 1]
+    owned = np.asarray(owned_mask)[1 : n + 1]
     is_free = np.zeros(n, bool)
     is_free[ids - 1] = True
     both = np.nonzero(owned & is_free)[0] + 1
     if both.size:
-        raise AllocatorIntegrityError(f"{prefix}use-after-free: page ids {_ids(both)} are both "
-                                      "owned and free")
+        raise AllocatorIntegrityError(
+            f"{prefix}use-after-free: page ids {_ids(both)} are both owned and free"
+        )
     num_owned = int(owned.sum())
     if live.size + num_owned != n:
         lost = np.nonzero(~owned & ~is_free)[0] + 1
         raise AllocatorIntegrityError(
             f"{prefix}token_to_kv_pool_allocator memory leak detected! "
             f"available={live.size * p} owned={num_owned * p} total={n * p} (tokens; "
-            f"{n - live.size - num_owned} pages lost: {_ids(lost)})")
+            f"{n - live.size - num_owned} pages lost: {_ids(lost)})"
+        )
 
 
-def check_req_rows_integrity(r: ReqRowAllocator, live_rows: Any = None, *,
-                             what: str = "") -> None:
+def check_req_rows_integrity(r: ReqRowAllocator, live_rows: Any = None, *, what: str = "") -> None:
     """Host-side check of the request-row free list; raises :class:`AllocatorIntegrityError`.
 
     Checks the free list holds distinct rows in ``[1, max_running_requests]``; with
@@ -169,17 +184,21 @@ def check_req_rows_integrity(r: ReqRowAllocator, live_rows: Any = None, *,
     cap = int(r.free_rows.shape[0])
     nf = int(r.num_free)
     if nf < 0 or nf > cap:
-        raise AllocatorIntegrityError(f"{prefix}bad request-row count num_free={nf} "
-                                      f"(max_running_requests={cap})")
+        raise AllocatorIntegrityError(
+            f"{prefix}bad request-row count num_free={nf} (max_running_requests={cap})"
+        )
     free = np.asarray(r.free_rows)[:nf]
     bad = free[(free < 1) | (free > cap)]
     if bad.size:
-        raise AllocatorIntegrityError(f"{prefix}request-row free list holds rows outside "
-                                      f"[1, {cap}]: {_ids(bad)} (row 0 is the padding row)")
+        raise AllocatorIntegrityError(
+            f"{prefix}request-row free list holds rows outside "
+            f"[1, {cap}]: {_ids(bad)} (row 0 is the padding row)"
+        )
     ids, counts = np.unique(free, return_counts=True)
     if np.any(counts > 1):
-        raise AllocatorIntegrityError(f"{prefix}duplicate free request rows "
-                                      f"{_ids(ids[counts > 1])} (double free)")
+        raise AllocatorIntegrityError(
+            f"{prefix}duplicate free request rows {_ids(ids[counts > 1])} (double free)"
+        )
     if live_rows is None:
         return
     live = np.unique(np.asarray(live_rows, np.int64).reshape(-1))
@@ -190,4 +209,5 @@ def check_req_rows_integrity(r: ReqRowAllocator, live_rows: Any = None, *,
         lost = np.setdiff1d(np.arange(1, cap + 1), np.concatenate([ids, live]))
         raise AllocatorIntegrityError(
             f"{prefix}req_to_token_pool memory leak detected! free={ids.size} live={live.size} "
-            f"total={cap} (rows lost: {_ids(lost)})")
+            f"total={cap} (rows lost: {_ids(lost)})"
+        )

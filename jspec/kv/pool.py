@@ -89,20 +89,25 @@ def init_kv_pool(cfg: SpecConfig, *, fill: float = 0.0) -> KVPool:
 
 
 def _check_layer(pool: KVPool, layer: int, op: str) -> None:
-    probes.static_check(isinstance(layer, int) and 0 <= layer < pool.num_layers,
-                        f"{op}: layer={layer!r} must be an int in [0, {pool.num_layers})")
+    probes.static_check(
+        isinstance(layer, int) and 0 <= layer < pool.num_layers,
+        f"{op}: layer={layer!r} must be an int in [0, {pool.num_layers})",
+    )
 
 
 def _check_slot_ids(slot_ids: jax.Array, name: str) -> jax.Array:
     probes.static_check(slot_ids.ndim == 1, f"{name}.shape={tuple(slot_ids.shape)} must be 1-D")
-    probes.static_check(jnp.issubdtype(slot_ids.dtype, jnp.integer),
-                        f"{name}.dtype={slot_ids.dtype} must be an integer dtype (int32)")
+    probes.static_check(
+        jnp.issubdtype(slot_ids.dtype, jnp.integer),
+        f"{name}.dtype={slot_ids.dtype} must be an integer dtype (int32)",
+    )
     return slot_ids.astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("layer",), donate_argnames=("pool",))
-def set_kv_buffer(pool: KVPool, layer: int, slot_ids: jax.Array, k: jax.Array,
-                  v: jax.Array) -> KVPool:
+def set_kv_buffer(
+    pool: KVPool, layer: int, slot_ids: jax.Array, k: jax.Array, v: jax.Array
+) -> KVPool:
     """Write the K and V of ``T`` tokens of one layer (sglang ``set_kv_buffer``).
 
     Args:
@@ -147,15 +152,28 @@ def get_kv(pool: KVPool, layer: int, slot_ids: jax.Array) -> tuple[jax.Array, ja
 
 @functools.partial(
     jax.jit,
-    static_argnames=("impl", "interpret", "block_rows", "block_elems", "num_warps",
-                     "single_block_rows"),
+    static_argnames=(
+        "impl",
+        "interpret",
+        "block_rows",
+        "block_elems",
+        "num_warps",
+        "single_block_rows",
+    ),
     donate_argnames=("pool",),
 )
-def move_kv_cache(pool: KVPool, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array, *,
-                  impl: str = "auto", interpret: bool | None = None,
-                  block_rows: int = _move.BLOCK_ROWS, block_elems: int = _move.BLOCK_ELEMS,
-                  num_warps: int = _move.NUM_WARPS,
-                  single_block_rows: int = _move.SINGLE_BLOCK_ROWS) -> KVPool:
+def move_kv_cache(
+    pool: KVPool,
+    tgt_slot_ids: jax.Array,
+    src_slot_ids: jax.Array,
+    *,
+    impl: str = "auto",
+    interpret: bool | None = None,
+    block_rows: int = _move.BLOCK_ROWS,
+    block_elems: int = _move.BLOCK_ELEMS,
+    num_warps: int = _move.NUM_WARPS,
+    single_block_rows: int = _move.SINGLE_BLOCK_ROWS,
+) -> KVPool:
     """Copy K and V rows ``src -> tgt`` in every layer (sglang ``move_kv_cache``), in place.
 
     Gather-then-scatter for the whole call (sglang: within 256-pair chunks); self pairs,
@@ -176,15 +194,24 @@ def move_kv_cache(pool: KVPool, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array
     Returns:
       The pool with ``k[:, tgt] = k[:, src]`` and ``v[:, tgt] = v[:, src]``.
     """
-    k, v = _move.move_kv_cache(pool.k, pool.v, tgt_slot_ids, src_slot_ids, impl=impl,
-                               interpret=interpret, block_rows=block_rows,
-                               block_elems=block_elems, num_warps=num_warps,
-                               single_block_rows=single_block_rows)
+    k, v = _move.move_kv_cache(
+        pool.k,
+        pool.v,
+        tgt_slot_ids,
+        src_slot_ids,
+        impl=impl,
+        interpret=interpret,
+        block_rows=block_rows,
+        block_elems=block_elems,
+        num_warps=num_warps,
+        single_block_rows=single_block_rows,
+    )
     return replace(pool, k=k, v=v)
 
 
-def move_kv_cache_reference(pool: KVPool, tgt_slot_ids: jax.Array,
-                            src_slot_ids: jax.Array) -> KVPool:
+def move_kv_cache_reference(
+    pool: KVPool, tgt_slot_ids: jax.Array, src_slot_ids: jax.Array
+) -> KVPool:
     """XLA oracle of :func:`move_kv_cache`: ``pool.k.at[:, tgt].set(pool.k[:, src])``, same for v.
 
     Args:

@@ -30,10 +30,17 @@ def init_req_to_token(cfg: SpecConfig) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "interpret", "return_ok"))
-def assign_req_to_token_pool(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                             start_offset: jax.Array, end_offset: jax.Array,
-                             out_cache_loc: jax.Array, *, impl: str = "xla",
-                             interpret: bool | None = None, return_ok: bool = False) -> Any:
+def assign_req_to_token_pool(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    start_offset: jax.Array,
+    end_offset: jax.Array,
+    out_cache_loc: jax.Array,
+    *,
+    impl: str = "xla",
+    interpret: bool | None = None,
+    return_ok: bool = False,
+) -> Any:
     """sglang ``assign_req_to_token_pool``: write packed slots into request rows.
 
     ``row[req_pool_indices[b], start[b]:end[b]] = out_cache_loc[cu[b] : cu[b] + end[b]-start[b]]``
@@ -56,14 +63,18 @@ def assign_req_to_token_pool(req_to_token: jax.Array, req_pool_indices: jax.Arra
     Returns:
       i32[R, W]: the updated table, or ``(table, ok: bool[])`` with ``return_ok``.
     """
-    probes.static_check(req_to_token.ndim == 2, f"req_to_token must be 2-D, got shape "
-                        f"{req_to_token.shape}")
-    probes.static_check(req_pool_indices.ndim == 1, f"req_pool_indices must be 1-D, got shape "
-                        f"{req_pool_indices.shape}")
+    probes.static_check(
+        req_to_token.ndim == 2, f"req_to_token must be 2-D, got shape {req_to_token.shape}"
+    )
+    probes.static_check(
+        req_pool_indices.ndim == 1,
+        f"req_pool_indices must be 1-D, got shape {req_pool_indices.shape}",
+    )
     probes.static_check_shape(start_offset, req_pool_indices.shape, "start_offset")
     probes.static_check_shape(end_offset, req_pool_indices.shape, "end_offset")
-    probes.static_check(out_cache_loc.ndim == 1, f"out_cache_loc must be 1-D, got shape "
-                        f"{out_cache_loc.shape}")
+    probes.static_check(
+        out_cache_loc.ndim == 1, f"out_cache_loc must be 1-D, got shape {out_cache_loc.shape}"
+    )
     num_rows, width = req_to_token.shape
     rows = req_pool_indices.astype(jnp.int32)
     start = start_offset.astype(jnp.int32)
@@ -73,31 +84,45 @@ def assign_req_to_token_pool(req_to_token: jax.Array, req_pool_indices: jax.Arra
     bad_range = (start < 0) | (start > end) | (end > width)
     bad_row = writes & ((rows < 0) | (rows >= num_rows))
     if probes.probes_on():
-        probes.detect_in_closed_range(end, 0, width,
-                                      "assign_req_to_token_pool: end_offset (row width)")
+        probes.detect_in_closed_range(
+            end, 0, width, "assign_req_to_token_pool: end_offset (row width)"
+        )
         probes.detect_oob(start, 0, width + 1, "assign_req_to_token_pool: start_offset")
-        probes.assert_async(jnp.all(start <= end),
-                            "assign_req_to_token_pool: start > end at request {b}",
-                            b=jnp.argmax(start > end))
-        probes.detect_oob(rows, 0, num_rows, "assign_req_to_token_pool: req_pool_indices",
-                          where=writes)
-        probes.assert_async(total <= out_cache_loc.shape[0],
-                            "assign_req_to_token_pool: sum(end-start)={total} > "
-                            f"len(out_cache_loc)={out_cache_loc.shape[0]}", total=total)
+        probes.assert_async(
+            jnp.all(start <= end),
+            "assign_req_to_token_pool: start > end at request {b}",
+            b=jnp.argmax(start > end),
+        )
+        probes.detect_oob(
+            rows, 0, num_rows, "assign_req_to_token_pool: req_pool_indices", where=writes
+        )
+        probes.assert_async(
+            total <= out_cache_loc.shape[0],
+            "assign_req_to_token_pool: sum(end-start)={total} > "
+            f"len(out_cache_loc)={out_cache_loc.shape[0]}",
+            total=total,
+        )
     ok = ~jnp.any(bad_range | bad_row) & (total <= out_cache_loc.shape[0])
     # Rejected calls write nothing: every request becomes an empty padding write.
     safe_rows = jnp.where(ok & writes, rows, PAD_ROW)
     safe_end = jnp.where(ok, end, jnp.clip(start, 0, width))
-    out = _assign.assign_req_to_token_pool(req_to_token, safe_rows, jnp.clip(start, 0, width),
-                                           jnp.clip(safe_end, 0, width), out_cache_loc,
-                                           impl=impl, interpret=interpret)
+    out = _assign.assign_req_to_token_pool(
+        req_to_token,
+        safe_rows,
+        jnp.clip(start, 0, width),
+        jnp.clip(safe_end, 0, width),
+        out_cache_loc,
+        impl=impl,
+        interpret=interpret,
+    )
     out = jnp.where(ok, out, req_to_token)
     return (out, ok) if return_ok else out
 
 
 @jax.jit
-def get_last_loc(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                 prefix_lens: jax.Array) -> jax.Array:
+def get_last_loc(
+    req_to_token: jax.Array, req_pool_indices: jax.Array, prefix_lens: jax.Array
+) -> jax.Array:
     """sglang ``get_last_loc``: i32[B] ``row[prefix-1]`` if ``prefix > 0`` else ``-1``.
 
     Args:
@@ -132,13 +157,15 @@ class ReqRowAllocator:
 def init_req_rows(cfg: SpecConfig) -> ReqRowAllocator:
     """All rows ``1..cfg.max_running_requests`` free, in ascending order."""
     n = cfg.max_running_requests
-    return ReqRowAllocator(free_rows=jnp.arange(1, n + 1, dtype=jnp.int32),
-                           num_free=jnp.asarray(n, jnp.int32))
+    return ReqRowAllocator(
+        free_rows=jnp.arange(1, n + 1, dtype=jnp.int32), num_free=jnp.asarray(n, jnp.int32)
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("max_rows",))
-def alloc_req_rows(r: ReqRowAllocator, num: jax.Array, *,
-                   max_rows: int) -> tuple[ReqRowAllocator, jax.Array, jax.Array]:
+def alloc_req_rows(
+    r: ReqRowAllocator, num: jax.Array, *, max_rows: int
+) -> tuple[ReqRowAllocator, jax.Array, jax.Array]:
     """sglang ``ReqToTokenPool.alloc(need)``: pop ``num`` rows from the front.
 
     Returns:
@@ -159,8 +186,9 @@ def alloc_req_rows(r: ReqRowAllocator, num: jax.Array, *,
 
 
 @functools.partial(jax.jit, static_argnames=("return_ok",))
-def free_req_rows(r: ReqRowAllocator, rows: jax.Array, *, valid: jax.Array | None = None,
-                  return_ok: bool = False) -> Any:
+def free_req_rows(
+    r: ReqRowAllocator, rows: jax.Array, *, valid: jax.Array | None = None, return_ok: bool = False
+) -> Any:
     """sglang ``ReqToTokenPool.free``: append the valid ``rows`` (i32[M]) to the free list.
 
     Rejected whole (state unchanged, ``ok=False``) when a valid row is outside
@@ -181,16 +209,25 @@ def free_req_rows(r: ReqRowAllocator, rows: jax.Array, *, valid: jax.Array | Non
     in_range = valid & (rows >= 1) & (rows <= cap)
     idx = jnp.where(in_range, rows, cap + 1)
     live = jnp.arange(cap) < r.num_free
-    is_free = jnp.zeros((cap + 2,), jnp.int32).at[jnp.where(live, r.free_rows, cap + 1)].add(
-        1, mode="drop")
+    is_free = (
+        jnp.zeros((cap + 2,), jnp.int32)
+        .at[jnp.where(live, r.free_rows, cap + 1)]
+        .add(1, mode="drop")
+    )
     hits = jnp.zeros((cap + 2,), jnp.int32).at[idx].add(1, mode="drop")
     already = in_range & (is_free[idx] > 0)
     repeated = in_range & (hits[idx] > 1)
     if probes.probes_on():
-        probes.assert_async(~jnp.any(already), "free_req_rows: double free of row {row} "
-                            "(already free)", row=rows[jnp.argmax(already)])
-        probes.assert_async(~jnp.any(repeated), "free_req_rows: row {row} freed twice in one "
-                            "call", row=rows[jnp.argmax(repeated)])
+        probes.assert_async(
+            ~jnp.any(already),
+            "free_req_rows: double free of row {row} (already free)",
+            row=rows[jnp.argmax(already)],
+        )
+        probes.assert_async(
+            ~jnp.any(repeated),
+            "free_req_rows: row {row} freed twice in one call",
+            row=rows[jnp.argmax(repeated)],
+        )
     ok = ~jnp.any(valid & ~in_range) & ~jnp.any(already | repeated)
     dest = jnp.cumsum(valid.astype(jnp.int32)) - 1 + r.num_free
     free_rows = r.free_rows.at[jnp.where(valid, dest, cap)].set(rows, mode="drop")

@@ -20,15 +20,25 @@ import numpy as np
 
 INDEX_FILE = "model.safetensors.index.json"
 BIN_FILE = "pytorch_model.bin"
-_TORCH_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int64": "I64",
-                 "int32": "I32", "bool": "BOOL"}
+_TORCH_DTYPES = {
+    "float32": "F32",
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "int64": "I64",
+    "int32": "I32",
+    "bool": "BOOL",
+}
 
 
 class TensorSource:
     """Tensor name -> (file, shape, dtype) of one directory, and a reader by file."""
 
-    def __init__(self, directory: str, entries: dict[str, tuple[str, tuple[int, ...], str]],
-                 tensors: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        entries: dict[str, tuple[str, tuple[int, ...], str]],
+        tensors: dict[str, np.ndarray] | None = None,
+    ) -> None:
         self.directory = directory
         self._entries = entries  # name -> (file name, shape, safetensors dtype string)
         self._tensors = tensors  # preloaded arrays (the torch .bin path), else None
@@ -73,8 +83,9 @@ def _safetensors_entries(directory: str, files: list[str]) -> dict[str, Any]:
     try:
         from safetensors import safe_open
     except ImportError as e:  # pragma: no cover - safetensors is a dependency
-        raise ImportError("reading checkpoints needs the 'safetensors' package "
-                          "(pip install safetensors)") from e
+        raise ImportError(
+            "reading checkpoints needs the 'safetensors' package (pip install safetensors)"
+        ) from e
     entries: dict[str, Any] = {}
     for file in files:
         path = os.path.join(directory, file)
@@ -105,14 +116,20 @@ def _bin_source(directory: str) -> TensorSource:
     except ImportError:
         raise ValueError(
             f"{path} is a PyTorch pickle: jspec reads safetensors. Convert it once with torch: "
-            "python -c \"import torch, safetensors.torch as st; "
+            'python -c "import torch, safetensors.torch as st; '
             f"st.save_file(torch.load('{path}', weights_only=True), "
-            f"'{os.path.join(directory, 'model.safetensors')}')\"") from None
+            f"'{os.path.join(directory, 'model.safetensors')}')\""
+        ) from None
     state = torch.load(path, map_location="cpu", weights_only=True)
     tensors = {name: _torch_to_numpy(t) for name, t in state.items()}
-    entries = {name: (BIN_FILE, tuple(t.shape), _TORCH_DTYPES.get(str(state[name].dtype)
-                                                                   .removeprefix("torch."), "?"))
-               for name, t in tensors.items()}
+    entries = {
+        name: (
+            BIN_FILE,
+            tuple(t.shape),
+            _TORCH_DTYPES.get(str(state[name].dtype).removeprefix("torch."), "?"),
+        )
+        for name, t in tensors.items()
+    }
     return TensorSource(directory, entries, tensors)
 
 
@@ -130,12 +147,15 @@ def open_source(directory: str | os.PathLike) -> TensorSource:
             weight_map = json.load(f)["weight_map"]
         files = sorted(set(weight_map.values()))
         entries = _safetensors_entries(directory, files)
-        return TensorSource(directory, {n: e for n, e in entries.items()
-                                        if weight_map.get(n, e[0]) == e[0]})
+        return TensorSource(
+            directory, {n: e for n, e in entries.items() if weight_map.get(n, e[0]) == e[0]}
+        )
     files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(directory, "*.safetensors")))
     if files:
         return TensorSource(directory, _safetensors_entries(directory, files))
     if os.path.isfile(os.path.join(directory, BIN_FILE)):
         return _bin_source(directory)
-    raise ValueError(f"no weights in {directory}: expected model.safetensors, shards with "
-                     f"{INDEX_FILE}, or {BIN_FILE}")
+    raise ValueError(
+        f"no weights in {directory}: expected model.safetensors, shards with "
+        f"{INDEX_FILE}, or {BIN_FILE}"
+    )

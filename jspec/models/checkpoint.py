@@ -74,14 +74,29 @@ class _Want:
         return self.shape[::-1] if self.transpose else self.shape
 
 
-def _layer_wants(prefix: str, hin: int, hid: int, qd: int, kvd: int, inter: int,
-                 optional_attn_norm: bool = False) -> dict[str, _Want]:
-    shapes = {"attn_norm": (hid,), "wq": (hin, qd), "wk": (hin, kvd), "wv": (hin, kvd),
-              "wo": (qd, hid), "mlp_norm": (hid,), "w_gate": (hid, inter),
-              "w_up": (hid, inter), "w_down": (inter, hid)}
-    return {field: _Want(prefix + name, shapes[field], transpose,
-                         optional=optional_attn_norm and field == "attn_norm")
-            for field, (name, transpose) in LAYER_TABLE.items()}
+def _layer_wants(
+    prefix: str, hin: int, hid: int, qd: int, kvd: int, inter: int, optional_attn_norm: bool = False
+) -> dict[str, _Want]:
+    shapes = {
+        "attn_norm": (hid,),
+        "wq": (hin, qd),
+        "wk": (hin, kvd),
+        "wv": (hin, kvd),
+        "wo": (qd, hid),
+        "mlp_norm": (hid,),
+        "w_gate": (hid, inter),
+        "w_up": (hid, inter),
+        "w_down": (inter, hid),
+    }
+    return {
+        field: _Want(
+            prefix + name,
+            shapes[field],
+            transpose,
+            optional=optional_attn_norm and field == "attn_norm",
+        )
+        for field, (name, transpose) in LAYER_TABLE.items()
+    }
 
 
 def _check(source: TensorSource, wants: dict[str, _Want]) -> None:
@@ -95,16 +110,25 @@ def _check(source: TensorSource, wants: dict[str, _Want]) -> None:
             continue
         shape, dtype = source.info(want.name)
         if shape != want.file_shape:
-            raise ValueError(f"tensor {want.name!r} in {source.file_of(want.name)} has shape "
-                             f"{shape}, expected {want.file_shape}")
+            raise ValueError(
+                f"tensor {want.name!r} in {source.file_of(want.name)} has shape "
+                f"{shape}, expected {want.file_shape}"
+            )
         ok = ("I64", "I32") if want.integer else ("F32", "BF16", "F16")
         if dtype not in ok:
-            raise ValueError(f"tensor {want.name!r} in {source.file_of(want.name)} has dtype "
-                             f"{dtype}, expected one of {ok}")
+            raise ValueError(
+                f"tensor {want.name!r} in {source.file_of(want.name)} has dtype "
+                f"{dtype}, expected one of {ok}"
+            )
 
 
-def _load(source: TensorSource, wants: dict[str, _Want], dtype: Any, device: Any,
-          progress: Progress | None) -> dict[str, jax.Array]:
+def _load(
+    source: TensorSource,
+    wants: dict[str, _Want],
+    dtype: Any,
+    device: Any,
+    progress: Progress | None,
+) -> dict[str, jax.Array]:
     """Checked, then read file by file, each tensor straight to ``device`` in ``dtype``."""
     _check(source, wants)
     by_name = {w.name: key for key, w in wants.items() if source.has(w.name)}
@@ -126,8 +150,13 @@ def _load(source: TensorSource, wants: dict[str, _Want], dtype: Any, device: Any
 
 
 # ---- targets -----------------------------------------------------------------------------------
-def load_llama(directory: str | os.PathLike, *, dtype: str | None = None, device: Any = None,
-               progress: Progress | None = None) -> tuple[LlamaTarget, LlamaParams]:
+def load_llama(
+    directory: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    device: Any = None,
+    progress: Progress | None = None,
+) -> tuple[LlamaTarget, LlamaParams]:
     """A Llama-family target from a HF model directory.
 
     Args:
@@ -146,30 +175,45 @@ def load_llama(directory: str | os.PathLike, *, dtype: str | None = None, device
     hid, inter, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     shapes = {"embed": (vocab, hid), "final_norm": (hid,), "lm_head": (hid, vocab)}
-    wants = {key: _Want(name, shapes[key], transpose) for key, (name, transpose)
-             in LLAMA_TABLE.items() if not (key == "lm_head" and cfg.tie_word_embeddings)}
+    wants = {
+        key: _Want(name, shapes[key], transpose)
+        for key, (name, transpose) in LLAMA_TABLE.items()
+        if not (key == "lm_head" and cfg.tie_word_embeddings)
+    }
     for i in range(cfg.num_layers):
         for field, want in _layer_wants(f"model.layers.{i}.", hid, hid, qd, kvd, inter).items():
             wants[f"layers.{i}.{field}"] = want
     source = open_source(directory)
     arrays = _load(source, wants, cfg.jnp_dtype, device, progress)
-    layers = tuple(LayerParams(**{f: arrays[f"layers.{i}.{f}"] for f in LAYER_TABLE})
-                   for i in range(cfg.num_layers))
-    params = LlamaParams(embed=arrays["embed"], layers=layers, final_norm=arrays["final_norm"],
-                         lm_head=arrays.get("lm_head"))
+    layers = tuple(
+        LayerParams(**{f: arrays[f"layers.{i}.{f}"] for f in LAYER_TABLE})
+        for i in range(cfg.num_layers)
+    )
+    params = LlamaParams(
+        embed=arrays["embed"],
+        layers=layers,
+        final_norm=arrays["final_norm"],
+        lm_head=arrays.get("lm_head"),
+    )
     return LlamaTarget(cfg), params
 
 
 # ---- drafts ------------------------------------------------------------------------------------
 def _fit(field: str, draft_value: int, target: LlamaTarget, target_value: int) -> None:
     if draft_value != target_value:
-        raise ValueError(f"draft {field}={draft_value} does not fit the target's "
-                         f"{field}={target_value}")
+        raise ValueError(
+            f"draft {field}={draft_value} does not fit the target's {field}={target_value}"
+        )
 
 
-def load_eagle3(directory: str | os.PathLike, target: LlamaTarget, *, dtype: str | None = None,
-                device: Any = None,
-                progress: Progress | None = None) -> tuple[Eagle3Draft, Eagle3Params]:
+def load_eagle3(
+    directory: str | os.PathLike,
+    target: LlamaTarget,
+    *,
+    dtype: str | None = None,
+    device: Any = None,
+    progress: Progress | None = None,
+) -> tuple[Eagle3Draft, Eagle3Params]:
     """An EAGLE-3 head (``LlamaForCausalLMEagle3``) for ``target`` from a HF directory.
 
     Args:
@@ -192,32 +236,52 @@ def load_eagle3(directory: str | os.PathLike, target: LlamaTarget, *, dtype: str
     draft = Eagle3Draft(cfg, cfg.capture_layers(target.num_layers))
     hid, inter, vd = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
     qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    shapes = {"fc": (cfg.num_aux * hid, hid), "fc_bias": (hid,), "hidden_norm": (hid,),
-              "final_norm": (hid,), "lm_head": (hid, vd), "d2t": (vd,)}
+    shapes = {
+        "fc": (cfg.num_aux * hid, hid),
+        "fc_bias": (hid,),
+        "hidden_norm": (hid,),
+        "final_norm": (hid,),
+        "lm_head": (hid, vd),
+        "d2t": (vd,),
+    }
     source = open_source(directory)
     # A head over the full target vocabulary may ship without d2t (identity).
     identity_d2t = vd == target.vocab_size and not source.has("d2t")
-    wants = {key: _Want(name, shapes[key], transpose, optional=key == "fc_bias",
-                        integer=key == "d2t")
-             for key, (name, transpose) in EAGLE3_TABLE.items()
-             if not (key == "d2t" and identity_d2t)}
+    wants = {
+        key: _Want(name, shapes[key], transpose, optional=key == "fc_bias", integer=key == "d2t")
+        for key, (name, transpose) in EAGLE3_TABLE.items()
+        if not (key == "d2t" and identity_d2t)
+    }
     wants.update(_layer_wants("midlayer.", 2 * hid, hid, qd, kvd, inter))
     arrays = _load(source, wants, cfg.jnp_dtype, device, progress)
     d2t = arrays["d2t"] if not identity_d2t else jax.device_put(np.zeros(vd, np.int32), device)
     mapped = np.arange(vd) + np.asarray(d2t)
     if mapped.min() < 0 or mapped.max() >= target.vocab_size:
-        raise ValueError(f"d2t maps draft ids to [{mapped.min()}, {mapped.max()}], outside the "
-                         f"target's vocab_size={target.vocab_size}")
+        raise ValueError(
+            f"d2t maps draft ids to [{mapped.min()}, {mapped.max()}], outside the "
+            f"target's vocab_size={target.vocab_size}"
+        )
     layer = LayerParams(**{f: arrays[f] for f in LAYER_TABLE})
-    params = Eagle3Params(fc=arrays["fc"], fc_bias=arrays.get("fc_bias"),
-                          hidden_norm=arrays["hidden_norm"], layer=layer,
-                          final_norm=arrays["final_norm"], lm_head=arrays["lm_head"], d2t=d2t)
+    params = Eagle3Params(
+        fc=arrays["fc"],
+        fc_bias=arrays.get("fc_bias"),
+        hidden_norm=arrays["hidden_norm"],
+        layer=layer,
+        final_norm=arrays["final_norm"],
+        lm_head=arrays["lm_head"],
+        d2t=d2t,
+    )
     return draft, params
 
 
-def load_eagle1(directory: str | os.PathLike, target: LlamaTarget, *, dtype: str | None = None,
-                device: Any = None,
-                progress: Progress | None = None) -> tuple[Eagle1Draft, Eagle1Params]:
+def load_eagle1(
+    directory: str | os.PathLike,
+    target: LlamaTarget,
+    *,
+    dtype: str | None = None,
+    device: Any = None,
+    progress: Progress | None = None,
+) -> tuple[Eagle1Draft, Eagle1Params]:
     """An EAGLE-1/2 head (``fc [H, 2H]``, ``layers.0.*``) for ``target`` from a HF directory.
 
     ``layers.0.input_layernorm.weight`` and ``norm.weight`` are optional (absent = identity /
@@ -232,25 +296,38 @@ def load_eagle1(directory: str | os.PathLike, target: LlamaTarget, *, dtype: str
     hid, inter = cfg.hidden_size, cfg.intermediate_size
     qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     shapes = {"fc": (2 * hid, hid), "fc_bias": (hid,), "final_norm": (hid,)}
-    wants = {key: _Want(name, shapes[key], transpose, optional=key != "fc")
-             for key, (name, transpose) in EAGLE1_TABLE.items()}
+    wants = {
+        key: _Want(name, shapes[key], transpose, optional=key != "fc")
+        for key, (name, transpose) in EAGLE1_TABLE.items()
+    }
     wants.update(_layer_wants("layers.0.", hid, hid, qd, kvd, inter, optional_attn_norm=True))
     arrays = _load(open_source(directory), wants, cfg.jnp_dtype, device, progress)
     layer = LayerParams(**{f: arrays.get(f) for f in LAYER_TABLE})
-    params = Eagle1Params(fc=arrays["fc"], fc_bias=arrays.get("fc_bias"), layer=layer,
-                          final_norm=arrays.get("final_norm"))
+    params = Eagle1Params(
+        fc=arrays["fc"],
+        fc_bias=arrays.get("fc_bias"),
+        layer=layer,
+        final_norm=arrays.get("final_norm"),
+    )
     return Eagle1Draft(cfg), params
 
 
-def load_draft(directory: str | os.PathLike, target: LlamaTarget, *, dtype: str | None = None,
-               device: Any = None, progress: Progress | None = None
-               ) -> tuple[Eagle3Draft | Eagle1Draft, Eagle3Params | Eagle1Params]:
+def load_draft(
+    directory: str | os.PathLike,
+    target: LlamaTarget,
+    *,
+    dtype: str | None = None,
+    device: Any = None,
+    progress: Progress | None = None,
+) -> tuple[Eagle3Draft | Eagle1Draft, Eagle3Params | Eagle1Params]:
     """:func:`load_eagle3` for ``LlamaForCausalLMEagle3`` configs, else :func:`load_eagle1`."""
     raw = hf_config.read_config_json(directory)
     arch = hf_config.architecture(raw)
     supported = hf_config.EAGLE3_ARCHITECTURES + hf_config.EAGLE1_ARCHITECTURES
     if arch is not None and arch not in supported:
-        raise ValueError(f"draft architectures={raw['architectures']} is not supported "
-                         f"(jspec loads {', '.join(supported)})")
+        raise ValueError(
+            f"draft architectures={raw['architectures']} is not supported "
+            f"(jspec loads {', '.join(supported)})"
+        )
     loader = load_eagle3 if arch in hf_config.EAGLE3_ARCHITECTURES else load_eagle1
     return loader(directory, target, dtype=dtype, device=device, progress=progress)

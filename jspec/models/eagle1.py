@@ -57,8 +57,10 @@ class Eagle1Draft:
         if not isinstance(self.config, LlamaConfig):
             raise TypeError(f"config={type(self.config).__name__} must be a LlamaConfig")
         if self.capture_layers != ():
-            raise ValueError(f"capture_layers={self.capture_layers}: EAGLE-1 heads consume the "
-                             "target's final hidden state, capture_layers must be ()")
+            raise ValueError(
+                f"capture_layers={self.capture_layers}: EAGLE-1 heads consume the "
+                "target's final hidden state, capture_layers must be ()"
+            )
 
     num_layers = 1
 
@@ -87,9 +89,18 @@ class Eagle1Draft:
         return self.config.dtype
 
     @model_scope("draft")
-    def forward(self, params: Eagle1Params, target_params: LlamaParams, pool: Any,
-                token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
-                attn_fn: AttnFn, *, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+    def forward(
+        self,
+        params: Eagle1Params,
+        target_params: LlamaParams,
+        pool: Any,
+        token_ids: jax.Array,
+        hidden_in: jax.Array,
+        positions: jax.Array,
+        attn_fn: AttnFn,
+        *,
+        tp_axis: str | None = None,
+    ) -> tuple[Any, jax.Array]:
         """One draft forward over flat tokens.
 
         Args:
@@ -105,14 +116,23 @@ class Eagle1Draft:
         x = matmul(x, params.fc)
         if params.fc_bias is not None:
             x = x + params.fc_bias.astype(dt)
-        return decoder_layer(params.layer, 0, pool, x, positions, attn_fn,
-                             head_dim=cfg.head_dim, eps=cfg.rms_norm_eps,
-                             inv_freq=rope_inv_freq(cfg.head_dim, cfg.rope_theta,
-                                                    cfg.rope_scaling), tp_axis=tp_axis)
+        return decoder_layer(
+            params.layer,
+            0,
+            pool,
+            x,
+            positions,
+            attn_fn,
+            head_dim=cfg.head_dim,
+            eps=cfg.rms_norm_eps,
+            inv_freq=rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
+            tp_axis=tp_axis,
+        )
 
     @model_scope("draft")
-    def logits(self, params: Eagle1Params, target_params: LlamaParams,
-               hidden: jax.Array) -> jax.Array:
+    def logits(
+        self, params: Eagle1Params, target_params: LlamaParams, hidden: jax.Array
+    ) -> jax.Array:
         """f32[T, V]: the target's LM head over the head's normed ``hidden``."""
         if params.final_norm is not None:
             hidden = rms_norm(hidden, params.final_norm, self.config.rms_norm_eps)
@@ -127,13 +147,20 @@ class Eagle1Draft:
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
         """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
-        check_tensor_parallel(tensor_parallel, num_kv_heads=self.config.num_kv_heads,
-                              intermediate_size=self.config.intermediate_size)
+        check_tensor_parallel(
+            tensor_parallel,
+            num_kv_heads=self.config.num_kv_heads,
+            intermediate_size=self.config.intermediate_size,
+        )
 
     def param_specs(self, params: Eagle1Params, tp_axis: str | None) -> Eagle1Params:
         """PartitionSpecs: the layer split over ``tp_axis``, the rest replicated."""
         specs = layer_specs(tp_axis)
         if params.layer.attn_norm is None:
             specs = replace(specs, attn_norm=None)
-        return Eagle1Params(fc=P(), fc_bias=None if params.fc_bias is None else P(), layer=specs,
-                            final_norm=None if params.final_norm is None else P())
+        return Eagle1Params(
+            fc=P(),
+            fc_bias=None if params.fc_bias is None else P(),
+            layer=specs,
+            final_norm=None if params.final_norm is None else P(),
+        )

@@ -72,8 +72,10 @@ class Eagle3Draft:
         if not isinstance(self.config, Eagle3Config):
             raise TypeError(f"config={type(self.config).__name__} must be an Eagle3Config")
         if len(self.capture_layers) != self.config.num_aux:
-            raise ValueError(f"capture_layers={self.capture_layers} must name "
-                             f"num_aux={self.config.num_aux} layers")
+            raise ValueError(
+                f"capture_layers={self.capture_layers} must name "
+                f"num_aux={self.config.num_aux} layers"
+            )
 
     num_layers = 1  # the draft KV pool holds the midlayer only
 
@@ -102,9 +104,18 @@ class Eagle3Draft:
         return self.config.dtype
 
     @model_scope("draft")
-    def forward(self, params: Eagle3Params, target_params: LlamaParams, pool: Any,
-                token_ids: jax.Array, hidden_in: jax.Array, positions: jax.Array,
-                attn_fn: AttnFn, *, tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+    def forward(
+        self,
+        params: Eagle3Params,
+        target_params: LlamaParams,
+        pool: Any,
+        token_ids: jax.Array,
+        hidden_in: jax.Array,
+        positions: jax.Array,
+        attn_fn: AttnFn,
+        *,
+        tp_axis: str | None = None,
+    ) -> tuple[Any, jax.Array]:
         """One draft forward over flat tokens (its layer is layer 0 of the draft pool).
 
         Args:
@@ -126,27 +137,53 @@ class Eagle3Draft:
             if params.fc_bias is not None:
                 hidden = hidden + params.fc_bias.astype(dt)
         elif hidden.shape[-1] != hid:
-            raise ValueError(f"hidden_in.shape={hidden_in.shape}: the last axis must be "
-                             f"hidden_size={hid} or num_aux * hidden_size={cfg.num_aux * hid}")
+            raise ValueError(
+                f"hidden_in.shape={hidden_in.shape}: the last axis must be "
+                f"hidden_size={hid} or num_aux * hidden_size={cfg.num_aux * hid}"
+            )
         lp = params.layer
         embeds = target_params.embed[token_ids].astype(dt)
-        x = jnp.concatenate([rms_norm(embeds, lp.attn_norm, cfg.rms_norm_eps),
-                             rms_norm(hidden, params.hidden_norm, cfg.rms_norm_eps)], -1)
+        x = jnp.concatenate(
+            [
+                rms_norm(embeds, lp.attn_norm, cfg.rms_norm_eps),
+                rms_norm(hidden, params.hidden_norm, cfg.rms_norm_eps),
+            ],
+            -1,
+        )
         inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
-        pool, attn = attention_block(lp.wq, lp.wk, lp.wv, lp.wo, x, 0, pool, positions, attn_fn,
-                                     head_dim=cfg.head_dim, inv_freq=inv_freq, tp_axis=tp_axis)
+        pool, attn = attention_block(
+            lp.wq,
+            lp.wk,
+            lp.wv,
+            lp.wo,
+            x,
+            0,
+            pool,
+            positions,
+            attn_fn,
+            head_dim=cfg.head_dim,
+            inv_freq=inv_freq,
+            tp_axis=tp_axis,
+        )
         residual = attn + hidden
-        h = mlp_block(lp.w_gate, lp.w_up, lp.w_down,
-                      rms_norm(residual, lp.mlp_norm, cfg.rms_norm_eps), tp_axis)
+        h = mlp_block(
+            lp.w_gate,
+            lp.w_up,
+            lp.w_down,
+            rms_norm(residual, lp.mlp_norm, cfg.rms_norm_eps),
+            tp_axis,
+        )
         return pool, h + residual
 
     @model_scope("draft")
-    def logits(self, params: Eagle3Params, target_params: LlamaParams,
-               hidden: jax.Array) -> jax.Array:
+    def logits(
+        self, params: Eagle3Params, target_params: LlamaParams, hidden: jax.Array
+    ) -> jax.Array:
         """f32[T, draft_vocab_size] from ``hidden_out: dtype[T, H]`` (``norm`` then lm_head)."""
         del target_params  # the head has its own LM head over the draft vocabulary
-        return lm_logits(rms_norm(hidden, params.final_norm, self.config.rms_norm_eps),
-                         params.lm_head)
+        return lm_logits(
+            rms_norm(hidden, params.final_norm, self.config.rms_norm_eps), params.lm_head
+        )
 
     def to_target_ids(self, params: Eagle3Params, draft_ids: jax.Array) -> jax.Array:
         """i32[...] draft ids -> i32[...] target ids (``id + d2t[id]``)."""
@@ -154,18 +191,28 @@ class Eagle3Draft:
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
         """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
-        check_tensor_parallel(tensor_parallel, num_kv_heads=self.config.num_kv_heads,
-                              intermediate_size=self.config.intermediate_size)
+        check_tensor_parallel(
+            tensor_parallel,
+            num_kv_heads=self.config.num_kv_heads,
+            intermediate_size=self.config.intermediate_size,
+        )
 
     def param_specs(self, params: Eagle3Params, tp_axis: str | None) -> Eagle3Params:
         """PartitionSpecs: the midlayer split over ``tp_axis``, the rest replicated."""
-        return Eagle3Params(fc=P(), fc_bias=None if params.fc_bias is None else P(),
-                            hidden_norm=P(), layer=layer_specs(tp_axis), final_norm=P(),
-                            lm_head=P(), d2t=P())
+        return Eagle3Params(
+            fc=P(),
+            fc_bias=None if params.fc_bias is None else P(),
+            hidden_norm=P(),
+            layer=layer_specs(tp_axis),
+            final_norm=P(),
+            lm_head=P(),
+            d2t=P(),
+        )
 
 
-def random_eagle3_params(draft: Eagle3Draft, seed: int = 0, *,
-                         target_vocab_size: int | None = None) -> Eagle3Params:
+def random_eagle3_params(
+    draft: Eagle3Draft, seed: int = 0, *, target_vocab_size: int | None = None
+) -> Eagle3Params:
     """Seeded random head weights with a random injective ``d2t`` (for tests)."""
     cfg = draft.config
     rng = np.random.default_rng(seed)
@@ -181,12 +228,25 @@ def random_eagle3_params(draft: Eagle3Draft, seed: int = 0, *,
     def norm() -> jax.Array:
         return put(1.0 + 0.1 * rng.standard_normal(hid))
 
-    layer = LayerParams(attn_norm=norm(), wq=dense(2 * hid, qd), wk=dense(2 * hid, kvd),
-                        wv=dense(2 * hid, kvd), wo=dense(qd, hid), mlp_norm=norm(),
-                        w_gate=dense(hid, inter), w_up=dense(hid, inter),
-                        w_down=dense(inter, hid))
+    layer = LayerParams(
+        attn_norm=norm(),
+        wq=dense(2 * hid, qd),
+        wk=dense(2 * hid, kvd),
+        wv=dense(2 * hid, kvd),
+        wo=dense(qd, hid),
+        mlp_norm=norm(),
+        w_gate=dense(hid, inter),
+        w_up=dense(hid, inter),
+        w_down=dense(inter, hid),
+    )
     vocab = target_vocab_size or cfg.vocab_size
     hot = np.sort(rng.choice(vocab, vd, replace=False))
-    return Eagle3Params(fc=dense(cfg.num_aux * hid, hid), fc_bias=None, hidden_norm=norm(),
-                        layer=layer, final_norm=norm(), lm_head=dense(hid, vd),
-                        d2t=jnp.asarray(hot - np.arange(vd), jnp.int32))
+    return Eagle3Params(
+        fc=dense(cfg.num_aux * hid, hid),
+        fc_bias=None,
+        hidden_norm=norm(),
+        layer=layer,
+        final_norm=norm(),
+        lm_head=dense(hid, vd),
+        d2t=jnp.asarray(hot - np.arange(vd), jnp.int32),
+    )

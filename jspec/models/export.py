@@ -23,10 +23,16 @@ from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget
 def _rope_json(theta: float, scaling: RopeScaling | None) -> dict[str, Any]:
     if scaling is None:
         return {"rope_theta": theta, "rope_scaling": None}
-    return {"rope_theta": theta, "rope_scaling": {
-        "rope_type": scaling.rope_type, "factor": scaling.factor,
-        "low_freq_factor": scaling.low_freq_factor, "high_freq_factor": scaling.high_freq_factor,
-        "original_max_position_embeddings": scaling.original_max_position_embeddings}}
+    return {
+        "rope_theta": theta,
+        "rope_scaling": {
+            "rope_type": scaling.rope_type,
+            "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        },
+    }
 
 
 def _host(x: Any, transpose: bool) -> np.ndarray:
@@ -35,13 +41,19 @@ def _host(x: Any, transpose: bool) -> np.ndarray:
 
 
 def _layer_tensors(prefix: str, lp: LayerParams) -> dict[str, np.ndarray]:
-    return {prefix + name: _host(getattr(lp, field), transpose)
-            for field, (name, transpose) in LAYER_TABLE.items()
-            if getattr(lp, field) is not None}
+    return {
+        prefix + name: _host(getattr(lp, field), transpose)
+        for field, (name, transpose) in LAYER_TABLE.items()
+        if getattr(lp, field) is not None
+    }
 
 
-def _write(directory: str | os.PathLike, config: dict[str, Any],
-           tensors: dict[str, np.ndarray], max_shard_bytes: int | None) -> None:
+def _write(
+    directory: str | os.PathLike,
+    config: dict[str, Any],
+    tensors: dict[str, np.ndarray],
+    max_shard_bytes: int | None,
+) -> None:
     from safetensors.numpy import save_file
 
     directory = os.fspath(directory)
@@ -54,7 +66,8 @@ def _write(directory: str | os.PathLike, config: dict[str, Any],
     shards: list[dict[str, np.ndarray]] = [{}]
     for name, arr in tensors.items():
         if shards[-1] and sum(a.nbytes for a in shards[-1].values()) + arr.nbytes > (
-                max_shard_bytes):
+            max_shard_bytes
+        ):
             shards.append({})
         shards[-1][name] = arr
     weight_map = {}
@@ -63,13 +76,17 @@ def _write(directory: str | os.PathLike, config: dict[str, Any],
         save_file(shard, os.path.join(directory, file))
         weight_map.update(dict.fromkeys(shard, file))
     total = sum(a.nbytes for a in tensors.values())
-    with open(os.path.join(directory, "model.safetensors.index.json"), "w",
-              encoding="utf-8") as f:
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
-def save_llama(directory: str | os.PathLike, target: LlamaTarget, params: LlamaParams, *,
-               max_shard_bytes: int | None = None) -> None:
+def save_llama(
+    directory: str | os.PathLike,
+    target: LlamaTarget,
+    params: LlamaParams,
+    *,
+    max_shard_bytes: int | None = None,
+) -> None:
     """Write ``target`` + ``params`` as a HF ``LlamaForCausalLM`` directory.
 
     Args:
@@ -78,19 +95,31 @@ def save_llama(directory: str | os.PathLike, target: LlamaTarget, params: LlamaP
     """
     cfg = target.config
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim, "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
         "max_position_embeddings": cfg.max_position_embeddings,
-        "tie_word_embeddings": params.lm_head is None, "torch_dtype": cfg.dtype,
-        "attention_bias": False, "mlp_bias": False,
-        "bos_token_id": _ids_json(cfg.bos_token_ids), "eos_token_id": _ids_json(cfg.eos_token_ids),
-        **_rope_json(cfg.rope_theta, cfg.rope_scaling)}
-    tensors = {name: _host(getattr(params, field), transpose)
-               for field, (name, transpose) in LLAMA_TABLE.items()
-               if getattr(params, field) is not None}
+        "tie_word_embeddings": params.lm_head is None,
+        "torch_dtype": cfg.dtype,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": _ids_json(cfg.bos_token_ids),
+        "eos_token_id": _ids_json(cfg.eos_token_ids),
+        **_rope_json(cfg.rope_theta, cfg.rope_scaling),
+    }
+    tensors = {
+        name: _host(getattr(params, field), transpose)
+        for field, (name, transpose) in LLAMA_TABLE.items()
+        if getattr(params, field) is not None
+    }
     for i, lp in enumerate(params.layers):
         tensors.update(_layer_tensors(f"model.layers.{i}.", lp))
     _write(directory, config, tensors, max_shard_bytes)
@@ -100,8 +129,13 @@ def _ids_json(ids: tuple[int, ...]) -> int | list[int] | None:
     return None if not ids else ids[0] if len(ids) == 1 else list(ids)
 
 
-def save_eagle3(directory: str | os.PathLike, draft: Eagle3Draft, params: Eagle3Params, *,
-                num_target_layers: int | None = None) -> None:
+def save_eagle3(
+    directory: str | os.PathLike,
+    draft: Eagle3Draft,
+    params: Eagle3Params,
+    *,
+    num_target_layers: int | None = None,
+) -> None:
     """Write an EAGLE-3 head as a HF ``LlamaForCausalLMEagle3`` directory.
 
     ``config.aux_layer_ids`` are written as ``eagle_aux_hidden_state_layer_ids``; without them,
@@ -109,22 +143,32 @@ def save_eagle3(directory: str | os.PathLike, draft: Eagle3Draft, params: Eagle3
     """
     cfg = draft.config
     config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "draft_vocab_size": cfg.draft_vocab_size,
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": 1, "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
-        "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps, "torch_dtype": cfg.dtype,
-        **_rope_json(cfg.rope_theta, cfg.rope_scaling)}
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "torch_dtype": cfg.dtype,
+        **_rope_json(cfg.rope_theta, cfg.rope_scaling),
+    }
     ids = cfg.aux_layer_ids
     n = num_target_layers
     if ids is None and (n is None or draft.capture_layers != (2, n // 2, n - 3)):
         ids = tuple(i - 1 for i in draft.capture_layers)
     if ids is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(ids)}
-    tensors = {name: _host(getattr(params, field), transpose)
-               for field, (name, transpose) in EAGLE3_TABLE.items()
-               if getattr(params, field) is not None}
+    tensors = {
+        name: _host(getattr(params, field), transpose)
+        for field, (name, transpose) in EAGLE3_TABLE.items()
+        if getattr(params, field) is not None
+    }
     tensors["d2t"] = np.asarray(params.d2t).astype(np.int64)
     tensors.update(_layer_tensors("midlayer.", params.layer))
     _write(directory, config, tensors, None)

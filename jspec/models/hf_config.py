@@ -51,13 +51,17 @@ class RopeScaling:
 
     def __post_init__(self) -> None:
         if self.rope_type != "llama3":
-            raise ValueError(f"rope_type={self.rope_type!r} is not supported "
-                             "(jspec supports 'default' and 'llama3')")
+            raise ValueError(
+                f"rope_type={self.rope_type!r} is not supported "
+                "(jspec supports 'default' and 'llama3')"
+            )
         if not self.factor > 0:
             raise ValueError(f"factor={self.factor!r} must be > 0")
         if not self.high_freq_factor > self.low_freq_factor > 0:
-            raise ValueError(f"high_freq_factor={self.high_freq_factor!r} must be > "
-                             f"low_freq_factor={self.low_freq_factor!r} > 0")
+            raise ValueError(
+                f"high_freq_factor={self.high_freq_factor!r} must be > "
+                f"low_freq_factor={self.low_freq_factor!r} > 0"
+            )
         _check_positive_ints(self, ("original_max_position_embeddings",))
 
 
@@ -93,12 +97,23 @@ class LlamaConfig:
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
-        _check_positive_ints(self, ("vocab_size", "hidden_size", "intermediate_size",
-                                    "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                                    "max_position_embeddings"))
+        _check_positive_ints(
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_layers",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "max_position_embeddings",
+            ),
+        )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even (RoPE)")
         if not self.rms_norm_eps > 0:
@@ -145,20 +160,33 @@ class Eagle3Config:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        _check_positive_ints(self, ("hidden_size", "intermediate_size", "num_heads",
-                                    "num_kv_heads", "head_dim", "vocab_size",
-                                    "draft_vocab_size", "num_aux"))
+        _check_positive_ints(
+            self,
+            (
+                "hidden_size",
+                "intermediate_size",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "vocab_size",
+                "draft_vocab_size",
+                "num_aux",
+            ),
+        )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even (RoPE)")
         if self.draft_vocab_size > self.vocab_size:
-            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be <= "
-                             f"vocab_size={self.vocab_size}")
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size} must be <= vocab_size={self.vocab_size}"
+            )
         if self.aux_layer_ids is not None and len(self.aux_layer_ids) != self.num_aux:
-            raise ValueError(f"aux_layer_ids={self.aux_layer_ids} must name "
-                             f"num_aux={self.num_aux} layers")
+            raise ValueError(
+                f"aux_layer_ids={self.aux_layer_ids} must name num_aux={self.num_aux} layers"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
 
@@ -182,7 +210,8 @@ class Eagle3Config:
             raise ValueError(
                 f"capture_layers={layers} (aux_layer_ids={self.aux_layer_ids}) must be strictly "
                 f"increasing layers of the {n}-layer target; name them with "
-                "eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json")
+                "eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json"
+            )
         return layers
 
 
@@ -230,13 +259,16 @@ def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     if rope_type == "default":
         return theta, None
     if rope_type != "llama3":
-        raise ValueError(f"rope_type={rope_type!r} is not supported "
-                         "(jspec supports 'default' and 'llama3')")
+        raise ValueError(
+            f"rope_type={rope_type!r} is not supported (jspec supports 'default' and 'llama3')"
+        )
     try:
         return theta, RopeScaling(
-            factor=float(scaling["factor"]), low_freq_factor=float(scaling["low_freq_factor"]),
+            factor=float(scaling["factor"]),
+            low_freq_factor=float(scaling["low_freq_factor"]),
             high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]))
+            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+        )
     except KeyError as e:
         raise ValueError(f"llama3 rope scaling lacks the key {e.args[0]!r}") from None
 
@@ -269,15 +301,20 @@ def _geometry(raw: dict[str, Any]) -> dict[str, Any]:
     head_dim = raw.get("head_dim")
     theta, scaling = _parse_rope(raw)
     return {
-        "hidden_size": hidden, "intermediate_size": int(_require(raw, "intermediate_size")),
-        "num_heads": heads, "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
+        "hidden_size": hidden,
+        "intermediate_size": int(_require(raw, "intermediate_size")),
+        "num_heads": heads,
+        "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
         "head_dim": int(head_dim) if head_dim else hidden // heads,
-        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
-        "rope_scaling": scaling}
+        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+    }
 
 
-def parse_llama_config(raw: dict[str, Any], *, dtype: str | None = None,
-                       allow_eagle1: bool = False) -> LlamaConfig:
+def parse_llama_config(
+    raw: dict[str, Any], *, dtype: str | None = None, allow_eagle1: bool = False
+) -> LlamaConfig:
     """A :class:`LlamaConfig` from a parsed ``config.json``.
 
     Args:
@@ -291,28 +328,35 @@ def parse_llama_config(raw: dict[str, Any], *, dtype: str | None = None,
     arch = architecture(raw)
     allowed = EAGLE1_ARCHITECTURES if allow_eagle1 else TARGET_ARCHITECTURES
     if arch is None and raw.get("model_type", "llama") != "llama":
-        raise ValueError(f"model_type={raw['model_type']!r} is not supported "
-                         f"(jspec loads {', '.join(allowed)})")
+        raise ValueError(
+            f"model_type={raw['model_type']!r} is not supported (jspec loads {', '.join(allowed)})"
+        )
     if arch is not None and arch not in allowed:
-        raise ValueError(f"architectures={raw['architectures']} is not supported "
-                         f"(jspec loads {', '.join(allowed)})")
+        raise ValueError(
+            f"architectures={raw['architectures']} is not supported "
+            f"(jspec loads {', '.join(allowed)})"
+        )
     _check_llama_features(raw)
     return LlamaConfig(
         vocab_size=int(_require(raw, "vocab_size")),
         num_layers=int(_require(raw, "num_hidden_layers")),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        dtype=_parse_dtype(raw, dtype), bos_token_ids=_token_ids(raw.get("bos_token_id")),
+        dtype=_parse_dtype(raw, dtype),
+        bos_token_ids=_token_ids(raw.get("bos_token_id")),
         eos_token_ids=_token_ids(raw.get("eos_token_id")),
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-        **_geometry(raw))
+        **_geometry(raw),
+    )
 
 
 def parse_eagle3_config(raw: dict[str, Any], *, dtype: str | None = None) -> Eagle3Config:
     """An :class:`Eagle3Config` from a parsed ``config.json`` (``LlamaForCausalLMEagle3``)."""
     arch = architecture(raw)
     if arch not in EAGLE3_ARCHITECTURES:
-        raise ValueError(f"architectures={raw.get('architectures')} is not an EAGLE-3 head "
-                         f"(expected {EAGLE3_ARCHITECTURES[0]})")
+        raise ValueError(
+            f"architectures={raw.get('architectures')} is not an EAGLE-3 head "
+            f"(expected {EAGLE3_ARCHITECTURES[0]})"
+        )
     _check_llama_features(raw)
     layers = int(raw.get("num_hidden_layers", 1))
     if layers != 1:
@@ -320,14 +364,19 @@ def parse_eagle3_config(raw: dict[str, Any], *, dtype: str | None = None) -> Eag
     geometry = _geometry(raw)
     target_hidden = raw.get("target_hidden_size")
     if target_hidden is not None and int(target_hidden) != geometry["hidden_size"]:
-        raise ValueError(f"target_hidden_size={target_hidden} != hidden_size="
-                         f"{geometry['hidden_size']} is not supported")
+        raise ValueError(
+            f"target_hidden_size={target_hidden} != hidden_size="
+            f"{geometry['hidden_size']} is not supported"
+        )
     vocab = int(_require(raw, "vocab_size"))
     ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     return Eagle3Config(
-        vocab_size=vocab, draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
+        vocab_size=vocab,
+        draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
         aux_layer_ids=None if ids is None else tuple(int(i) for i in ids),
-        dtype=_parse_dtype(raw, dtype), **geometry)
+        dtype=_parse_dtype(raw, dtype),
+        **geometry,
+    )
 
 
 def load_llama_config(directory: str | os.PathLike, *, dtype: str | None = None) -> LlamaConfig:

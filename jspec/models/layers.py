@@ -64,10 +64,16 @@ def lm_logits(hidden: jax.Array, lm_head: jax.Array, *, transposed: bool = False
     dims = (((1,), (1 if transposed else 0,)), ((), ()))
     prec = precision_for(hidden.dtype)
     if jnp.dtype(hidden.dtype) == jnp.float32:
-        return jax.lax.dot_general(hidden, lm_head.astype(hidden.dtype), dims, precision=prec,
-                                   preferred_element_type=jnp.float32)
-    return jax.lax.dot_general(hidden, lm_head.astype(hidden.dtype), dims,
-                               precision=prec).astype(jnp.float32)
+        return jax.lax.dot_general(
+            hidden,
+            lm_head.astype(hidden.dtype),
+            dims,
+            precision=prec,
+            preferred_element_type=jnp.float32,
+        )
+    return jax.lax.dot_general(hidden, lm_head.astype(hidden.dtype), dims, precision=prec).astype(
+        jnp.float32
+    )
 
 
 def tp_sum(x: jax.Array, tp_axis: str | None) -> jax.Array:
@@ -75,8 +81,9 @@ def tp_sum(x: jax.Array, tp_axis: str | None) -> jax.Array:
     return x if tp_axis is None else jax.lax.psum(x, tp_axis)
 
 
-def check_tensor_parallel(tensor_parallel: int, *, num_kv_heads: int,
-                          intermediate_size: int) -> None:
+def check_tensor_parallel(
+    tensor_parallel: int, *, num_kv_heads: int, intermediate_size: int
+) -> None:
     """ValueError unless ``tensor_parallel`` splits the KV heads (hence the query heads) and the
     MLP width into equal contiguous blocks (the Megatron layout of ``param_specs``)."""
     if not isinstance(tensor_parallel, int) or tensor_parallel < 1:
@@ -132,10 +139,21 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
     return (xf * cos + rotated * sin).astype(x.dtype)
 
 
-def attention_block(wq: jax.Array, wk: jax.Array, wv: jax.Array, wo: jax.Array, h: jax.Array,
-                    layer: int, pool: Any, positions: jax.Array, attn_fn: AttnFn, *,
-                    head_dim: int, inv_freq: np.ndarray,
-                    tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+def attention_block(
+    wq: jax.Array,
+    wk: jax.Array,
+    wv: jax.Array,
+    wo: jax.Array,
+    h: jax.Array,
+    layer: int,
+    pool: Any,
+    positions: jax.Array,
+    attn_fn: AttnFn,
+    *,
+    head_dim: int,
+    inv_freq: np.ndarray,
+    tp_axis: str | None = None,
+) -> tuple[Any, jax.Array]:
     """GQA self-attention with RoPE over flat tokens, through the injected ``attn_fn``.
 
     Args:
@@ -154,7 +172,8 @@ def attention_block(wq: jax.Array, wk: jax.Array, wv: jax.Array, wo: jax.Array, 
     return pool, tp_sum(matmul(attn.astype(h.dtype).reshape(num_tokens, -1), wo), tp_axis)
 
 
-def mlp_block(w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, h: jax.Array,
-              tp_axis: str | None = None) -> jax.Array:
+def mlp_block(
+    w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, h: jax.Array, tp_axis: str | None = None
+) -> jax.Array:
     """SwiGLU MLP ``down(silu(gate(h)) * up(h))`` over ``h: dtype[T, H]``, summed over tp."""
     return tp_sum(matmul(jax.nn.silu(matmul(h, w_gate)) * matmul(h, w_up), w_down), tp_axis)

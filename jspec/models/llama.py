@@ -69,17 +69,48 @@ class LlamaParams:
 def layer_specs(tp_axis: str | None) -> LayerParams:
     """PartitionSpecs of one :class:`LayerParams`: heads / MLP split over ``tp_axis``."""
     cols, rows = (P(None, tp_axis), P(tp_axis, None)) if tp_axis else (P(), P())
-    return LayerParams(attn_norm=P(), wq=cols, wk=cols, wv=cols, wo=rows, mlp_norm=P(),
-                       w_gate=cols, w_up=cols, w_down=rows)
+    return LayerParams(
+        attn_norm=P(),
+        wq=cols,
+        wk=cols,
+        wv=cols,
+        wo=rows,
+        mlp_norm=P(),
+        w_gate=cols,
+        w_up=cols,
+        w_down=rows,
+    )
 
 
-def decoder_layer(lp: LayerParams, layer: int, pool: Any, x: jax.Array, positions: jax.Array,
-                  attn_fn: AttnFn, *, head_dim: int, eps: float, inv_freq: np.ndarray,
-                  tp_axis: str | None = None) -> tuple[Any, jax.Array]:
+def decoder_layer(
+    lp: LayerParams,
+    layer: int,
+    pool: Any,
+    x: jax.Array,
+    positions: jax.Array,
+    attn_fn: AttnFn,
+    *,
+    head_dim: int,
+    eps: float,
+    inv_freq: np.ndarray,
+    tp_axis: str | None = None,
+) -> tuple[Any, jax.Array]:
     """One pre-norm Llama decoder layer over flat tokens ``x: dtype[T, H]`` -> ``(pool, x)``."""
     h = x if lp.attn_norm is None else rms_norm(x, lp.attn_norm, eps)
-    pool, attn = attention_block(lp.wq, lp.wk, lp.wv, lp.wo, h, layer, pool, positions, attn_fn,
-                                 head_dim=head_dim, inv_freq=inv_freq, tp_axis=tp_axis)
+    pool, attn = attention_block(
+        lp.wq,
+        lp.wk,
+        lp.wv,
+        lp.wo,
+        h,
+        layer,
+        pool,
+        positions,
+        attn_fn,
+        head_dim=head_dim,
+        inv_freq=inv_freq,
+        tp_axis=tp_axis,
+    )
     x = x + attn
     h = rms_norm(x, lp.mlp_norm, eps)
     return pool, x + mlp_block(lp.w_gate, lp.w_up, lp.w_down, h, tp_axis)
@@ -137,9 +168,17 @@ class LlamaTarget:
 
     # ---- compute -----------------------------------------------------------------------------
     @model_scope("target")
-    def forward(self, params: LlamaParams, pool: Any, token_ids: jax.Array,
-                positions: jax.Array, attn_fn: AttnFn, *, capture_layers: tuple[int, ...] = (),
-                tp_axis: str | None = None) -> tuple[Any, jax.Array, jax.Array | None]:
+    def forward(
+        self,
+        params: LlamaParams,
+        pool: Any,
+        token_ids: jax.Array,
+        positions: jax.Array,
+        attn_fn: AttnFn,
+        *,
+        capture_layers: tuple[int, ...] = (),
+        tp_axis: str | None = None,
+    ) -> tuple[Any, jax.Array, jax.Array | None]:
         """The target over flat tokens.
 
         Args:
@@ -159,23 +198,34 @@ class LlamaTarget:
         cfg = self.config
         for layer in capture_layers:
             if not 0 <= layer < cfg.num_layers:
-                raise ValueError(f"capture_layers={capture_layers}: layer {layer} is outside "
-                                 f"[0, {cfg.num_layers})")
+                raise ValueError(
+                    f"capture_layers={capture_layers}: layer {layer} is outside "
+                    f"[0, {cfg.num_layers})"
+                )
         if len(params.layers) != cfg.num_layers:
-            raise ValueError(f"params.layers has {len(params.layers)} layers, "
-                             f"num_layers={cfg.num_layers}")
+            raise ValueError(
+                f"params.layers has {len(params.layers)} layers, num_layers={cfg.num_layers}"
+            )
         inv_freq = self.inv_freq
         x = params.embed[token_ids].astype(cfg.jnp_dtype)
         captured: dict[int, jax.Array] = {}
         for layer, lp in enumerate(params.layers):
             if layer in capture_layers:
                 captured[layer] = x
-            pool, x = decoder_layer(lp, layer, pool, x, positions, attn_fn,
-                                    head_dim=cfg.head_dim, eps=cfg.rms_norm_eps,
-                                    inv_freq=inv_freq, tp_axis=tp_axis)
+            pool, x = decoder_layer(
+                lp,
+                layer,
+                pool,
+                x,
+                positions,
+                attn_fn,
+                head_dim=cfg.head_dim,
+                eps=cfg.rms_norm_eps,
+                inv_freq=inv_freq,
+                tp_axis=tp_axis,
+            )
         hidden = rms_norm(x, params.final_norm, cfg.rms_norm_eps)
-        aux = (jnp.concatenate([captured[i] for i in capture_layers], -1)
-               if capture_layers else None)
+        aux = jnp.concatenate([captured[i] for i in capture_layers], -1) if capture_layers else None
         return pool, hidden, aux
 
     @model_scope("target")
@@ -187,13 +237,20 @@ class LlamaTarget:
 
     def check_tensor_parallel(self, tensor_parallel: int) -> None:
         """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
-        check_tensor_parallel(tensor_parallel, num_kv_heads=self.config.num_kv_heads,
-                              intermediate_size=self.config.intermediate_size)
+        check_tensor_parallel(
+            tensor_parallel,
+            num_kv_heads=self.config.num_kv_heads,
+            intermediate_size=self.config.intermediate_size,
+        )
 
     def param_specs(self, params: LlamaParams, tp_axis: str | None) -> LlamaParams:
         """PartitionSpecs for ``params``: layers split over ``tp_axis``, the rest replicated."""
-        return LlamaParams(embed=P(), layers=tuple(layer_specs(tp_axis) for _ in params.layers),
-                           final_norm=P(), lm_head=None if params.lm_head is None else P())
+        return LlamaParams(
+            embed=P(),
+            layers=tuple(layer_specs(tp_axis) for _ in params.layers),
+            final_norm=P(),
+            lm_head=None if params.lm_head is None else P(),
+        )
 
 
 def random_llama_params(target: LlamaTarget, seed: int = 0, *, scale: float = 1.0) -> LlamaParams:
@@ -213,10 +270,19 @@ def random_llama_params(target: LlamaTarget, seed: int = 0, *, scale: float = 1.
         return put(1.0 + 0.1 * rng.standard_normal(hid))
 
     layers = tuple(
-        LayerParams(attn_norm=norm(), wq=dense(hid, qd), wk=dense(hid, kvd), wv=dense(hid, kvd),
-                    wo=dense(qd, hid), mlp_norm=norm(), w_gate=dense(hid, inter),
-                    w_up=dense(hid, inter), w_down=dense(inter, hid))
-        for _ in range(cfg.num_layers))
+        LayerParams(
+            attn_norm=norm(),
+            wq=dense(hid, qd),
+            wk=dense(hid, kvd),
+            wv=dense(hid, kvd),
+            wo=dense(qd, hid),
+            mlp_norm=norm(),
+            w_gate=dense(hid, inter),
+            w_up=dense(hid, inter),
+            w_down=dense(inter, hid),
+        )
+        for _ in range(cfg.num_layers)
+    )
     embed = put(rng.standard_normal((cfg.vocab_size, hid)))
     lm_head = None if cfg.tie_word_embeddings else dense(hid, cfg.vocab_size)
     return LlamaParams(embed=embed, layers=layers, final_norm=norm(), lm_head=lm_head)

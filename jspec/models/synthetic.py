@@ -31,8 +31,9 @@ from jspec.models.hf_config import Eagle3Config
 from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget
 
 
-def toy_llama_params(target: LlamaTarget, seed: int = 0, *,
-                     residual_scale: float = 0.5) -> LlamaParams:
+def toy_llama_params(
+    target: LlamaTarget, seed: int = 0, *, residual_scale: float = 0.5
+) -> LlamaParams:
     """Transition-dominated target weights (the toy's init; untied LM head).
 
     ``lm_head[:, sigma(x)] = embed[x] / sqrt(H)``: with small layer residuals the normed hidden
@@ -63,15 +64,27 @@ def toy_llama_params(target: LlamaTarget, seed: int = 0, *,
         wq, wk, wv = dense(hid, qd), dense(hid, kvd), dense(hid, kvd)
         wo = dense(qd, hid, residual_scale)
         w_gate, w_up = dense(hid, inter), dense(hid, inter)
-        layers.append(LayerParams(attn_norm=put(np.ones(hid)), wq=wq, wk=wk, wv=wv, wo=wo,
-                                  mlp_norm=put(np.ones(hid)), w_gate=w_gate, w_up=w_up,
-                                  w_down=dense(inter, hid, residual_scale)))
-    return LlamaParams(embed=put(embed), layers=tuple(layers), final_norm=put(np.ones(hid)),
-                       lm_head=put(lm_head))
+        layers.append(
+            LayerParams(
+                attn_norm=put(np.ones(hid)),
+                wq=wq,
+                wk=wk,
+                wv=wv,
+                wo=wo,
+                mlp_norm=put(np.ones(hid)),
+                w_gate=w_gate,
+                w_up=w_up,
+                w_down=dense(inter, hid, residual_scale),
+            )
+        )
+    return LlamaParams(
+        embed=put(embed), layers=tuple(layers), final_norm=put(np.ones(hid)), lm_head=put(lm_head)
+    )
 
 
-def toy_eagle1(target: LlamaTarget, target_params: LlamaParams, seed: int = 1, *,
-               hidden_mix: float = 0.1) -> tuple[Eagle1Draft, Eagle1Params]:
+def toy_eagle1(
+    target: LlamaTarget, target_params: LlamaParams, seed: int = 1, *, hidden_mix: float = 0.1
+) -> tuple[Eagle1Draft, Eagle1Params]:
     """The toy's EAGLE-1 head (the engine toy's ``init_draft_params``), accepting well on a
     :func:`toy_llama_params` target.
 
@@ -83,16 +96,27 @@ def toy_eagle1(target: LlamaTarget, target_params: LlamaParams, seed: int = 1, *
     rng = np.random.default_rng(seed)
     hid = cfg.hidden_size
     fc = np.concatenate([np.eye(hid), hidden_mix * rng.standard_normal((hid, hid)) / np.sqrt(hid)])
-    params = Eagle1Params(fc=jnp.asarray(fc, cfg.jnp_dtype), fc_bias=None,
-                          layer=target_params.layers[-1],
-                          final_norm=jnp.ones(hid, cfg.jnp_dtype))
+    params = Eagle1Params(
+        fc=jnp.asarray(fc, cfg.jnp_dtype),
+        fc_bias=None,
+        layer=target_params.layers[-1],
+        final_norm=jnp.ones(hid, cfg.jnp_dtype),
+    )
     return Eagle1Draft(cfg), params
 
 
-def matched_eagle3(target: LlamaTarget, target_params: LlamaParams, *, num_heads: int = 4,
-                   intermediate_size: int | None = None, draft_vocab_size: int | None = None,
-                   capture_layers: tuple[int, ...] | None = None, seed: int = 0,
-                   gain: float = 4.0, focus: float = 3.0) -> tuple[Eagle3Draft, Eagle3Params]:
+def matched_eagle3(
+    target: LlamaTarget,
+    target_params: LlamaParams,
+    *,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    draft_vocab_size: int | None = None,
+    capture_layers: tuple[int, ...] | None = None,
+    seed: int = 0,
+    gain: float = 4.0,
+    focus: float = 3.0,
+) -> tuple[Eagle3Draft, Eagle3Params]:
     """An EAGLE-3 head that drafts ``sigma`` (see the module docstring) for ``target``.
 
     Args:
@@ -117,31 +141,55 @@ def matched_eagle3(target: LlamaTarget, target_params: LlamaParams, *, num_heads
     capture_layers = tuple(capture_layers)
     aux_ids = None if capture_layers == default else tuple(i - 1 for i in capture_layers)
     vd = draft_vocab_size or vocab
-    draft = Eagle3Draft(Eagle3Config(
-        hidden_size=hid, intermediate_size=intermediate_size or 2 * hid, num_heads=num_heads,
-        num_kv_heads=num_heads, head_dim=hid // num_heads, vocab_size=vocab,
-        draft_vocab_size=vd, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
-        rope_scaling=cfg.rope_scaling, aux_layer_ids=aux_ids, num_aux=len(capture_layers),
-        dtype=cfg.dtype), capture_layers)
+    draft = Eagle3Draft(
+        Eagle3Config(
+            hidden_size=hid,
+            intermediate_size=intermediate_size or 2 * hid,
+            num_heads=num_heads,
+            num_kv_heads=num_heads,
+            head_dim=hid // num_heads,
+            vocab_size=vocab,
+            draft_vocab_size=vd,
+            rms_norm_eps=cfg.rms_norm_eps,
+            rope_theta=cfg.rope_theta,
+            rope_scaling=cfg.rope_scaling,
+            aux_layer_ids=aux_ids,
+            num_aux=len(capture_layers),
+            dtype=cfg.dtype,
+        ),
+        capture_layers,
+    )
     rng = np.random.default_rng(seed)
     hot = np.arange(vocab) if vd == vocab else np.sort(rng.choice(vocab, vd, replace=False))
     eye, zero = np.eye(hid), np.zeros((hid, hid))
-    lm_head = (np.asarray(target_params.embed, np.float32).T if target_params.lm_head is None
-               else np.asarray(target_params.lm_head, np.float32))
+    lm_head = (
+        np.asarray(target_params.embed, np.float32).T
+        if target_params.lm_head is None
+        else np.asarray(target_params.lm_head, np.float32)
+    )
 
     def put(x: np.ndarray) -> jax.Array:
         return jnp.asarray(x, cfg.jnp_dtype)
 
     inter = draft.config.intermediate_size
     layer = LayerParams(
-        attn_norm=put(np.ones(hid)), wq=put(focus * np.concatenate([eye, zero])),
-        wk=put(focus * np.concatenate([eye, zero])), wv=put(np.concatenate([eye, -eye])),
-        wo=put(gain * eye), mlp_norm=put(np.ones(hid)),
+        attn_norm=put(np.ones(hid)),
+        wq=put(focus * np.concatenate([eye, zero])),
+        wk=put(focus * np.concatenate([eye, zero])),
+        wv=put(np.concatenate([eye, -eye])),
+        wo=put(gain * eye),
+        mlp_norm=put(np.ones(hid)),
         w_gate=put(rng.standard_normal((hid, inter)) / np.sqrt(hid)),
         w_up=put(rng.standard_normal((hid, inter)) / np.sqrt(hid)),
-        w_down=put(np.zeros((inter, hid))))
+        w_down=put(np.zeros((inter, hid))),
+    )
     params = Eagle3Params(
-        fc=put(np.zeros((len(capture_layers) * hid, hid))), fc_bias=None,
-        hidden_norm=put(np.ones(hid)), layer=layer, final_norm=put(np.ones(hid)),
-        lm_head=put(lm_head[:, hot]), d2t=jnp.asarray(hot - np.arange(vd), jnp.int32))
+        fc=put(np.zeros((len(capture_layers) * hid, hid))),
+        fc_bias=None,
+        hidden_norm=put(np.ones(hid)),
+        layer=layer,
+        final_norm=put(np.ones(hid)),
+        lm_head=put(lm_head[:, hot]),
+        d2t=jnp.asarray(hot - np.arange(vd), jnp.int32),
+    )
     return draft, params

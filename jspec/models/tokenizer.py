@@ -33,17 +33,21 @@ class Tokenizer:
       tokenizer_config: parsed ``tokenizer_config.json`` (chat template, token strings) or {}.
     """
 
-    def __init__(self, tokenizer: Any, *, bos_token_ids: Sequence[int] = (),
-                 eos_token_ids: Sequence[int] = (),
-                 tokenizer_config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        bos_token_ids: Sequence[int] = (),
+        eos_token_ids: Sequence[int] = (),
+        tokenizer_config: dict[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.bos_token_ids = tuple(bos_token_ids)
         self.eos_token_ids = tuple(eos_token_ids)
         self.tokenizer_config = tokenizer_config or {}
 
     @classmethod
-    def from_dir(cls, directory: str | os.PathLike,
-                 config: LlamaConfig | None = None) -> Tokenizer:
+    def from_dir(cls, directory: str | os.PathLike, config: LlamaConfig | None = None) -> Tokenizer:
         """Load ``directory/tokenizer.json`` (+ ``tokenizer_config.json`` when present).
 
         Raises:
@@ -54,17 +58,21 @@ class Tokenizer:
         directory = os.fspath(directory)
         path = os.path.join(directory, TOKENIZER_FILE)
         if not os.path.isfile(path):
-            raise ValueError(f"{directory} has no {TOKENIZER_FILE}: pass token ids instead "
-                             "(--prompt-ids) or add the model's tokenizer.json")
+            raise ValueError(
+                f"{directory} has no {TOKENIZER_FILE}: pass token ids instead "
+                "(--prompt-ids) or add the model's tokenizer.json"
+            )
         tok_cfg: dict[str, Any] = {}
         cfg_path = os.path.join(directory, TOKENIZER_CONFIG_FILE)
         if os.path.isfile(cfg_path):
             with open(cfg_path, encoding="utf-8") as f:
                 tok_cfg = json.load(f)
-        return cls(HFTokenizer.from_file(path),
-                   bos_token_ids=config.bos_token_ids if config else (),
-                   eos_token_ids=config.eos_token_ids if config else (),
-                   tokenizer_config=tok_cfg)
+        return cls(
+            HFTokenizer.from_file(path),
+            bos_token_ids=config.bos_token_ids if config else (),
+            eos_token_ids=config.eos_token_ids if config else (),
+            tokenizer_config=tok_cfg,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -89,8 +97,7 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Text of ``ids`` (special tokens dropped by default)."""
-        return self.tokenizer.decode([int(i) for i in ids],
-                                     skip_special_tokens=skip_special_tokens)
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def is_eos(self, token_id: int) -> bool:
         return int(token_id) in self.eos_token_ids
@@ -104,8 +111,9 @@ class Tokenizer:
             raise ValueError(f"{TOKENIZER_CONFIG_FILE} has no chat_template")
         return template
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], *,
-                            add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         """Token ids of a chat (``[{"role": ..., "content": ...}]``) rendered by the template.
 
         The rendered text carries its own special tokens (BOS included), so it is encoded
@@ -118,8 +126,9 @@ class Tokenizer:
         try:
             import jinja2.sandbox
         except ImportError as e:
-            raise ImportError("chat templates need jinja2 (pip install jinja2); "
-                              "or pass the prompt as plain text") from e
+            raise ImportError(
+                "chat templates need jinja2 (pip install jinja2); or pass the prompt as plain text"
+            ) from e
 
         def raise_exception(message: str) -> None:
             raise ValueError(f"chat template: {message}")
@@ -127,7 +136,9 @@ class Tokenizer:
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         text = env.from_string(self._chat_template()).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
             bos_token=_token_text(self.tokenizer_config.get("bos_token")) or "",
-            eos_token=_token_text(self.tokenizer_config.get("eos_token")) or "")
+            eos_token=_token_text(self.tokenizer_config.get("eos_token")) or "",
+        )
         return self.encode(text, add_bos=False)

@@ -44,8 +44,9 @@ def _valid_or_all(valid: jax.Array | None, batch: int) -> jax.Array:
     return valid.astype(bool)
 
 
-def _row_gather(req_to_token: jax.Array, req_pool_indices: jax.Array, pos: jax.Array,
-                live: jax.Array) -> jax.Array:
+def _row_gather(
+    req_to_token: jax.Array, req_pool_indices: jax.Array, pos: jax.Array, live: jax.Array
+) -> jax.Array:
     """``req_to_token[rpi[b], pos[b, j]]`` where live, else 0. pos, live: [B, J]."""
     width = req_to_token.shape[1]
     idx = req_pool_indices[:, None] * width + pos
@@ -54,9 +55,14 @@ def _row_gather(req_to_token: jax.Array, req_pool_indices: jax.Array, pos: jax.A
 
 
 @functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
-def verify_out_cache_loc(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                         seq_lens: jax.Array, *, num_draft_tokens: int,
-                         valid: jax.Array | None = None) -> jax.Array:
+def verify_out_cache_loc(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    num_draft_tokens: int,
+    valid: jax.Array | None = None,
+) -> jax.Array:
     """The verify window ``row_b[L_b : L_b + N]`` (``assign_extend_cache_locs_uniform``).
 
     Args:
@@ -69,18 +75,28 @@ def verify_out_cache_loc(req_to_token: jax.Array, req_pool_indices: jax.Array,
     """
     batch = req_pool_indices.shape[0]
     valid = _valid_or_all(valid, batch)
-    probes.detect_in_closed_range(seq_lens + num_draft_tokens, 0, req_to_token.shape[1],
-                                  "verify_out_cache_loc: L + N vs row width", where=valid)
+    probes.detect_in_closed_range(
+        seq_lens + num_draft_tokens,
+        0,
+        req_to_token.shape[1],
+        "verify_out_cache_loc: L + N vs row width",
+        where=valid,
+    )
     pos = seq_lens[:, None] + jnp.arange(num_draft_tokens, dtype=jnp.int32)[None, :]
     live = jnp.broadcast_to(valid[:, None], pos.shape)
     return _row_gather(req_to_token, req_pool_indices, pos, live).reshape(-1)
 
 
 @jax.jit
-def accept_kv_move_pairs(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                         seq_lens: jax.Array, out_cache_loc: jax.Array, accept_index: jax.Array,
-                         accept_lens: jax.Array, valid: jax.Array | None = None,
-                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def accept_kv_move_pairs(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    out_cache_loc: jax.Array,
+    accept_index: jax.Array,
+    accept_lens: jax.Array,
+    valid: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The packed ``(tgt, src)`` pairs of ``move_accept_tokens_to_target_kvcache`` (§9.1).
 
     Args:
@@ -99,24 +115,31 @@ def accept_kv_move_pairs(req_to_token: jax.Array, req_pool_indices: jax.Array,
     batch, width = accept_index.shape
     size = batch * width
     valid = _valid_or_all(valid, batch)
-    accepted = (accept_index != NOT_ACCEPTED) & valid[:, None]               # bool[B, S+1]
+    accepted = (accept_index != NOT_ACCEPTED) & valid[:, None]  # bool[B, S+1]
     accept_lens = jnp.where(valid, accept_lens, 0)
-    probes.detect_oob(accept_index, NOT_ACCEPTED, out_cache_loc.shape[0],
-                      "move_accept_tokens_to_target_kvcache: accept_index", where=valid[:, None])
-    probes.detect_in_closed_range(accept_lens, 0, width,
-                                  "move_accept_tokens_to_target_kvcache: accept_lens")
+    probes.detect_oob(
+        accept_index,
+        NOT_ACCEPTED,
+        out_cache_loc.shape[0],
+        "move_accept_tokens_to_target_kvcache: accept_index",
+        where=valid[:, None],
+    )
+    probes.detect_in_closed_range(
+        accept_lens, 0, width, "move_accept_tokens_to_target_kvcache: accept_lens"
+    )
     probes.assert_async(
         lambda: jnp.all(jnp.sum(accepted, axis=1) == accept_lens),
         "move_accept_tokens_to_target_kvcache: accept_lens != count(accept_index != -1) "
         "(first bad row {row})",
-        row=lambda: jnp.argmax(jnp.sum(accepted, axis=1) != accept_lens))
+        row=lambda: jnp.argmax(jnp.sum(accepted, axis=1) != accept_lens),
+    )
     # src: stream compaction of the accepted entries.
     flat_acc = accepted.reshape(-1)
     src_val = out_cache_loc.at[jnp.where(flat_acc, accept_index.reshape(-1), 0)].get(mode="clip")
     src = compact(src_val, flat_acc, size, fill=PAD_SLOT_ID, dtype=jnp.int32)
     # tgt: the front of each request's verify window, packed by accept_lens.
     r = jnp.arange(width, dtype=jnp.int32)[None, :]
-    front = valid[:, None] & (r < accept_lens[:, None])                     # bool[B, S+1]
+    front = valid[:, None] & (r < accept_lens[:, None])  # bool[B, S+1]
     cu = jnp.cumsum(accept_lens) - accept_lens
     tgt_val = _row_gather(req_to_token, req_pool_indices, seq_lens[:, None] + r, front)
     tgt = pack_to(cu[:, None] + r, tgt_val, front, size, fill=PAD_SLOT_ID)
@@ -124,10 +147,18 @@ def accept_kv_move_pairs(req_to_token: jax.Array, req_pool_indices: jax.Array,
 
 
 def move_accept_tokens_to_target_kvcache(
-        target_pool: KVPool, req_to_token: jax.Array, req_pool_indices: jax.Array,
-        seq_lens: jax.Array, out_cache_loc: jax.Array, accept_index: jax.Array,
-        accept_lens: jax.Array, *, valid: jax.Array | None = None, impl: str = "auto",
-        interpret: bool | None = None) -> KVPool:
+    target_pool: KVPool,
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    out_cache_loc: jax.Array,
+    accept_index: jax.Array,
+    accept_lens: jax.Array,
+    *,
+    valid: jax.Array | None = None,
+    impl: str = "auto",
+    interpret: bool | None = None,
+) -> KVPool:
     """Move the accepted nodes' target KV to ``row_b[L_b : L_b + accept_len_b]`` (V2, §9.1).
 
     sglang runs this only for K > 1 (``finalize_tree_path``); for K == 1 the accepted chain is
@@ -142,17 +173,23 @@ def move_accept_tokens_to_target_kvcache(
       The target pool after the gather-then-scatter move (unused pairs are ``0 -> 0``).
       NOTE: ``move_kv_cache`` donates ``target_pool`` (consumed outside an outer ``jit``).
     """
-    tgt, src, _ = accept_kv_move_pairs(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
-                                       accept_index, accept_lens, valid)
+    tgt, src, _ = accept_kv_move_pairs(
+        req_to_token, req_pool_indices, seq_lens, out_cache_loc, accept_index, accept_lens, valid
+    )
     return move_kv_cache(target_pool, tgt, src, impl=impl, interpret=interpret)
 
 
 @functools.partial(jax.jit, static_argnames=("num_draft_tokens", "page_size"))
-def get_src_tgt_cache_loc(seq_lens: jax.Array, out_cache_loc: jax.Array,
-                          accept_index: jax.Array, accept_length: jax.Array, *,
-                          num_draft_tokens: int, page_size: int,
-                          valid: jax.Array | None = None,
-                          ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def get_src_tgt_cache_loc(
+    seq_lens: jax.Array,
+    out_cache_loc: jax.Array,
+    accept_index: jax.Array,
+    accept_length: jax.Array,
+    *,
+    num_draft_tokens: int,
+    page_size: int,
+    valid: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Removed V1 verify bookkeeping (§9.3): move pairs plus the window tail to free.
 
     Args:
@@ -180,7 +217,7 @@ def get_src_tgt_cache_loc(seq_lens: jax.Array, out_cache_loc: jax.Array,
     src = compact(src_val, flat_acc, size, fill=PAD_SLOT_ID, dtype=jnp.int32)
 
     window = out_cache_loc.reshape(batch, n)
-    keep_front = jnp.where(valid, accept_length + 1, 0)                         # ncd + 1
+    keep_front = jnp.where(valid, accept_length + 1, 0)  # ncd + 1
     r = jnp.arange(n, dtype=jnp.int32)[None, :]
     front = (r < keep_front[:, None]) & (r < width)
     cu = jnp.cumsum(keep_front) - keep_front
@@ -191,6 +228,7 @@ def get_src_tgt_cache_loc(seq_lens: jax.Array, out_cache_loc: jax.Array,
     to_free_num = jnp.where(valid, extended - keep, 0)
     tail = valid[:, None] & (r >= n - to_free_num[:, None])
     cu_free = jnp.cumsum(to_free_num) - to_free_num
-    to_free = pack_to(cu_free[:, None] + r - (n - to_free_num[:, None]), window, tail, batch * n,
-                      fill=PAD_SLOT_ID)
+    to_free = pack_to(
+        cu_free[:, None] + r - (n - to_free_num[:, None]), window, tail, batch * n, fill=PAD_SLOT_ID
+    )
     return src, tgt, to_free, jnp.sum(to_free_num).astype(jnp.int32)

@@ -86,59 +86,96 @@ def bitpack_dtype(num_draft_tokens: int):
     for bits, dtype in _BITPACK_DTYPES:
         if num_draft_tokens <= bits:
             return dtype
-    raise ValueError(f"num_draft_tokens={num_draft_tokens} must be <= 32 for "
-                     "mode=QLEN_ONLY_BITPACKING")
+    raise ValueError(
+        f"num_draft_tokens={num_draft_tokens} must be <= 32 for mode=QLEN_ONLY_BITPACKING"
+    )
 
 
-def _validate(bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens, *, topk,
-              num_steps, num_draft_tokens, mode, max_seq_len) -> None:
+def _validate(
+    bonus_tokens,
+    parent_list,
+    top_scores_index,
+    draft_tokens,
+    seq_lens,
+    *,
+    topk,
+    num_steps,
+    num_draft_tokens,
+    mode,
+    max_seq_len,
+) -> None:
     k, s, n = topk, num_steps, num_draft_tokens
     for name, v in (("topk", k), ("num_steps", s), ("num_draft_tokens", n)):
         probes.static_check(isinstance(v, int) and v >= 1, f"{name}={v!r} must be an int >= 1")
-    probes.static_check(n <= MAX_NUM_DRAFT_TOKENS,
-                        f"num_draft_tokens={n} must be <= {MAX_NUM_DRAFT_TOKENS}")
-    probes.static_check(n - 1 <= ss_width(k, s),
-                        f"num_draft_tokens={n}: num_draft_tokens - 1 must be <= "
-                        f"topk + (num_steps-1)*topk^2 = {ss_width(k, s)}")
+    probes.static_check(
+        n <= MAX_NUM_DRAFT_TOKENS, f"num_draft_tokens={n} must be <= {MAX_NUM_DRAFT_TOKENS}"
+    )
+    probes.static_check(
+        n - 1 <= ss_width(k, s),
+        f"num_draft_tokens={n}: num_draft_tokens - 1 must be <= "
+        f"topk + (num_steps-1)*topk^2 = {ss_width(k, s)}",
+    )
     b = seq_lens.shape[0]
     probes.static_check_shape(seq_lens, (b,), "seq_lens")
     probes.static_check_shape(bonus_tokens, (b,), "bonus_tokens")
     probes.static_check_shape(top_scores_index, (b, n - 1), "top_scores_index")
     probes.static_check_shape(draft_tokens, (b, n - 1), "draft_tokens")
-    probes.static_check(parent_list.ndim == 2 and parent_list.shape[0] == b,
-                        f"parent_list.shape={parent_list.shape} must be (B={b}, width)")
+    probes.static_check(
+        parent_list.ndim == 2 and parent_list.shape[0] == b,
+        f"parent_list.shape={parent_list.shape} must be (B={b}, width)",
+    )
     if s > 1:  # JIT precondition: width K*(S-1)+1; any width when S == 1.
-        probes.static_check(parent_list.shape[1] == k * (s - 1) + 1,
-                            f"parent_list.shape={parent_list.shape} must be (B, topk*(num_steps-1)"
-                            f"+1 = {k * (s - 1) + 1})")
-    for name, x in (("bonus_tokens", bonus_tokens), ("parent_list", parent_list),
-                    ("top_scores_index", top_scores_index), ("draft_tokens", draft_tokens),
-                    ("seq_lens", seq_lens)):
+        probes.static_check(
+            parent_list.shape[1] == k * (s - 1) + 1,
+            f"parent_list.shape={parent_list.shape} must be (B, topk*(num_steps-1)"
+            f"+1 = {k * (s - 1) + 1})",
+        )
+    for name, x in (
+        ("bonus_tokens", bonus_tokens),
+        ("parent_list", parent_list),
+        ("top_scores_index", top_scores_index),
+        ("draft_tokens", draft_tokens),
+        ("seq_lens", seq_lens),
+    ):
         probes.static_check_dtype(x, (jnp.int32, jnp.int64), name)
     probes.static_check(mode in tuple(TreeMaskMode), f"mode={mode!r} must be a TreeMaskMode")
     if mode == TreeMaskMode.FULL_MASK:
-        probes.static_check(isinstance(max_seq_len, int) and max_seq_len >= 0,
-                            f"max_seq_len={max_seq_len!r} must be an int >= 0 for FULL_MASK")
+        probes.static_check(
+            isinstance(max_seq_len, int) and max_seq_len >= 0,
+            f"max_seq_len={max_seq_len!r} must be an int >= 0 for FULL_MASK",
+        )
     if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
         bitpack_dtype(n)
 
 
-def _full_mask(anc: jax.Array, seq_lens: jax.Array, max_seq_len: int,
-               fill_prefix_mask: bool) -> jax.Array:
+def _full_mask(
+    anc: jax.Array, seq_lens: jax.Array, max_seq_len: int, fill_prefix_mask: bool
+) -> jax.Array:
     """bool[B, N, N] ancestor mask -> padded FULL_MASK bool[B, N, max_seq_len + N]."""
     b, n, _ = anc.shape
     col = jnp.arange(max_seq_len + n, dtype=jnp.int32)[None, :]
     rel = col - seq_lens[:, None]  # tree column index (B, W)
     in_tree = (rel >= 0) & (rel < n)
-    tree_bits = jnp.take_along_axis(anc, jnp.broadcast_to(jnp.clip(rel, 0, n - 1)[:, None, :],
-                                                          (b, n, col.shape[1])), axis=2)
+    tree_bits = jnp.take_along_axis(
+        anc, jnp.broadcast_to(jnp.clip(rel, 0, n - 1)[:, None, :], (b, n, col.shape[1])), axis=2
+    )
     prefix = (rel < 0) & fill_prefix_mask
     return jnp.where(in_tree[:, None, :], tree_bits, prefix[:, None, :])
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "topk", "num_steps", "num_draft_tokens", "mode", "max_seq_len", "fill_prefix_mask", "impl",
-    "interpret"))
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "topk",
+        "num_steps",
+        "num_draft_tokens",
+        "mode",
+        "max_seq_len",
+        "fill_prefix_mask",
+        "impl",
+        "interpret",
+    ),
+)
 def build_tree_kernel_efficient(
     bonus_tokens: jax.Array,
     parent_list: jax.Array,
@@ -174,26 +211,58 @@ def build_tree_kernel_efficient(
       :class:`BuildTreeOutput`. int64 in sglang, int32 here.
     """
     mode = TreeMaskMode(mode)
-    _validate(bonus_tokens, parent_list, top_scores_index, draft_tokens, seq_lens, topk=topk,
-              num_steps=num_steps, num_draft_tokens=num_draft_tokens, mode=mode,
-              max_seq_len=max_seq_len)
+    _validate(
+        bonus_tokens,
+        parent_list,
+        top_scores_index,
+        draft_tokens,
+        seq_lens,
+        topk=topk,
+        num_steps=num_steps,
+        num_draft_tokens=num_draft_tokens,
+        mode=mode,
+        max_seq_len=max_seq_len,
+    )
     n = num_draft_tokens
     seq_lens = seq_lens.astype(jnp.int32)
-    probes.detect_oob(top_scores_index, 0, ss_width(topk, num_steps),
-                      "build_tree_kernel_efficient: top_scores_index vs ss width")
+    probes.detect_oob(
+        top_scores_index,
+        0,
+        ss_width(topk, num_steps),
+        "build_tree_kernel_efficient: top_scores_index vs ss width",
+    )
     if mode == TreeMaskMode.FULL_MASK:
-        probes.detect_in_closed_range(seq_lens, 0, max_seq_len,
-                                      "build_tree_kernel_efficient: seq_lens vs max_seq_len")
+        probes.detect_in_closed_range(
+            seq_lens, 0, max_seq_len, "build_tree_kernel_efficient: seq_lens vs max_seq_len"
+        )
     word_dtype = bitpack_dtype(n) if mode == TreeMaskMode.QLEN_ONLY_BITPACKING else None
-    (next_token, next_sibling, positions, mask, first_invalid, retrive_index, flat_tokens,
-     is_valid) = build_tree(parent_list, top_scores_index, seq_lens, bonus_tokens, draft_tokens,
-                            topk=topk, word_dtype=word_dtype, impl=impl, interpret=interpret)
+    (
+        next_token,
+        next_sibling,
+        positions,
+        mask,
+        first_invalid,
+        retrive_index,
+        flat_tokens,
+        is_valid,
+    ) = build_tree(
+        parent_list,
+        top_scores_index,
+        seq_lens,
+        bonus_tokens,
+        draft_tokens,
+        topk=topk,
+        word_dtype=word_dtype,
+        impl=impl,
+        interpret=interpret,
+    )
     probes.assert_async(
         lambda: jnp.all(is_valid),
         "build_tree_kernel_efficient: invalid eagle tree: request {request} node {node} has no "
         "selected parent",
         request=lambda: jnp.argmin(is_valid),
-        node=lambda: first_invalid[jnp.argmin(is_valid)])
+        node=lambda: first_invalid[jnp.argmin(is_valid)],
+    )
     if mode == TreeMaskMode.FULL_MASK:
         tree_mask = _full_mask(mask, seq_lens, max_seq_len, fill_prefix_mask)
     else:
@@ -218,5 +287,7 @@ def flatten_full_mask(tree_mask, seq_lens) -> np.ndarray:
     mask = np.asarray(tree_mask)
     lens = np.asarray(seq_lens).astype(np.int64)
     n = mask.shape[1]
-    return np.concatenate([mask[b, :, : lens[b] + n].reshape(-1) for b in range(mask.shape[0])]
-                          or [np.zeros((0,), bool)])
+    return np.concatenate(
+        [mask[b, :, : lens[b] + n].reshape(-1) for b in range(mask.shape[0])]
+        or [np.zeros((0,), bool)]
+    )

@@ -45,10 +45,18 @@ __all__ = [
 ]
 
 
-def draft_out_cache_loc(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                        seq_lens: jax.Array, *, topk: int, num_steps: int, page_size: int,
-                        valid: jax.Array | None = None, impl: str = "xla",
-                        interpret: bool | None = None) -> jax.Array:
+def draft_out_cache_loc(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    valid: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+) -> jax.Array:
     """sglang ``prepare_for_draft``'s ``out_cache_loc``: the draft KV write targets.
 
     Args:
@@ -63,17 +71,34 @@ def draft_out_cache_loc(req_to_token: jax.Array, req_pool_indices: jax.Array,
       i32[B, K, S]: ``row_b[base + t*nnp*P + lp + s]`` (``row_b[L + t*S + s]`` when ``P == 1``
       or ``K == 1``); padding rows 0. ``reshape(-1)`` gives sglang's flat B*K*S order.
     """
-    out, _, _, _ = draft_cache_loc(req_to_token, req_pool_indices, seq_lens, valid, topk=topk,
-                                   num_steps=num_steps, page_size=page_size, max_pairs=0,
-                                   impl=impl, interpret=interpret)
+    out, _, _, _ = draft_cache_loc(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        valid,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        max_pairs=0,
+        impl=impl,
+        interpret=interpret,
+    )
     return out
 
 
-def prefix_tail_copy_pairs(req_to_token: jax.Array, req_pool_indices: jax.Array,
-                           seq_lens: jax.Array, *, topk: int, num_steps: int, page_size: int,
-                           max_pairs: int, valid: jax.Array | None = None, impl: str = "xla",
-                           interpret: bool | None = None,
-                           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+def prefix_tail_copy_pairs(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    max_pairs: int,
+    valid: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The ``(tgt, src)`` slot pairs of ``duplicate_prefix_tail_to_draft_branches`` (§4.3).
 
     For each valid b, t in 1..K-1, o < lp_b (in that order, packed):
@@ -89,16 +114,35 @@ def prefix_tail_copy_pairs(req_to_token: jax.Array, req_pool_indices: jax.Array,
       num_pairs: i32[] = ``(K-1) * sum_b lp_b`` (0 when K == 1 or P == 1).
     """
     _, tgt, src, num_pairs = draft_cache_loc(
-        req_to_token, req_pool_indices, seq_lens, valid, topk=topk, num_steps=num_steps,
-        page_size=page_size, max_pairs=max_pairs, impl=impl, interpret=interpret)
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        valid,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        max_pairs=max_pairs,
+        impl=impl,
+        interpret=interpret,
+    )
     return tgt, src, num_pairs
 
 
 def duplicate_prefix_tail_to_draft_branches(
-        draft_pool: KVPool, req_to_token: jax.Array, req_pool_indices: jax.Array,
-        seq_lens: jax.Array, *, topk: int, num_steps: int, page_size: int,
-        max_pairs: int | None = None, valid: jax.Array | None = None, impl: str = "xla",
-        move_impl: str = "auto", interpret: bool | None = None) -> KVPool:
+    draft_pool: KVPool,
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    max_pairs: int | None = None,
+    valid: jax.Array | None = None,
+    impl: str = "xla",
+    move_impl: str = "auto",
+    interpret: bool | None = None,
+) -> KVPool:
     """Copy each request's prefix-tail KV into the first-page holes of branches 1..K-1.
 
     Applied to the **draft** model's pool only (all layers, K and V) through
@@ -118,11 +162,19 @@ def duplicate_prefix_tail_to_draft_branches(
     if topk <= 1 or page_size <= 1:
         return draft_pool
     if max_pairs is None:
-        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], topk=topk,
-                                          page_size=page_size)
+        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], topk=topk, page_size=page_size)
     tgt, src, _ = prefix_tail_copy_pairs(
-        req_to_token, req_pool_indices, seq_lens, topk=topk, num_steps=num_steps,
-        page_size=page_size, max_pairs=max_pairs, valid=valid, impl=impl, interpret=interpret)
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        max_pairs=max_pairs,
+        valid=valid,
+        impl=impl,
+        interpret=interpret,
+    )
     return move_kv_cache(draft_pool, tgt, src, impl=move_impl, interpret=interpret)
 
 
@@ -132,12 +184,21 @@ def draft_positions(seq_lens: jax.Array, *, topk: int) -> jax.Array:
     return jnp.repeat(seq_lens, topk, total_repeat_length=seq_lens.shape[0] * topk)
 
 
-def prepare_for_draft(draft_pool: KVPool, req_to_token: jax.Array, req_pool_indices: jax.Array,
-                      seq_lens: jax.Array, *, topk: int, num_steps: int, page_size: int,
-                      max_pairs: int | None = None, valid: jax.Array | None = None,
-                      impl: str = "xla", move_impl: str = "auto",
-                      interpret: bool | None = None,
-                      ) -> tuple[KVPool, jax.Array, jax.Array]:
+def prepare_for_draft(
+    draft_pool: KVPool,
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    max_pairs: int | None = None,
+    valid: jax.Array | None = None,
+    impl: str = "xla",
+    move_impl: str = "auto",
+    interpret: bool | None = None,
+) -> tuple[KVPool, jax.Array, jax.Array]:
     """sglang ``prepare_for_draft`` (V2): layout, hole duplication and positions, one launch.
 
     Returns:
@@ -148,12 +209,19 @@ def prepare_for_draft(draft_pool: KVPool, req_to_token: jax.Array, req_pool_indi
     """
     holey = topk > 1 and page_size > 1
     if max_pairs is None:
-        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], topk=topk,
-                                          page_size=page_size)
+        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], topk=topk, page_size=page_size)
     out_cache_loc, tgt, src, _ = draft_cache_loc(
-        req_to_token, req_pool_indices, seq_lens, valid, topk=topk, num_steps=num_steps,
-        page_size=page_size, max_pairs=max_pairs if holey else 0, impl=impl,
-        interpret=interpret)
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        valid,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        max_pairs=max_pairs if holey else 0,
+        impl=impl,
+        interpret=interpret,
+    )
     if holey:
         draft_pool = move_kv_cache(draft_pool, tgt, src, impl=move_impl, interpret=interpret)
     return draft_pool, out_cache_loc, draft_positions(seq_lens, topk=topk)

@@ -77,15 +77,21 @@ def tree_speculative_sampling_target_only(
     v = target_probs.shape[-1]
     probes.static_check_shape(target_probs, (bsz, n, v), "target_probs")
     probes.static_check_shape(uniform_samples, (bsz, n), "uniform_samples")
-    probes.static_check_shape(uniform_samples_for_final_sampling, (bsz,),
-                              "uniform_samples_for_final_sampling")
-    probes.static_check(isinstance(num_spec_steps, int) and num_spec_steps >= 1,
-                        f"num_spec_steps={num_spec_steps!r} must be an int >= 1 (S+1)")
+    probes.static_check_shape(
+        uniform_samples_for_final_sampling, (bsz,), "uniform_samples_for_final_sampling"
+    )
+    probes.static_check(
+        isinstance(num_spec_steps, int) and num_spec_steps >= 1,
+        f"num_spec_steps={num_spec_steps!r} must be an int >= 1 (S+1)",
+    )
     probes.detect_nan(target_probs, "tree_speculative_sampling_target_only: target_probs")
-    probes.detect_oob(candidates, 0, v, "tree_speculative_sampling_target_only: candidates vs vocab")
+    probes.detect_oob(
+        candidates, 0, v, "tree_speculative_sampling_target_only: candidates vs vocab"
+    )
     candidates, retrive_index, next_token, next_sibling = (
-        x.astype(jnp.int32) for x in (candidates, retrive_index, retrive_next_token,
-                                      retrive_next_sibling))
+        x.astype(jnp.int32)
+        for x in (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
+    )
     target_probs = target_probs.astype(jnp.float32)
     coins = uniform_samples.astype(jnp.float32)
     t_single = jnp.asarray(threshold_single, jnp.float32)
@@ -109,8 +115,11 @@ def tree_speculative_sampling_target_only(
         pred = jnp.where(match[:, None] & onehot_last, token[:, None], pred)
         written = written | (match[:, None] & onehot_last)
         num = num + match
-        acc = jnp.where(match[:, None] & (jnp.arange(num_spec_steps)[None, :] == num[:, None]),
-                        at(retrive_index, cur)[:, None], acc)
+        acc = jnp.where(
+            match[:, None] & (jnp.arange(num_spec_steps)[None, :] == num[:, None]),
+            at(retrive_index, cur)[:, None],
+            acc,
+        )
         # Rejected children of the current row (reset when a child is accepted).
         onehot_cur = nodes[None, :] == cur[:, None]
         rejected = jnp.where(match[:, None], False, rejected | (reject[:, None] & onehot_cur))
@@ -125,9 +134,19 @@ def tree_speculative_sampling_target_only(
     zeros = jnp.zeros((bsz,), jnp.int32)
     acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32)
     acc0 = acc0.at[:, 0].set(retrive_index[:, 0])
-    state = (next_token[:, 0], zeros, zeros + 1, zeros, jnp.full((bsz,), max_depth == 0),
-             jnp.zeros((bsz,), jnp.float32), coins[:, 0], jnp.zeros((bsz, n), bool),
-             jnp.zeros((bsz, n), jnp.int32), jnp.zeros((bsz, n), bool), acc0)
+    state = (
+        next_token[:, 0],
+        zeros,
+        zeros + 1,
+        zeros,
+        jnp.full((bsz,), max_depth == 0),
+        jnp.zeros((bsz,), jnp.float32),
+        coins[:, 0],
+        jnp.zeros((bsz, n), bool),
+        jnp.zeros((bsz, n), jnp.int32),
+        jnp.zeros((bsz, n), bool),
+        acc0,
+    )
     state = jax.lax.fori_loop(0, n, body, state)
     _, last, _, num, _, _, _, rejected, pred, written, acc = state
     # Final sample from relu(q_last - draft_probs_last): rejected tokens' mass removed.
@@ -143,8 +162,11 @@ def tree_speculative_sampling_target_only(
     written = written | onehot_last
     total = bsz * n
     dest = jnp.where(written, retrive_index, total)
-    predicts = jnp.full((total,), predicts_init, jnp.int32).at[dest.reshape(-1)].set(
-        pred.reshape(-1), mode="drop")
+    predicts = (
+        jnp.full((total,), predicts_init, jnp.int32)
+        .at[dest.reshape(-1)]
+        .set(pred.reshape(-1), mode="drop")
+    )
     return predicts, acc, num.astype(jnp.int32)
 
 
@@ -154,9 +176,12 @@ def _renorm(probs: jax.Array, keep: jax.Array) -> jax.Array:
 
 
 @jax.jit
-def target_probs_from_logits(logits: jax.Array, temperatures: jax.Array,
-                             top_ks: jax.Array | None = None,
-                             top_ps: jax.Array | None = None) -> jax.Array:
+def target_probs_from_logits(
+    logits: jax.Array,
+    temperatures: jax.Array,
+    top_ks: jax.Array | None = None,
+    top_ps: jax.Array | None = None,
+) -> jax.Array:
     """``softmax(logits / T)`` then optional top-k / top-p renormalisation (per request).
 
     Args:

@@ -28,8 +28,9 @@ import jax.numpy as jnp
 from jspec import probes
 
 
-def _probe_draft(topk_p: jax.Array, topk_index: jax.Array, vocab_size: int | None,
-                 where: str) -> None:
+def _probe_draft(
+    topk_p: jax.Array, topk_index: jax.Array, vocab_size: int | None, where: str
+) -> None:
     """NaN probe on the draft probabilities and an OOB probe on the draft tokens (SPEC §11)."""
     probes.detect_nan(topk_p, f"{where}: draft topk_p")
     if vocab_size is not None:
@@ -73,12 +74,15 @@ def select_top_k_tokens(
     probes.static_check(isinstance(step, int) and step >= 0, f"step={step!r} must be an int >= 0")
     topk_index = topk_index.astype(jnp.int32)
     if step == 0:
-        probes.static_check(topk_p.ndim == 2 and topk_p.shape[1] == k,
-                            f"topk_p.shape={topk_p.shape} must be (B, topk={k}) at step 0")
+        probes.static_check(
+            topk_p.ndim == 2 and topk_p.shape[1] == k,
+            f"topk_p.shape={topk_p.shape} must be (B, topk={k}) at step 0",
+        )
         probes.static_check_shape(topk_index, topk_p.shape, "topk_index")
         b = topk_p.shape[0]
-        probes.static_check(hidden.shape[0] == b,
-                            f"hidden.shape={hidden.shape} must have {b} rows at step 0")
+        probes.static_check(
+            hidden.shape[0] == b, f"hidden.shape={hidden.shape} must have {b} rows at step 0"
+        )
         _probe_draft(topk_p, topk_index, vocab_size, "select_top_k_tokens(step=0)")
         input_ids = topk_index.reshape(-1)
         hidden = jnp.repeat(hidden, k, axis=0)
@@ -87,13 +91,16 @@ def select_top_k_tokens(
         return input_ids, hidden, topk_p, tree_info
 
     probes.static_check(scores is not None, f"scores must be given at step={step}")
-    probes.static_check(topk_p.ndim == 2 and topk_p.shape[1] == k and topk_p.shape[0] % k == 0,
-                        f"topk_p.shape={topk_p.shape} must be (B*topk, topk={k}) at step {step}")
+    probes.static_check(
+        topk_p.ndim == 2 and topk_p.shape[1] == k and topk_p.shape[0] % k == 0,
+        f"topk_p.shape={topk_p.shape} must be (B*topk, topk={k}) at step {step}",
+    )
     b = topk_p.shape[0] // k
     probes.static_check_shape(topk_index, topk_p.shape, "topk_index")
     probes.static_check_shape(scores, (b, k), "scores")
-    probes.static_check(hidden.shape[0] == b * k,
-                        f"hidden.shape={hidden.shape} must have B*topk={b * k} rows")
+    probes.static_check(
+        hidden.shape[0] == b * k, f"hidden.shape={hidden.shape} must have B*topk={b * k} rows"
+    )
     _probe_draft(topk_p, topk_index, vocab_size, f"select_top_k_tokens(step={step})")
     # expand[b, r, c] = path prob of child c of branch r.
     expand = scores[:, :, None] * topk_p.reshape(b, k, k)
@@ -136,21 +143,28 @@ def organize_draft_results(
       i32[B, N-1] (ascending flat ss indices; ties: lower index first), ``draft_tokens``
       i32[B, N-1] (the tokens at those indices).
     """
-    probes.static_check(len(score_list) == len(token_list) == len(parents_list) >= 1,
-                        "score_list, token_list and parents_list must have the same length >= 1")
+    probes.static_check(
+        len(score_list) == len(token_list) == len(parents_list) >= 1,
+        "score_list, token_list and parents_list must have the same length >= 1",
+    )
     flat_scores = jnp.concatenate([s.reshape(s.shape[0], -1) for s in score_list], axis=1)
     ss_tokens = jnp.concatenate([t.astype(jnp.int32) for t in token_list], axis=1)
     b, width = flat_scores.shape
-    probes.static_check(ss_tokens.shape == (b, width),
-                        f"token_list concatenates to {ss_tokens.shape}, scores to {(b, width)}")
+    probes.static_check(
+        ss_tokens.shape == (b, width),
+        f"token_list concatenates to {ss_tokens.shape}, scores to {(b, width)}",
+    )
     n = num_draft_tokens
-    probes.static_check(isinstance(n, int) and 1 <= n and n - 1 <= width,
-                        f"num_draft_tokens={n}: num_draft_tokens - 1 must be in [0, {width}] "
-                        "(the flat score width K + (S-1)*K*K)")
+    probes.static_check(
+        isinstance(n, int) and 1 <= n and n - 1 <= width,
+        f"num_draft_tokens={n}: num_draft_tokens - 1 must be in [0, {width}] "
+        "(the flat score width K + (S-1)*K*K)",
+    )
     _, top_idx = jax.lax.top_k(flat_scores, n - 1)
     top_scores_index = jnp.sort(top_idx.astype(jnp.int32), axis=-1)
-    probes.detect_oob(top_scores_index, 0, width,
-                      "organize_draft_results: top_scores_index vs ss_token width")
+    probes.detect_oob(
+        top_scores_index, 0, width, "organize_draft_results: top_scores_index vs ss_token width"
+    )
     draft_tokens = jnp.take_along_axis(ss_tokens, top_scores_index, axis=1)
     if len(parents_list) > 1:
         parent_list = jnp.concatenate([p.astype(jnp.int32) for p in parents_list[:-1]], axis=1)

@@ -51,19 +51,21 @@ def fill_bonus_tokens(accept_tokens: jax.Array, accept_lens: jax.Array) -> jax.A
     Returns:
       i32[B] bonus tokens.
     """
-    probes.static_check(accept_tokens.ndim == 2, f"accept_tokens.shape={accept_tokens.shape} "
-                        "must be (B, S+1)")
+    probes.static_check(
+        accept_tokens.ndim == 2, f"accept_tokens.shape={accept_tokens.shape} must be (B, S+1)"
+    )
     probes.static_check_shape(accept_lens, accept_tokens.shape[:1], "accept_lens")
-    probes.detect_in_closed_range(accept_lens, 1, accept_tokens.shape[1],
-                                  "fill_bonus_tokens: accept_lens vs [1, S+1]")
+    probes.detect_in_closed_range(
+        accept_lens, 1, accept_tokens.shape[1], "fill_bonus_tokens: accept_lens vs [1, S+1]"
+    )
     col = jnp.clip(accept_lens.astype(jnp.int32) - 1, 0, accept_tokens.shape[1] - 1)
     return jnp.take_along_axis(accept_tokens, col[:, None], axis=1)[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
-def compact_accept_to_front(predict: jax.Array, hidden: jax.Array | None,
-                            accept_index: jax.Array, *,
-                            num_draft_tokens: int) -> tuple[jax.Array, jax.Array | None]:
+def compact_accept_to_front(
+    predict: jax.Array, hidden: jax.Array | None, accept_index: jax.Array, *, num_draft_tokens: int
+) -> tuple[jax.Array, jax.Array | None]:
     """Gather the accepted path to the front of each request's block (``_compact_accept_to_front``).
 
     Args:
@@ -79,8 +81,9 @@ def compact_accept_to_front(predict: jax.Array, hidden: jax.Array | None,
     """
     n = num_draft_tokens
     b, s1 = accept_index.shape
-    probes.static_check(s1 <= n, f"accept_index.shape={accept_index.shape}: S+1 must be <= "
-                        f"num_draft_tokens={n}")
+    probes.static_check(
+        s1 <= n, f"accept_index.shape={accept_index.shape}: S+1 must be <= num_draft_tokens={n}"
+    )
     safe = jnp.maximum(accept_index, 0).reshape(-1)
 
     def compact(x):
@@ -104,8 +107,12 @@ def fill_accept_out_cache_loc(accept_index: jax.Array, out_cache_loc: jax.Array)
       row-major order, then zeros.
     """
     flat = accept_index.reshape(-1)
-    probes.detect_oob(flat, -1, out_cache_loc.shape[0],
-                      "fill_accept_out_cache_loc: accept_index vs [-1, len(out_cache_loc))")
+    probes.detect_oob(
+        flat,
+        -1,
+        out_cache_loc.shape[0],
+        "fill_accept_out_cache_loc: accept_index vs [-1, len(out_cache_loc))",
+    )
     return compact(out_cache_loc[jnp.maximum(flat, 0)], flat >= 0)
 
 
@@ -136,6 +143,14 @@ def eagle_sample_greedy(
     probes.detect_inf(logits, "eagle_sample_greedy: target logits")
     target_predict = jnp.argmax(logits, axis=-1).astype(jnp.int32).reshape(candidates.shape)
     predict, accept_index, num_correct = verify_tree_greedy(
-        candidates, retrive_index, retrive_next_token, retrive_next_sibling, target_predict,
-        num_spec_steps=num_spec_steps, predicts_init=0, impl=impl, interpret=interpret)
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        target_predict,
+        num_spec_steps=num_spec_steps,
+        predicts_init=0,
+        impl=impl,
+        interpret=interpret,
+    )
     return predict, num_correct + 1, accept_index

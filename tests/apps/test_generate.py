@@ -19,9 +19,23 @@ from jspec.engine.inputs import InputError
 from jspec.engine.reference import dense_greedy_generate
 
 PROMPT = [5, 17, 3, 42, 8, 11, 60]
-FLAGS = ["--model", "toy", "--prompt-ids", " ".join(map(str, PROMPT)), "--max-new-tokens",
-         "12", "--page-size", "4", "--topk", "2", "--steps", "2", "--draft-tokens", "4",
-         "--json"]
+FLAGS = [
+    "--model",
+    "toy",
+    "--prompt-ids",
+    " ".join(map(str, PROMPT)),
+    "--max-new-tokens",
+    "12",
+    "--page-size",
+    "4",
+    "--topk",
+    "2",
+    "--steps",
+    "2",
+    "--draft-tokens",
+    "4",
+    "--json",
+]
 
 
 def _toy_loader(model_dir, draft_dir, dtype, say):
@@ -53,15 +67,21 @@ def test_greedy_and_spec_equal_the_dense_oracle(capsys):
     assert "mean acceptance length" in out and err == ""
 
 
-@pytest.mark.parametrize("flags,match", [
-    pytest.param(["--prompt-ids", "1 2 64"], r"prompt 0\[2\]=64 is outside the vocabulary",
-                 id="out_of_vocab"),
-    pytest.param(["--prompt-ids", "1 x"], "expected integers", id="not_ints"),
-    pytest.param(["--prompt-ids", " "], "--prompt-ids is empty", id="empty"),
-    pytest.param(["--max-new-tokens", "0"], "--max-new-tokens=0 must be >= 1", id="zero_new"),
-    pytest.param(["--devices", "0"], "--devices=0 must be >= 1", id="devices"),
-    pytest.param(["--page-size", "3"], "page_size", id="page_size"),
-])
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        pytest.param(
+            ["--prompt-ids", "1 2 64"],
+            r"prompt 0\[2\]=64 is outside the vocabulary",
+            id="out_of_vocab",
+        ),
+        pytest.param(["--prompt-ids", "1 x"], "expected integers", id="not_ints"),
+        pytest.param(["--prompt-ids", " "], "--prompt-ids is empty", id="empty"),
+        pytest.param(["--max-new-tokens", "0"], "--max-new-tokens=0 must be >= 1", id="zero_new"),
+        pytest.param(["--devices", "0"], "--devices=0 must be >= 1", id="devices"),
+        pytest.param(["--page-size", "3"], "page_size", id="page_size"),
+    ],
+)
 def test_bad_input_one_line_exit_2(flags, match, capsys):
     t0 = time.perf_counter()
     code, out, err = _run(FLAGS + flags, capsys)
@@ -73,8 +93,9 @@ def test_bad_input_one_line_exit_2(flags, match, capsys):
 
 
 def test_prompt_text_needs_a_tokenizer(capsys):
-    code, _, err = _run(["--model", "/nonexistent", "--prompt", "hi", "--max-new-tokens", "2"],
-                        capsys)
+    code, _, err = _run(
+        ["--model", "/nonexistent", "--prompt", "hi", "--max-new-tokens", "2"], capsys
+    )
     assert code == 2 and "tokenizer.json" in err
 
 

@@ -26,15 +26,31 @@ def _hf_greedy(model) -> list[int]:
 
     ids = torch.tensor([PROMPT])
     out = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
-    gen = out[0, len(PROMPT):].tolist()
+    gen = out[0, len(PROMPT) :].tolist()
     stops = [i for i, t in enumerate(gen) if t in (2, 3)]  # TINY's eos_token_id = [2, 3]
-    return gen[:stops[0] + 1] if stops else gen
+    return gen[: stops[0] + 1] if stops else gen
 
 
 def _generate(capsys, *flags, prompt=PROMPT) -> dict:
-    code = main(["--prompt-ids", " ".join(map(str, prompt)), "--max-new-tokens", str(MAX_NEW),
-                 "--page-size", "4", "--topk", "2", "--steps", "3", "--draft-tokens", "6",
-                 "--json", "--no-progress", *flags])
+    code = main(
+        [
+            "--prompt-ids",
+            " ".join(map(str, prompt)),
+            "--max-new-tokens",
+            str(MAX_NEW),
+            "--page-size",
+            "4",
+            "--topk",
+            "2",
+            "--steps",
+            "3",
+            "--draft-tokens",
+            "6",
+            "--json",
+            "--no-progress",
+            *flags,
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err
     return json.loads(out.out.strip().splitlines()[-1])
@@ -47,8 +63,9 @@ def test_generate_greedy_and_eagle3_spec_equal_transformers(tmp_path, capsys, sh
     greedy = _generate(capsys, "--model", str(tmp_path / "target"))
     assert greedy["mode"] == "greedy" and greedy["token_ids"] == want
     # 4 target layers: sglang's default capture [2, N//2, N-3] collides; name the layers.
-    config = eagle3_config(torch_dtype="float32",
-                           eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    config = eagle3_config(
+        torch_dtype="float32", eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    )
     head = write_head(tmp_path / "head", eagle3_tensors(3), config)
     spec = _generate(capsys, "--model", str(tmp_path / "target"), "--draft", str(head))
     assert spec["mode"] == "spec" and spec["token_ids"] == want
@@ -63,8 +80,17 @@ def test_generate_matched_eagle3_head_accepts_well(tmp_path, capsys):
     from jspec.models.export import save_eagle3, save_llama
     from jspec.models.synthetic import matched_eagle3, toy_llama_params
 
-    target = LlamaTarget(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96,
-                                     num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16))
+    target = LlamaTarget(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=64,
+            intermediate_size=96,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+        )
+    )
     params = toy_llama_params(target, seed=4)
     draft, head = matched_eagle3(target, params, draft_vocab_size=48, seed=1)
     save_llama(tmp_path / "target", target, params)

@@ -23,9 +23,16 @@ def ext_start(seq_len: int, branch: int, *, topk: int, num_steps: int, page_size
     return base + branch * nnp * page_size + lp
 
 
-def make_draft_batch(rng: np.random.Generator, seq_lens: list[int], *, topk: int,
-                     num_steps: int, page_size: int, num_req_rows: int | None = None,
-                     row_slack: int = 3) -> dict[str, np.ndarray]:
+def make_draft_batch(
+    rng: np.random.Generator,
+    seq_lens: list[int],
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    num_req_rows: int | None = None,
+    row_slack: int = 3,
+) -> dict[str, np.ndarray]:
     """A batch laid out like sglang's allocator + ``prepare_for_draft``.
 
     Request ``b`` gets a random req_to_token row in ``1 .. num_req_rows-1`` (row 0 stays the
@@ -48,13 +55,13 @@ def make_draft_batch(rng: np.random.Generator, seq_lens: list[int], *, topk: int
     cursor = 0
     for b in range(num_seqs):
         for k in range(need[b] // P):
-            req_to_token[rows[b], k * P:(k + 1) * P] = pages[cursor] * P + np.arange(P)
+            req_to_token[rows[b], k * P : (k + 1) * P] = pages[cursor] * P + np.arange(P)
             cursor += 1
     out_cache_loc = np.zeros((num_seqs, K, S), np.int32)
     for b, L in enumerate(seq_lens):
         for t in range(K):
             e = ext_start(L, t, topk=K, num_steps=S, page_size=P)
-            out_cache_loc[b, t] = req_to_token[rows[b], e:e + S]
+            out_cache_loc[b, t] = req_to_token[rows[b], e : e + S]
     return {
         "req_to_token": req_to_token,
         "req_pool_indices": rows.astype(np.int32),
@@ -63,8 +70,16 @@ def make_draft_batch(rng: np.random.Generator, seq_lens: list[int], *, topk: int
     }
 
 
-def expand_loop(last_page_lens, cache_loc, *, decode_length: int, topk: int, page_size: int,
-                width: int, num_cols: int | None = None):
+def expand_loop(
+    last_page_lens,
+    cache_loc,
+    *,
+    decode_length: int,
+    topk: int,
+    page_size: int,
+    width: int,
+    num_cols: int | None = None,
+):
     """Loop oracle of ``draft_decode_set_expand_metadata`` over ``num_cols`` columns."""
     cache_loc = np.asarray(cache_loc)
     num_rows = cache_loc.shape[0]
@@ -78,12 +93,13 @@ def expand_loop(last_page_lens, cache_loc, *, decode_length: int, topk: int, pag
             page = int(cache_loc[r, c]) // page_size
             if not distinct or distinct[-1] != page:
                 distinct.append(page)
-        table[r, :len(distinct)] = distinct
+        table[r, : len(distinct)] = distinct
     return seqlens, table
 
 
-def normal_loop(req_to_token, req_pool_indices, seq_lens, *, page_size: int, topk: int,
-                max_pages: int):
+def normal_loop(
+    req_to_token, req_pool_indices, seq_lens, *, page_size: int, topk: int, max_pages: int
+):
     """Loop oracle of FA3 pass-A metadata (jspec conventions: zeros past the full pages)."""
     num_seqs = len(seq_lens)
     cache_seqlens = np.zeros(num_seqs, np.int32)
@@ -98,8 +114,17 @@ def normal_loop(req_to_token, req_pool_indices, seq_lens, *, page_size: int, top
     return cache_seqlens, cu_q, cu_k, table
 
 
-def kv_indices_loop(req_to_token, req_pool_indices, seq_lens, *, topk: int, num_steps: int,
-                    page_size: int, width: int, fill: int = 0):
+def kv_indices_loop(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    width: int,
+    fill: int = 0,
+):
     """SPEC.md §6.1 as a sequential loop with a running write cursor (writes past W dropped)."""
     num_seqs = len(seq_lens)
     kv_indices = np.full((num_steps, width), fill, np.int64)

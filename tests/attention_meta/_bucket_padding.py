@@ -76,8 +76,9 @@ def _pad_rows(x: jax.Array, rows: int, fill: Any) -> jax.Array:
     return jnp.concatenate([x, jnp.full((rows,) + x.shape[1:], fill, x.dtype)], axis=0)
 
 
-def pad_draft_inputs(inputs: DraftInputs, bucket: int, *, vocab_size: int | None = None,
-                     num_steps: int | None = None) -> tuple[DraftInputs, jax.Array]:
+def pad_draft_inputs(
+    inputs: DraftInputs, bucket: int, *, vocab_size: int | None = None, num_steps: int | None = None
+) -> tuple[DraftInputs, jax.Array]:
     """Pad ``inputs`` from ``B`` to ``bucket`` rows (module docstring table); jittable.
 
     Args:
@@ -93,30 +94,46 @@ def pad_draft_inputs(inputs: DraftInputs, bucket: int, *, vocab_size: int | None
     """
     raw_bs = inputs.batch_size
     topk = inputs.topk_p.shape[1] if inputs.topk_p.ndim == 2 else -1
-    probes.static_check(isinstance(bucket, int) and bucket >= max(raw_bs, 1),
-                        f"bucket={bucket!r} must be an int >= max(batch size {raw_bs}, 1)")
-    probes.static_check(topk >= 1 and inputs.topk_index.shape == (raw_bs, topk)
-                        and inputs.topk_p.shape == (raw_bs, topk),
-                        f"topk_p.shape={tuple(inputs.topk_p.shape)} and topk_index.shape="
-                        f"{tuple(inputs.topk_index.shape)} must both be (B={raw_bs}, K)")
+    probes.static_check(
+        isinstance(bucket, int) and bucket >= max(raw_bs, 1),
+        f"bucket={bucket!r} must be an int >= max(batch size {raw_bs}, 1)",
+    )
+    probes.static_check(
+        topk >= 1
+        and inputs.topk_index.shape == (raw_bs, topk)
+        and inputs.topk_p.shape == (raw_bs, topk),
+        f"topk_p.shape={tuple(inputs.topk_p.shape)} and topk_index.shape="
+        f"{tuple(inputs.topk_index.shape)} must both be (B={raw_bs}, K)",
+    )
     if raw_bs > 0:
         steps = inputs.out_cache_loc.size // (raw_bs * topk)
     else:
-        probes.static_check(num_steps is not None,
-                            "num_steps must be given to pad an empty batch (B=0)")
+        probes.static_check(
+            num_steps is not None, "num_steps must be given to pad an empty batch (B=0)"
+        )
         steps = num_steps
-    shapes = {"seq_lens": (raw_bs,), "req_pool_indices": (raw_bs,),
-                  "out_cache_loc": (raw_bs * topk * steps,), "positions": (raw_bs * topk,)}
+    shapes = {
+        "seq_lens": (raw_bs,),
+        "req_pool_indices": (raw_bs,),
+        "out_cache_loc": (raw_bs * topk * steps,),
+        "positions": (raw_bs * topk,),
+    }
     for name, shape in shapes.items():
         probes.static_check_shape(getattr(inputs, name), shape, name)
-    probes.static_check(inputs.hidden.ndim == 2 and inputs.hidden.shape[0] == raw_bs,
-                        f"hidden.shape={tuple(inputs.hidden.shape)} must be (B={raw_bs}, H)")
+    probes.static_check(
+        inputs.hidden.ndim == 2 and inputs.hidden.shape[0] == raw_bs,
+        f"hidden.shape={tuple(inputs.hidden.shape)} must be (B={raw_bs}, H)",
+    )
 
     # Probes on the raw inputs, before the copy-in (seed fix: detect instead of clamp).
     probes.detect_nan(inputs.topk_p, "pad_draft_inputs: topk_p")
     if vocab_size is not None:
-        probes.detect_oob(inputs.topk_index, 0, vocab_size,
-                          f"pad_draft_inputs: topk_index vs vocab_size={vocab_size}")
+        probes.detect_oob(
+            inputs.topk_index,
+            0,
+            vocab_size,
+            f"pad_draft_inputs: topk_index vs vocab_size={vocab_size}",
+        )
 
     pad = bucket - raw_bs
     padded = DraftInputs(
@@ -128,8 +145,7 @@ def pad_draft_inputs(inputs: DraftInputs, bucket: int, *, vocab_size: int | None
         topk_index=_pad_rows(inputs.topk_index, pad, 0),
         hidden=_pad_rows(inputs.hidden, pad, 0),
     )
-    seq_lens_sum = (jnp.sum(inputs.seq_lens, dtype=jnp.int32)
-                    + jnp.int32(pad * SEQ_LEN_FILL_VALUE))
+    seq_lens_sum = jnp.sum(inputs.seq_lens, dtype=jnp.int32) + jnp.int32(pad * SEQ_LEN_FILL_VALUE)
     return padded, seq_lens_sum
 
 
@@ -148,7 +164,7 @@ def unpad(outputs: Any, raw_bs: int, *, bucket: int | None = None) -> Any:
             return x[:raw_bs]
         lead = x.shape[0]
         if bucket > 0 and lead % bucket == 0:
-            return x[:(lead // bucket) * raw_bs]
+            return x[: (lead // bucket) * raw_bs]
         return x
 
     return jax.tree.map(cut, outputs)
@@ -165,9 +181,15 @@ class BucketedFunction:
     distinct bucket for fixed ``args`` shapes); ``buckets_used`` records the buckets seen.
     """
 
-    def __init__(self, fn: Callable[..., Any], buckets: BatchBuckets, *,
-                 vocab_size: int | None = None, num_steps: int | None = None,
-                 unpad_outputs: Callable[[Any, int, int], Any] | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        buckets: BatchBuckets,
+        *,
+        vocab_size: int | None = None,
+        num_steps: int | None = None,
+        unpad_outputs: Callable[[Any, int, int], Any] | None = None,
+    ) -> None:
         self.fn = fn
         self.buckets = buckets
         self.vocab_size = vocab_size
@@ -186,6 +208,7 @@ class BucketedFunction:
         raw_bs = inputs.batch_size
         bucket = self.buckets.bucket_for(raw_bs)
         self.buckets_used.add(bucket)
-        padded, seq_lens_sum = pad_draft_inputs(inputs, bucket, vocab_size=self.vocab_size,
-                                                num_steps=self.num_steps)
+        padded, seq_lens_sum = pad_draft_inputs(
+            inputs, bucket, vocab_size=self.vocab_size, num_steps=self.num_steps
+        )
         return self.unpad_outputs(self._jitted(padded, seq_lens_sum, *args), raw_bs, bucket)

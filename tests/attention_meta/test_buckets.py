@@ -25,8 +25,9 @@ MAX_BS = 4
 def _pool(rng: np.random.Generator, max_bs: int = MAX_BS):
     """A req_to_token pool holding ``max_bs`` live requests (rows 1..max_bs; row 0 = padding)."""
     seq_lens = rng.integers(1, 4 * PAGE + 3, size=max_bs)
-    batch = make_draft_batch(rng, seq_lens, topk=TOPK, num_steps=STEPS, page_size=PAGE,
-                             num_req_rows=max_bs + 1)
+    batch = make_draft_batch(
+        rng, seq_lens, topk=TOPK, num_steps=STEPS, page_size=PAGE, num_req_rows=max_bs + 1
+    )
     assert not np.any(batch["req_to_token"][0])  # the padding row
     return batch
 
@@ -46,13 +47,30 @@ def _inputs(batch, raw_bs: int, rng: np.random.Generator) -> DraftInputs:
 
 def _metadata(padded: DraftInputs, seq_lens_sum, req_to_token, *, width: int, max_pages: int):
     kv_indices, kv_indptr = generate_draft_decode_kv_indices(
-        padded.req_pool_indices, req_to_token, padded.seq_lens, topk=TOPK, num_steps=STEPS,
-        page_size=PAGE, kv_indices_width=width)
-    fa3 = draft_decode_metadata(req_to_token, padded.req_pool_indices, padded.seq_lens,
-                                padded.out_cache_loc, topk=TOPK, num_steps=STEPS,
-                                page_size=PAGE, max_pages=max_pages)
-    return {"kv_indices": kv_indices, "kv_indptr": kv_indptr, "fa3": fa3,
-            "seq_lens_sum": seq_lens_sum}
+        padded.req_pool_indices,
+        req_to_token,
+        padded.seq_lens,
+        topk=TOPK,
+        num_steps=STEPS,
+        page_size=PAGE,
+        kv_indices_width=width,
+    )
+    fa3 = draft_decode_metadata(
+        req_to_token,
+        padded.req_pool_indices,
+        padded.seq_lens,
+        padded.out_cache_loc,
+        topk=TOPK,
+        num_steps=STEPS,
+        page_size=PAGE,
+        max_pages=max_pages,
+    )
+    return {
+        "kv_indices": kv_indices,
+        "kv_indptr": kv_indptr,
+        "fa3": fa3,
+        "seq_lens_sum": seq_lens_sum,
+    }
 
 
 # ---- BatchBuckets ------------------------------------------------------------------------------
@@ -62,8 +80,13 @@ def test_batch_buckets_validation_and_lookup():
     assert buckets.max_bs == 8
     with pytest.raises(ValueError, match="raw_bs=9 exceeds the largest bucket 8"):
         buckets.bucket_for(9)
-    for bad, msg in [((), "at least one"), ((2, 1), "sorted"), ((1, 1), "sorted"),
-                     ((0, 2), ">= 1"), ((1.5,), ">= 1")]:
+    for bad, msg in [
+        ((), "at least one"),
+        ((2, 1), "sorted"),
+        ((1, 1), "sorted"),
+        ((0, 2), ">= 1"),
+        ((1.5,), ">= 1"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             BatchBuckets(bad)
 
@@ -73,12 +96,14 @@ def test_pad_values_and_seq_lens_sum():
     """SPEC.md §12 fill values; sglang's graph-runner test: raw [10, 11] -> 10+11+1+1."""
     rng = np.random.default_rng(0)
     raw = DraftInputs(
-        seq_lens=jnp.asarray([10, 11], I32), req_pool_indices=jnp.asarray([3, 5], I32),
+        seq_lens=jnp.asarray([10, 11], I32),
+        req_pool_indices=jnp.asarray([3, 5], I32),
         out_cache_loc=jnp.arange(1, 2 * TOPK * STEPS + 1, dtype=jnp.int32),
         positions=jnp.asarray([10, 10, 11, 11], I32),
         topk_p=jnp.full((2, TOPK), 0.5, jnp.float32),
         topk_index=jnp.full((2, TOPK), 7, jnp.int32),
-        hidden=jnp.asarray(rng.standard_normal((2, HIDDEN)), jnp.bfloat16))
+        hidden=jnp.asarray(rng.standard_normal((2, HIDDEN)), jnp.bfloat16),
+    )
     padded, seq_lens_sum = pad_draft_inputs(raw, 4, vocab_size=VOCAB)
     assert int(seq_lens_sum) == 10 + 11 + 1 + 1
     assert int(seq_lens_sum) == int(jnp.sum(padded.seq_lens))
@@ -99,11 +124,15 @@ def test_pad_values_and_seq_lens_sum():
 
 
 def test_pad_empty_batch():
-    empty = DraftInputs(seq_lens=jnp.zeros((0,), I32), req_pool_indices=jnp.zeros((0,), I32),
-                        out_cache_loc=jnp.zeros((0,), I32), positions=jnp.zeros((0,), I32),
-                        topk_p=jnp.zeros((0, TOPK), jnp.float32),
-                        topk_index=jnp.zeros((0, TOPK), I32),
-                        hidden=jnp.zeros((0, HIDDEN), jnp.float32))
+    empty = DraftInputs(
+        seq_lens=jnp.zeros((0,), I32),
+        req_pool_indices=jnp.zeros((0,), I32),
+        out_cache_loc=jnp.zeros((0,), I32),
+        positions=jnp.zeros((0,), I32),
+        topk_p=jnp.zeros((0, TOPK), jnp.float32),
+        topk_index=jnp.zeros((0, TOPK), I32),
+        hidden=jnp.zeros((0, HIDDEN), jnp.float32),
+    )
     with pytest.raises(ValueError, match="num_steps must be given"):
         pad_draft_inputs(empty, 2)
     padded, total = pad_draft_inputs(empty, 2, num_steps=STEPS)
@@ -128,26 +157,30 @@ def test_every_bucket_size_matches_unpadded_live_rows():
             padded, seq_lens_sum = pad_draft_inputs(raw, bucket, vocab_size=VOCAB)
             # Padding rows reference only req_to_token row 0 and slot 0.
             assert not np.any(padded.req_pool_indices[raw_bs:])
-            assert not np.any(padded.out_cache_loc[raw_bs * TOPK * STEPS:])
+            assert not np.any(padded.out_cache_loc[raw_bs * TOPK * STEPS :])
             got = run(padded, seq_lens_sum, req_to_token)
             assert int(got["seq_lens_sum"]) == raw_sum + (bucket - raw_bs)
             rows = raw_bs * TOPK
-            np.testing.assert_array_equal(got["kv_indptr"][:, :rows + 1], want["kv_indptr"])
+            np.testing.assert_array_equal(got["kv_indptr"][:, : rows + 1], want["kv_indptr"])
             used_raw = np.asarray(want["kv_indptr"][:, -1])
             used_pad = np.asarray(got["kv_indptr"][:, -1])
             for i in range(STEPS):
-                np.testing.assert_array_equal(got["kv_indices"][i, :used_raw[i]],
-                                              want["kv_indices"][i, :used_raw[i]])
-                assert not np.any(got["kv_indices"][i, used_raw[i]:used_pad[i]])  # slot 0 only
+                np.testing.assert_array_equal(
+                    got["kv_indices"][i, : used_raw[i]], want["kv_indices"][i, : used_raw[i]]
+                )
+                assert not np.any(got["kv_indices"][i, used_raw[i] : used_pad[i]])  # slot 0 only
             fa3, fa3_raw = got["fa3"], want["fa3"]
             np.testing.assert_array_equal(fa3.normal.page_table[:raw_bs], fa3_raw.normal.page_table)
-            np.testing.assert_array_equal(fa3.normal.cache_seqlens[:raw_bs],
-                                          fa3_raw.normal.cache_seqlens)
+            np.testing.assert_array_equal(
+                fa3.normal.cache_seqlens[:raw_bs], fa3_raw.normal.cache_seqlens
+            )
             assert not np.any(fa3.normal.page_table[raw_bs:])
-            np.testing.assert_array_equal(fa3.expand.page_table[:, :rows],
-                                          fa3_raw.expand.page_table)
-            np.testing.assert_array_equal(fa3.expand.cache_seqlens[:, :rows],
-                                          fa3_raw.expand.cache_seqlens)
+            np.testing.assert_array_equal(
+                fa3.expand.page_table[:, :rows], fa3_raw.expand.page_table
+            )
+            np.testing.assert_array_equal(
+                fa3.expand.cache_seqlens[:, :rows], fa3_raw.expand.cache_seqlens
+            )
             assert not np.any(fa3.expand.page_table[:, rows:])  # page 0 only
 
 
@@ -158,8 +191,11 @@ def test_bucketed_function_compiles_once_per_bucket():
 
     def fn(padded: DraftInputs, seq_lens_sum, rtt):
         slots = rtt[padded.req_pool_indices, 0]  # i32[bucket]
-        return {"first_slot": slots, "branch_pos": padded.positions + 1,
-                "seq_lens_sum": seq_lens_sum}
+        return {
+            "first_slot": slots,
+            "branch_pos": padded.positions + 1,
+            "seq_lens_sum": seq_lens_sum,
+        }
 
     bucketed = BucketedFunction(fn, BatchBuckets((1, 2, 4, 8)), vocab_size=VOCAB)
     for _ in range(2):
@@ -167,10 +203,12 @@ def test_bucketed_function_compiles_once_per_bucket():
             raw = _inputs(batch, raw_bs, rng)
             out = bucketed(raw, req_to_token)
             np.testing.assert_array_equal(
-                out["first_slot"], batch["req_to_token"][batch["req_pool_indices"][:raw_bs], 0])
+                out["first_slot"], batch["req_to_token"][batch["req_pool_indices"][:raw_bs], 0]
+            )
             assert out["branch_pos"].shape == (raw_bs * TOPK,)
             assert int(out["seq_lens_sum"]) == int(jnp.sum(raw.seq_lens)) + (
-                bucketed.buckets.bucket_for(raw_bs) - raw_bs)
+                bucketed.buckets.bucket_for(raw_bs) - raw_bs
+            )
     assert bucketed.buckets_used == {1, 2, 4, 8}
     assert bucketed.compile_count == len(bucketed.buckets_used) == 4
     with pytest.raises(ValueError, match="exceeds the largest bucket"):
@@ -178,8 +216,12 @@ def test_bucketed_function_compiles_once_per_bucket():
 
 
 def test_unpad():
-    out = {"per_seq": jnp.arange(8), "per_branch": jnp.arange(16).reshape(16, 1),
-           "scalar": jnp.int32(3), "other": jnp.arange(5)}
+    out = {
+        "per_seq": jnp.arange(8),
+        "per_branch": jnp.arange(16).reshape(16, 1),
+        "scalar": jnp.int32(3),
+        "other": jnp.arange(5),
+    }
     cut = unpad(out, 3, bucket=8)
     assert cut["per_seq"].shape == (3,) and cut["per_branch"].shape == (6, 1)
     assert cut["scalar"].shape == () and cut["other"].shape == (5,)
@@ -192,12 +234,15 @@ def test_pad_probes():
     raw = _inputs(_pool(rng), 3, rng)
     fn = functools.partial(pad_draft_inputs, bucket=4, vocab_size=VOCAB)
     nan_p = dataclasses.replace(raw, topk_p=raw.topk_p.at[1, 1].set(jnp.nan))
-    with pytest.raises(probes.ProbeError,
-                       match=r"pad_draft_inputs: topk_p: 1 NaN value\(s\), first at flat index 3"):
+    with pytest.raises(
+        probes.ProbeError,
+        match=r"pad_draft_inputs: topk_p: 1 NaN value\(s\), first at flat index 3",
+    ):
         probes.checked(fn)(nan_p)
     oob = dataclasses.replace(raw, topk_index=raw.topk_index.at[2, 0].set(VOCAB))
-    with pytest.raises(probes.ProbeError, match="topk_index vs vocab_size=100: max value 100 >= "
-                                                "high bound 100"):
+    with pytest.raises(
+        probes.ProbeError, match="topk_index vs vocab_size=100: max value 100 >= high bound 100"
+    ):
         probes.checked(fn)(oob)
     neg = dataclasses.replace(raw, topk_index=raw.topk_index.at[0, 0].set(-1))
     with pytest.raises(probes.ProbeError, match="min value -1 < low bound 0"):

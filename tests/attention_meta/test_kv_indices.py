@@ -29,13 +29,17 @@ POISON = -7
 
 
 def _args(batch):
-    return (jnp.asarray(batch["req_pool_indices"]), jnp.asarray(batch["req_to_token"]),
-            jnp.asarray(batch["seq_lens"]))
+    return (
+        jnp.asarray(batch["req_pool_indices"]),
+        jnp.asarray(batch["req_to_token"]),
+        jnp.asarray(batch["seq_lens"]),
+    )
 
 
 def _loop(batch, **kw):
-    return kv_indices_loop(batch["req_to_token"], batch["req_pool_indices"], batch["seq_lens"],
-                           **kw)
+    return kv_indices_loop(
+        batch["req_to_token"], batch["req_pool_indices"], batch["seq_lens"], **kw
+    )
 
 
 def test_worked_example_step1():
@@ -44,13 +48,19 @@ def test_worked_example_step1():
     row = np.zeros(48, I32)
     pages = rng.permutation(np.arange(1, 11))
     for k in range(10):
-        row[4 * k:4 * k + 4] = pages[k] * 4 + np.arange(4)
+        row[4 * k : 4 * k + 4] = pages[k] * 4 + np.arange(4)
     req_to_token = jnp.asarray(np.stack([np.zeros(48, I32), row]))
     kv_indices, kv_indptr = generate_draft_decode_kv_indices(
-        jnp.asarray([1], I32), req_to_token, jnp.asarray([7], I32), topk=2, num_steps=3,
-        page_size=4, kv_indices_width=SpecConfig(page_size=4, topk=2, num_steps=3,
-                                                 num_draft_tokens=4,
-                                                 context_len=48).kv_indices_width(1))
+        jnp.asarray([1], I32),
+        req_to_token,
+        jnp.asarray([7], I32),
+        topk=2,
+        num_steps=3,
+        page_size=4,
+        kv_indices_width=SpecConfig(
+            page_size=4, topk=2, num_steps=3, num_draft_tokens=4, context_len=48
+        ).kv_indices_width(1),
+    )
     np.testing.assert_array_equal(kv_indptr[1], [0, 9, 18])
     np.testing.assert_array_equal(kv_indices[1, 0:9], np.concatenate([row[0:7], row[[7, 8]]]))
     np.testing.assert_array_equal(kv_indices[1, 9:18], np.concatenate([row[0:7], row[[15, 16]]]))
@@ -61,8 +71,9 @@ def test_worked_example_step1():
     np.testing.assert_array_equal(kv_indices[2, 17:20], row[[15, 16, 17]])
 
 
-@pytest.mark.parametrize("page_size,topk,num_steps", [(1, 1, 3), (1, 4, 3), (4, 1, 4),
-                                                      (4, 2, 3), (16, 8, 5), (64, 3, 2)])
+@pytest.mark.parametrize(
+    "page_size,topk,num_steps", [(1, 1, 3), (1, 4, 3), (4, 1, 4), (4, 2, 3), (16, 8, 5), (64, 3, 2)]
+)
 def test_random_vs_loop_all_impls(interpret, page_size, topk, num_steps):
     rng = np.random.default_rng(page_size + 10 * topk + 100 * num_steps)
     seq_lens = rng.integers(0, 3 * page_size + 20, size=4)
@@ -71,48 +82,72 @@ def test_random_vs_loop_all_impls(interpret, page_size, topk, num_steps):
     want = _loop(batch, topk=topk, num_steps=num_steps, page_size=page_size, width=width)
     for impl in ("xla", "pallas"):
         got = generate_draft_decode_kv_indices(
-            *_args(batch), topk=topk, num_steps=num_steps, page_size=page_size,
-            kv_indices_width=width, impl=impl, interpret=interpret, block_tokens=16)
+            *_args(batch),
+            topk=topk,
+            num_steps=num_steps,
+            page_size=page_size,
+            kv_indices_width=width,
+            impl=impl,
+            interpret=interpret,
+            block_tokens=16,
+        )
         np.testing.assert_array_equal(got[1], want[1], err_msg=f"{impl} kv_indptr")
         np.testing.assert_array_equal(got[0], want[0], err_msg=f"{impl} kv_indices")
         used = want[1][:, -1]
-        np.testing.assert_array_equal(used, [draft_kv_indices_used_len(
-            int(seq_lens.sum()), topk, 4 * topk, i + 1) for i in range(num_steps)])
+        np.testing.assert_array_equal(
+            used,
+            [
+                draft_kv_indices_used_len(int(seq_lens.sum()), topk, 4 * topk, i + 1)
+                for i in range(num_steps)
+            ],
+        )
 
 
 def test_buffer_in_place_keeps_poison_past_used_len(interpret):
     rng = np.random.default_rng(5)
     topk, num_steps, page_size = 3, 4, 4
-    batch = make_draft_batch(rng, [9, 1, 14], topk=topk, num_steps=num_steps,
-                             page_size=page_size)
+    batch = make_draft_batch(rng, [9, 1, 14], topk=topk, num_steps=num_steps, page_size=page_size)
     width = 200
     buffer = jnp.full((num_steps, width), POISON, jnp.int32)
-    want = _loop(batch, topk=topk, num_steps=num_steps, page_size=page_size, width=width,
-                 fill=POISON)
+    want = _loop(
+        batch, topk=topk, num_steps=num_steps, page_size=page_size, width=width, fill=POISON
+    )
     for impl in ("xla", "pallas"):
         got = generate_draft_decode_kv_indices(
-            *_args(batch), topk=topk, num_steps=num_steps, page_size=page_size,
-            kv_indices_width=width, kv_indices_buffer=buffer, impl=impl, interpret=interpret,
-            block_tokens=8)
+            *_args(batch),
+            topk=topk,
+            num_steps=num_steps,
+            page_size=page_size,
+            kv_indices_width=width,
+            kv_indices_buffer=buffer,
+            impl=impl,
+            interpret=interpret,
+            block_tokens=8,
+        )
         np.testing.assert_array_equal(got[0], want[0], err_msg=impl)
         np.testing.assert_array_equal(got[1], want[1], err_msg=impl)
         used = want[1][:, -1]
         for i in range(num_steps):
-            assert np.all(np.asarray(got[0][i, :used[i]]) != POISON)  # every live entry written
-            assert np.all(np.asarray(got[0][i, used[i]:]) == POISON)  # nothing past it
+            assert np.all(np.asarray(got[0][i, : used[i]]) != POISON)  # every live entry written
+            assert np.all(np.asarray(got[0][i, used[i] :]) == POISON)  # nothing past it
 
 
 @settings(max_examples=15)
-@given(data=st.data(), page_size=st.sampled_from([1, 2, 4, 16, 64]), topk=st.integers(1, 4),
-       num_steps=st.integers(1, 5))
+@given(
+    data=st.data(),
+    page_size=st.sampled_from([1, 2, 4, 16, 64]),
+    topk=st.integers(1, 4),
+    num_steps=st.integers(1, 5),
+)
 def test_hypothesis_reference_vs_loop(data, page_size, topk, num_steps):
     seq_lens = data.draw(st.lists(st.integers(0, 3 * page_size + 9), min_size=1, max_size=5))
     rng = np.random.default_rng(sum(seq_lens) * 7 + topk)
     batch = make_draft_batch(rng, seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
     need = int(draft_kv_indices_used_len(sum(seq_lens), topk, len(seq_lens) * topk, num_steps))
     width = need + data.draw(st.integers(0, 5))
-    got = generate_draft_decode_kv_indices(*_args(batch), topk=topk, num_steps=num_steps,
-                                           page_size=page_size, kv_indices_width=width)
+    got = generate_draft_decode_kv_indices(
+        *_args(batch), topk=topk, num_steps=num_steps, page_size=page_size, kv_indices_width=width
+    )
     want = _loop(batch, topk=topk, num_steps=num_steps, page_size=page_size, width=width)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
@@ -121,8 +156,16 @@ def test_hypothesis_reference_vs_loop(data, page_size, topk, num_steps):
 def test_empty_batch(interpret):
     for impl in ("xla", "pallas"):
         kv_indices, kv_indptr = generate_draft_decode_kv_indices(
-            jnp.zeros((0,), I32), jnp.zeros((2, 16), I32), jnp.zeros((0,), I32), topk=4,
-            num_steps=3, page_size=4, kv_indices_width=32, impl=impl, interpret=interpret)
+            jnp.zeros((0,), I32),
+            jnp.zeros((2, 16), I32),
+            jnp.zeros((0,), I32),
+            topk=4,
+            num_steps=3,
+            page_size=4,
+            kv_indices_width=32,
+            impl=impl,
+            interpret=interpret,
+        )
         assert kv_indices.shape == (3, 32) and kv_indptr.shape == (3, 1)
         assert not np.any(kv_indices) and not np.any(kv_indptr)
 
@@ -134,8 +177,9 @@ def test_static_width_checks():
     fn = functools.partial(generate_draft_decode_kv_indices, topk=4, num_steps=5, page_size=16)
     with pytest.raises(ValueError, match="kv_indices row too small \\(draft slots alone\\)"):
         jax.eval_shape(functools.partial(fn, kv_indices_width=39), rpi, rtt, seq_lens)
-    with pytest.raises(ValueError, match="too small for max_seq_len.*needs 200 but buffer holds "
-                                         "199"):
+    with pytest.raises(
+        ValueError, match="too small for max_seq_len.*needs 200 but buffer holds 199"
+    ):
         fn(rpi, rtt, seq_lens, kv_indices_width=199, max_seq_len=20)
     fn(rpi, rtt, seq_lens, kv_indices_width=200, max_seq_len=20)
     with pytest.raises(ValueError, match="B=2 exceeds max_bs=1"):
@@ -143,8 +187,9 @@ def test_static_width_checks():
     with pytest.raises(ValueError, match="kv_indices_buffer.shape"):
         fn(rpi, rtt, seq_lens, kv_indices_width=100, kv_indices_buffer=jnp.zeros((5, 99), I32))
     with pytest.raises(ValueError, match="page_size=3 must be a power of 2"):
-        generate_draft_decode_kv_indices(rpi, rtt, seq_lens, topk=4, num_steps=5, page_size=3,
-                                         kv_indices_width=1000)
+        generate_draft_decode_kv_indices(
+            rpi, rtt, seq_lens, topk=4, num_steps=5, page_size=3, kv_indices_width=1000
+        )
     with pytest.raises(ValueError, match="impl='cuda' is not available"):
         fn(rpi, rtt, seq_lens, kv_indices_width=1000, impl="cuda")
 
@@ -156,8 +201,9 @@ def test_overflow_probe_and_masked_writes(interpret):
     width = 100  # needs 2*55 + 4*3 = 122 at the last step
     kw = {"topk": 2, "num_steps": 3, "page_size": 4, "kv_indices_width": width}
     fn = functools.partial(generate_draft_decode_kv_indices, **kw)
-    with pytest.raises(probes.ProbeError, match="kv_indices row too small: need 122 but row "
-                                                "width is 100"):
+    with pytest.raises(
+        probes.ProbeError, match="kv_indices row too small: need 122 but row width is 100"
+    ):
         probes.checked(fn)(*_args(batch))
     want = _loop(batch, topk=2, num_steps=3, page_size=4, width=width)
     for impl in ("xla", "pallas"):
@@ -172,8 +218,11 @@ def test_index_probes():
     rng = np.random.default_rng(12)
     batch = make_draft_batch(rng, [5, 6], topk=2, num_steps=2, page_size=4)
     rpi, rtt, seq_lens = _args(batch)
-    fn = probes.checked(functools.partial(generate_draft_decode_kv_indices, topk=2, num_steps=2,
-                                          page_size=4, kv_indices_width=500))
+    fn = probes.checked(
+        functools.partial(
+            generate_draft_decode_kv_indices, topk=2, num_steps=2, page_size=4, kv_indices_width=500
+        )
+    )
     with pytest.raises(probes.ProbeError, match="req_pool_indices.*max value 9"):
         fn(rpi.at[1].set(9), rtt, seq_lens)
     with pytest.raises(probes.ProbeError, match="seq_lens vs row width.*min value -1"):
@@ -186,10 +235,12 @@ def test_index_probes():
 def test_reference_matches_closed_form_indptr():
     seq_lens = np.array([3, 0, 5], I32)
     topk, num_steps = 2, 3
-    batch = make_draft_batch(np.random.default_rng(0), seq_lens, topk=topk, num_steps=num_steps,
-                             page_size=1)
-    _, kv_indptr = draft_kv_indices_reference(*_args(batch), topk=topk, num_steps=num_steps,
-                                              page_size=1, kv_indices_width=60)
+    batch = make_draft_batch(
+        np.random.default_rng(0), seq_lens, topk=topk, num_steps=num_steps, page_size=1
+    )
+    _, kv_indptr = draft_kv_indices_reference(
+        *_args(batch), topk=topk, num_steps=num_steps, page_size=1, kv_indices_width=60
+    )
     for i in range(num_steps):
         for z in range(len(seq_lens) * topk + 1):
             closed = sum(int(seq_lens[zz // topk]) for zz in range(z)) + z * (i + 1)
@@ -198,10 +249,19 @@ def test_reference_matches_closed_form_indptr():
 
 def test_pallas_kv_indices_lowers_for_cuda():
     """The Pallas kernel lowers to Triton IR for the GPU (cross-lowering from CPU)."""
-    shapes = (jax.ShapeDtypeStruct((256,), jnp.int32),
-              jax.ShapeDtypeStruct((257, 8300), jnp.int32),
-              jax.ShapeDtypeStruct((256,), jnp.int32))
-    fn = functools.partial(generate_draft_decode_kv_indices, topk=8, num_steps=5, page_size=16,
-                           kv_indices_width=256 * 8 * 8192, impl="pallas", interpret=False)
+    shapes = (
+        jax.ShapeDtypeStruct((256,), jnp.int32),
+        jax.ShapeDtypeStruct((257, 8300), jnp.int32),
+        jax.ShapeDtypeStruct((256,), jnp.int32),
+    )
+    fn = functools.partial(
+        generate_draft_decode_kv_indices,
+        topk=8,
+        num_steps=5,
+        page_size=16,
+        kv_indices_width=256 * 8 * 8192,
+        impl="pallas",
+        interpret=False,
+    )
     text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in text

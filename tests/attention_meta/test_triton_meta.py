@@ -20,7 +20,8 @@ import textwrap
 # every other kernel test in the same pytest process), so the interpreter tests go to a subprocess.
 _ON_GPU_RUN = os.environ.get("JSPEC_TEST_GPU", "") == "1"
 _PREIMPORTED_COMPILED = _ON_GPU_RUN or (
-    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true"))
+    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true")
+)
 if not _ON_GPU_RUN:
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -38,9 +39,11 @@ from jspec.kernels import triton_meta
 from jspec.kernels.expand_page_table import expand_page_table_reference
 
 POISON = -7
-in_process = pytest.mark.skipif(_PREIMPORTED_COMPILED,
-                                reason="triton already imported without TRITON_INTERPRET; "
-                                       "covered by test_rerun_in_fresh_process")
+in_process = pytest.mark.skipif(
+    _PREIMPORTED_COMPILED,
+    reason="triton already imported without TRITON_INTERPRET; "
+    "covered by test_rerun_in_fresh_process",
+)
 
 
 def _t(x) -> torch.Tensor:
@@ -50,21 +53,37 @@ def _t(x) -> torch.Tensor:
 @pytest.mark.skipif(not _PREIMPORTED_COMPILED, reason="tests run in this process")
 def test_rerun_in_fresh_process():
     env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu", "JSPEC_TEST_GPU": "0"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           __file__], check=False, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
 # ---- expand page table ---------------------------------------------------------------------------
 GOLDEN = [  # SPEC.md §13.4 (B=1, K=2, P=4, lp=3 unless noted); all columns, as sglang's function
     ([3], 1, [[23, 24], [31, 32]], 2, [4, 4], [[5, 6], [7, 8]]),
-    ([3], 5, [list(range(27, 33)), list(range(35, 41))], 6, [8, 8],
-     [[6, 7, 8, 0, 0, 0], [8, 9, 10, 0, 0, 0]]),
+    (
+        [3],
+        5,
+        [list(range(27, 33)), list(range(35, 41))],
+        6,
+        [8, 8],
+        [[6, 7, 8, 0, 0, 0], [8, 9, 10, 0, 0, 0]],
+    ),
     ([3], 2, [[23, 28], [31, 36]], 3, [5, 5], [[5, 7, 0], [7, 9, 0]]),
-    ([1, 3, 0], 3, [[1, 2, 3, 4], [6, 7, 8, 9], [3, 8, 9, 10], [14, 15, 16, 17], [0, 1, 2, 3],
-                    [4, 5, 6, 7]], 4, [4, 4, 6, 6, 3, 3],
-     [[0, 1, 0, 0], [1, 2, 0, 0], [0, 2, 0, 0], [3, 4, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]]),
+    (
+        [1, 3, 0],
+        3,
+        [[1, 2, 3, 4], [6, 7, 8, 9], [3, 8, 9, 10], [14, 15, 16, 17], [0, 1, 2, 3], [4, 5, 6, 7]],
+        4,
+        [4, 4, 6, 6, 3, 3],
+        [[0, 1, 0, 0], [1, 2, 0, 0], [0, 2, 0, 0], [3, 4, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0]],
+    ),
 ]
 
 
@@ -79,36 +98,57 @@ def test_interpreter_is_active():
 def test_expand_triton_golden(case):
     lp, d, cache_loc, width, seqlens, table = GOLDEN[case]
     rows = len(cache_loc)
-    out = (torch.full((rows,), POISON, dtype=torch.int32),
-           torch.full((rows, width), POISON, dtype=torch.int32))
+    out = (
+        torch.full((rows,), POISON, dtype=torch.int32),
+        torch.full((rows, width), POISON, dtype=torch.int32),
+    )
     got_seqlens, got_table = torch_launch.expand_page_table_torch(
-        _t(lp), _t(cache_loc), decode_length=d, topk=2, page_size=4, page_table_width=width,
-        out=out)
+        _t(lp), _t(cache_loc), decode_length=d, topk=2, page_size=4, page_table_width=width, out=out
+    )
     assert got_table is out[1]
     np.testing.assert_array_equal(got_seqlens.numpy(), seqlens)
     np.testing.assert_array_equal(got_table.numpy(), table)
 
 
 @in_process
-@pytest.mark.parametrize("page_size,topk,ncols,d,width", [(1, 4, 5, 3, 4), (16, 3, 6, 6, 6),
-                                                        (4, 2, 5, 2, 7), (64, 1, 3, 3, 4)])
+@pytest.mark.parametrize(
+    "page_size,topk,ncols,d,width",
+    [(1, 4, 5, 3, 4), (16, 3, 6, 6, 6), (4, 2, 5, 2, 7), (64, 1, 3, 3, 4)],
+)
 def test_expand_triton_vs_reference(page_size, topk, ncols, d, width):
     rng = np.random.default_rng(page_size + ncols + d)
     num_seqs = 13  # 13*K rows: several programs of 16 rows
     cache_loc = rng.integers(0, 8 * page_size, size=(num_seqs * topk, ncols)).astype(np.int32)
     cache_loc[::3] = np.sort(cache_loc[::3], axis=1)
     lp = rng.integers(0, page_size, size=num_seqs).astype(np.int32)
-    want = expand_page_table_reference(jnp.asarray(lp), jnp.asarray(cache_loc), decode_length=d,
-                                       topk=topk, page_size=page_size, page_table_width=width,
-                                       num_cols=d)
-    loop = expand_loop(lp, cache_loc, decode_length=d, topk=topk, page_size=page_size,
-                       width=width, num_cols=d)
+    want = expand_page_table_reference(
+        jnp.asarray(lp),
+        jnp.asarray(cache_loc),
+        decode_length=d,
+        topk=topk,
+        page_size=page_size,
+        page_table_width=width,
+        num_cols=d,
+    )
+    loop = expand_loop(
+        lp, cache_loc, decode_length=d, topk=topk, page_size=page_size, width=width, num_cols=d
+    )
     rows = num_seqs * topk
-    out = (torch.full((rows,), POISON, dtype=torch.int32),
-           torch.full((rows, width), POISON, dtype=torch.int32))
-    got = torch_launch.expand_page_table_torch(_t(lp), _t(cache_loc), decode_length=d, topk=topk,
-                                              page_size=page_size, page_table_width=width,
-                                              num_cols=d, block_rows=16, out=out)
+    out = (
+        torch.full((rows,), POISON, dtype=torch.int32),
+        torch.full((rows, width), POISON, dtype=torch.int32),
+    )
+    got = torch_launch.expand_page_table_torch(
+        _t(lp),
+        _t(cache_loc),
+        decode_length=d,
+        topk=topk,
+        page_size=page_size,
+        page_table_width=width,
+        num_cols=d,
+        block_rows=16,
+        out=out,
+    )
     for g, w, o in zip(got, want, loop):
         np.testing.assert_array_equal(np.asarray(w), o)
         np.testing.assert_array_equal(g.numpy(), o)
@@ -117,39 +157,66 @@ def test_expand_triton_vs_reference(page_size, topk, ncols, d, width):
 @in_process
 def test_expand_triton_empty_batch():
     seqlens, table = torch_launch.expand_page_table_torch(
-        _t(np.zeros((0,))), _t(np.zeros((0, 4))), decode_length=2, topk=4, page_size=16,
-        page_table_width=3, num_cols=2)
+        _t(np.zeros((0,))),
+        _t(np.zeros((0, 4))),
+        decode_length=2,
+        topk=4,
+        page_size=16,
+        page_table_width=3,
+        num_cols=2,
+    )
     assert tuple(seqlens.shape) == (0,) and tuple(table.shape) == (0, 3)
 
 
 # ---- kv_indices ----------------------------------------------------------------------------------
 @in_process
-@pytest.mark.parametrize("page_size,topk,num_steps", [(1, 1, 3), (1, 3, 2), (4, 2, 3),
-                                                      (16, 4, 4)])
+@pytest.mark.parametrize("page_size,topk,num_steps", [(1, 1, 3), (1, 3, 2), (4, 2, 3), (16, 4, 4)])
 def test_kv_indices_triton_vs_loop(page_size, topk, num_steps):
     rng = np.random.default_rng(page_size * 7 + topk)
     seq_lens = rng.integers(0, 2 * page_size + 19, size=3)
     batch = make_draft_batch(rng, seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
     width = int(seq_lens.sum()) * topk + 3 * topk * num_steps + 11
-    want = kv_indices_loop(batch["req_to_token"], batch["req_pool_indices"], batch["seq_lens"],
-                           topk=topk, num_steps=num_steps, page_size=page_size, width=width,
-                           fill=POISON)
+    want = kv_indices_loop(
+        batch["req_to_token"],
+        batch["req_pool_indices"],
+        batch["seq_lens"],
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        width=width,
+        fill=POISON,
+    )
     buffer = torch.full((num_steps, width), POISON, dtype=torch.int32)
     indptr = torch.full((num_steps, 3 * topk + 1), POISON, dtype=torch.int32)
     got = torch_launch.draft_kv_indices_torch(
-        _t(batch["req_pool_indices"]), _t(batch["req_to_token"]), _t(batch["seq_lens"]),
-        topk=topk, num_steps=num_steps, page_size=page_size, kv_indices_width=width,
-        kv_indices_buffer=buffer, kv_indptr_out=indptr, block_tokens=8)
+        _t(batch["req_pool_indices"]),
+        _t(batch["req_to_token"]),
+        _t(batch["seq_lens"]),
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        kv_indices_width=width,
+        kv_indices_buffer=buffer,
+        kv_indptr_out=indptr,
+        block_tokens=8,
+    )
     np.testing.assert_array_equal(got[1].numpy(), want[1])
     np.testing.assert_array_equal(got[0].numpy(), want[0])
     # Same as the JAX reference (fresh output: zeros past the used length).
     ref = generate_draft_decode_kv_indices(
-        jnp.asarray(batch["req_pool_indices"]), jnp.asarray(batch["req_to_token"]),
-        jnp.asarray(batch["seq_lens"]), topk=topk, num_steps=num_steps, page_size=page_size,
-        kv_indices_width=width)
+        jnp.asarray(batch["req_pool_indices"]),
+        jnp.asarray(batch["req_to_token"]),
+        jnp.asarray(batch["seq_lens"]),
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+        kv_indices_width=width,
+    )
     used = want[1][:, -1]
     for i in range(num_steps):
-        np.testing.assert_array_equal(got[0][i, :used[i]].numpy(), np.asarray(ref[0][i, :used[i]]))
+        np.testing.assert_array_equal(
+            got[0][i, : used[i]].numpy(), np.asarray(ref[0][i, : used[i]])
+        )
 
 
 @in_process
@@ -157,11 +224,25 @@ def test_kv_indices_triton_masks_writes_past_width():
     rng = np.random.default_rng(4)
     batch = make_draft_batch(rng, [21, 17], topk=2, num_steps=3, page_size=4)
     width = 70  # needs 2*38 + 4*3 = 88 at the last step
-    want = kv_indices_loop(batch["req_to_token"], batch["req_pool_indices"], batch["seq_lens"],
-                           topk=2, num_steps=3, page_size=4, width=width)
+    want = kv_indices_loop(
+        batch["req_to_token"],
+        batch["req_pool_indices"],
+        batch["seq_lens"],
+        topk=2,
+        num_steps=3,
+        page_size=4,
+        width=width,
+    )
     got = torch_launch.draft_kv_indices_torch(
-        _t(batch["req_pool_indices"]), _t(batch["req_to_token"]), _t(batch["seq_lens"]), topk=2,
-        num_steps=3, page_size=4, kv_indices_width=width, block_tokens=8)
+        _t(batch["req_pool_indices"]),
+        _t(batch["req_to_token"]),
+        _t(batch["seq_lens"]),
+        topk=2,
+        num_steps=3,
+        page_size=4,
+        kv_indices_width=width,
+        block_tokens=8,
+    )
     np.testing.assert_array_equal(got[0].numpy(), want[0])
     np.testing.assert_array_equal(got[1].numpy(), want[1])
 
@@ -169,8 +250,14 @@ def test_kv_indices_triton_masks_writes_past_width():
 @in_process
 def test_kv_indices_triton_empty_batch():
     kv_indices, kv_indptr = torch_launch.draft_kv_indices_torch(
-        _t(np.zeros((0,))), _t(np.zeros((2, 8))), _t(np.zeros((0,))), topk=2, num_steps=3,
-        page_size=4, kv_indices_width=16)
+        _t(np.zeros((0,))),
+        _t(np.zeros((2, 8))),
+        _t(np.zeros((0,))),
+        topk=2,
+        num_steps=3,
+        page_size=4,
+        kv_indices_width=16,
+    )
     assert tuple(kv_indices.shape) == (3, 16) and tuple(kv_indptr.shape) == (3, 1)
     assert not kv_indices.any()
 
@@ -201,8 +288,14 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 
 def test_triton_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], check=False, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("Triton's bundled ptxas is not available")
     assert "COMPILED_OK" in proc.stdout, proc.stderr[-4000:]
@@ -222,7 +315,8 @@ def test_jax_triton_impl_matches_xla_on_gpu():
     lp = jnp.asarray(batch["seq_lens"] % 16)
     for d in range(1, 5):
         want = draft_decode_set_expand_metadata(lp, d, cache_loc, topk=8, page_size=16)
-        got = draft_decode_set_expand_metadata(lp, d, cache_loc, topk=8, page_size=16,
-                                               impl="triton")
+        got = draft_decode_set_expand_metadata(
+            lp, d, cache_loc, topk=8, page_size=16, impl="triton"
+        )
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])

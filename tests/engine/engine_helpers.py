@@ -21,8 +21,15 @@ from jspec.engine.model import (
     init_target_params,
 )
 
-TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                   num_heads=4, num_kv_heads=2, head_dim=8)
+TINY = ModelConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+)
 TARGET, DRAFT = ToyTarget(TINY), ToyDraft(TINY)
 # Prompt lengths straddle page boundaries of 16 and stay under one page of 64.
 PROMPT_LENS = (3, 17, 9, 30)
@@ -52,9 +59,17 @@ def greedy_baseline(lens=PROMPT_LENS, max_new: int = MAX_NEW) -> tuple[tuple[int
     from jspec.engine.state import make_engine_config
 
     params, _ = tiny_model()
-    ecfg = make_engine_config(TINY, page_size=1, topk=1, num_steps=1, num_draft_tokens=2,
-                              context_len=CONTEXT_LEN, max_running_requests=4,
-                              max_prompt_len=MAX_PROMPT, batch_buckets=(4,))
+    ecfg = make_engine_config(
+        TINY,
+        page_size=1,
+        topk=1,
+        num_steps=1,
+        num_draft_tokens=2,
+        context_len=CONTEXT_LEN,
+        max_running_requests=4,
+        max_prompt_len=MAX_PROMPT,
+        batch_buckets=(4,),
+    )
     out, _ = Engine(ecfg, TARGET, params).generate(tiny_prompts(lens), max_new)
     return tuple(tuple(o) for o in out)
 

@@ -4,10 +4,29 @@ from __future__ import annotations
 
 from jspec.engine.demo import main
 
-TINY_ARGS = ["--vocab-size", "64", "--hidden-size", "32", "--intermediate-size", "64",
-             "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "2", "--head-dim", "8",
-             "--num-prompts", "3", "--max-new-tokens", "12", "--max-running", "1",
-             "--no-progress"]
+TINY_ARGS = [
+    "--vocab-size",
+    "64",
+    "--hidden-size",
+    "32",
+    "--intermediate-size",
+    "64",
+    "--num-layers",
+    "2",
+    "--num-heads",
+    "4",
+    "--num-kv-heads",
+    "2",
+    "--head-dim",
+    "8",
+    "--num-prompts",
+    "3",
+    "--max-new-tokens",
+    "12",
+    "--max-running",
+    "1",
+    "--no-progress",
+]
 
 
 def test_demo_checkify_tiny(capsys):
@@ -41,9 +60,17 @@ def test_checkify_engine_reports_a_fired_probe():
 
     params, draft = tiny_model()
     bad = replace(draft, fc=draft.fc * jnp.nan)
-    ecfg = make_engine_config(TINY, page_size=16, topk=2, num_steps=2, num_draft_tokens=3,
-                              context_len=CONTEXT_LEN, max_running_requests=1,
-                              max_prompt_len=MAX_PROMPT, batch_buckets=(1,))
+    ecfg = make_engine_config(
+        TINY,
+        page_size=16,
+        topk=2,
+        num_steps=2,
+        num_draft_tokens=3,
+        context_len=CONTEXT_LEN,
+        max_running_requests=1,
+        max_prompt_len=MAX_PROMPT,
+        batch_buckets=(1,),
+    )
     with probes.probes_enabled(True):
         engine = Engine(ecfg, TARGET, params, DRAFT, bad, checkify=True)
         with pytest.raises(probes.ProbeError, match="draft topk_p: .*NaN"):
@@ -58,9 +85,24 @@ def test_demo_with_the_probe_switch_env():
     import sys
 
     env = {**os.environ, "JSPEC_ENABLE_ASYNC_ASSERT": "1", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", "jspec.cli", "demo", *TINY_ARGS,
-                           "--num-prompts", "2", "--max-new-tokens", "6"], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jspec.cli",
+            "demo",
+            *TINY_ARGS,
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "6",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "lossless check: PASS" in proc.stdout
     assert "checkify: all probes on, none fired" in proc.stdout

@@ -21,8 +21,10 @@ from jspec.engine.state import make_engine_config
 
 def _dense():
     params, _ = tiny_model()
-    return [dense_greedy_generate(TARGET, params, p, MAX_NEW, max_len=MAX_PROMPT + MAX_NEW)
-            for p in tiny_prompts()]
+    return [
+        dense_greedy_generate(TARGET, params, p, MAX_NEW, max_len=MAX_PROMPT + MAX_NEW)
+        for p in tiny_prompts()
+    ]
 
 
 def test_paged_greedy_p1_matches_dense_oracle():
@@ -31,9 +33,18 @@ def test_paged_greedy_p1_matches_dense_oracle():
 
 def test_paged_greedy_p64_continuous_batching_matches_dense_oracle():
     params, _ = tiny_model()
-    ecfg = make_engine_config(TINY, page_size=64, topk=1, num_steps=1, num_draft_tokens=2,
-                              context_len=CONTEXT_LEN, max_running_requests=2,
-                              max_prompt_len=MAX_PROMPT, batch_buckets=(2,), prefill_batch=2)
+    ecfg = make_engine_config(
+        TINY,
+        page_size=64,
+        topk=1,
+        num_steps=1,
+        num_draft_tokens=2,
+        context_len=CONTEXT_LEN,
+        max_running_requests=2,
+        max_prompt_len=MAX_PROMPT,
+        batch_buckets=(2,),
+        prefill_batch=2,
+    )
     engine = Engine(ecfg, TARGET, params, check_every_step=True)
     out, stats = engine.generate(tiny_prompts(), MAX_NEW, arrivals=ARRIVALS)
     assert out == [list(o) for o in greedy_baseline()]

@@ -14,20 +14,29 @@ from jspec.engine.state import make_engine_config
 LIMITS = {"vocab_size": 64, "max_prompt_len": 8, "context_len": 16}
 
 
-@pytest.mark.parametrize("prompts,max_new,match", [
-    pytest.param([[1, 2, 64]], 4, r"prompt 0\[2\]=64 is outside the vocabulary \[0, "
-                 r"vocab_size=64\)", id="id_past_vocab"),
-    pytest.param([[1, -1]], 4, r"prompt 0\[1\]=-1 is outside", id="negative_id"),
-    pytest.param([[1], [2, 2.5]], 4, r"prompt 1\[1\]=2.5 must be an int", id="float_id"),
-    pytest.param([[1, 2]], 0, r"max_new_tokens=0 must be >= 1", id="zero_new_tokens"),
-    pytest.param([[1, 2]], -3, r"max_new_tokens=-3 must be >= 1", id="negative_new_tokens"),
-    pytest.param([[1, 2]], [4, 4], r"max_new_tokens has 2 entries for 1 prompts",
-                 id="new_tokens_length"),
-    pytest.param([], 4, r"prompts is empty", id="no_prompts"),
-    pytest.param([[1], []], 4, r"prompt 1 is empty", id="empty_prompt"),
-    pytest.param([[1] * 9], 4, r"prompt 0: length 9 exceeds max_prompt_len=8", id="too_long"),
-    pytest.param([[1] * 8], 9, r"8 \+ 9 exceeds context_len=16", id="past_context"),
-])
+@pytest.mark.parametrize(
+    "prompts,max_new,match",
+    [
+        pytest.param(
+            [[1, 2, 64]],
+            4,
+            r"prompt 0\[2\]=64 is outside the vocabulary \[0, "
+            r"vocab_size=64\)",
+            id="id_past_vocab",
+        ),
+        pytest.param([[1, -1]], 4, r"prompt 0\[1\]=-1 is outside", id="negative_id"),
+        pytest.param([[1], [2, 2.5]], 4, r"prompt 1\[1\]=2.5 must be an int", id="float_id"),
+        pytest.param([[1, 2]], 0, r"max_new_tokens=0 must be >= 1", id="zero_new_tokens"),
+        pytest.param([[1, 2]], -3, r"max_new_tokens=-3 must be >= 1", id="negative_new_tokens"),
+        pytest.param(
+            [[1, 2]], [4, 4], r"max_new_tokens has 2 entries for 1 prompts", id="new_tokens_length"
+        ),
+        pytest.param([], 4, r"prompts is empty", id="no_prompts"),
+        pytest.param([[1], []], 4, r"prompt 1 is empty", id="empty_prompt"),
+        pytest.param([[1] * 9], 4, r"prompt 0: length 9 exceeds max_prompt_len=8", id="too_long"),
+        pytest.param([[1] * 8], 9, r"8 \+ 9 exceeds context_len=16", id="past_context"),
+    ],
+)
 def test_validate_requests_rejects(prompts, max_new, match):
     with pytest.raises(InputError, match=match):
         validate_requests(prompts, max_new, **LIMITS)
@@ -51,9 +60,17 @@ def test_counts_and_ids():
 def test_engine_rejects_bad_requests_before_compiling():
     """Out-of-vocab ids (once clamped: [1, 2, 64] decoded as [1, 2, 63]) and zero token
     budgets fail at once, with nothing compiled (the engine never ran)."""
-    ecfg = make_engine_config(TINY, page_size=16, topk=2, num_steps=2, num_draft_tokens=3,
-                              context_len=CONTEXT_LEN, max_running_requests=1,
-                              max_prompt_len=MAX_PROMPT, batch_buckets=(1,))
+    ecfg = make_engine_config(
+        TINY,
+        page_size=16,
+        topk=2,
+        num_steps=2,
+        num_draft_tokens=3,
+        context_len=CONTEXT_LEN,
+        max_running_requests=1,
+        max_prompt_len=MAX_PROMPT,
+        batch_buckets=(1,),
+    )
     engine = tiny_engine(ecfg)
     t0 = time.perf_counter()
     with pytest.raises(InputError, match=r"prompt 0\[2\]=64 is outside the vocabulary"):
@@ -67,15 +84,21 @@ def test_engine_rejects_bad_requests_before_compiling():
         tiny_engine(ecfg, num_devices=0)
 
 
-@pytest.mark.parametrize("flags,match", [
-    pytest.param(["--max-new-tokens", "0"], "--max-new-tokens=0 must be >= 1", id="new_tokens"),
-    pytest.param(["--num-prompts", "0"], "--num-prompts=0 must be >= 1", id="num_prompts"),
-    pytest.param(["--devices", "0"], "--devices=0 must be >= 1", id="devices"),
-    pytest.param(["--topk", "-2"], "--topk=-2 must be >= 1", id="topk"),
-    pytest.param(["--tensor-parallel", "3"], "tensor_parallel=3 must divide num_kv_heads=2",
-                 id="tensor_parallel"),
-    pytest.param(["--num-heads", "3"], "num_heads=3 must be a multiple", id="model_config"),
-])
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        pytest.param(["--max-new-tokens", "0"], "--max-new-tokens=0 must be >= 1", id="new_tokens"),
+        pytest.param(["--num-prompts", "0"], "--num-prompts=0 must be >= 1", id="num_prompts"),
+        pytest.param(["--devices", "0"], "--devices=0 must be >= 1", id="devices"),
+        pytest.param(["--topk", "-2"], "--topk=-2 must be >= 1", id="topk"),
+        pytest.param(
+            ["--tensor-parallel", "3"],
+            "tensor_parallel=3 must divide num_kv_heads=2",
+            id="tensor_parallel",
+        ),
+        pytest.param(["--num-heads", "3"], "num_heads=3 must be a multiple", id="model_config"),
+    ],
+)
 def test_demo_bad_flags_one_line_exit_2(flags, match, capsys):
     from test_engine_demo import TINY_ARGS
 

@@ -33,14 +33,33 @@ def _num_draft_tokens(topk: int, steps: int) -> int:
     return min(topk * steps + 1, 16)
 
 
-def _run(page_size, topk, steps, num_draft_tokens, *, draft_attention="cascade",
-         max_running=4, check_every_step=False, impl="auto", attention_impl="auto"):
+def _run(
+    page_size,
+    topk,
+    steps,
+    num_draft_tokens,
+    *,
+    draft_attention="cascade",
+    max_running=4,
+    check_every_step=False,
+    impl="auto",
+    attention_impl="auto",
+):
     params, draft = tiny_model()
-    ecfg = make_engine_config(TINY, page_size=page_size, topk=topk, num_steps=steps,
-                              num_draft_tokens=num_draft_tokens, context_len=CONTEXT_LEN,
-                              max_running_requests=max_running, max_prompt_len=MAX_PROMPT,
-                              batch_buckets=(max_running,), draft_attention=draft_attention,
-                              impl=impl, attention_impl=attention_impl)
+    ecfg = make_engine_config(
+        TINY,
+        page_size=page_size,
+        topk=topk,
+        num_steps=steps,
+        num_draft_tokens=num_draft_tokens,
+        context_len=CONTEXT_LEN,
+        max_running_requests=max_running,
+        max_prompt_len=MAX_PROMPT,
+        batch_buckets=(max_running,),
+        draft_attention=draft_attention,
+        impl=impl,
+        attention_impl=attention_impl,
+    )
     engine = Engine(ecfg, TARGET, params, DRAFT, draft, check_every_step=check_every_step)
     out, stats = engine.generate(tiny_prompts(), MAX_NEW, arrivals=ARRIVALS)
     return out, stats
@@ -63,8 +82,7 @@ CI_GRID = [
 
 @pytest.mark.parametrize("page_size,topk,steps,num_draft_tokens", CI_GRID)
 def test_lossless_ci_grid(page_size, topk, steps, num_draft_tokens):
-    out, stats = _run(page_size, topk, steps, num_draft_tokens,
-                      check_every_step=(page_size == 16))
+    out, stats = _run(page_size, topk, steps, num_draft_tokens, check_every_step=(page_size == 16))
     _check(out, stats, steps)
     if steps > 1:
         # The tiny draft is good but not perfect: both multi-token accepts and rejections.
@@ -100,8 +118,10 @@ def test_lossless_with_the_attention_kernel():
     assert stats.request_accept_lens == ref.request_accept_lens
 
 
-FULL_GRID = [pytest.param(p, k, s, _num_draft_tokens(k, s), id=f"p{p}-k{k}-s{s}")
-             for p, k, s in itertools.product((1, 16, 64), (1, 4, 8), range(1, 6))]
+FULL_GRID = [
+    pytest.param(p, k, s, _num_draft_tokens(k, s), id=f"p{p}-k{k}-s{s}")
+    for p, k, s in itertools.product((1, 16, 64), (1, 4, 8), range(1, 6))
+]
 
 
 @pytest.mark.slow

@@ -111,8 +111,14 @@ _TP_SCRIPT = textwrap.dedent("""
 def _run(script: str, marker: str) -> None:
     helpers = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    proc = subprocess.run([sys.executable, "-c", script.format(helpers=helpers)], env=env,
-                          check=False, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script.format(helpers=helpers)],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert marker in proc.stdout
 
@@ -181,17 +187,35 @@ def test_two_processes_with_jax_distributed():
         port = sock.getsockname()[1]
     helpers = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [subprocess.Popen(
-        [sys.executable, "-c", _PROCESS_SCRIPT.format(helpers=helpers, port=port, pid=pid,
-                                                      lens=lens)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for pid in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _PROCESS_SCRIPT.format(helpers=helpers, port=port, pid=pid, lens=lens),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in (0, 1)
+    ]
     results = [p.communicate(timeout=600) for p in procs]
     for p, (stdout, stderr) in zip(procs, results, strict=True):
         assert p.returncode == 0, stdout + stderr
     params, draft = tiny_model()
-    ecfg = make_engine_config(TINY, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
-                              context_len=CONTEXT_LEN, max_running_requests=2,
-                              max_prompt_len=MAX_PROMPT, batch_buckets=(2,))
+    ecfg = make_engine_config(
+        TINY,
+        page_size=16,
+        topk=4,
+        num_steps=3,
+        num_draft_tokens=8,
+        context_len=CONTEXT_LEN,
+        max_running_requests=2,
+        max_prompt_len=MAX_PROMPT,
+        batch_buckets=(2,),
+    )
     ref, _ = Engine(ecfg, TARGET, params, DRAFT, draft).generate(tiny_prompts(lens), MAX_NEW)
     for stdout, _ in results:
         out, leak = json.loads(stdout.split("OUT", 1)[1])

@@ -22,19 +22,28 @@ from jspec.engine.state import make_engine_config
 
 def _spec_engine(**kw):
     params, draft = tiny_model()
-    opts = {"page_size": 16, "topk": 4, "num_steps": 2, "num_draft_tokens": 6,
-            "context_len": CONTEXT_LEN, "max_running_requests": 4, "max_prompt_len": MAX_PROMPT,
-            "batch_buckets": (2, 4)}
+    opts = {
+        "page_size": 16,
+        "topk": 4,
+        "num_steps": 2,
+        "num_draft_tokens": 6,
+        "context_len": CONTEXT_LEN,
+        "max_running_requests": 4,
+        "max_prompt_len": MAX_PROMPT,
+        "batch_buckets": (2, 4),
+    }
     opts.update(kw)
-    return Engine(make_engine_config(TINY, **opts), TARGET, params, DRAFT, draft,
-                  check_every_step=True)
+    return Engine(
+        make_engine_config(TINY, **opts), TARGET, params, DRAFT, draft, check_every_step=True
+    )
 
 
 def _small_pool() -> int:
     """Pages such that any two of the tiny requests fit at once but never three."""
     probe = _spec_engine()
-    need = sorted(probe.lifetime_pages(Request(i, p, MAX_NEW))
-                  for i, p in enumerate(tiny_prompts()))
+    need = sorted(
+        probe.lifetime_pages(Request(i, p, MAX_NEW)) for i, p in enumerate(tiny_prompts())
+    )
     assert need[-1] + need[-2] < need[0] + need[1] + need[2]
     return need[-1] + need[-2]
 
@@ -59,7 +68,7 @@ def test_eos_and_single_token_requests():
     for got, ref, limit in zip(out, baseline, [MAX_NEW, MAX_NEW, 1, MAX_NEW], strict=True):
         ref = ref[:limit]
         if eos in ref:
-            ref = ref[:ref.index(eos) + 1]
+            ref = ref[: ref.index(eos) + 1]
         assert got == ref
     assert stats.leak_check.startswith("ok")
 
@@ -101,8 +110,14 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="tensor_parallel=0"):
         make_engine_config(TINY, tensor_parallel=0)
     with pytest.raises(ValueError, match="2 = 4 devices: only 1"):
-        Engine(make_engine_config(TINY, tensor_parallel=2), TARGET, tiny_model()[0], DRAFT,
-               tiny_model()[1], num_devices=2)
+        Engine(
+            make_engine_config(TINY, tensor_parallel=2),
+            TARGET,
+            tiny_model()[0],
+            DRAFT,
+            tiny_model()[1],
+            num_devices=2,
+        )
 
 
 def test_warmup_is_a_no_op_on_the_bookkeeping():
@@ -120,14 +135,24 @@ def test_spec_step_with_pages_short_changes_no_state():
     import jax
 
     params, draft = tiny_model()
-    ecfg = make_engine_config(TINY, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
-                              context_len=CONTEXT_LEN, max_running_requests=2,
-                              max_prompt_len=MAX_PROMPT, batch_buckets=(2,), num_pages=3)
+    ecfg = make_engine_config(
+        TINY,
+        page_size=16,
+        topk=4,
+        num_steps=3,
+        num_draft_tokens=8,
+        context_len=CONTEXT_LEN,
+        max_running_requests=2,
+        max_prompt_len=MAX_PROMPT,
+        batch_buckets=(2,),
+        num_pages=3,
+    )
     engine = Engine(ecfg, TARGET, params, DRAFT, draft)
     prompts = np.zeros((1, 2, MAX_PROMPT), np.int32)
     prompts[0, 0, :30] = tiny_prompts((30,))[0]
-    _, ok = engine._call_prefill(np.array([[0, 2]], np.int32), prompts,
-                                 np.array([[30, 0]], np.int32))
+    _, ok = engine._call_prefill(
+        np.array([[0, 2]], np.int32), prompts, np.array([[30, 0]], np.int32)
+    )
     assert ok.all()
     before = jax.tree.map(np.array, engine.state)
     out = engine._call_step(np.array([[0, 2]], np.int32), np.array([[True, False]]))

@@ -49,12 +49,13 @@ def _numpy_attention(q, k_layer, v_layer, slots, mask):
     return out, lse
 
 
-def _case(rng, bp, qp, hq, hkv, d, w, *, num_layers=3, layer=1, mask_kind="random",
-          dtype=np.float32):
+def _case(
+    rng, bp, qp, hq, hkv, d, w, *, num_layers=3, layer=1, mask_kind="random", dtype=np.float32
+):
     num_slots = bp * w + 16
     k_pool = np.full((num_layers, num_slots, hkv, d), np.nan, np.float32)
     v_pool = np.full((num_layers, num_slots, hkv, d), np.nan, np.float32)
-    slots = rng.permutation(np.arange(1, num_slots))[:bp * w].reshape(bp, w).astype(np.int32)
+    slots = rng.permutation(np.arange(1, num_slots))[: bp * w].reshape(bp, w).astype(np.int32)
     # Listed rows of the read layer get real values (listed-but-masked ones too: large, finite).
     k_pool[layer, slots] = rng.standard_normal((bp, w, hkv, d))
     v_pool[layer, slots] = rng.standard_normal((bp, w, hkv, d))
@@ -90,8 +91,14 @@ def _check(got, want_out, want_lse, rtol):
 def test_reference_matches_numpy(bp, qp, hq, hkv, d, w, mask_kind):
     rng = np.random.default_rng(hash((bp, qp, w, mask_kind)) % 2**32)
     q, k_pool, v_pool, slots, mask = _case(rng, bp, qp, hq, hkv, d, w, mask_kind=mask_kind)
-    got = paged_attention_reference(jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool), 1,
-                                    jnp.asarray(slots), jnp.asarray(mask))
+    got = paged_attention_reference(
+        jnp.asarray(q),
+        jnp.asarray(k_pool),
+        jnp.asarray(v_pool),
+        1,
+        jnp.asarray(slots),
+        jnp.asarray(mask),
+    )
     # NOTE: the reference's padded einsum multiplies masked probabilities (0) by every listed
     # V row, so listed rows must be finite (the poison here is); the kernel has no such need.
     _check(got, *_numpy_attention(q, k_pool[1], v_pool[1], slots, mask), rtol=2e-5)
@@ -102,24 +109,46 @@ def test_reference_matches_numpy(bp, qp, hq, hkv, d, w, mask_kind):
 def test_kernel_matches_reference(interpret, bp, qp, hq, hkv, d, w, mask_kind):
     rng = np.random.default_rng(hash((bp, qp, w, mask_kind, 1)) % 2**32)
     q, k_pool, v_pool, slots, mask = _case(rng, bp, qp, hq, hkv, d, w, mask_kind=mask_kind)
-    args = (jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool), 1, jnp.asarray(slots),
-            jnp.asarray(mask))
+    args = (
+        jnp.asarray(q),
+        jnp.asarray(k_pool),
+        jnp.asarray(v_pool),
+        1,
+        jnp.asarray(slots),
+        jnp.asarray(mask),
+    )
     want = [np.asarray(x) for x in paged_attention_reference(*args)]
     _check(paged_attention(*args, impl="pallas", interpret=interpret), *want, rtol=2e-5)
 
 
-@pytest.mark.parametrize("block_q,block_w,block_d,num_warps", [
-    (16, 16, 16, 1), (None, 64, 32, 4), (32, 128, 64, 8), (16, 32, 128, 4)])
+@pytest.mark.parametrize(
+    "block_q,block_w,block_d,num_warps",
+    [(16, 16, 16, 1), (None, 64, 32, 4), (32, 128, 64, 8), (16, 32, 128, 4)],
+)
 def test_kernel_tuning_and_bf16_pool(interpret, block_q, block_w, block_d, num_warps):
     """Other query / key / head-dim blocks and warps; a bf16 pool (computed in f32)."""
     rng = np.random.default_rng(block_w)
-    q, k_pool, v_pool, slots, mask = _case(rng, 3, 12, 4, 2, 96, 100, num_layers=2, layer=0,
-                                           dtype=jnp.bfloat16)
-    args = (jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool), 0, jnp.asarray(slots),
-            jnp.asarray(mask))
+    q, k_pool, v_pool, slots, mask = _case(
+        rng, 3, 12, 4, 2, 96, 100, num_layers=2, layer=0, dtype=jnp.bfloat16
+    )
+    args = (
+        jnp.asarray(q),
+        jnp.asarray(k_pool),
+        jnp.asarray(v_pool),
+        0,
+        jnp.asarray(slots),
+        jnp.asarray(mask),
+    )
     want = [np.asarray(x) for x in paged_attention_reference(*args)]
-    got = paged_attention(*args, impl="pallas", interpret=interpret, block_q=block_q,
-                          block_w=block_w, block_d=block_d, num_warps=num_warps)
+    got = paged_attention(
+        *args,
+        impl="pallas",
+        interpret=interpret,
+        block_q=block_q,
+        block_w=block_w,
+        block_d=block_d,
+        num_warps=num_warps,
+    )
     _check(got, *want, rtol=2e-5)
 
 
@@ -129,9 +158,16 @@ def test_kernel_reads_only_listed_rows_of_its_layer(interpret):
     q, k_pool, v_pool, slots, mask = _case(rng, 2, 4, 4, 2, 16, 24, num_layers=4, layer=2)
     mask[:] = True
     mask[0, 0] = False
-    out, lse = paged_attention(jnp.asarray(q), jnp.asarray(k_pool), jnp.asarray(v_pool), 2,
-                               jnp.asarray(slots), jnp.asarray(mask), impl="pallas",
-                               interpret=interpret)
+    out, lse = paged_attention(
+        jnp.asarray(q),
+        jnp.asarray(k_pool),
+        jnp.asarray(v_pool),
+        2,
+        jnp.asarray(slots),
+        jnp.asarray(mask),
+        impl="pallas",
+        interpret=interpret,
+    )
     assert np.isfinite(np.asarray(out)).all()
     assert np.isneginf(np.asarray(lse)[0, 0]).all() and np.isfinite(np.asarray(lse)[1:]).all()
 
@@ -139,28 +175,41 @@ def test_kernel_reads_only_listed_rows_of_its_layer(interpret):
 def test_empty_shapes():
     q = jnp.zeros((0, 1, 4, 8), jnp.float32)
     pool = jnp.zeros((1, 8, 2, 8), jnp.float32)
-    out, lse = paged_attention(q, pool, pool, 0, jnp.zeros((0, 5), jnp.int32),
-                               jnp.zeros((0, 1, 5), bool), impl="pallas")
+    out, lse = paged_attention(
+        q, pool, pool, 0, jnp.zeros((0, 5), jnp.int32), jnp.zeros((0, 1, 5), bool), impl="pallas"
+    )
     assert out.shape == (0, 1, 4, 8) and lse.shape == (0, 1, 4)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"q": (2, 1, 3, 8)}, "multiple of Hkv"),
-    ({"q": (2, 1, 4, 16)}, "head_dim"),
-    ({"slots": (3, 5)}, "kv_slot_ids.shape"),
-    ({"mask": (2, 2, 5)}, "kv_mask.shape"),
-    ({"layer": 2}, "layer=2"),
-    ({"block_w": 24}, "block_w=24"),
-    ({"block_d": 0}, "block_d=0"),
-    ({"block_q": 3}, "block_q=3"),
-    ({"impl": "cuda"}, "impl='cuda'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"q": (2, 1, 3, 8)}, "multiple of Hkv"),
+        ({"q": (2, 1, 4, 16)}, "head_dim"),
+        ({"slots": (3, 5)}, "kv_slot_ids.shape"),
+        ({"mask": (2, 2, 5)}, "kv_mask.shape"),
+        ({"layer": 2}, "layer=2"),
+        ({"block_w": 24}, "block_w=24"),
+        ({"block_d": 0}, "block_d=0"),
+        ({"block_q": 3}, "block_q=3"),
+        ({"impl": "cuda"}, "impl='cuda'"),
+    ],
+)
 def test_static_validation(kwargs, match):
     q = jnp.zeros(kwargs.get("q", (2, 1, 4, 8)), jnp.float32)
     pool = jnp.zeros((2, 8, 2, 8), jnp.float32)
     slots = jnp.zeros(kwargs.get("slots", (2, 5)), jnp.int32)
     mask = jnp.zeros(kwargs.get("mask", (2, 1, 5)), bool)
     with pytest.raises(ValueError, match=match):
-        paged_attention(q, pool, pool, kwargs.get("layer", 0), slots, mask,
-                        impl=kwargs.get("impl", "pallas"), block_w=kwargs.get("block_w"),
-                        block_d=kwargs.get("block_d"), block_q=kwargs.get("block_q"))
+        paged_attention(
+            q,
+            pool,
+            pool,
+            kwargs.get("layer", 0),
+            slots,
+            mask,
+            impl=kwargs.get("impl", "pallas"),
+            block_w=kwargs.get("block_w"),
+            block_d=kwargs.get("block_d"),
+            block_q=kwargs.get("block_q"),
+        )

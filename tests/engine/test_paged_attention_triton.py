@@ -18,7 +18,8 @@ import sys
 
 _ON_GPU_RUN = os.environ.get("JSPEC_TEST_GPU", "") == "1"
 _PREIMPORTED_COMPILED = _ON_GPU_RUN or (
-    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true"))
+    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true")
+)
 if not _ON_GPU_RUN:
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -31,23 +32,26 @@ torch = pytest.importorskip("torch")
 from jspec.kernels import paged_attention_triton as pat
 from jspec.kernels.paged_attention import paged_attention
 
-in_process = pytest.mark.skipif(_PREIMPORTED_COMPILED,
-                                reason="triton already imported without TRITON_INTERPRET; "
-                                       "covered by test_rerun_in_fresh_process")
+in_process = pytest.mark.skipif(
+    _PREIMPORTED_COMPILED,
+    reason="triton already imported without TRITON_INTERPRET; "
+    "covered by test_rerun_in_fresh_process",
+)
 
 # (Bp, Qp, Hq, Hkv, D, W, mask kind, tuning): decode / draft A / draft B / verify tree /
 # extend-causal; MQA, GQA, MHA; Qp 1, 8, odd; W not a power of 2; forced splits.
 CASES = [
     pytest.param(3, 1, 8, 2, 128, 70, "length", {}, id="decode-gqa4-d128"),
     pytest.param(2, 8, 4, 1, 64, 48, "length", {"block_n": 16}, id="draftA-mqa-d64"),
-    pytest.param(4, 1, 4, 4, 64, 37, "length", {"block_n": 16, "num_splits": 3},
-                 id="draftB-mha-w37-split3"),
+    pytest.param(
+        4, 1, 4, 4, 64, 37, "length", {"block_n": 16, "num_splits": 3}, id="draftB-mha-w37-split3"
+    ),
     pytest.param(2, 8, 8, 2, 128, 8, "tree", {}, id="verify-tree-q8"),
-    pytest.param(2, 5, 4, 2, 64, 29, "causal", {"block_n": 16, "num_splits": 2},
-                 id="extend-causal-q5"),
+    pytest.param(
+        2, 5, 4, 2, 64, 29, "causal", {"block_n": 16, "num_splits": 2}, id="extend-causal-q5"
+    ),
     pytest.param(2, 3, 2, 1, 64, 100, "random", {"block_n": 32, "block_m": 16}, id="random-q3"),
-    pytest.param(1, 20, 8, 2, 64, 33, "causal", {"block_m": 32, "block_n": 16},
-                 id="rowblocks-q20"),
+    pytest.param(1, 20, 8, 2, 64, 33, "causal", {"block_m": 32, "block_n": 16}, id="rowblocks-q20"),
 ]
 DTYPES = [pytest.param(np.float32, id="f32"), pytest.param("bfloat16", id="bf16")]
 
@@ -73,7 +77,7 @@ def _mask(rng, kind: str, bp: int, qp: int, w: int) -> np.ndarray:
 
 def _case(rng, bp, qp, hq, hkv, d, w, kind, dtype, *, num_layers=3, layer=1):
     num_slots = bp * w + 11
-    slots = rng.permutation(np.arange(1, num_slots))[:bp * w].reshape(bp, w).astype(np.int32)
+    slots = rng.permutation(np.arange(1, num_slots))[: bp * w].reshape(bp, w).astype(np.int32)
     mask = _mask(rng, kind, bp, qp, w)
     k_pool = np.full((num_layers, num_slots, hkv, d), np.nan, np.float32)
     v_pool = np.full_like(k_pool, np.nan)
@@ -82,8 +86,10 @@ def _case(rng, bp, qp, hq, hkv, d, w, kind, dtype, *, num_layers=3, layer=1):
     v_pool[layer, slots[seen]] = rng.standard_normal((int(seen.sum()), hkv, d))
     q = 2.0 * rng.standard_normal((bp, qp, hq, d)).astype(np.float32)
     if dtype == "bfloat16":  # round to bf16 so the oracle sees the kernel's exact inputs
-        k_pool, v_pool, q = (np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))
-                             for x in (k_pool, v_pool, q))
+        k_pool, v_pool, q = (
+            np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32))
+            for x in (k_pool, v_pool, q)
+        )
     return q, k_pool, v_pool, slots, mask
 
 
@@ -117,9 +123,14 @@ def _check(got_out, got_lse, want_out, want_lse, dtype):
 @pytest.mark.skipif(not _PREIMPORTED_COMPILED or _ON_GPU_RUN, reason="tests run in this process")
 def test_rerun_in_fresh_process():
     env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu", "JSPEC_TEST_GPU": "0"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           __file__], check=False, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 
@@ -131,8 +142,14 @@ def test_interpreted_kernel_vs_oracle(bp, qp, hq, hkv, d, w, kind, tuning, dtype
     q, k_pool, v_pool, slots, mask = _case(rng, bp, qp, hq, hkv, d, w, kind, dtype)
     tdtype = torch.float32 if dtype == np.float32 else torch.bfloat16
     out, lse = pat.paged_attention_torch(
-        torch.tensor(q).to(tdtype), torch.tensor(k_pool).to(tdtype),
-        torch.tensor(v_pool).to(tdtype), 1, torch.tensor(slots), torch.tensor(mask), **tuning)
+        torch.tensor(q).to(tdtype),
+        torch.tensor(k_pool).to(tdtype),
+        torch.tensor(v_pool).to(tdtype),
+        1,
+        torch.tensor(slots),
+        torch.tensor(mask),
+        **tuning,
+    )
     assert not torch.isnan(lse).any(), "a partial lse was never written"
     got_out, got_lse = pat.merge_torch_partials(out, lse)
     want_out, want_lse = _oracle(q, k_pool[1], v_pool[1], slots, mask)
@@ -174,9 +191,16 @@ def test_jax_triton_vs_oracle_on_gpu(bp, qp, hq, hkv, d, w, kind, tuning, dtype)
     q, k_pool, v_pool, slots, mask = _case(rng, bp, qp, hq, hkv, d, w, kind, dtype)
     jdtype = jnp.float32 if dtype == np.float32 else jnp.bfloat16
     kw = {"block_q": tuning.get("block_m"), "block_w": tuning.get("block_n")}
-    got = paged_attention(jnp.asarray(q, jdtype), jnp.asarray(k_pool, jdtype),
-                          jnp.asarray(v_pool, jdtype), 1, jnp.asarray(slots), jnp.asarray(mask),
-                          impl="triton", **kw)
+    got = paged_attention(
+        jnp.asarray(q, jdtype),
+        jnp.asarray(k_pool, jdtype),
+        jnp.asarray(v_pool, jdtype),
+        1,
+        jnp.asarray(slots),
+        jnp.asarray(mask),
+        impl="triton",
+        **kw,
+    )
     want = _oracle(q, k_pool[1], v_pool[1], slots, mask)
     _check(np.asarray(got[0]), np.asarray(got[1]), *want, dtype)
 
@@ -223,8 +247,14 @@ print("COMPILED_OK")
 def test_kernel_compiles_for_sm90():
     """The compiled (not interpreted) branch: Triton's own compiler on CPU, no GPU needed."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], check=False, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
         pytest.skip("Triton's bundled ptxas is not available")
     assert "COMPILED_OK" in proc.stdout, proc.stderr[-4000:]

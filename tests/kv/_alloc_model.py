@@ -90,18 +90,19 @@ class ModelAllocator:
         for i in range(len(pre)):
             num1 = min(seq[i], (pre[i] + P - 1) // P * P) - pre[i]
             if num1:
-                out[start_pos[i]:start_pos[i] + num1] = last_loc[i] + 1 + pos_in_page[:num1]
+                out[start_pos[i] : start_pos[i] + num1] = last_loc[i] + 1 + pos_in_page[:num1]
             if pre[i] + num1 == seq[i]:
                 continue
             num2 = (seq[i] // P - (pre[i] + P - 1) // P) * P
             if num2:
-                pg = pages[start_new[i]:end_new[i] - need_page[i]] * P
-                out[start_pos[i] + num1:start_pos[i] + num1 + num2] = (
-                    pg[:, None] + pos_in_page[None, :]).reshape(-1)
+                pg = pages[start_new[i] : end_new[i] - need_page[i]] * P
+                out[start_pos[i] + num1 : start_pos[i] + num1 + num2] = (
+                    pg[:, None] + pos_in_page[None, :]
+                ).reshape(-1)
             if pre[i] + num1 + num2 == seq[i]:
                 continue
             num3 = seq[i] - seq[i] // P * P
-            out[end_pos[i] - num3:end_pos[i]] = pages[end_new[i] - 1] * P + pos_in_page[:num3]
+            out[end_pos[i] - num3 : end_pos[i]] = pages[end_new[i] - 1] * P + pos_in_page[:num3]
         assert (out >= 0).all()
         return [int(x) for x in out]
 
@@ -159,24 +160,32 @@ class Harness:
 
     KINDS = ("extend", "decode", "alloc", "free", "free_segment", "free_page_ids", "merge")
 
-    def __init__(self, page_size: int, need_sort: bool = False, *, num_pages: int = 24,
-                 batch: int = 4, max_reqs: int = 8, impl: str = "xla") -> None:
+    def __init__(
+        self,
+        page_size: int,
+        need_sort: bool = False,
+        *,
+        num_pages: int = 24,
+        batch: int = 4,
+        max_reqs: int = 8,
+        impl: str = "xla",
+    ) -> None:
         self.P, self.B, self.impl = page_size, batch, impl
-        self.W = 6 * page_size + 4                    # row width (positions)
+        self.W = 6 * page_size + 4  # row width (positions)
         self.max_ext = 2 * page_size + 3
-        self.M = batch * self.max_ext                 # max_new_slots
-        self.F = 2 * self.W                           # padded length of free() inputs
+        self.M = batch * self.max_ext  # max_new_slots
+        self.F = 2 * self.W  # padded length of free() inputs
         self.max_reqs = max_reqs
         self.a = A.init_allocator(num_pages, page_size, need_sort=need_sort)
         self.model = ModelAllocator(num_pages, page_size, need_sort)
-        self.rows: dict[int, list[int]] = {}          # request id -> slots of positions 0..len-1
+        self.rows: dict[int, list[int]] = {}  # request id -> slots of positions 0..len-1
         self.next_id = 0
         self.failures = 0
 
     # -- helpers ----------------------------------------------------------------------------
     def _pad(self, xs, n, fill=0):
         out = np.full(n, fill, np.int32)
-        out[:len(xs)] = xs
+        out[: len(xs)] = xs
         return jnp.asarray(out)
 
     def _new_id(self) -> int | None:
@@ -194,8 +203,8 @@ class Harness:
             self.failures += 1
             return False
         assert bool(ok)
-        assert list(slots[:len(expect)]) == expect
-        assert (slots[len(expect):n_out] == 0).all()
+        assert list(slots[: len(expect)]) == expect
+        assert (slots[len(expect) : n_out] == 0).all()
         return True
 
     def check(self) -> None:
@@ -211,16 +220,20 @@ class Harness:
         table = np.zeros((self.max_reqs + 1, self.W), np.int32)
         lens = np.zeros(self.max_reqs, np.int32)
         for k, row in enumerate(self.rows.values()):
-            table[k + 1, :len(row)] = row
+            table[k + 1, : len(row)] = row
             lens[k] = len(row)
-        owned = I.owned_page_mask(jnp.asarray(table), jnp.arange(1, self.max_reqs + 1),
-                                  jnp.asarray(lens), num_pages=self.a.num_pages,
-                                  page_size=self.P)
+        owned = I.owned_page_mask(
+            jnp.asarray(table),
+            jnp.arange(1, self.max_reqs + 1),
+            jnp.asarray(lens),
+            num_pages=self.a.num_pages,
+            page_size=self.P,
+        )
         I.check_integrity(self.a, owned, what="harness")
         counts = {k: int(v) for k, v in I.integrity_violations(self.a, owned).items()}
         assert counts["lost"] == counts["owned_and_free"] == counts["duplicate_free"] == 0
         assert counts["page0_free"] == counts["out_of_range_free"] == 0
-        assert not bool(np.asarray(owned)[0])                # rows never point at page 0
+        assert not bool(np.asarray(owned)[0])  # rows never point at page 0
 
     # -- ops --------------------------------------------------------------------------------
     def step(self, kind: str, rng: random.Random) -> None:
@@ -244,22 +257,25 @@ class Harness:
             entries.append((rid, pre, pre + ext))
         pad = [(None, 0, 0)] * (self.B - len(entries))
         entries = entries + pad
-        rng.shuffle(entries)                          # padding rows anywhere in the batch
+        rng.shuffle(entries)  # padding rows anywhere in the batch
         pre = [e[1] for e in entries]
         seq = [e[2] for e in entries]
-        last = [self.rows[e[0]][e[1] - 1] if e[0] is not None and e[1] > 0 else -1
-                for e in entries]
+        last = [self.rows[e[0]][e[1] - 1] if e[0] is not None and e[1] > 0 else -1 for e in entries]
         expect = self.model.alloc_extend(pre, seq, last, self.M)
         before = self.a
-        self.a, slots, ok = A.alloc_extend(before, jnp.asarray(pre, jnp.int32),
-                                           jnp.asarray(seq, jnp.int32),
-                                           jnp.asarray(last, jnp.int32), max_new_slots=self.M,
-                                           impl=self.impl)
+        self.a, slots, ok = A.alloc_extend(
+            before,
+            jnp.asarray(pre, jnp.int32),
+            jnp.asarray(seq, jnp.int32),
+            jnp.asarray(last, jnp.int32),
+            max_new_slots=self.M,
+            impl=self.impl,
+        )
         if self._check_alloc(before, self.a, ok, slots, expect, self.M):
             k = 0
             for rid, p, s in entries:
                 if rid is not None:
-                    self.rows[rid].extend(expect[k:k + s - p])
+                    self.rows[rid].extend(expect[k : k + s - p])
                 k += s - p
         for rid in [r for r, row in self.rows.items() if not row]:
             del self.rows[rid]
@@ -274,9 +290,13 @@ class Harness:
         valid = [r is not None for r in entries]
         expect = self.model.alloc_decode(seq, last, valid)
         before = self.a
-        self.a, slots, ok = A.alloc_decode(before, jnp.asarray(seq, jnp.int32),
-                                           jnp.asarray(last, jnp.int32),
-                                           valid=jnp.asarray(valid), impl=self.impl)
+        self.a, slots, ok = A.alloc_decode(
+            before,
+            jnp.asarray(seq, jnp.int32),
+            jnp.asarray(last, jnp.int32),
+            valid=jnp.asarray(valid),
+            impl=self.impl,
+        )
         if self._check_alloc(before, self.a, ok, slots, expect, self.B):
             for r, s in zip(entries, expect):
                 if r is not None:
@@ -298,12 +318,12 @@ class Harness:
             return
         rid = rng.choice(list(self.rows))
         slots = list(self.rows.pop(rid))
-        slots += rng.sample(slots, min(len(slots), rng.randint(0, 3)))   # repeats are fine
+        slots += rng.sample(slots, min(len(slots), rng.randint(0, 3)))  # repeats are fine
         rng.shuffle(slots)
         n = len(slots)
         valid = np.zeros(self.F, bool)
         valid[:n] = True
-        ids = self._pad(slots, self.F, fill=rng.randint(0, 3))          # junk under valid=False
+        ids = self._pad(slots, self.F, fill=rng.randint(0, 3))  # junk under valid=False
         perm = np.random.default_rng(rng.randint(0, 99)).permutation(self.F)
         self.model.free(slots)
         self.a = A.free(self.a, ids[perm], valid=jnp.asarray(valid[perm]))
@@ -318,8 +338,9 @@ class Harness:
         if start > len(row):
             return
         self.model.free_segment(row, start, len(row))
-        self.a = A.free_segment(self.a, self._pad(row, self.W), jnp.int32(start),
-                                jnp.int32(len(row)))
+        self.a = A.free_segment(
+            self.a, self._pad(row, self.W), jnp.int32(start), jnp.int32(len(row))
+        )
         del row[start:]
         if not row:
             del self.rows[rid]
@@ -329,10 +350,10 @@ class Harness:
         if not cands:
             return
         rid = rng.choice(cands)
-        pages = [s // self.P for s in self.rows.pop(rid)[::self.P]]
+        pages = [s // self.P for s in self.rows.pop(rid)[:: self.P]]
         rng.shuffle(pages)
         valid = np.zeros(self.W, bool)
-        valid[:len(pages)] = True
+        valid[: len(pages)] = True
         self.model.free_page_ids(pages)
         self.a = A.free_page_ids(self.a, self._pad(pages, self.W), valid=jnp.asarray(valid))
 

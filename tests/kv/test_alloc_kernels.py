@@ -24,7 +24,7 @@ POISON = -7
 PAGE_SIZES = [1, 4, 16, 64]
 
 
-FREE_LEN = 40            # fixed free-list length (>= 5 requests * 4 new pages): one compile per P
+FREE_LEN = 40  # fixed free-list length (>= 5 requests * 4 new pages): one compile per P
 
 
 def _extend_case(rng: np.random.Generator, page_size: int, batch: int = 5):
@@ -32,7 +32,7 @@ def _extend_case(rng: np.random.Generator, page_size: int, batch: int = 5):
     p = page_size
     pre = rng.integers(0, 3 * p + 2, batch)
     ext = rng.choice([0, 1, p - 1, p, p + 1, 2 * p + 3], batch)
-    ext[rng.integers(0, batch)] = 0                            # at least one padding-like row
+    ext[rng.integers(0, batch)] = 0  # at least one padding-like row
     seq = pre + ext
     # last_loc consistent with the page layout: (last_loc + 1) % P == pre % P.
     last = np.where(pre > 0, rng.integers(1, 50, batch) * p + (pre - 1) % p, -1)
@@ -49,8 +49,8 @@ def _model_extend(pre, seq, last, free, page_size):
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_alloc_extend_kernel_matches_reference(page_size: int, interpret: bool) -> None:
     rng = np.random.default_rng(page_size)
-    max_new = 4 * page_size + 4                                # static: one compile per impl
-    for fits in (True, False):                                 # spare room, then truncated
+    max_new = 4 * page_size + 4  # static: one compile per impl
+    for fits in (True, False):  # spare room, then truncated
         while True:
             pre, seq, last, free = _extend_case(rng, page_size)
             total = int((seq - pre).sum())
@@ -58,8 +58,11 @@ def test_alloc_extend_kernel_matches_reference(page_size: int, interpret: bool) 
                 break
         want = _model_extend(pre, seq, last, free, page_size)
         args = (jnp.asarray(pre), jnp.asarray(seq), jnp.asarray(last), jnp.asarray(free))
-        kw = {"page_size": page_size, "max_new_slots": max_new,
-                  "out": jnp.full((max_new,), POISON, jnp.int32)}
+        kw = {
+            "page_size": page_size,
+            "max_new_slots": max_new,
+            "out": jnp.full((max_new,), POISON, jnp.int32),
+        }
         ref = np.asarray(E.alloc_extend_slots(*args, **kw, impl="xla"))
         got = np.asarray(E.alloc_extend_slots(*args, **kw, impl="pallas", interpret=interpret))
         n = min(total, max_new)
@@ -68,7 +71,7 @@ def test_alloc_extend_kernel_matches_reference(page_size: int, interpret: bool) 
         np.testing.assert_array_equal(got, ref, err_msg=f"fits={fits}")
     eager = E.alloc_extend_slots_reference(*args, page_size=page_size, max_new_slots=max_new)
     np.testing.assert_array_equal(eager[:n], ref[:n])
-    assert not np.asarray(eager[n:]).any()                     # default fill is 0
+    assert not np.asarray(eager[n:]).any()  # default fill is 0
 
 
 def _decode_case(rng: np.random.Generator, page_size: int, batch: int):
@@ -81,8 +84,7 @@ def _decode_case(rng: np.random.Generator, page_size: int, batch: int):
 
 @pytest.mark.parametrize("batch", [3, 300])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_alloc_decode_kernel_matches_reference(page_size: int, batch: int,
-                                               interpret: bool) -> None:
+def test_alloc_decode_kernel_matches_reference(page_size: int, batch: int, interpret: bool) -> None:
     rng = np.random.default_rng(100 * page_size + batch)
     seq, last, valid, free = _decode_case(rng, page_size, batch)
     model = ModelAllocator(len(free), page_size)
@@ -90,8 +92,11 @@ def test_alloc_decode_kernel_matches_reference(page_size: int, batch: int,
     want = np.asarray(model.alloc_decode(list(seq), list(last), list(valid)))
     want = np.where(valid, want, POISON)
     args = (jnp.asarray(seq), jnp.asarray(last), jnp.asarray(free))
-    kw = {"page_size": page_size, "valid": jnp.asarray(valid),
-              "out": jnp.full((batch,), POISON, jnp.int32)}
+    kw = {
+        "page_size": page_size,
+        "valid": jnp.asarray(valid),
+        "out": jnp.full((batch,), POISON, jnp.int32),
+    }
     ref = np.asarray(D.alloc_decode_slots(*args, **kw, impl="xla"))
     got = np.asarray(D.alloc_decode_slots(*args, **kw, impl="pallas", interpret=interpret))
     np.testing.assert_array_equal(ref, want)
@@ -103,23 +108,22 @@ def _numpy_assign(table, rows, start, end, locs):
     k = 0
     for r, s, e in zip(rows, start, end):
         n = max(e - s, 0)
-        table[r, s:e] = locs[k:k + n]
+        table[r, s:e] = locs[k : k + n]
         k += n
     return table
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_assign_req_to_token_pool_kernel_matches_reference(page_size: int,
-                                                           interpret: bool) -> None:
+def test_assign_req_to_token_pool_kernel_matches_reference(page_size: int, interpret: bool) -> None:
     rng = np.random.default_rng(7 + page_size)
     num_rows, width, batch = 6, 3 * page_size + 5, 4
     rows = rng.permutation(np.arange(1, num_rows))[:batch].astype(np.int32)
     start = rng.integers(0, width, batch).astype(np.int32)
     end = np.minimum(start + rng.integers(0, 2 * page_size + 2, batch), width).astype(np.int32)
-    end[1] = start[1]                                           # a padding row: writes nothing
+    end[1] = start[1]  # a padding row: writes nothing
     rows[1] = 0
     total = int((end - start).sum())
-    locs = rng.integers(0, 10_000, total + 3).astype(np.int32)   # 3 spare entries, unused
+    locs = rng.integers(0, 10_000, total + 3).astype(np.int32)  # 3 spare entries, unused
     table = np.full((num_rows, width), POISON, np.int32)
     want = _numpy_assign(table, rows, start, end, locs)
     args = [jnp.asarray(x) for x in (table, rows, start, end, locs)]
@@ -127,7 +131,7 @@ def test_assign_req_to_token_pool_kernel_matches_reference(page_size: int,
     got = np.asarray(R.assign_req_to_token_pool(*args, impl="pallas", interpret=interpret))
     np.testing.assert_array_equal(ref, want)
     np.testing.assert_array_equal(got, ref)
-    assert (want[0] == POISON).all()                            # padding row untouched
+    assert (want[0] == POISON).all()  # padding row untouched
 
 
 def test_kernel_wrappers_reject_bad_static_args() -> None:
@@ -150,8 +154,10 @@ def test_empty_batches_return_fill() -> None:
     e = jnp.zeros((0,), jnp.int32)
     fill = jnp.full((4,), POISON, jnp.int32)
     for impl in ("xla", "pallas"):
-        out = E.alloc_extend_slots(e, e, e, jnp.ones(3, jnp.int32), page_size=4, max_new_slots=4,
-                                   out=fill, impl=impl)
+        out = E.alloc_extend_slots(
+            e, e, e, jnp.ones(3, jnp.int32), page_size=4, max_new_slots=4, out=fill, impl=impl
+        )
         np.testing.assert_array_equal(out, fill)
-        assert D.alloc_decode_slots(e, e, jnp.ones(3, jnp.int32), page_size=4,
-                                    impl=impl).shape == (0,)
+        assert D.alloc_decode_slots(e, e, jnp.ones(3, jnp.int32), page_size=4, impl=impl).shape == (
+            0,
+        )

@@ -23,14 +23,16 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _alloc_model import Harness, ModelAllocator, assert_state_identical
 
 ops_strategy = st.lists(
-    st.tuples(st.sampled_from(Harness.KINDS), st.integers(0, 2**20)), min_size=1, max_size=14)
+    st.tuples(st.sampled_from(Harness.KINDS), st.integers(0, 2**20)), min_size=1, max_size=14
+)
 
 
 # NOTE: one pool geometry per (page_size, need_sort) keeps the jit compiles few (CPU budget);
 # page_size 64 is covered by test_allocator.py's sequences.
 @given(page_size=st.sampled_from([1, 4, 16]), need_sort=st.booleans(), ops=ops_strategy)
-def test_op_sequences_match_model(page_size: int, need_sort: bool,
-                                  ops: list[tuple[str, int]]) -> None:
+def test_op_sequences_match_model(
+    page_size: int, need_sort: bool, ops: list[tuple[str, int]]
+) -> None:
     h = Harness(page_size, need_sort, num_pages=8)
     for kind, seed in ops:
         note(f"{kind} seed={seed} rows={h.rows}")
@@ -55,12 +57,14 @@ def test_exhaustion_is_atomic(case, need_sort: bool) -> None:
     a = A.init_allocator(num_pages, page_size, need_sort=need_sort)
     a = A.alloc(a, jnp.int32(taken * page_size), max_slots=num_pages * page_size)[0]
     slots = [p * page_size for p in free_back]
-    a = A.free(a, jnp.asarray(slots + [0] * (3 - len(slots)), jnp.int32),
-               valid=jnp.arange(3) < len(slots))
+    a = A.free(
+        a, jnp.asarray(slots + [0] * (3 - len(slots)), jnp.int32), valid=jnp.arange(3) < len(slots)
+    )
     seq = jnp.asarray([n * page_size for n in pages_per_req], jnp.int32)
     zeros = jnp.zeros(2, jnp.int32)
-    new, out, ok = A.alloc_extend(a, zeros, seq, zeros - 1,
-                                  max_new_slots=(num_pages + 2) * page_size)
+    new, out, ok = A.alloc_extend(
+        a, zeros, seq, zeros - 1, max_new_slots=(num_pages + 2) * page_size
+    )
     model = ModelAllocator(num_pages, page_size, need_sort)
     model.alloc(taken * page_size)
     model.free(slots)

@@ -14,6 +14,14 @@ import pytest
 from jspec import probes
 from jspec.config import SpecConfig
 from jspec.kv.allocator import alloc_extend, available_size, init_allocator
+from jspec.kv.decode_alloc import (
+    ReqKVState,
+    commit_kv_lens,
+    init_req_kv_state,
+    page_aligned_decode_alloc_lens,
+    prepare_for_decode,
+    release_kv_cache,
+)
 from jspec.kv.integrity import check_integrity, owned_page_mask
 from jspec.kv.pool import KVPool, init_kv_pool
 from jspec.kv.req_to_token import (
@@ -27,14 +35,6 @@ from jspec.tree.accept import (
     accept_kv_move_pairs,
     move_accept_tokens_to_target_kvcache,
     verify_out_cache_loc,
-)
-from jspec.kv.decode_alloc import (
-    ReqKVState,
-    commit_kv_lens,
-    init_req_kv_state,
-    page_aligned_decode_alloc_lens,
-    prepare_for_decode,
-    release_kv_cache,
 )
 from jspec.tree.layout import (
     draft_out_cache_loc,
@@ -60,21 +60,34 @@ def prefill(allocator, r2t, reqs, new, rows, prompt_lens):
     """Admit requests (bool[B] ``new``) at ``rows`` with ``prompt_lens`` committed tokens."""
     zeros = jnp.zeros_like(prompt_lens)
     seq = jnp.where(new, prompt_lens, 0)
-    allocator, slot_ids, ok = alloc_extend(allocator, zeros, seq, jnp.full_like(seq, -1),
-                                           max_new_slots=PREFILL_SLOTS)
+    allocator, slot_ids, ok = alloc_extend(
+        allocator, zeros, seq, jnp.full_like(seq, -1), max_new_slots=PREFILL_SLOTS
+    )
     assert bool(ok)
     r2t = assign_req_to_token_pool(r2t, jnp.where(new, rows, 0), zeros, seq, slot_ids)
-    reqs = ReqKVState(committed_lens=jnp.where(new, prompt_lens, reqs.committed_lens),
-                      allocated_lens=jnp.where(new, prompt_lens, reqs.allocated_lens),
-                      req_pool_indices=jnp.where(new, rows, reqs.req_pool_indices),
-                      valid=reqs.valid | new)
+    reqs = ReqKVState(
+        committed_lens=jnp.where(new, prompt_lens, reqs.committed_lens),
+        allocated_lens=jnp.where(new, prompt_lens, reqs.allocated_lens),
+        req_pool_indices=jnp.where(new, rows, reqs.req_pool_indices),
+        valid=reqs.valid | new,
+    )
     return allocator, r2t, reqs
 
 
 def spec14_config(**kw) -> SpecConfig:
-    base = {"page_size": 4, "topk": 2, "num_steps": 3, "num_draft_tokens": 4, "context_len": 16,
-                "max_running_requests": 2, "num_pages": 32, "num_layers": 2, "num_kv_heads": 1,
-                "head_dim": 4, "dtype": "float32"}
+    base = {
+        "page_size": 4,
+        "topk": 2,
+        "num_steps": 3,
+        "num_draft_tokens": 4,
+        "context_len": 16,
+        "max_running_requests": 2,
+        "num_pages": 32,
+        "num_layers": 2,
+        "num_kv_heads": 1,
+        "head_dim": 4,
+        "dtype": "float32",
+    }
     return SpecConfig(**(base | kw))
 
 
@@ -92,8 +105,12 @@ def test_page_aligned_decode_alloc_lens_matches_loop() -> None:
         allocated = committed + rng.integers(0, 80, size=8)
         valid = rng.random(8) > 0.3
         cur, nxt, need = page_aligned_decode_alloc_lens(
-            jnp.asarray(committed, jnp.int32), jnp.asarray(allocated, jnp.int32), reserve=32,
-            page_size=page_size, valid=jnp.asarray(valid))
+            jnp.asarray(committed, jnp.int32),
+            jnp.asarray(allocated, jnp.int32),
+            reserve=32,
+            page_size=page_size,
+            valid=jnp.asarray(valid),
+        )
         want_nxt, want_need = [], 0
         for c, a, v in zip(committed, allocated, valid):
             n = max(a, -(-(c + 32) // page_size) * page_size) if v else a
@@ -113,8 +130,9 @@ def test_spec14_end_to_end() -> None:
     r2t = init_req_to_token(cfg)
     reqs = init_req_kv_state(2)
     new = jnp.array([True, False])
-    allocator, r2t, reqs = prefill(allocator, r2t, reqs, new, jnp.array([1, 0], jnp.int32),
-                                   jnp.array([7, 0], jnp.int32))
+    allocator, r2t, reqs = prefill(
+        allocator, r2t, reqs, new, jnp.array([1, 0], jnp.int32), jnp.array([7, 0], jnp.int32)
+    )
     # prefill took pages 1, 2: row[0..6] = slots 4..10.
     np.testing.assert_array_equal(np.asarray(r2t[1, :7]), np.arange(4, 11))
     free_before = int(allocator.num_free)
@@ -155,8 +173,9 @@ def test_spec14_end_to_end() -> None:
     np.testing.assert_array_equal(np.asarray(tgt)[:2], row[[7, 8]])
     target = random_pool(cfg, 2)
     before = np.asarray(target.k)
-    target = move_accept_tokens_to_target_kvcache(copy_tree(target), r2t, rpi, seq, window,
-                                                  accept_index, accept_lens)
+    target = move_accept_tokens_to_target_kvcache(
+        copy_tree(target), r2t, rpi, seq, window, accept_index, accept_lens
+    )
     np.testing.assert_array_equal(np.asarray(target.k)[:, row[[7, 8]]], before[:, row[[7, 9]]])
 
     reqs = commit_kv_lens(reqs, jnp.array([2, 0], jnp.int32))
@@ -168,9 +187,17 @@ def test_spec14_end_to_end() -> None:
     allocator, reqs = release_kv_cache(allocator, r2t, reqs, jnp.array([True, False]))
     assert int(allocator.num_free) == cfg.num_pages
     assert not bool(reqs.valid.any()) and not np.asarray(reqs.allocated_lens).any()
-    check_integrity(allocator, owned_page_mask(r2t, reqs.req_pool_indices, reqs.allocated_lens,
-                                               num_pages=cfg.num_pages, page_size=4,
-                                               valid=reqs.valid))
+    check_integrity(
+        allocator,
+        owned_page_mask(
+            r2t,
+            reqs.req_pool_indices,
+            reqs.allocated_lens,
+            num_pages=cfg.num_pages,
+            page_size=4,
+            valid=reqs.valid,
+        ),
+    )
 
 
 # ---- failure paths: state unchanged ------------------------------------------------------------
@@ -179,8 +206,14 @@ def _two_requests(cfg: SpecConfig, prompt=(7, 5)):
     r2t = init_req_to_token(cfg)
     reqs = init_req_kv_state(3)
     new = jnp.array([True, True, False])
-    return prefill(allocator, r2t, reqs, new, jnp.array([1, 2, 0], jnp.int32),
-                   jnp.array(list(prompt) + [0], jnp.int32))
+    return prefill(
+        allocator,
+        r2t,
+        reqs,
+        new,
+        jnp.array([1, 2, 0], jnp.int32),
+        jnp.array(list(prompt) + [0], jnp.int32),
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -214,9 +247,12 @@ def test_row_width_trace_time_error() -> None:
     allocator, r2t, reqs = _two_requests(cfg)
     narrow = r2t[:, : cfg.context_len + 32]  # ceil4(16 + 32) = 48 fits; 47 does not
     prepare_for_decode(allocator, narrow, reqs, cfg)
-    with pytest.raises(ValueError, match=r"ceil_P\(context_len \+ alloc_reserve_per_decode\) = 48 "
-                                         r"exceeds the req_to_token row width 47 "
-                                         r"\(cfg.req_to_token_width=51"):
+    with pytest.raises(
+        ValueError,
+        match=r"ceil_P\(context_len \+ alloc_reserve_per_decode\) = 48 "
+        r"exceeds the req_to_token row width 47 "
+        r"\(cfg.req_to_token_width=51",
+    ):
         prepare_for_decode(allocator, r2t[:, :47], reqs, cfg)
 
 
@@ -225,15 +261,19 @@ def test_dynamic_row_width_overflow_not_ok_and_probe() -> None:
     allocator, r2t, reqs = _two_requests(cfg)
     width = r2t.shape[1]
     # committed past context_len (a scheduler bug): nxt = ceil4(30 + 32) = 64 > 51.
-    reqs = ReqKVState(committed_lens=jnp.array([30, 5, 0], jnp.int32),
-                      allocated_lens=jnp.array([30, 5, 0], jnp.int32),
-                      req_pool_indices=reqs.req_pool_indices, valid=reqs.valid)
+    reqs = ReqKVState(
+        committed_lens=jnp.array([30, 5, 0], jnp.int32),
+        allocated_lens=jnp.array([30, 5, 0], jnp.int32),
+        req_pool_indices=reqs.req_pool_indices,
+        valid=reqs.valid,
+    )
     state = copy_tree((allocator, r2t, reqs))
     out = prepare_for_decode(allocator, r2t, reqs, cfg)
     assert not bool(out[3])
     assert_tree_equal(out[:3], state)
-    with pytest.raises(probes.ProbeError, match=f"max\\(nxt\\)=64 exceeds req_to_token row "
-                                                f"width {width}"):
+    with pytest.raises(
+        probes.ProbeError, match=f"max\\(nxt\\)=64 exceeds req_to_token row width {width}"
+    ):
         probes.checked(lambda *a: prepare_for_decode(*a, cfg))(allocator, r2t, reqs)
 
 
@@ -241,9 +281,12 @@ def test_padding_rows_allocate_nothing() -> None:
     cfg = spec14_config()
     allocator, r2t, reqs = _two_requests(cfg)
     r2t = r2t.at[0].set(POISON)  # the padding row must stay untouched
-    reqs = ReqKVState(committed_lens=reqs.committed_lens.at[2].set(9),
-                      allocated_lens=reqs.allocated_lens.at[2].set(9),
-                      req_pool_indices=reqs.req_pool_indices, valid=reqs.valid)
+    reqs = ReqKVState(
+        committed_lens=reqs.committed_lens.at[2].set(9),
+        allocated_lens=reqs.allocated_lens.at[2].set(9),
+        req_pool_indices=reqs.req_pool_indices,
+        valid=reqs.valid,
+    )
     free_before = int(allocator.num_free)
     allocator, r2t, new_reqs, ok = prepare_for_decode(allocator, r2t, reqs, cfg)
     assert bool(ok)
@@ -255,8 +298,14 @@ def test_padding_rows_allocate_nothing() -> None:
 
 # ---- long random run -----------------------------------------------------------------------------
 def _owned(r2t, reqs, cfg):
-    return owned_page_mask(r2t, reqs.req_pool_indices, reqs.allocated_lens,
-                           num_pages=cfg.num_pages, page_size=cfg.page_size, valid=reqs.valid)
+    return owned_page_mask(
+        r2t,
+        reqs.req_pool_indices,
+        reqs.allocated_lens,
+        num_pages=cfg.num_pages,
+        page_size=cfg.page_size,
+        valid=reqs.valid,
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
@@ -264,10 +313,19 @@ def _owned(r2t, reqs, cfg):
 def test_long_random_run_returns_every_page(page_size, topk) -> None:
     num_steps, n_draft = 3, 4 if topk == 1 else 8
     batch = 4
-    cfg = SpecConfig(page_size=page_size, topk=topk, num_steps=num_steps,
-                     num_draft_tokens=n_draft, context_len=96, max_running_requests=6,
-                     num_pages=(batch + 1) * 300 // page_size, num_layers=0, num_kv_heads=1,
-                     head_dim=4, dtype="float32")
+    cfg = SpecConfig(
+        page_size=page_size,
+        topk=topk,
+        num_steps=num_steps,
+        num_draft_tokens=n_draft,
+        context_len=96,
+        max_running_requests=6,
+        num_pages=(batch + 1) * 300 // page_size,
+        num_layers=0,
+        num_kv_heads=1,
+        head_dim=4,
+        dtype="float32",
+    )
     rng = np.random.default_rng(page_size * 10 + topk)
     allocator = init_allocator(cfg.num_pages, cfg.page_size)
     r2t = init_req_to_token(cfg)
@@ -285,9 +343,14 @@ def test_long_random_run_returns_every_page(page_size, topk) -> None:
             row_ids = np.zeros(batch, np.int64)
             row_ids[new] = np.asarray(rows)[: int(new.sum())]
             prompt = rng.integers(1, 3 * page_size + 6, size=batch)
-            allocator, r2t, reqs = prefill(allocator, r2t, reqs, jnp.asarray(new),
-                                           jnp.asarray(row_ids, jnp.int32),
-                                           jnp.asarray(prompt, jnp.int32))
+            allocator, r2t, reqs = prefill(
+                allocator,
+                r2t,
+                reqs,
+                jnp.asarray(new),
+                jnp.asarray(row_ids, jnp.int32),
+                jnp.asarray(prompt, jnp.int32),
+            )
         allocator, r2t, reqs, ok = prepare_for_decode(allocator, r2t, reqs, cfg)
         assert bool(ok), f"step {step}: pool exhausted (available={int(available_size(allocator))})"
         valid = np.asarray(reqs.valid)
@@ -296,11 +359,20 @@ def test_long_random_run_returns_every_page(page_size, topk) -> None:
         rpi = np.asarray(reqs.req_pool_indices)
         assert (alloc_lens[valid] % page_size == 0).all()
         # every draft slot and the verify window lie inside the allocated row
-        out = np.asarray(draft_out_cache_loc(r2t, reqs.req_pool_indices, reqs.committed_lens,
-                                             valid=reqs.valid, **kw))
-        window = np.asarray(verify_out_cache_loc(r2t, reqs.req_pool_indices,
-                                                 reqs.committed_lens, num_draft_tokens=n_draft,
-                                                 valid=reqs.valid)).reshape(batch, n_draft)
+        out = np.asarray(
+            draft_out_cache_loc(
+                r2t, reqs.req_pool_indices, reqs.committed_lens, valid=reqs.valid, **kw
+            )
+        )
+        window = np.asarray(
+            verify_out_cache_loc(
+                r2t,
+                reqs.req_pool_indices,
+                reqs.committed_lens,
+                num_draft_tokens=n_draft,
+                valid=reqs.valid,
+            )
+        ).reshape(batch, n_draft)
         r2t_np = np.asarray(r2t)
         for b in np.flatnonzero(valid):
             owned = set(r2t_np[rpi[b], : alloc_lens[b]].tolist())
@@ -312,12 +384,14 @@ def test_long_random_run_returns_every_page(page_size, topk) -> None:
         accept = np.where(valid, rng.integers(1, num_steps + 2, size=batch), 0)
         reqs = commit_kv_lens(reqs, jnp.asarray(accept, jnp.int32))
         committed = np.asarray(reqs.committed_lens)
-        finished = valid & ((rng.random(batch) < 0.15) | (committed > cfg.context_len - 6)
-                            | (step == 39))
+        finished = valid & (
+            (rng.random(batch) < 0.15) | (committed > cfg.context_len - 6) | (step == 39)
+        )
         if finished.any():
             finished_total += int(finished.sum())
-            rows_alloc = free_req_rows(rows_alloc, jnp.asarray(rpi, jnp.int32),
-                                       valid=jnp.asarray(finished))
+            rows_alloc = free_req_rows(
+                rows_alloc, jnp.asarray(rpi, jnp.int32), valid=jnp.asarray(finished)
+            )
             allocator, reqs = release_kv_cache(allocator, r2t, reqs, jnp.asarray(finished))
             check_integrity(allocator, _owned(r2t, reqs, cfg), what=f"release {step}")
     assert not bool(reqs.valid.any()) and finished_total > batch

@@ -21,13 +21,22 @@ KERNEL_IMPLS = ("pallas",) + (("triton",) if ON_GPU else ())
 # Small tunings so that tiny shapes still span several row blocks (stash pass) and column
 # tiles, or one row block for every pair.
 SMALL = {"block_rows": 4, "block_elems": 64, "single_block_rows": 1}
-TUNINGS = {"multi_block": SMALL,
-           "single_block": {"block_rows": 4, "block_elems": 512, "single_block_rows": 64}}
+TUNINGS = {
+    "multi_block": SMALL,
+    "single_block": {"block_rows": 4, "block_elems": 512, "single_block_rows": 64},
+}
 NUM_LAYERS, HEADS, HEAD_DIM = 2, 2, 8
 
 
-def _pool(rng, num_slots, dtype=np.float32, page_size=4, num_layers=NUM_LAYERS,
-          heads=HEADS, head_dim=HEAD_DIM) -> tuple[KVPool, np.ndarray, np.ndarray]:
+def _pool(
+    rng,
+    num_slots,
+    dtype=np.float32,
+    page_size=4,
+    num_layers=NUM_LAYERS,
+    heads=HEADS,
+    head_dim=HEAD_DIM,
+) -> tuple[KVPool, np.ndarray, np.ndarray]:
     """A pool poisoned with distinct random values (every row distinguishable)."""
     shape = (num_layers, num_slots, heads, head_dim)
     k = rng.standard_normal(shape).astype(np.float32)
@@ -50,8 +59,9 @@ def _run(pool, tgt, src, impl, interpret, **tuning):
     src = jnp.asarray(np.asarray(src, np.int32))
     if impl == "xla":
         return move_kv_cache(pool, tgt, src, impl="xla")
-    return move_kv_cache(pool, tgt, src, impl=impl, interpret=interpret if impl == "pallas"
-                         else None, **tuning)
+    return move_kv_cache(
+        pool, tgt, src, impl=impl, interpret=interpret if impl == "pallas" else None, **tuning
+    )
 
 
 def _assert_moved(out, k, v, tgt, src):
@@ -69,8 +79,9 @@ def test_random_pairs_match_reference(impl, page_size, interpret):
     slots = rng.permutation(np.arange(page_size, num_slots))
     tgt, src = slots[:n], rng.integers(0, num_slots, size=n)
     pool, k, v = _pool(rng, num_slots, page_size=page_size)
-    want = jax.jit(move_kv_cache_reference)(pool, jnp.asarray(tgt, jnp.int32),
-                                            jnp.asarray(src, jnp.int32))
+    want = jax.jit(move_kv_cache_reference)(
+        pool, jnp.asarray(tgt, jnp.int32), jnp.asarray(src, jnp.int32)
+    )
     out = _run(pool, tgt, src, impl, interpret, **SMALL)
     np.testing.assert_array_equal(np.asarray(out.k), np.asarray(want.k))
     np.testing.assert_array_equal(np.asarray(out.v), np.asarray(want.v))
@@ -87,22 +98,25 @@ def test_reference_matches_numpy():
 
 # ---- overlap (gather-then-scatter), padding pairs -------------------------------------------
 OVERLAP_CASES = {
-    "reverse_shift": ([1, 2, 3, 4], [0, 1, 2, 3]),             # sglang's test
+    "reverse_shift": ([1, 2, 3, 4], [0, 1, 2, 3]),  # sglang's test
     "forward_shift": ([0, 1, 2, 3], [1, 2, 3, 4]),
     "self_copy": ([5, 6, 7], [5, 6, 7]),
     "swap": ([5, 9], [9, 5]),
     "cycle": ([5, 6, 7, 8], [6, 7, 8, 5]),
-    "long_reverse_shift": (list(range(9, 40)), list(range(8, 39))),   # spans row blocks
+    "long_reverse_shift": (list(range(9, 40)), list(range(8, 39))),  # spans row blocks
     "long_forward_shift": (list(range(8, 39)), list(range(9, 40))),
-    "chain_across_blocks": ([10, 20, 30, 11, 21, 31, 12, 22, 32], [20, 30, 40, 21, 31, 41,
-                                                                    22, 32, 42]),
+    "chain_across_blocks": (
+        [10, 20, 30, 11, 21, 31, 12, 22, 32],
+        [20, 30, 40, 21, 31, 41, 22, 32, 42],
+    ),
     "padding_pairs": ([0, 0, 7, 0, 8, 0, 0], [0, 0, 12, 0, 13, 0, 0]),
     "padding_mixed_overlap": ([0, 3, 4, 0, 5, 0], [0, 4, 5, 0, 6, 0]),
 }
 
 
-@pytest.mark.parametrize("impl,tuning", [("xla", "-")] + [(i, t) for i in KERNEL_IMPLS
-                                                            for t in TUNINGS])
+@pytest.mark.parametrize(
+    "impl,tuning", [("xla", "-")] + [(i, t) for i in KERNEL_IMPLS for t in TUNINGS]
+)
 @pytest.mark.parametrize("case", list(OVERLAP_CASES))
 def test_overlap_cases(impl, tuning, case, interpret):
     if impl == "xla" and not interpret:
@@ -129,8 +143,10 @@ def _numpy_modes(tgt, src, block_rows):
         if t == s:
             modes.append(mkc.MODE_SKIP)
             continue
-        cross = any(ti == s and ti != si and i // block_rows != j // block_rows
-                    for i, (ti, si) in enumerate(zip(tgt, src)))
+        cross = any(
+            ti == s and ti != si and i // block_rows != j // block_rows
+            for i, (ti, si) in enumerate(zip(tgt, src))
+        )
         modes.append(mkc.MODE_STASH if cross else mkc.MODE_DIRECT)
     return modes
 
@@ -139,13 +155,18 @@ def _numpy_modes(tgt, src, block_rows):
 @given(data=st.data())
 def test_property_pair_modes_dense_and_scatter_agree(data):
     n = data.draw(st.sampled_from([5, 16]))
-    tgt = data.draw(st.lists(st.integers(0, 15), min_size=n, max_size=n))   # duplicates too
+    tgt = data.draw(st.lists(st.integers(0, 15), min_size=n, max_size=n))  # duplicates too
     src = data.draw(st.lists(st.integers(0, 15), min_size=n, max_size=n))
     block_rows = data.draw(st.sampled_from([2, 4]))
     want = _numpy_modes(tgt, src, block_rows)
     for dense_max in (0, 4096):
-        got = mkc.pair_modes(jnp.asarray(tgt, jnp.int32), jnp.asarray(src, jnp.int32), 16,
-                             block_rows, dense_max=dense_max)
+        got = mkc.pair_modes(
+            jnp.asarray(tgt, jnp.int32),
+            jnp.asarray(src, jnp.int32),
+            16,
+            block_rows,
+            dense_max=dense_max,
+        )
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
@@ -187,8 +208,7 @@ def test_ragged_row_width(impl, interpret):
     rng = np.random.default_rng(5)
     pool, k, v = _pool(rng, 32, heads=3, head_dim=5)
     tgt, src = [1, 2, 3, 4, 5, 6, 7], [2, 3, 4, 5, 6, 7, 8]
-    out = _run(pool, tgt, src, impl, interpret, block_rows=2, block_elems=16,
-               single_block_rows=1)
+    out = _run(pool, tgt, src, impl, interpret, block_rows=2, block_elems=16, single_block_rows=1)
     _assert_moved(out, k, v, tgt, src)
 
 
@@ -196,7 +216,7 @@ def test_int_locs_and_default_impl():
     rng = np.random.default_rng(6)
     pool, k, v = _pool(rng, 20)
     tgt, src = np.array([5, 6], np.int32), np.array([7, 8], np.int32)
-    out = move_kv_cache(pool, jnp.asarray(tgt), jnp.asarray(src))       # impl="auto"
+    out = move_kv_cache(pool, jnp.asarray(tgt), jnp.asarray(src))  # impl="auto"
     _assert_moved(out, k, v, tgt, src)
 
 
@@ -225,8 +245,7 @@ def test_property_arbitrary_pairs(data):
     # back to slot 0, racing a real write there; compiled masked stores write nothing).
     num_slots = 24
     n = data.draw(st.sampled_from([3, 9]))
-    tgt = data.draw(st.lists(st.integers(1, num_slots - 1), min_size=n, max_size=n,
-                             unique=True))
+    tgt = data.draw(st.lists(st.integers(1, num_slots - 1), min_size=n, max_size=n, unique=True))
     src = data.draw(st.lists(st.integers(0, num_slots - 1), min_size=n, max_size=n))
     pads = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     tgt = [0 if pad else t for t, pad in zip(tgt, pads)]
@@ -235,8 +254,16 @@ def test_property_arbitrary_pairs(data):
     rng = np.random.default_rng(9)
     pool, k, v = _pool(rng, num_slots)
     single = data.draw(st.sampled_from([1, 16]))
-    out = _run(pool, tgt, src, "pallas", True, block_rows=block_rows, block_elems=32,
-               single_block_rows=single)
+    out = _run(
+        pool,
+        tgt,
+        src,
+        "pallas",
+        True,
+        block_rows=block_rows,
+        block_elems=32,
+        single_block_rows=single,
+    )
     _assert_moved(out, k, v, tgt, src)
 
 
@@ -300,16 +327,23 @@ def test_triton_source_in_interpreter(monkeypatch):
     tgt = np.array(list(range(9, 30)) + [0, 0, 40], np.int32)
     src = np.array(list(range(8, 29)) + [0, 0, 41], np.int32)
     n = len(tgt)
-    rows, cols, n_pad, num_col_tiles = mkc.plan_blocks(n, width, block_rows=4, block_elems=32,
-                                                       single_block_rows=1)
+    rows, cols, n_pad, num_col_tiles = mkc.plan_blocks(
+        n, width, block_rows=4, block_elems=32, single_block_rows=1
+    )
     mode = np.asarray(mkc.pair_modes(jnp.asarray(tgt), jnp.asarray(src), num_slots, rows))
     assert (mode == mkc.MODE_STASH).any()
     tk, tv = torch.tensor(k), torch.tensor(v)
     sk = torch.full((num_layers, n_pad, width), float("nan"))
     sv = sk.clone()
     grid = (num_layers, n_pad // rows, num_col_tiles)
-    static = {"N": n, "NUM_SLOTS": num_slots, "N_PAD": n_pad, "ROW_WIDTH": width,
-              "BLOCK_ROWS": rows, "BLOCK_COLS": cols}
+    static = {
+        "N": n,
+        "NUM_SLOTS": num_slots,
+        "N_PAD": n_pad,
+        "ROW_WIDTH": width,
+        "BLOCK_ROWS": rows,
+        "BLOCK_COLS": cols,
+    }
     t_t, s_t, m_t = (torch.tensor(a) for a in (tgt, src, mode))
     mod.stash_kv_rows_kernel[grid](s_t, m_t, tk, tv, sk, sv, **static)
     mod.move_kv_rows_kernel[grid](t_t, s_t, m_t, sk, sv, tk, tv, tk, tv, STASHED=True, **static)
@@ -317,10 +351,12 @@ def test_triton_source_in_interpreter(monkeypatch):
     np.testing.assert_array_equal(tv.numpy(), _numpy_move(v, tgt, src))
     # One row block, no stash: the kernel derives skip/direct from tgt != src itself.
     tk, tv = torch.tensor(k), torch.tensor(v)
-    rows, cols, n_pad, num_col_tiles = mkc.plan_blocks(n, width, block_rows=4, block_elems=128,
-                                                       single_block_rows=32)
+    rows, cols, n_pad, num_col_tiles = mkc.plan_blocks(
+        n, width, block_rows=4, block_elems=128, single_block_rows=32
+    )
     static.update(N_PAD=n_pad, BLOCK_ROWS=rows, BLOCK_COLS=cols)
     mod.move_kv_rows_kernel[(num_layers, 1, num_col_tiles)](
-        t_t, s_t, s_t, sk, sv, tk, tv, tk, tv, STASHED=False, **static)
+        t_t, s_t, s_t, sk, sv, tk, tv, tk, tv, STASHED=False, **static
+    )
     np.testing.assert_array_equal(tk.numpy(), _numpy_move(k, tgt, src))
     np.testing.assert_array_equal(tv.numpy(), _numpy_move(v, tgt, src))

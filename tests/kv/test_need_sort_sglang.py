@@ -81,8 +81,9 @@ def test_torch_reference_merges_like_sglang() -> None:
     r = PagedTokenToKVPoolAllocator(NUM_PAGES * P, P, torch.float16, "cpu", None, need_sort=True)
     out = r.alloc_extend(t([0, 0]), t([0, 0]), t([147, 154]), t([147, 154]), t([-1, -1]), 301)
     assert out.tolist() == ROW_A[:147] + ROW_B[:154]
-    out = r.alloc_extend(t([147, 154]), t([147, 154]), t([339, 311]), t([339, 311]),
-                         t([210, 409]), 349)
+    out = r.alloc_extend(
+        t([147, 154]), t([147, 154]), t([339, 311]), t([339, 311]), t([210, 409]), 349
+    )
     assert out.tolist() == ROW_A[147:339] + ROW_B[154:311]
     assert r.alloc_decode(t([340, 312]), t([340, 312]), t([594, 758])).tolist() == [595, 759]
     r.free_segment(t(ROW_B[192:312]), start_pos=192)
@@ -97,11 +98,17 @@ def test_torch_reference_merges_like_sglang() -> None:
 def test_padding_rows_do_not_count_in_bs() -> None:
     """A drop-in pads sglang's batch; ``valid`` keeps the padding out of sglang's ``bs``."""
     a = A.init_allocator(6, 4, need_sort=True)
-    a = A.alloc(a, 16, max_slots=16)[0]                                  # free [5, 6]
-    a = A.free(a, _i32([4]))                                             # staged [1]
+    a = A.alloc(a, 16, max_slots=16)[0]  # free [5, 6]
+    a = A.free(a, _i32([4]))  # staged [1]
     # sglang, one request 0 -> 1: 1//4 + 1 + 1 = 2 > 2 is False: no merge, page 5.
-    _, s, ok = A.alloc_extend(a, _i32([0, 0]), _i32([1, 0]), _i32([-1, -1]), max_new_slots=4,
-                              valid=jnp.array([True, False]))
+    _, s, ok = A.alloc_extend(
+        a,
+        _i32([0, 0]),
+        _i32([1, 0]),
+        _i32([-1, -1]),
+        max_new_slots=4,
+        valid=jnp.array([True, False]),
+    )
     assert bool(ok) and np.asarray(s).tolist() == [20, 0, 0, 0]
     # Counted as a row of sglang's batch, the padding would trigger the merge: page 1.
     _, s, ok = A.alloc_extend(a, _i32([0, 0]), _i32([1, 0]), _i32([-1, -1]), max_new_slots=4)

@@ -12,20 +12,36 @@ from jspec.config import SpecConfig
 from jspec.kv.pool import KVPool, get_kv, init_kv_pool, set_kv_buffer
 
 POISON = -7.0
-CFG = SpecConfig(page_size=4, num_pages=8, num_layers=3, num_kv_heads=2, head_dim=8,
-                 dtype="float32", context_len=64)
+CFG = SpecConfig(
+    page_size=4,
+    num_pages=8,
+    num_layers=3,
+    num_kv_heads=2,
+    head_dim=8,
+    dtype="float32",
+    context_len=64,
+)
 
 
 def _rows(rng, t, cfg=CFG):
     shape = (t, cfg.num_kv_heads, cfg.head_dim)
-    return (rng.standard_normal(shape).astype(np.float32),
-            rng.standard_normal(shape).astype(np.float32))
+    return (
+        rng.standard_normal(shape).astype(np.float32),
+        rng.standard_normal(shape).astype(np.float32),
+    )
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_init_shapes_and_fill(dtype):
-    cfg = SpecConfig(page_size=16, num_pages=4, num_layers=2, num_kv_heads=2, head_dim=4,
-                     dtype=dtype, context_len=64)
+    cfg = SpecConfig(
+        page_size=16,
+        num_pages=4,
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=4,
+        dtype=dtype,
+        context_len=64,
+    )
     pool = init_kv_pool(cfg, fill=POISON)
     assert pool.k.shape == pool.v.shape == (2, 4 * 16 + 16, 2, 4)
     assert pool.k.dtype == pool.v.dtype == jnp.dtype(dtype)
@@ -60,8 +76,15 @@ def test_set_kv_buffer_writes_only_given_slots():
 
 def test_set_kv_buffer_casts_and_get_kv_roundtrip():
     rng = np.random.default_rng(1)
-    cfg = SpecConfig(page_size=4, num_pages=8, num_layers=2, num_kv_heads=2, head_dim=8,
-                     dtype="bfloat16", context_len=64)
+    cfg = SpecConfig(
+        page_size=4,
+        num_pages=8,
+        num_layers=2,
+        num_kv_heads=2,
+        head_dim=8,
+        dtype="bfloat16",
+        context_len=64,
+    )
     pool = init_kv_pool(cfg, fill=POISON)
     slots = jnp.asarray([6, 7, 8], jnp.int32)
     k, v = _rows(rng, 3, cfg)
@@ -110,8 +133,9 @@ def test_set_kv_buffer_probe_fires():
     rows = jnp.zeros((2, CFG.num_kv_heads, CFG.head_dim))
     bad = jnp.asarray([1, CFG.num_slots], jnp.int32)
     fn = probes.checked(lambda p, s: set_kv_buffer(p, 0, s, rows, rows))
-    with pytest.raises(probes.ProbeError,
-                       match=rf"set_kv_buffer: slot_ids out of range.*{CFG.num_slots}"):
+    with pytest.raises(
+        probes.ProbeError, match=rf"set_kv_buffer: slot_ids out of range.*{CFG.num_slots}"
+    ):
         fn(pool, bad)
 
 

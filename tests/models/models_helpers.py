@@ -12,12 +12,26 @@ import numpy as np
 from jspec.models import LlamaConfig, LlamaTarget
 
 # Tiny Llama geometry: GQA (4 query heads over 2 KV heads), head_dim != hidden / heads.
-TINY = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
-        "rms_norm_eps": 1e-5, "max_position_embeddings": 512, "bos_token_id": 1,
-        "eos_token_id": [2, 3]}
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+TINY = {
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 12,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": [2, 3],
+}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def dense_attn_fn(layer, pool, q, k, v):
@@ -77,23 +91,52 @@ def hf_logits(model, ids, positions):
 
 
 # ---- EAGLE-3 heads written by hand (safetensors, HF names) ----------------------------------
-TARGET = LlamaTarget(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48,
-                                 num_layers=8, num_heads=4, num_kv_heads=2, head_dim=12))
+TARGET = LlamaTarget(
+    LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=48,
+        num_layers=8,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=12,
+    )
+)
 DRAFT_VOCAB = 40
 
 
 def eagle3_config(**overrides):
-    raw = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-           "hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "num_hidden_layers": 1, "vocab_size": 96,
-           "draft_vocab_size": DRAFT_VOCAB, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-           "rope_scaling": dict(LLAMA3_ROPE), "torch_dtype": "bfloat16"}
+    raw = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": 32,
+        "intermediate_size": 40,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "vocab_size": 96,
+        "draft_vocab_size": DRAFT_VOCAB,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": dict(LLAMA3_ROPE),
+        "torch_dtype": "bfloat16",
+    }
     raw.update(overrides)
     return raw
 
 
-def eagle3_tensors(seed=0, *, hid=32, inter=40, heads=4, kv_heads=2, head_dim=8,
-                   draft_vocab=DRAFT_VOCAB, vocab=96, fc_bias=False):
+def eagle3_tensors(
+    seed=0,
+    *,
+    hid=32,
+    inter=40,
+    heads=4,
+    kv_heads=2,
+    head_dim=8,
+    draft_vocab=DRAFT_VOCAB,
+    vocab=96,
+    fc_bias=False,
+):
     """Random head weights by HF name, ``nn.Linear`` layout, d2t int64 / t2d bool."""
     rng = np.random.default_rng(seed)
 
@@ -107,7 +150,8 @@ def eagle3_tensors(seed=0, *, hid=32, inter=40, heads=4, kv_heads=2, head_dim=8,
     t2d = np.zeros(vocab, bool)
     t2d[hot] = True
     out = {
-        "fc.weight": lin(hid, 3 * hid), "midlayer.hidden_norm.weight": norm(),
+        "fc.weight": lin(hid, 3 * hid),
+        "midlayer.hidden_norm.weight": norm(),
         "midlayer.input_layernorm.weight": norm(),
         "midlayer.post_attention_layernorm.weight": norm(),
         "midlayer.self_attn.q_proj.weight": lin(heads * head_dim, 2 * hid),
@@ -116,9 +160,12 @@ def eagle3_tensors(seed=0, *, hid=32, inter=40, heads=4, kv_heads=2, head_dim=8,
         "midlayer.self_attn.o_proj.weight": lin(hid, heads * head_dim),
         "midlayer.mlp.gate_proj.weight": lin(inter, hid),
         "midlayer.mlp.up_proj.weight": lin(inter, hid),
-        "midlayer.mlp.down_proj.weight": lin(hid, inter), "norm.weight": norm(),
+        "midlayer.mlp.down_proj.weight": lin(hid, inter),
+        "norm.weight": norm(),
         "lm_head.weight": lin(draft_vocab, hid),
-        "d2t": (hot - np.arange(draft_vocab)).astype(np.int64), "t2d": t2d}
+        "d2t": (hot - np.arange(draft_vocab)).astype(np.int64),
+        "t2d": t2d,
+    }
     if fc_bias:
         out["fc.bias"] = (0.1 * rng.standard_normal(hid)).astype(np.float32)
     return out

@@ -13,21 +13,38 @@ from safetensors.numpy import save_file
 from jspec.models import load_draft, load_eagle3, load_llama
 from jspec.models.checkpoint import LAYER_TABLE
 
-RAW = {"architectures": ["LlamaForCausalLM"], "vocab_size": 50, "hidden_size": 16,
-       "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
-       "num_key_value_heads": 2, "torch_dtype": "float32", "tie_word_embeddings": False}
+RAW = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 50,
+    "hidden_size": 16,
+    "intermediate_size": 24,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "torch_dtype": "float32",
+    "tie_word_embeddings": False,
+}
 
 
 def llama_tensors(seed=0, *, hid=16, inter=24, vocab=50, layers=2, qd=16, kvd=8):
     rng = np.random.default_rng(seed)
-    shapes = {"input_layernorm.weight": (hid,), "self_attn.q_proj.weight": (qd, hid),
-              "self_attn.k_proj.weight": (kvd, hid), "self_attn.v_proj.weight": (kvd, hid),
-              "self_attn.o_proj.weight": (hid, qd), "post_attention_layernorm.weight": (hid,),
-              "mlp.gate_proj.weight": (inter, hid), "mlp.up_proj.weight": (inter, hid),
-              "mlp.down_proj.weight": (hid, inter)}
+    shapes = {
+        "input_layernorm.weight": (hid,),
+        "self_attn.q_proj.weight": (qd, hid),
+        "self_attn.k_proj.weight": (kvd, hid),
+        "self_attn.v_proj.weight": (kvd, hid),
+        "self_attn.o_proj.weight": (hid, qd),
+        "post_attention_layernorm.weight": (hid,),
+        "mlp.gate_proj.weight": (inter, hid),
+        "mlp.up_proj.weight": (inter, hid),
+        "mlp.down_proj.weight": (hid, inter),
+    }
     assert {name for name, _ in LAYER_TABLE.values()} == set(shapes)
-    out = {"model.embed_tokens.weight": (vocab, hid), "model.norm.weight": (hid,),
-           "lm_head.weight": (vocab, hid)}
+    out = {
+        "model.embed_tokens.weight": (vocab, hid),
+        "model.norm.weight": (hid,),
+        "lm_head.weight": (vocab, hid),
+    }
     out.update({f"model.layers.{i}.{k}": s for i in range(layers) for k, s in shapes.items()})
     return {k: rng.standard_normal(s).astype(np.float32) for k, s in out.items()}
 
@@ -44,7 +61,8 @@ def write_llama(directory, tensors, raw=RAW, shards=1):
             save_file(part, str(directory / file))
             weight_map.update(dict.fromkeys(part, file))
         (directory / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {}, "weight_map": weight_map}))
+            json.dumps({"metadata": {}, "weight_map": weight_map})
+        )
     (directory / "config.json").write_text(json.dumps(raw))
     return directory
 
@@ -52,11 +70,14 @@ def write_llama(directory, tensors, raw=RAW, shards=1):
 def test_hand_written_checkpoint_loads(tmp_path):
     tensors = llama_tensors()
     calls = []
-    target, params = load_llama(write_llama(tmp_path, tensors, shards=3),
-                                progress=lambda done, total: calls.append((done, total)))
+    target, params = load_llama(
+        write_llama(tmp_path, tensors, shards=3),
+        progress=lambda done, total: calls.append((done, total)),
+    )
     assert calls == [(i + 1, len(tensors)) for i in range(len(tensors))]
-    np.testing.assert_array_equal(np.asarray(params.layers[1].wq),
-                                  tensors["model.layers.1.self_attn.q_proj.weight"].T)
+    np.testing.assert_array_equal(
+        np.asarray(params.layers[1].wq), tensors["model.layers.1.self_attn.q_proj.weight"].T
+    )
     np.testing.assert_array_equal(np.asarray(params.lm_head), tensors["lm_head.weight"].T)
     assert target.num_layers == 2 and target.head_dim == 4
 
@@ -66,8 +87,11 @@ def test_missing_tensor_names_it_and_the_files(tmp_path, shards):
     tensors = llama_tensors()
     del tensors["model.layers.1.mlp.up_proj.weight"]
     write_llama(tmp_path, tensors, shards=shards)
-    with pytest.raises(ValueError, match=r"'model\.layers\.1\.mlp\.up_proj\.weight' is missing "
-                                         r"from .*model(-00001-of-00003)?\.safetensors"):
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.layers\.1\.mlp\.up_proj\.weight' is missing "
+        r"from .*model(-00001-of-00003)?\.safetensors",
+    ):
         load_llama(tmp_path)
 
 
@@ -77,17 +101,19 @@ def test_untied_model_without_lm_head(tmp_path):
     with pytest.raises(ValueError, match="'lm_head.weight' is missing"):
         load_llama(write_llama(tmp_path, tensors))
     # ... loads once the config says the head is tied
-    _, params = load_llama(write_llama(tmp_path, tensors, {**RAW,
-                                                           "tie_word_embeddings": True}))
+    _, params = load_llama(write_llama(tmp_path, tensors, {**RAW, "tie_word_embeddings": True}))
     assert params.lm_head is None
 
 
 def test_misshaped_tensor_names_both_shapes(tmp_path):
     tensors = llama_tensors()
     tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((16, 16), np.float32)
-    with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn\.k_proj\.weight' in "
-                                         r"model\.safetensors has shape \(16, 16\), expected "
-                                         r"\(8, 16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.layers\.0\.self_attn\.k_proj\.weight' in "
+        r"model\.safetensors has shape \(16, 16\), expected "
+        r"\(8, 16\)",
+    ):
         load_llama(write_llama(tmp_path, tensors))
 
 
@@ -114,15 +140,17 @@ def test_missing_shard_and_no_weights(tmp_path):
 
 def test_unsupported_architecture(tmp_path):
     with pytest.raises(ValueError, match="Qwen2ForCausalLM"):
-        load_llama(write_llama(tmp_path, llama_tensors(),
-                               {**RAW, "architectures": ["Qwen2ForCausalLM"]}))
+        load_llama(
+            write_llama(tmp_path, llama_tensors(), {**RAW, "architectures": ["Qwen2ForCausalLM"]})
+        )
 
 
 @pytest.mark.parametrize("field,value", [("hidden_size", 16), ("vocab_size", 97)])
 def test_draft_that_does_not_fit_the_target(tmp_path, field, value):
     path = write_head(tmp_path, eagle3_tensors(), eagle3_config(**{field: value}))
-    with pytest.raises(ValueError, match=f"draft {field}={value} does not fit the target's "
-                                         f"{field}="):
+    with pytest.raises(
+        ValueError, match=f"draft {field}={value} does not fit the target's {field}="
+    ):
         load_draft(path, TARGET)
 
 
@@ -138,8 +166,9 @@ def test_draft_missing_and_misshaped_tensors(tmp_path):
 
 
 def test_unsupported_draft_architecture(tmp_path):
-    path = write_head(tmp_path, eagle3_tensors(),
-                      eagle3_config(architectures=["Qwen2ForCausalLMEagle3"]))
+    path = write_head(
+        tmp_path, eagle3_tensors(), eagle3_config(architectures=["Qwen2ForCausalLMEagle3"])
+    )
     with pytest.raises(ValueError, match=r"Qwen2ForCausalLMEagle3.*LlamaForCausalLMEagle3"):
         load_draft(path, TARGET)
 

@@ -36,16 +36,22 @@ def test_eagle3_matches_torch_reference(tmp_path, target_params, fc_bias):
     assert isinstance(draft, Eagle3Draft) and draft.dtype == "float32"  # the target's dtype
     assert draft.capture_layers == (2, 4, 5)  # sglang's default (2, N//2, N-3), N=8
     assert draft.vocab_size == DRAFT_VOCAB and draft.num_layers == 1
-    ref = Eagle3Reference(config, {k: torch.from_numpy(v) for k, v in tensors.items()},
-                          torch.from_numpy(np.asarray(target_params.embed)))
+    ref = Eagle3Reference(
+        config,
+        {k: torch.from_numpy(v) for k, v in tensors.items()},
+        torch.from_numpy(np.asarray(target_params.embed)),
+    )
 
     rng = np.random.default_rng(5)
     num_tokens = 9
     ids = rng.integers(0, TARGET.vocab_size, num_tokens)
     positions = np.arange(num_tokens) + 70
     aux = rng.standard_normal((num_tokens, 3 * TARGET.hidden_size)).astype(np.float32)
-    fwd = jax.jit(lambda p, tok, hid, pos: draft.forward(p, target_params, None, tok, hid, pos,
-                                                         dense_attn_fn)[1])
+    fwd = jax.jit(
+        lambda p, tok, hid, pos: draft.forward(
+            p, target_params, None, tok, hid, pos, dense_attn_fn
+        )[1]
+    )
     ids_j, pos_j = jnp.asarray(ids, jnp.int32), jnp.asarray(positions, jnp.int32)
     # First draft forward after verify: hidden_in is the target's aux [T, 3H] (fc applies);
     # then the head's own hidden_out [T, H] (no fc).
@@ -53,17 +59,20 @@ def test_eagle3_matches_torch_reference(tmp_path, target_params, fc_bias):
     for _ in range(2):
         got_hidden = fwd(params, ids_j, hidden_in_j, pos_j)
         got_logits = np.asarray(draft.logits(params, target_params, got_hidden))
-        to_logits, want_hidden = ref.forward(torch.from_numpy(ids), hidden_in_t,
-                                             torch.from_numpy(positions))
+        to_logits, want_hidden = ref.forward(
+            torch.from_numpy(ids), hidden_in_t, torch.from_numpy(positions)
+        )
         want_logits = ref.logits(to_logits).numpy()
         assert np.abs(want_logits).max() > 0.5
-        np.testing.assert_allclose(np.asarray(got_hidden), want_hidden.numpy(), rtol=1e-4,
-                                   atol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(got_hidden), want_hidden.numpy(), rtol=1e-4, atol=1e-4
+        )
         np.testing.assert_allclose(got_logits, want_logits, rtol=1e-4, atol=1e-4)
         draft_ids = np.argmax(got_logits, -1)
         np.testing.assert_array_equal(
             np.asarray(draft.to_target_ids(params, jnp.asarray(draft_ids, jnp.int32))),
-            ref.to_target_ids(torch.from_numpy(draft_ids)).numpy())
+            ref.to_target_ids(torch.from_numpy(draft_ids)).numpy(),
+        )
         hidden_in_j, hidden_in_t = got_hidden, want_hidden
 
 
@@ -84,8 +93,10 @@ def test_named_aux_layers_capture_at_id_plus_one(tmp_path, ids, want):
 
 
 def test_load_draft_dispatches_and_bf16_head(tmp_path):
-    tensors = {k: (v.astype(jnp.bfloat16) if v.dtype == np.float32 else v)
-               for k, v in eagle3_tensors(seed=8).items()}
+    tensors = {
+        k: (v.astype(jnp.bfloat16) if v.dtype == np.float32 else v)
+        for k, v in eagle3_tensors(seed=8).items()
+    }
     path = write_head(tmp_path, tensors, eagle3_config(rope_scaling=None))
     draft, params = load_draft(path, TARGET, dtype="bfloat16")
     assert isinstance(draft, Eagle3Draft) and draft.dtype == "bfloat16"
@@ -99,8 +110,9 @@ def test_pytorch_bin_head_loads_through_torch(tmp_path, target_params):
     write_head(tmp_path / "st", tensors, eagle3_config())
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "config.json").write_text(json.dumps(eagle3_config()))
-    torch.save({k: torch.from_numpy(v) for k, v in tensors.items()},
-               tmp_path / "bin" / "pytorch_model.bin")
+    torch.save(
+        {k: torch.from_numpy(v) for k, v in tensors.items()}, tmp_path / "bin" / "pytorch_model.bin"
+    )
     _, from_st = load_eagle3(tmp_path / "st", TARGET)
     _, from_bin = load_eagle3(tmp_path / "bin", TARGET)
     for a, b in zip(jax.tree.leaves(from_st), jax.tree.leaves(from_bin), strict=True):

@@ -17,13 +17,29 @@ from jspec.models import (
 from jspec.models import parse_llama_config as parse
 from jspec.models.layers import rope_inv_freq
 
-BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128,
-        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
-        "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 4096, "bos_token_id": 0, "eos_token_id": [1, 5],
-        "torch_dtype": "bfloat16", "tie_word_embeddings": True}
-SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-           "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 4096,
+    "bos_token_id": 0,
+    "eos_token_id": [1, 5],
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": True,
+}
+SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
 
 
 def test_old_and_new_rope_keys_give_the_same_config():
@@ -38,12 +54,16 @@ def test_old_and_new_rope_keys_give_the_same_config():
     assert old.max_position_embeddings == 4096
 
 
-@pytest.mark.parametrize("rope", [
-    pytest.param({}, id="absent"),
-    pytest.param({"rope_theta": 10000.0, "rope_scaling": None}, id="old-none"),
-    pytest.param({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
-                 id="new-default"),
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        pytest.param({}, id="absent"),
+        pytest.param({"rope_theta": 10000.0, "rope_scaling": None}, id="old-none"),
+        pytest.param(
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}, id="new-default"
+        ),
+    ],
+)
 def test_default_rope(rope):
     cfg = parse({**BASE, **rope})
     assert cfg.rope_scaling is None and cfg.rope_theta == 10000.0
@@ -72,24 +92,41 @@ def test_head_dim_dtype_and_token_ids():
     assert parse({**BASE, "torch_dtype": None}).dtype == "float32"
 
 
-@pytest.mark.parametrize("raw,match", [
-    pytest.param({**BASE, "architectures": ["MistralForCausalLM"]}, "MistralForCausalLM",
-                 id="architecture"),
-    pytest.param({**BASE, "architectures": ["LlamaForCausalLMEagle3"]},
-                 "LlamaForCausalLMEagle3", id="eagle3-as-target"),
-    pytest.param({**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn",
-                 id="rope-yarn"),
-    pytest.param({**BASE, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1.0}},
-                 "dynamic", id="rope-dynamic"),
-    pytest.param({**BASE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
-                 "low_freq_factor", id="llama3-missing-key"),
-    pytest.param({**BASE, "torch_dtype": "int8"}, "dtype='int8'", id="dtype"),
-    pytest.param({**BASE, "hidden_act": "gelu"}, "hidden_act", id="activation"),
-    pytest.param({**BASE, "attention_bias": True}, "attention_bias", id="bias"),
-    pytest.param({k: v for k, v in BASE.items() if k != "vocab_size"}, "vocab_size",
-                 id="missing-key"),
-    pytest.param({**BASE, "num_key_value_heads": 3}, "num_kv_heads", id="gqa"),
-])
+@pytest.mark.parametrize(
+    "raw,match",
+    [
+        pytest.param(
+            {**BASE, "architectures": ["MistralForCausalLM"]},
+            "MistralForCausalLM",
+            id="architecture",
+        ),
+        pytest.param(
+            {**BASE, "architectures": ["LlamaForCausalLMEagle3"]},
+            "LlamaForCausalLMEagle3",
+            id="eagle3-as-target",
+        ),
+        pytest.param(
+            {**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn", id="rope-yarn"
+        ),
+        pytest.param(
+            {**BASE, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1.0}},
+            "dynamic",
+            id="rope-dynamic",
+        ),
+        pytest.param(
+            {**BASE, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+            "low_freq_factor",
+            id="llama3-missing-key",
+        ),
+        pytest.param({**BASE, "torch_dtype": "int8"}, "dtype='int8'", id="dtype"),
+        pytest.param({**BASE, "hidden_act": "gelu"}, "hidden_act", id="activation"),
+        pytest.param({**BASE, "attention_bias": True}, "attention_bias", id="bias"),
+        pytest.param(
+            {k: v for k, v in BASE.items() if k != "vocab_size"}, "vocab_size", id="missing-key"
+        ),
+        pytest.param({**BASE, "num_key_value_heads": 3}, "num_kv_heads", id="gqa"),
+    ],
+)
 def test_unsupported_configs_raise(raw, match):
     with pytest.raises(ValueError, match=match):
         parse(raw)
@@ -106,8 +143,15 @@ def test_config_validation():
 
 
 def _eagle3(**extra):
-    raw = {**BASE, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-           "draft_vocab_size": 32, "rope_theta": 500000.0, "rope_scaling": SCALING, **extra}
+    raw = {
+        **BASE,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "num_hidden_layers": 1,
+        "draft_vocab_size": 32,
+        "rope_theta": 500000.0,
+        "rope_scaling": SCALING,
+        **extra,
+    }
     return parse_eagle3_config(raw)
 
 
@@ -133,8 +177,9 @@ def test_eagle3_config():
 def test_generation_config_eos_takes_precedence(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**BASE, "eos_token_id": 1}))
     assert load_llama_config(tmp_path).eos_token_ids == (1,)
-    (tmp_path / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 0, "eos_token_id": [1, 9], "do_sample": True}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 0, "eos_token_id": [1, 9], "do_sample": True})
+    )
     cfg = load_llama_config(tmp_path, dtype="float32")
     assert cfg.eos_token_ids == (1, 9) and cfg.bos_token_ids == (0,) and cfg.dtype == "float32"
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6}))

@@ -28,16 +28,30 @@ def _drop_head_dim(raw):
 
 
 CASES = [
-    pytest.param({"tie_word_embeddings": True,
-                  "rope_parameters": {**LLAMA3_ROPE, "rope_theta": 500000.0}},
-                 "20KB", None, id="tied-llama3-rope_parameters-sharded"),
-    pytest.param({"tie_word_embeddings": False,
-                  "rope_parameters": {**LLAMA3_ROPE, "rope_theta": 10000.0}},
-                 "30KB", _old_rope_keys, id="untied-llama3-rope_scaling-sharded"),
-    pytest.param({"tie_word_embeddings": False, "head_dim": 8}, None, _drop_head_dim,
-                 id="untied-default-rope-no-head_dim-single"),
-    pytest.param({"tie_word_embeddings": False, "num_key_value_heads": 1}, None, _old_rope_keys,
-                 id="mqa-old-keys-single"),
+    pytest.param(
+        {"tie_word_embeddings": True, "rope_parameters": {**LLAMA3_ROPE, "rope_theta": 500000.0}},
+        "20KB",
+        None,
+        id="tied-llama3-rope_parameters-sharded",
+    ),
+    pytest.param(
+        {"tie_word_embeddings": False, "rope_parameters": {**LLAMA3_ROPE, "rope_theta": 10000.0}},
+        "30KB",
+        _old_rope_keys,
+        id="untied-llama3-rope_scaling-sharded",
+    ),
+    pytest.param(
+        {"tie_word_embeddings": False, "head_dim": 8},
+        None,
+        _drop_head_dim,
+        id="untied-default-rope-no-head_dim-single",
+    ),
+    pytest.param(
+        {"tie_word_embeddings": False, "num_key_value_heads": 1},
+        None,
+        _old_rope_keys,
+        id="mqa-old-keys-single",
+    ),
 ]
 
 
@@ -56,8 +70,9 @@ def test_logits_match_transformers(tmp_path, overrides, shard, edit):
         assert target.config.rope_scaling is not None
     ids = np.random.default_rng(1).integers(0, target.vocab_size, 13)
     positions = np.arange(13) + 90  # past original_max_position_embeddings
-    _, hidden, aux = target.forward(params, None, jnp.asarray(ids, jnp.int32),
-                                    jnp.asarray(positions, jnp.int32), dense_attn_fn)
+    _, hidden, aux = target.forward(
+        params, None, jnp.asarray(ids, jnp.int32), jnp.asarray(positions, jnp.int32), dense_attn_fn
+    )
     assert aux is None
     got = np.asarray(target.logits(params, hidden))
     want = hf_logits(model, ids, positions)
@@ -72,10 +87,14 @@ def test_capture_layers_are_the_residual_entering_each_layer(tmp_path):
     target, params = load_llama(tmp_path)
     ids = np.random.default_rng(2).integers(0, target.vocab_size, 9)
     capture = (0, 2, 4)
-    _, _, aux = jax.jit(target.forward, static_argnums=(4,),
-                        static_argnames=("capture_layers",))(
-        params, None, jnp.asarray(ids, jnp.int32), jnp.arange(9, dtype=jnp.int32),
-        dense_attn_fn, capture_layers=capture)
+    _, _, aux = jax.jit(target.forward, static_argnums=(4,), static_argnames=("capture_layers",))(
+        params,
+        None,
+        jnp.asarray(ids, jnp.int32),
+        jnp.arange(9, dtype=jnp.int32),
+        dense_attn_fn,
+        capture_layers=capture,
+    )
     with torch.no_grad():
         states = model(input_ids=torch.tensor(ids)[None], output_hidden_states=True).hidden_states
     want = np.concatenate([states[i][0].numpy() for i in capture], -1)
@@ -88,8 +107,14 @@ def test_capture_layers_out_of_range(tmp_path, capture):
     save_hf_llama(tmp_path, num_hidden_layers=5)
     target, params = load_llama(tmp_path)
     with pytest.raises(ValueError, match="capture_layers"):
-        target.forward(params, None, jnp.zeros(2, jnp.int32), jnp.arange(2, dtype=jnp.int32),
-                       dense_attn_fn, capture_layers=capture)
+        target.forward(
+            params,
+            None,
+            jnp.zeros(2, jnp.int32),
+            jnp.arange(2, dtype=jnp.int32),
+            dense_attn_fn,
+            capture_layers=capture,
+        )
 
 
 def test_bf16_checkpoint_stays_bf16_and_tracks_f32(tmp_path):
@@ -111,6 +136,7 @@ def test_bf16_checkpoint_stays_bf16_and_tracks_f32(tmp_path):
     low, high = target.logits(params, hidden), up_target.logits(up_params, up_hidden)
     assert low.dtype == jnp.float32 and hidden.dtype == jnp.bfloat16
     # The f32 run of the bf16 weights is transformers' f32 run of them.
-    np.testing.assert_allclose(np.asarray(high), hf_logits(model, np.asarray(ids),
-                                                           np.arange(7)), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        np.asarray(high), hf_logits(model, np.asarray(ids), np.arange(7)), rtol=1e-4, atol=1e-4
+    )
     assert np.abs(np.asarray(low) - np.asarray(high)).max() < 0.1 * np.abs(high).max()

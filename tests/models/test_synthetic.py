@@ -14,9 +14,19 @@ from jspec.models.export import save_eagle3, save_llama
 from jspec.models.hf_config import RopeScaling
 from jspec.models.synthetic import matched_eagle3, toy_llama_params
 
-TOY = LlamaTarget(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=4,
-                              num_heads=4, num_kv_heads=2, head_dim=16, eos_token_ids=(5,),
-                              bos_token_ids=(1,)))
+TOY = LlamaTarget(
+    LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        eos_token_ids=(5,),
+        bos_token_ids=(1,),
+    )
+)
 
 
 def _assert_same(a, b):
@@ -28,10 +38,20 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("tied,dtype", [(False, "float32"), (True, "bfloat16")])
 def test_save_llama_round_trips(tmp_path, tied, dtype):
-    cfg = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=24, num_layers=3,
-                      num_heads=4, num_kv_heads=2, head_dim=6, tie_word_embeddings=tied,
-                      rope_scaling=RopeScaling(4.0, 1.0, 4.0, 32), rope_theta=5e5, dtype=dtype,
-                      eos_token_ids=(2, 7))
+    cfg = LlamaConfig(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=24,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=6,
+        tie_word_embeddings=tied,
+        rope_scaling=RopeScaling(4.0, 1.0, 4.0, 32),
+        rope_theta=5e5,
+        dtype=dtype,
+        eos_token_ids=(2, 7),
+    )
     target = LlamaTarget(cfg)
     params = random_llama_params(target, seed=2)
     save_llama(tmp_path, target, params, max_shard_bytes=4000)
@@ -48,21 +68,32 @@ def test_saved_toy_target_loads_in_transformers(tmp_path):
     save_llama(tmp_path, TOY, params)
     model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     ids = np.random.default_rng(0).integers(0, 64, 12)
-    _, hidden, _ = TOY.forward(params, None, jnp.asarray(ids, jnp.int32),
-                               jnp.arange(12, dtype=jnp.int32), dense_attn_fn)
-    np.testing.assert_allclose(np.asarray(TOY.logits(params, hidden)),
-                               hf_logits(model, ids, np.arange(12)), rtol=1e-4, atol=1e-4)
+    _, hidden, _ = TOY.forward(
+        params, None, jnp.asarray(ids, jnp.int32), jnp.arange(12, dtype=jnp.int32), dense_attn_fn
+    )
+    np.testing.assert_allclose(
+        np.asarray(TOY.logits(params, hidden)),
+        hf_logits(model, ids, np.arange(12)),
+        rtol=1e-4,
+        atol=1e-4,
+    )
 
 
 def _greedy_chain(target, params, prompt, length):
     """Target greedy continuation, recomputed over a fixed buffer (causal: padding is inert)."""
     buf = np.zeros(length, np.int32)
-    buf[:len(prompt)] = prompt
+    buf[: len(prompt)] = prompt
 
     @jax.jit
     def next_ids(ids):
-        _, hidden, aux = target.forward(params, None, ids, jnp.arange(length, dtype=jnp.int32),
-                                        dense_attn_fn, capture_layers=(0, 1, 2))
+        _, hidden, aux = target.forward(
+            params,
+            None,
+            ids,
+            jnp.arange(length, dtype=jnp.int32),
+            dense_attn_fn,
+            capture_layers=(0, 1, 2),
+        )
         return jnp.argmax(target.logits(params, hidden), -1), aux
 
     for p in range(len(prompt), length):
@@ -81,12 +112,16 @@ def test_matched_eagle3_drafts_the_toy_chain(tmp_path):
     length, prompt = 40, np.random.default_rng(5).integers(0, 64, 6)
     chain, (target_next, aux) = _greedy_chain(TOY, params, prompt, length)
     hot = set(np.asarray(draft.to_target_ids(head, jnp.arange(48, dtype=jnp.int32))).tolist())
-    step = jax.jit(lambda tok, hid, pos: draft.forward(head, params, None, tok, hid, pos,
-                                                       dense_attn_fn)[1])
+    step = jax.jit(
+        lambda tok, hid, pos: draft.forward(head, params, None, tok, hid, pos, dense_attn_fn)[1]
+    )
 
     def drafted(hidden):
-        return np.asarray(draft.to_target_ids(
-            head, jnp.argmax(draft.logits(head, params, hidden), -1).astype(jnp.int32)))
+        return np.asarray(
+            draft.to_target_ids(
+                head, jnp.argmax(draft.logits(head, params, hidden), -1).astype(jnp.int32)
+            )
+        )
 
     # A draft forward at position q (token x[q]) guesses the target's next token at q.
     # Step 1: x[q] with the target's aux at q - 1.

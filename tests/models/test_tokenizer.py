@@ -11,16 +11,25 @@ from tokenizers import models, pre_tokenizers, processors
 from jspec.models import LlamaConfig
 from jspec.models.tokenizer import Tokenizer
 
-WORDS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "hello", "world", "jax", "is",
-         "fast"]
-CONFIG = LlamaConfig(vocab_size=len(WORDS), hidden_size=8, intermediate_size=8, num_layers=1,
-                     num_heads=1, num_kv_heads=1, head_dim=8, bos_token_ids=(1,),
-                     eos_token_ids=(2,))
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}"
-            "{% if m['role'] not in ['user', 'assistant'] %}"
-            "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
-            "<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+WORDS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "hello", "world", "jax", "is", "fast"]
+CONFIG = LlamaConfig(
+    vocab_size=len(WORDS),
+    hidden_size=8,
+    intermediate_size=8,
+    num_layers=1,
+    num_heads=1,
+    num_kv_heads=1,
+    head_dim=8,
+    bos_token_ids=(1,),
+    eos_token_ids=(2,),
+)
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] not in ['user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def _write(directory, *, adds_bos=True, template=TEMPLATE):
@@ -28,8 +37,9 @@ def _write(directory, *, adds_bos=True, template=TEMPLATE):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(["<s>", "</s>", "<|user|>", "<|assistant|>"])
     if adds_bos:
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A",
-                                                           special_tokens=[("<s>", 1)])
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", 1)]
+        )
     tok.save(str(directory / "tokenizer.json"))
     tok_cfg = {"bos_token": {"content": "<s>"}, "eos_token": "</s>"}
     if template is not None:

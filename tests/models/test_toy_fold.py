@@ -25,42 +25,75 @@ from jspec.models import (
     load_draft,
 )
 
-CFG = toy.ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=48, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=8)
-LLAMA = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=48, num_layers=2,
-                    num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=CFG.rms_norm_eps,
-                    rope_theta=CFG.rope_theta)
+CFG = toy.ModelConfig(
+    vocab_size=48,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+)
+LLAMA = LlamaConfig(
+    vocab_size=48,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=CFG.rms_norm_eps,
+    rope_theta=CFG.rope_theta,
+)
 
 
 def _layer(lp):
-    return LayerParams(**{f: getattr(lp, f) for f in ("attn_norm", "wq", "wk", "wv", "wo",
-                                                      "mlp_norm", "w_gate", "w_up", "w_down")})
+    return LayerParams(
+        **{
+            f: getattr(lp, f)
+            for f in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+        }
+    )
 
 
 def _ids(num_tokens=11, seed=0):
     rng = np.random.default_rng(seed)
-    return (jnp.asarray(rng.integers(0, CFG.vocab_size, num_tokens), jnp.int32),
-            jnp.arange(num_tokens, dtype=jnp.int32) + 3)
+    return (
+        jnp.asarray(rng.integers(0, CFG.vocab_size, num_tokens), jnp.int32),
+        jnp.arange(num_tokens, dtype=jnp.int32) + 3,
+    )
 
 
 def test_toy_target_is_a_llama_target():
     tp = toy.init_target_params(CFG, 3, residual_scale=1.0)
-    params = LlamaParams(embed=tp.embed, layers=tuple(_layer(lp) for lp in tp.layers),
-                         final_norm=tp.final_norm, lm_head=tp.lm_head)
+    params = LlamaParams(
+        embed=tp.embed,
+        layers=tuple(_layer(lp) for lp in tp.layers),
+        final_norm=tp.final_norm,
+        lm_head=tp.lm_head,
+    )
     ids, pos = _ids()
     _, want = toy.target_forward(CFG, tp, None, ids, pos, dense_attn_fn)
     target = LlamaTarget(LLAMA)
     _, got, _ = target.forward(params, None, ids, pos, dense_attn_fn)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(target.logits(params, got)),
-                               np.asarray(toy.target_logits(tp, want)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(target.logits(params, got)),
+        np.asarray(toy.target_logits(tp, want)),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_toy_draft_is_an_eagle1_draft():
     tp = toy.init_target_params(CFG, 3)
     dp = toy.init_draft_params(CFG, tp, 4, hidden_mix=0.5)
-    params = LlamaParams(embed=tp.embed, layers=tuple(_layer(lp) for lp in tp.layers),
-                         final_norm=tp.final_norm, lm_head=tp.lm_head)
+    params = LlamaParams(
+        embed=tp.embed,
+        layers=tuple(_layer(lp) for lp in tp.layers),
+        final_norm=tp.final_norm,
+        lm_head=tp.lm_head,
+    )
     head = Eagle1Params(fc=dp.fc, fc_bias=None, layer=_layer(dp.layer), final_norm=dp.final_norm)
     ids, pos = _ids(seed=1)
     hidden_in = jnp.asarray(np.random.default_rng(2).standard_normal((11, 32)), jnp.float32)
@@ -68,9 +101,12 @@ def test_toy_draft_is_an_eagle1_draft():
     draft = Eagle1Draft(LLAMA)
     _, got = draft.forward(head, params, None, ids, hidden_in, pos, dense_attn_fn)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(draft.logits(head, params, got)),
-                               np.asarray(toy.draft_logits(CFG, dp, tp, want)),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(draft.logits(head, params, got)),
+        np.asarray(toy.draft_logits(CFG, dp, tp, want)),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     np.testing.assert_array_equal(np.asarray(draft.to_target_ids(head, ids)), np.asarray(ids))
 
 
@@ -82,29 +118,45 @@ def test_eagle1_head_from_hf_files(tmp_path, published):
 
     rng = np.random.default_rng(5)
     hid, inter, qd, kvd = 32, 48, 32, 16
-    shapes = {"fc.weight": (hid, 2 * hid), "fc.bias": (hid,), "norm.weight": (hid,),
-              "layers.0.input_layernorm.weight": (hid,),
-              "layers.0.self_attn.q_proj.weight": (qd, hid),
-              "layers.0.self_attn.k_proj.weight": (kvd, hid),
-              "layers.0.self_attn.v_proj.weight": (kvd, hid),
-              "layers.0.self_attn.o_proj.weight": (hid, qd),
-              "layers.0.post_attention_layernorm.weight": (hid,),
-              "layers.0.mlp.gate_proj.weight": (inter, hid),
-              "layers.0.mlp.up_proj.weight": (inter, hid),
-              "layers.0.mlp.down_proj.weight": (hid, inter)}
-    tensors = {k: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)
-               for k, s in shapes.items()}
+    shapes = {
+        "fc.weight": (hid, 2 * hid),
+        "fc.bias": (hid,),
+        "norm.weight": (hid,),
+        "layers.0.input_layernorm.weight": (hid,),
+        "layers.0.self_attn.q_proj.weight": (qd, hid),
+        "layers.0.self_attn.k_proj.weight": (kvd, hid),
+        "layers.0.self_attn.v_proj.weight": (kvd, hid),
+        "layers.0.self_attn.o_proj.weight": (hid, qd),
+        "layers.0.post_attention_layernorm.weight": (hid,),
+        "layers.0.mlp.gate_proj.weight": (inter, hid),
+        "layers.0.mlp.up_proj.weight": (inter, hid),
+        "layers.0.mlp.down_proj.weight": (hid, inter),
+    }
+    tensors = {
+        k: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32) for k, s in shapes.items()
+    }
     if published:
         del tensors["norm.weight"], tensors["layers.0.input_layernorm.weight"]
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    raw = {"architectures": ["LlamaForCausalLM"], "hidden_size": hid, "intermediate_size": inter,
-           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "vocab_size": 48, "rms_norm_eps": CFG.rms_norm_eps}
+    raw = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hid,
+        "intermediate_size": inter,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 48,
+        "rms_norm_eps": CFG.rms_norm_eps,
+    }
     (tmp_path / "config.json").write_text(json.dumps(raw))
     target = LlamaTarget(LLAMA)
     tp = toy.init_target_params(CFG, 3)
-    params = LlamaParams(embed=tp.embed, layers=tuple(_layer(lp) for lp in tp.layers),
-                         final_norm=tp.final_norm, lm_head=tp.lm_head)
+    params = LlamaParams(
+        embed=tp.embed,
+        layers=tuple(_layer(lp) for lp in tp.layers),
+        final_norm=tp.final_norm,
+        lm_head=tp.lm_head,
+    )
     draft, head = load_draft(tmp_path, target)
     assert isinstance(draft, Eagle1Draft) and draft.capture_layers == ()
     assert (head.final_norm is None) == published and (head.layer.attn_norm is None) == published
@@ -152,7 +204,8 @@ def _np_layer(x, t, pos, heads=4, kv_heads=2, head_dim=8):
     h = _np_rms(x, w["post_attention_layernorm.weight"])
     gate = h @ w["mlp.gate_proj.weight"].T
     return x + (gate / (1 + np.exp(-gate)) * (h @ w["mlp.up_proj.weight"].T)) @ (
-        w["mlp.down_proj.weight"].T)
+        w["mlp.down_proj.weight"].T
+    )
 
 
 def test_toy_init_is_the_engine_toy_init():
@@ -161,13 +214,14 @@ def test_toy_init_is_the_engine_toy_init():
     want = toy.init_target_params(CFG, 7, residual_scale=0.3)
     got = toy_llama_params(LlamaTarget(LLAMA), 7, residual_scale=0.3)
     for field in ("embed", "final_norm", "lm_head"):
-        np.testing.assert_array_equal(np.asarray(getattr(got, field)),
-                                      np.asarray(getattr(want, field)))
+        np.testing.assert_array_equal(
+            np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
+        )
     for lg, lw in zip(got.layers, want.layers, strict=True):
-        for field in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up",
-                      "w_down"):
-            np.testing.assert_array_equal(np.asarray(getattr(lg, field)),
-                                          np.asarray(getattr(lw, field)))
+        for field in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(lg, field)), np.asarray(getattr(lw, field))
+            )
 
 
 def test_toy_eagle1_is_the_engine_toy_draft():

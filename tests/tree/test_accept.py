@@ -42,13 +42,16 @@ def loop_v1(seq_lens, out_cache_loc, accept_index, ncd, n_draft, page_size):
     src = [out_cache_loc[i] for i in accept_index.reshape(-1) if i != -1]
     tgt, free = [], []
     for b in range(len(seq_lens)):
-        window = list(out_cache_loc[b * n_draft:(b + 1) * n_draft])
+        window = list(out_cache_loc[b * n_draft : (b + 1) * n_draft])
         tgt += window[: ncd[b] + 1]
         extended = seq_lens[b] + n_draft
         keep = min(-(-(seq_lens[b] + ncd[b] + 1) // page_size) * page_size, extended)
         num_free = extended - keep
-        free += window[n_draft - num_free:] if num_free else []
-    pad = lambda x, m: np.array(x + [0] * (m - len(x)))
+        free += window[n_draft - num_free :] if num_free else []
+
+    def pad(x, m):
+        return np.array(x + [0] * (m - len(x)))
+
     return pad(src, size), pad(tgt, size), pad(free, len(out_cache_loc)), len(free)
 
 
@@ -76,8 +79,7 @@ def test_spec14_verify_window_and_move_pairs() -> None:
     out = verify_out_cache_loc(r2t, rpi, seq, num_draft_tokens=4)
     np.testing.assert_array_equal(np.asarray(out), row[7:11])
     accept_index = jnp.array([[0, 2, -1, -1]], jnp.int32)
-    tgt, src, n = accept_kv_move_pairs(r2t, rpi, seq, out, accept_index,
-                                       jnp.array([2], jnp.int32))
+    tgt, src, n = accept_kv_move_pairs(r2t, rpi, seq, out, accept_index, jnp.array([2], jnp.int32))
     assert int(n) == 2
     np.testing.assert_array_equal(np.asarray(src), [row[7], row[9], 0, 0])
     np.testing.assert_array_equal(np.asarray(tgt), [row[7], row[8], 0, 0])
@@ -88,8 +90,13 @@ def test_v1_comment_example() -> None:
     out = jnp.arange(9, dtype=jnp.int32)
     accept_index = jnp.array([[0, -1, 2], [3, 4, -1], [6, -1, -1]], jnp.int32)
     src, tgt, free, num_free = get_src_tgt_cache_loc(
-        jnp.array([10, 20, 30], jnp.int32), out, accept_index, jnp.array([1, 1, 0], jnp.int32),
-        num_draft_tokens=3, page_size=1)
+        jnp.array([10, 20, 30], jnp.int32),
+        out,
+        accept_index,
+        jnp.array([1, 1, 0], jnp.int32),
+        num_draft_tokens=3,
+        page_size=1,
+    )
     np.testing.assert_array_equal(np.asarray(src)[:5], [0, 2, 3, 4, 6])
     np.testing.assert_array_equal(np.asarray(tgt)[:5], [0, 1, 3, 4, 6])
     assert int(num_free) == 4
@@ -110,16 +117,29 @@ def test_v2_pairs_match_loop(n_draft, num_steps) -> None:
         rpi = np.where(valid, rpi, 0)
         accept_index, accept_lens = random_accept(rng, batch, n_draft, width)
         accept_index[~valid] = -1  # padding rows accept nothing
-        out = verify_out_cache_loc(jnp.asarray(r2t, jnp.int32), jnp.asarray(rpi, jnp.int32),
-                                   jnp.asarray(seq, jnp.int32), num_draft_tokens=n_draft,
-                                   valid=jnp.asarray(valid))
-        want_out = np.concatenate([r2t[rpi[b], seq[b]:seq[b] + n_draft] if valid[b]
-                                   else np.zeros(n_draft, np.int64) for b in range(batch)])
+        out = verify_out_cache_loc(
+            jnp.asarray(r2t, jnp.int32),
+            jnp.asarray(rpi, jnp.int32),
+            jnp.asarray(seq, jnp.int32),
+            num_draft_tokens=n_draft,
+            valid=jnp.asarray(valid),
+        )
+        want_out = np.concatenate(
+            [
+                r2t[rpi[b], seq[b] : seq[b] + n_draft] if valid[b] else np.zeros(n_draft, np.int64)
+                for b in range(batch)
+            ]
+        )
         np.testing.assert_array_equal(np.asarray(out), want_out)
         got = accept_kv_move_pairs(
-            jnp.asarray(r2t, jnp.int32), jnp.asarray(rpi, jnp.int32), jnp.asarray(seq, jnp.int32),
-            out, jnp.asarray(accept_index, jnp.int32), jnp.asarray(accept_lens, jnp.int32),
-            jnp.asarray(valid))
+            jnp.asarray(r2t, jnp.int32),
+            jnp.asarray(rpi, jnp.int32),
+            jnp.asarray(seq, jnp.int32),
+            out,
+            jnp.asarray(accept_index, jnp.int32),
+            jnp.asarray(accept_lens, jnp.int32),
+            jnp.asarray(valid),
+        )
         want = loop_v2_pairs(r2t, rpi, seq, want_out, accept_index, accept_lens, valid)
         np.testing.assert_array_equal(np.asarray(got[0]), want[0])
         np.testing.assert_array_equal(np.asarray(got[1]), want[1])
@@ -135,10 +155,14 @@ def test_v1_matches_loop(page_size) -> None:
         seq = rng.integers(0, 50, size=batch)
         out = rng.permutation(batch * n_draft * 3)[: batch * n_draft] + 1
         accept_index, accept_lens = random_accept(rng, batch, n_draft, width)
-        got = get_src_tgt_cache_loc(jnp.asarray(seq, jnp.int32), jnp.asarray(out, jnp.int32),
-                                    jnp.asarray(accept_index, jnp.int32),
-                                    jnp.asarray(accept_lens - 1, jnp.int32),
-                                    num_draft_tokens=n_draft, page_size=page_size)
+        got = get_src_tgt_cache_loc(
+            jnp.asarray(seq, jnp.int32),
+            jnp.asarray(out, jnp.int32),
+            jnp.asarray(accept_index, jnp.int32),
+            jnp.asarray(accept_lens - 1, jnp.int32),
+            num_draft_tokens=n_draft,
+            page_size=page_size,
+        )
         want = loop_v1(seq, out, accept_index, accept_lens - 1, n_draft, page_size)
         for g, w in zip(got[:3], want[:3]):
             np.testing.assert_array_equal(np.asarray(g), w)
@@ -148,9 +172,19 @@ def test_v1_matches_loop(page_size) -> None:
 # ---- the move on a real pool --------------------------------------------------------------------
 def test_move_accept_on_pool() -> None:
     rng = np.random.default_rng(11)
-    cfg = SpecConfig(page_size=4, topk=2, num_steps=3, num_draft_tokens=4, context_len=32,
-                     max_running_requests=4, num_pages=32, num_layers=2, num_kv_heads=1,
-                     head_dim=4, dtype="float32")
+    cfg = SpecConfig(
+        page_size=4,
+        topk=2,
+        num_steps=3,
+        num_draft_tokens=4,
+        context_len=32,
+        max_running_requests=4,
+        num_pages=32,
+        num_layers=2,
+        num_kv_heads=1,
+        head_dim=4,
+        dtype="float32",
+    )
     pool = init_kv_pool(cfg)
     kv = rng.standard_normal(pool.k.shape).astype(np.float32)
     pool = type(pool)(k=jnp.asarray(kv), v=jnp.asarray(-kv), page_size=pool.page_size)
@@ -167,8 +201,14 @@ def test_move_accept_on_pool() -> None:
     args = [jnp.asarray(x, jnp.int32) for x in (r2t, rpi, seq)]
     out = verify_out_cache_loc(*args, num_draft_tokens=n_draft, valid=jnp.asarray(valid))
     new = move_accept_tokens_to_target_kvcache(
-        jax.tree.map(jnp.copy, pool), *args, out, jnp.asarray(accept_index, jnp.int32),
-        jnp.asarray(accept_lens, jnp.int32), valid=jnp.asarray(valid), impl="xla")
+        jax.tree.map(jnp.copy, pool),
+        *args,
+        out,
+        jnp.asarray(accept_index, jnp.int32),
+        jnp.asarray(accept_lens, jnp.int32),
+        valid=jnp.asarray(valid),
+        impl="xla",
+    )
     out = np.asarray(out)
     want_k = kv.copy()
     for b in np.flatnonzero(valid):
@@ -200,6 +240,9 @@ def test_probes_off_add_nothing() -> None:
     r2t = jnp.arange(64, dtype=jnp.int32).reshape(2, 32)
     args = (r2t, jnp.array([1], jnp.int32), jnp.array([3], jnp.int32))
     out = verify_out_cache_loc(*args, num_draft_tokens=4)
-    jaxpr = str(jax.make_jaxpr(lambda ai: accept_kv_move_pairs(
-        *args, out, ai, jnp.array([2], jnp.int32)))(jnp.array([[0, 3, -1]], jnp.int32)))
+    jaxpr = str(
+        jax.make_jaxpr(lambda ai: accept_kv_move_pairs(*args, out, ai, jnp.array([2], jnp.int32)))(
+            jnp.array([[0, 3, -1]], jnp.int32)
+        )
+    )
     assert "check" not in jaxpr

@@ -28,26 +28,58 @@ QLEN, FULL, BITS = TreeMaskMode.QLEN_ONLY, TreeMaskMode.FULL_MASK, TreeMaskMode.
 IMPLS = ["xla", "pallas"]
 
 # ---- SPEC §13.1 golden (B=2, K=4, S=4, N=8) ---------------------------------------------------
-G_PARENT_LIST = [[-1, 0, 1, 2, 3] + [4, 8, 9, 10] + [20, 24, 21, 28],
-                 [-1, 0, 1, 2, 3] + [4, 5, 6, 7] + [24, 28, 20, 21]]
+G_PARENT_LIST = [
+    [-1, 0, 1, 2, 3] + [4, 8, 9, 10] + [20, 24, 21, 28],
+    [-1, 0, 1, 2, 3] + [4, 5, 6, 7] + [24, 28, 20, 21],
+]
 G_SEL = [[0, 1, 4, 8, 20, 24, 36], [0, 4, 5, 6, 7, 24, 36]]
-G_DRAFTS = [[29896, 29906, 29889, 29974, 29946, 29896, 29946],
-            [13, 22550, 4136, 16492, 8439, 29871, 29941]]
+G_DRAFTS = [
+    [29896, 29906, 29889, 29974, 29946, 29896, 29946],
+    [13, 22550, 4136, 16492, 8439, 29871, 29941],
+]
 G_BONUS = [29974, 13]
 G_SEQ_LENS = [5, 10]
 G_POSITIONS = [5, 6, 6, 7, 7, 8, 8, 9, 10, 11, 12, 12, 12, 12, 13, 14]
 G_NEXT_TOKEN = [[1, 3, 4, 5, 6, 7, -1, -1], [1, 2, -1, 6, -1, -1, 7, -1]]
 G_NEXT_SIBLING = [[-1, 2, -1, -1, -1, -1, -1, -1], [-1, -1, 3, 4, 5, -1, -1, -1]]
-G_TOKENS = [29974, 29896, 29906, 29889, 29974, 29946, 29896, 29946,
-            13, 13, 22550, 4136, 16492, 8439, 29871, 29941]
+G_TOKENS = [
+    29974,
+    29896,
+    29906,
+    29889,
+    29974,
+    29946,
+    29896,
+    29946,
+    13,
+    13,
+    22550,
+    4136,
+    16492,
+    8439,
+    29871,
+    29941,
+]
 
 
 def _i32(x):
     return jnp.asarray(np.asarray(x), jnp.int32)
 
 
-def _run(parent_list, sel, seq_lens, *, topk, num_steps, mode=QLEN, impl="xla", drafts=None,
-         bonus=None, max_seq_len=None, **kw):
+def _run(
+    parent_list,
+    sel,
+    seq_lens,
+    *,
+    topk,
+    num_steps,
+    mode=QLEN,
+    impl="xla",
+    drafts=None,
+    bonus=None,
+    max_seq_len=None,
+    **kw,
+):
     sel = np.asarray(sel)
     b, nsel = sel.shape
     drafts = np.zeros_like(sel) if drafts is None else drafts
@@ -55,9 +87,19 @@ def _run(parent_list, sel, seq_lens, *, topk, num_steps, mode=QLEN, impl="xla", 
     if mode == FULL and max_seq_len is None:
         max_seq_len = int(np.max(seq_lens, initial=0)) + 3
     return build_tree_kernel_efficient(
-        _i32(bonus), _i32(parent_list), _i32(sel), _i32(drafts), _i32(seq_lens), topk=topk,
-        num_steps=num_steps, num_draft_tokens=nsel + 1, mode=mode, max_seq_len=max_seq_len,
-        impl=impl, **kw)
+        _i32(bonus),
+        _i32(parent_list),
+        _i32(sel),
+        _i32(drafts),
+        _i32(seq_lens),
+        topk=topk,
+        num_steps=num_steps,
+        num_draft_tokens=nsel + 1,
+        mode=mode,
+        max_seq_len=max_seq_len,
+        impl=impl,
+        **kw,
+    )
 
 
 def _unpack(words, n):
@@ -79,16 +121,27 @@ def _assert_matches_oracle(out, parent_list, sel, seq_lens, topk, mode):
         assert out.tree_mask.dtype == bitpack_dtype(n)
         np.testing.assert_array_equal(_unpack(out.tree_mask, n), mask)
     else:
-        np.testing.assert_array_equal(flatten_full_mask(out.tree_mask, seq_lens),
-                                      ref_flat_full_mask(mask, seq_lens))
+        np.testing.assert_array_equal(
+            flatten_full_mask(out.tree_mask, seq_lens), ref_flat_full_mask(mask, seq_lens)
+        )
     return mask
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("mode", list(TreeMaskMode), ids=lambda m: m.name)
 def test_golden_eagle_trace(impl, mode):
-    out = _run(G_PARENT_LIST, G_SEL, G_SEQ_LENS, topk=4, num_steps=4, mode=mode, impl=impl,
-               drafts=G_DRAFTS, bonus=G_BONUS, max_seq_len=16)
+    out = _run(
+        G_PARENT_LIST,
+        G_SEL,
+        G_SEQ_LENS,
+        topk=4,
+        num_steps=4,
+        mode=mode,
+        impl=impl,
+        drafts=G_DRAFTS,
+        bonus=G_BONUS,
+        max_seq_len=16,
+    )
     assert out.positions.tolist() == G_POSITIONS
     assert out.retrive_index.tolist() == [list(range(8)), list(range(8, 16))]
     assert out.retrive_next_token.tolist() == G_NEXT_TOKEN
@@ -102,8 +155,8 @@ def test_golden_eagle_trace(impl, mode):
     if mode == FULL:
         assert out.tree_mask.shape == (2, 8, 16 + 8)
         tm = np.asarray(out.tree_mask)
-        assert tm[0, :, :5].all() and tm[1, :, :10].all()      # prefix columns: the fill
-        assert not tm[0, :, 5 + 8:].any() and not tm[1, :, 10 + 8:].any()  # padding: False
+        assert tm[0, :, :5].all() and tm[1, :, :10].all()  # prefix columns: the fill
+        assert not tm[0, :, 5 + 8 :].any() and not tm[1, :, 10 + 8 :].any()  # padding: False
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -114,7 +167,11 @@ def test_hand_topk2(impl):
     assert out.retrive_next_sibling.tolist() == [[-1, 2, -1, -1]]
     assert out.positions.tolist() == [5, 6, 6, 7]
     assert np.asarray(out.tree_mask[0]).astype(int).tolist() == [
-        [1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 0, 1, 0],
+        [1, 1, 0, 1],
+    ]
     bits = _run([[-1, 0, 1]], [[0, 1, 2]], [5], topk=2, num_steps=2, mode=BITS, impl=impl)
     assert bits.tree_mask.tolist() == [[0b1, 0b11, 0b101, 0b1011]]
 
@@ -127,7 +184,7 @@ def test_chain_topk1(mode):
     mask = _assert_matches_oracle(out, parent_list, sel, seq_lens, 1, mode)
     for b in range(2):
         np.testing.assert_array_equal(mask[b], np.tril(np.ones((4, 4), bool)))
-        assert out.positions[4 * b: 4 * b + 4].tolist() == [seq_lens[b] + i for i in range(4)]
+        assert out.positions[4 * b : 4 * b + 4].tolist() == [seq_lens[b] + i for i in range(4)]
 
 
 @pytest.mark.parametrize("width", [0, 1])
@@ -145,8 +202,16 @@ def test_skip_prefix_fill_preserves_tree_blocks():
     parent_list, sel = topk1_chain_inputs(2, 3)
     seq_lens = np.array([5, 10])
     filled = _run(parent_list, sel, seq_lens, topk=1, num_steps=3, mode=FULL, max_seq_len=12)
-    skipped = _run(parent_list, sel, seq_lens, topk=1, num_steps=3, mode=FULL, max_seq_len=12,
-                   fill_prefix_mask=False)
+    skipped = _run(
+        parent_list,
+        sel,
+        seq_lens,
+        topk=1,
+        num_steps=3,
+        mode=FULL,
+        max_seq_len=12,
+        fill_prefix_mask=False,
+    )
     for b, length in enumerate(seq_lens):
         f, s = np.asarray(filled.tree_mask[b]), np.asarray(skipped.tree_mask[b])
         np.testing.assert_array_equal(f[:, length:], s[:, length:])  # every tree cell
@@ -156,8 +221,14 @@ def test_skip_prefix_fill_preserves_tree_blocks():
 
 
 RANDOM_CASES = [  # (topk, num_steps, num_draft_tokens, bs)
-    (1, 1, 2, 2), (1, 5, 6, 2), (2, 3, 8, 2), (2, 6, 23, 2), (4, 3, 16, 2), (4, 6, 64, 1),
-    (8, 2, 32, 2), (8, 5, 64, 2),
+    (1, 1, 2, 2),
+    (1, 5, 6, 2),
+    (2, 3, 8, 2),
+    (2, 6, 23, 2),
+    (4, 3, 16, 2),
+    (4, 6, 64, 1),
+    (8, 2, 32, 2),
+    (8, 5, 64, 2),
 ]
 # Mask layouts other than QLEN are checked on these cases only (compile time on CPU).
 ALL_MODE_CASES = {(2, 3, 8, 2), (8, 2, 32, 2), (4, 6, 64, 1)}
@@ -230,8 +301,9 @@ def test_invalid_leaf_is_unlinked(impl):
     assert 6 not in np.asarray(out.retrive_next_sibling[0]).tolist()
     assert np.asarray(out.tree_mask[0, 6]).nonzero()[0].tolist() == [0, 6]
     assert int(out.positions[6]) == G_SEQ_LENS[0] + 1
-    np.testing.assert_array_equal(out.tree_mask[1], _run(G_PARENT_LIST, G_SEL, G_SEQ_LENS, topk=4,
-                                                         num_steps=4).tree_mask[1])
+    np.testing.assert_array_equal(
+        out.tree_mask[1], _run(G_PARENT_LIST, G_SEL, G_SEQ_LENS, topk=4, num_steps=4).tree_mask[1]
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -256,9 +328,11 @@ def test_invalid_tree_probe_names_request_and_node():
 
 def test_probes_off_add_nothing():
     args = [_i32(x) for x in (G_BONUS, G_PARENT_LIST, G_SEL, G_DRAFTS, G_SEQ_LENS)]
+
     def fn(*a):
         return build_tree_kernel_efficient(
-            *a, topk=4, num_steps=4, num_draft_tokens=8, mode=FULL, max_seq_len=16)
+            *a, topk=4, num_steps=4, num_draft_tokens=8, mode=FULL, max_seq_len=16
+        )
 
     assert "check" not in str(jax.make_jaxpr(fn)(*args))
     with probes.probes_enabled():
@@ -267,17 +341,31 @@ def test_probes_off_add_nothing():
 
 def test_seq_len_probe():
     with pytest.raises(probes.ProbeError, match="seq_lens vs max_seq_len: max value 10 > high"):
-        probes.checked(lambda s: _run(G_PARENT_LIST, G_SEL, s, topk=4, num_steps=4, mode=FULL,
-                                      max_seq_len=9).positions)(_i32(G_SEQ_LENS))
+        probes.checked(
+            lambda s: (
+                _run(
+                    G_PARENT_LIST, G_SEL, s, topk=4, num_steps=4, mode=FULL, max_seq_len=9
+                ).positions
+            )
+        )(_i32(G_SEQ_LENS))
 
 
 # ---- static validation -------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs,match", [
-    ({"num_draft_tokens": 8, "num_steps": 1}, "num_draft_tokens=8: num_draft_tokens - 1 must be"),
-    ({"num_draft_tokens": 8, "num_steps": 3}, r"parent_list.shape=\(2, 13\) must be"),
-    ({"num_draft_tokens": 8, "num_steps": 4, "mode": FULL}, "max_seq_len=None must be an int"),
-    ({"num_draft_tokens": 8, "num_steps": 4, "impl": "triton"}, "impl='triton' is not available"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (
+            {"num_draft_tokens": 8, "num_steps": 1},
+            "num_draft_tokens=8: num_draft_tokens - 1 must be",
+        ),
+        ({"num_draft_tokens": 8, "num_steps": 3}, r"parent_list.shape=\(2, 13\) must be"),
+        ({"num_draft_tokens": 8, "num_steps": 4, "mode": FULL}, "max_seq_len=None must be an int"),
+        (
+            {"num_draft_tokens": 8, "num_steps": 4, "impl": "triton"},
+            "impl='triton' is not available",
+        ),
+    ],
+)
 def test_static_errors(kwargs, match):
     args = [_i32(x) for x in (G_BONUS, G_PARENT_LIST, G_SEL, G_DRAFTS, G_SEQ_LENS)]
     kwargs = {"topk": 4, "mode": QLEN, **kwargs}
@@ -289,7 +377,13 @@ def test_bitpack_needs_n_le_32():
     with pytest.raises(ValueError, match="num_draft_tokens=33 must be <= 32"):
         bitpack_dtype(33)
     assert [bitpack_dtype(n) for n in (2, 8, 9, 16, 17, 32)] == [
-        jnp.uint8, jnp.uint8, jnp.uint16, jnp.uint16, jnp.uint32, jnp.uint32]
+        jnp.uint8,
+        jnp.uint8,
+        jnp.uint16,
+        jnp.uint16,
+        jnp.uint32,
+        jnp.uint32,
+    ]
 
 
 def test_empty_batch():
@@ -298,16 +392,33 @@ def test_empty_batch():
 
 
 # ---- kernel vs reference -----------------------------------------------------------------------
-KERNEL_CASES = [(8, 5, 32, 3, None), (8, 5, 32, 3, jnp.uint32), (4, 3, 13, 2, None),
-                (2, 2, 5, 2, jnp.uint8)]
-OUT_NAMES = ("next_token", "next_sibling", "positions", "mask", "first_invalid", "retrive_index",
-             "tokens", "is_valid")
+KERNEL_CASES = [
+    (8, 5, 32, 3, None),
+    (8, 5, 32, 3, jnp.uint32),
+    (4, 3, 13, 2, None),
+    (2, 2, 5, 2, jnp.uint8),
+]
+OUT_NAMES = (
+    "next_token",
+    "next_sibling",
+    "positions",
+    "mask",
+    "first_invalid",
+    "retrive_index",
+    "tokens",
+    "is_valid",
+)
 
 
 def _core_args(rng, parent_list, sel):
     bs, nsel = sel.shape
-    return (_i32(parent_list), _i32(sel), _i32(rng.integers(0, 100, bs)),
-            _i32(rng.integers(0, 1000, bs)), _i32(rng.integers(0, 1000, (bs, nsel))))
+    return (
+        _i32(parent_list),
+        _i32(sel),
+        _i32(rng.integers(0, 100, bs)),
+        _i32(rng.integers(0, 1000, bs)),
+        _i32(rng.integers(0, 1000, (bs, nsel))),
+    )
 
 
 @pytest.mark.parametrize("topk,num_steps,n,bs,word_dtype", KERNEL_CASES)
@@ -315,12 +426,14 @@ def test_kernel_matches_reference(interpret, topk, num_steps, n, bs, word_dtype)
     rng = np.random.default_rng(7 * n)
     parent_list, sel = gen_draft_tree(rng, bs, topk, num_steps, n)
     # Corrupt one request (random parents) so the invalid-node path is compared too.
-    parent_list[-1, 1:] = rng.integers(-3, topk + (num_steps - 1) * topk**2 + 3,
-                                       parent_list.shape[1] - 1)
+    parent_list[-1, 1:] = rng.integers(
+        -3, topk + (num_steps - 1) * topk**2 + 3, parent_list.shape[1] - 1
+    )
     args = _core_args(rng, parent_list, sel)
     ref = build_tree_reference(*args, topk=topk, word_dtype=word_dtype)
-    got = _build_tree_pallas(*args, topk=topk, word_dtype=word_dtype, interpret=interpret,
-                             poison=True)
+    got = _build_tree_pallas(
+        *args, topk=topk, word_dtype=word_dtype, interpret=interpret, poison=True
+    )
     for name, r, g in zip(OUT_NAMES, ref, got):
         assert g.dtype == r.dtype and g.shape == r.shape, name
         np.testing.assert_array_equal(g, r, err_msg=name)
@@ -349,12 +462,16 @@ def test_kernel_lowers_to_triton_for_gpu(word_dtype):
     from jax import export
 
     bs, topk, n = 4, 8, 32
-    z = lambda *shape: jnp.zeros(shape, jnp.int32)
+
+    def z(*shape):
+        return jnp.zeros(shape, jnp.int32)
 
     def fn(*a):
         return build_tree(*a, topk=topk, word_dtype=word_dtype, impl="pallas", interpret=False)
 
-    exported = export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=[
-        export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
-        z(bs, 33), z(bs, n - 1), z(bs), z(bs), z(bs, n - 1))
+    exported = export.export(
+        jax.jit(fn),
+        platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(z(bs, 33), z(bs, n - 1), z(bs), z(bs), z(bs, n - 1))
     assert "xla.gpu.triton" in exported.mlir_module()

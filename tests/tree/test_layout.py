@@ -72,10 +72,18 @@ def random_case(rng, *, batch, topk, num_steps, page_size, rows=None, pad_frac=0
     """
     p = page_size
     choices = [0, 1, p - 1, p, p + 1, 2 * p - 1, 3 * p, 5 * p + 2]
-    seq_lens = np.array([max(0, int(rng.choice(choices)) if rng.random() < 0.6
-                             else int(rng.integers(0, 6 * p + 3))) for _ in range(batch)])
-    width = max(footprint(int(x), topk=topk, num_steps=num_steps, page_size=p)
-                for x in seq_lens) + int(rng.integers(0, 3))
+    seq_lens = np.array(
+        [
+            max(
+                0,
+                int(rng.choice(choices)) if rng.random() < 0.6 else int(rng.integers(0, 6 * p + 3)),
+            )
+            for _ in range(batch)
+        ]
+    )
+    width = max(
+        footprint(int(x), topk=topk, num_steps=num_steps, page_size=p) for x in seq_lens
+    ) + int(rng.integers(0, 3))
     rows = rows or batch + 2
     r2t = np.full((rows, width), POISON, np.int64)
     perm = rng.permutation(rows * width)[: rows * width] + 1
@@ -87,8 +95,12 @@ def random_case(rng, *, batch, topk, num_steps, page_size, rows=None, pad_frac=0
         if valid[b]:
             f = footprint(int(seq_lens[b]), topk=topk, num_steps=num_steps, page_size=p)
             r2t[rpi[b], f:] = POISON
-    return (jnp.asarray(r2t, jnp.int32), jnp.asarray(rpi, jnp.int32),
-            jnp.asarray(seq_lens, jnp.int32), jnp.asarray(valid))
+    return (
+        jnp.asarray(r2t, jnp.int32),
+        jnp.asarray(rpi, jnp.int32),
+        jnp.asarray(seq_lens, jnp.int32),
+        jnp.asarray(valid),
+    )
 
 
 def _np(*xs):
@@ -115,21 +127,37 @@ def test_spec14_worked_example_layout() -> None:
 def test_contiguous_layout(page_size, topk) -> None:
     row = 500 + np.arange(64)
     r2t = jnp.asarray(np.stack([np.zeros(64), row]).astype(np.int32))
-    out = draft_out_cache_loc(r2t, jnp.array([1], jnp.int32), jnp.array([9], jnp.int32),
-                              topk=topk, num_steps=3, page_size=page_size)
-    np.testing.assert_array_equal(np.asarray(out).reshape(-1), row[9: 9 + topk * 3])
-    tgt, src, n = prefix_tail_copy_pairs(r2t, jnp.array([1], jnp.int32),
-                                         jnp.array([9], jnp.int32), topk=topk, num_steps=3,
-                                         page_size=page_size, max_pairs=4)
+    out = draft_out_cache_loc(
+        r2t,
+        jnp.array([1], jnp.int32),
+        jnp.array([9], jnp.int32),
+        topk=topk,
+        num_steps=3,
+        page_size=page_size,
+    )
+    np.testing.assert_array_equal(np.asarray(out).reshape(-1), row[9 : 9 + topk * 3])
+    tgt, src, n = prefix_tail_copy_pairs(
+        r2t,
+        jnp.array([1], jnp.int32),
+        jnp.array([9], jnp.int32),
+        topk=topk,
+        num_steps=3,
+        page_size=page_size,
+        max_pairs=4,
+    )
     assert int(n) == 0 and not np.asarray(tgt).any() and not np.asarray(src).any()
 
 
 # ---- reference vs the loop oracle --------------------------------------------------------------
 CASES = [
-    pytest.param(1, 4, 3, id="P1K4"), pytest.param(2, 2, 1, id="P2K2S1"),
-    pytest.param(4, 2, 3, id="P4K2S3"), pytest.param(4, 8, 5, id="P4K8S5"),
-    pytest.param(16, 4, 6, id="P16K4S6"), pytest.param(16, 1, 5, id="P16K1"),
-    pytest.param(64, 8, 5, id="P64K8S5"), pytest.param(8, 5, 8, id="P8K5S8"),
+    pytest.param(1, 4, 3, id="P1K4"),
+    pytest.param(2, 2, 1, id="P2K2S1"),
+    pytest.param(4, 2, 3, id="P4K2S3"),
+    pytest.param(4, 8, 5, id="P4K8S5"),
+    pytest.param(16, 4, 6, id="P16K4S6"),
+    pytest.param(16, 1, 5, id="P16K1"),
+    pytest.param(64, 8, 5, id="P64K8S5"),
+    pytest.param(8, 5, 8, id="P8K5S8"),
 ]
 
 
@@ -138,13 +166,27 @@ def test_reference_matches_loop(page_size, topk, num_steps) -> None:
     rng = np.random.default_rng(page_size * 100 + topk * 10 + num_steps)
     for trial in range(3):
         batch = int(rng.integers(1, 7))
-        r2t, rpi, seq, valid = random_case(rng, batch=batch, topk=topk, num_steps=num_steps,
-                                           page_size=page_size)
+        r2t, rpi, seq, valid = random_case(
+            rng, batch=batch, topk=topk, num_steps=num_steps, page_size=page_size
+        )
         max_pairs = max_prefix_tail_pairs(batch, topk=topk, page_size=page_size) + trial
-        got = draft_cache_loc(r2t, rpi, seq, valid, topk=topk, num_steps=num_steps,
-                              page_size=page_size, max_pairs=max_pairs)
-        want = loop_layout(*_np(r2t, rpi, seq, valid), topk=topk, num_steps=num_steps,
-                           page_size=page_size, max_pairs=max_pairs)
+        got = draft_cache_loc(
+            r2t,
+            rpi,
+            seq,
+            valid,
+            topk=topk,
+            num_steps=num_steps,
+            page_size=page_size,
+            max_pairs=max_pairs,
+        )
+        want = loop_layout(
+            *_np(r2t, rpi, seq, valid),
+            topk=topk,
+            num_steps=num_steps,
+            page_size=page_size,
+            max_pairs=max_pairs,
+        )
         for g, w in zip(_np(*got[:3]), want[:3]):
             np.testing.assert_array_equal(g, w)
         assert int(got[3]) == want[3]
@@ -154,13 +196,12 @@ def test_reference_matches_loop(page_size, topk, num_steps) -> None:
 
 def test_truncated_pairs_keep_order_and_count() -> None:
     rng = np.random.default_rng(3)
-    r2t, rpi, seq, valid = random_case(rng, batch=6, topk=4, num_steps=3, page_size=8,
-                                       pad_frac=0.0)
+    r2t, rpi, seq, valid = random_case(rng, batch=6, topk=4, num_steps=3, page_size=8, pad_frac=0.0)
     seq = seq.at[:].set(jnp.array([5, 7, 3, 6, 1, 2], jnp.int32))
-    full = loop_layout(*_np(r2t, rpi, seq, valid), topk=4, num_steps=3, page_size=8,
-                       max_pairs=200)
-    _, tgt, src, n = draft_cache_loc(r2t, rpi, seq, valid, topk=4, num_steps=3, page_size=8,
-                                     max_pairs=20)
+    full = loop_layout(*_np(r2t, rpi, seq, valid), topk=4, num_steps=3, page_size=8, max_pairs=200)
+    _, tgt, src, n = draft_cache_loc(
+        r2t, rpi, seq, valid, topk=4, num_steps=3, page_size=8, max_pairs=20
+    )
     assert int(n) == full[3] == 3 * 24
     np.testing.assert_array_equal(np.asarray(tgt), full[1][:20])
     np.testing.assert_array_equal(np.asarray(src), full[2][:20])
@@ -168,18 +209,21 @@ def test_truncated_pairs_keep_order_and_count() -> None:
 
 def test_positions_repeat_interleave() -> None:
     seq = jnp.array([5, 0, 17], jnp.int32)
-    np.testing.assert_array_equal(np.asarray(draft_positions(seq, topk=3)),
-                                  [5, 5, 5, 0, 0, 0, 17, 17, 17])
+    np.testing.assert_array_equal(
+        np.asarray(draft_positions(seq, topk=3)), [5, 5, 5, 0, 0, 0, 17, 17, 17]
+    )
 
 
 # ---- Pallas kernel vs reference ------------------------------------------------------------------
-@pytest.mark.parametrize("page_size,topk,num_steps", [(1, 4, 3), (4, 2, 3), (16, 4, 5),
-                                                      (64, 8, 5), (8, 3, 2), (4, 1, 3)])
+@pytest.mark.parametrize(
+    "page_size,topk,num_steps", [(1, 4, 3), (4, 2, 3), (16, 4, 5), (64, 8, 5), (8, 3, 2), (4, 1, 3)]
+)
 def test_pallas_matches_reference(interpret, page_size, topk, num_steps) -> None:
     rng = np.random.default_rng(7 + page_size + topk)
     batch = 5
-    r2t, rpi, seq, valid = random_case(rng, batch=batch, topk=topk, num_steps=num_steps,
-                                       page_size=page_size)
+    r2t, rpi, seq, valid = random_case(
+        rng, batch=batch, topk=topk, num_steps=num_steps, page_size=page_size
+    )
     max_pairs = max_prefix_tail_pairs(batch, topk=topk, page_size=page_size)
     # truncated pair buffers on one case only (each size is another interpret compile)
     for mp in sorted({max_pairs, max_pairs // 3} if page_size == 16 else {max_pairs}):
@@ -195,11 +239,16 @@ def test_pallas_poisoned_pair_buffers(interpret) -> None:
     """The kernel writes exactly [0, num_pairs) of the pair buffers: the tail keeps the poison."""
     rng = np.random.default_rng(21)
     r2t, rpi, seq, valid = random_case(rng, batch=4, topk=4, num_steps=3, page_size=8)
-    kw = {"topk": 4, "num_steps": 3, "page_size": 8, "max_pairs": max_prefix_tail_pairs(4, topk=4,
-                                                                                page_size=8)}
+    kw = {
+        "topk": 4,
+        "num_steps": 3,
+        "page_size": 8,
+        "max_pairs": max_prefix_tail_pairs(4, topk=4, page_size=8),
+    }
     want = draft_cache_loc_reference(r2t, rpi, seq, valid, **kw)
-    out, tgt, src, n = jax.jit(lambda *a: _draft_cache_loc_pallas(
-        *a, interpret=interpret, pair_fill=POISON, **kw))(r2t, rpi, seq, valid)
+    out, tgt, src, n = jax.jit(
+        lambda *a: _draft_cache_loc_pallas(*a, interpret=interpret, pair_fill=POISON, **kw)
+    )(r2t, rpi, seq, valid)
     n = int(n)
     assert n == int(want[3]) and n > 0
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want[0]))
@@ -213,8 +262,18 @@ def test_pallas_all_padding_rows(interpret) -> None:
     rpi = jnp.zeros((4,), jnp.int32)
     seq = jnp.array([1, 7, 3, 0], jnp.int32)
     valid = jnp.zeros((4,), bool)
-    out, tgt, src, n = draft_cache_loc(r2t, rpi, seq, valid, topk=2, num_steps=3, page_size=4,
-                                       max_pairs=12, impl="pallas", interpret=interpret)
+    out, tgt, src, n = draft_cache_loc(
+        r2t,
+        rpi,
+        seq,
+        valid,
+        topk=2,
+        num_steps=3,
+        page_size=4,
+        max_pairs=12,
+        impl="pallas",
+        interpret=interpret,
+    )
     assert int(n) == 0
     assert not np.asarray(out).any() and not np.asarray(tgt).any() and not np.asarray(src).any()
 
@@ -225,13 +284,16 @@ def _small():
     return r2t, jnp.array([1], jnp.int32), jnp.array([5], jnp.int32)
 
 
-@pytest.mark.parametrize("kw,pattern", [
-    ({"page_size": 3}, "page_size=3 must be a power of 2"),
-    ({"topk": 0}, "topk=0 must be an int >= 1"),
-    ({"num_steps": 0}, "num_steps=0 must be an int >= 1"),
-    ({"max_pairs": -1}, "max_pairs=-1"),
-    ({"impl": "cuda"}, "impl='cuda' is not available for draft_cache_loc"),
-])
+@pytest.mark.parametrize(
+    "kw,pattern",
+    [
+        ({"page_size": 3}, "page_size=3 must be a power of 2"),
+        ({"topk": 0}, "topk=0 must be an int >= 1"),
+        ({"num_steps": 0}, "num_steps=0 must be an int >= 1"),
+        ({"max_pairs": -1}, "max_pairs=-1"),
+        ({"impl": "cuda"}, "impl='cuda' is not available for draft_cache_loc"),
+    ],
+)
 def test_static_errors(kw, pattern) -> None:
     args = {"topk": 2, "num_steps": 3, "page_size": 4, "max_pairs": 4} | kw
     with pytest.raises(ValueError, match=pattern):
@@ -249,7 +311,10 @@ def test_static_dtype_and_shape_errors() -> None:
 
 def test_probe_footprint_past_row_width() -> None:
     r2t, rpi, _ = _small()
-    fn = lambda s: draft_out_cache_loc(r2t, rpi, s, topk=2, num_steps=3, page_size=4)
+
+    def fn(s):
+        return draft_out_cache_loc(r2t, rpi, s, topk=2, num_steps=3, page_size=4)
+
     probes.checked(fn)(jnp.array([20], jnp.int32))  # footprint 16 + 2*8 = 32 == width: fine
     with pytest.raises(probes.ProbeError, match=r"draft footprint.*max value 36 > high bound 32"):
         probes.checked(fn)(jnp.array([29], jnp.int32))  # 28 + 2*4

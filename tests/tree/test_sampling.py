@@ -26,25 +26,48 @@ def _i32(x):
 
 def _sample(cand, ridx, nt, ns, coins, final, probs, s1, ts=1.0, ta=1.0, init=-1):
     return tree_speculative_sampling_target_only(
-        _i32(cand), _i32(ridx), _i32(nt), _i32(ns), jnp.asarray(coins, jnp.float32),
-        jnp.asarray(final, jnp.float32), jnp.asarray(probs, jnp.float32), num_spec_steps=s1,
-        threshold_single=ts, threshold_acc=ta, predicts_init=init)
+        _i32(cand),
+        _i32(ridx),
+        _i32(nt),
+        _i32(ns),
+        jnp.asarray(coins, jnp.float32),
+        jnp.asarray(final, jnp.float32),
+        jnp.asarray(probs, jnp.float32),
+        num_spec_steps=s1,
+        threshold_single=ts,
+        threshold_acc=ta,
+        predicts_init=init,
+    )
 
 
-@pytest.mark.parametrize("ts,ta,predicts,accept,num", [
-    (1.0, 1.0, [3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18], [[0, 3, 4, 5], [6, 10, 11, -1]],
-     [3, 2]),
-    (0.0, 0.0, [1, 2, 18, -1, -1, -1, 11, -1, -1, -1, 12, 18], [[0, 1, 2, -1], [6, 10, 11, -1]],
-     [2, 2]),
-])
+@pytest.mark.parametrize(
+    "ts,ta,predicts,accept,num",
+    [
+        (
+            1.0,
+            1.0,
+            [3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18],
+            [[0, 3, 4, 5], [6, 10, 11, -1]],
+            [3, 2],
+        ),
+        (
+            0.0,
+            0.0,
+            [1, 2, 18, -1, -1, -1, 11, -1, -1, -1, 12, 18],
+            [[0, 1, 2, -1], [6, 10, 11, -1]],
+            [2, 2],
+        ),
+    ],
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_golden_low_temperature(ts, ta, predicts, accept, num, seed):
     probs = target_probs_from_logits(jnp.asarray(golden_logits()), jnp.array([0.01, 0.01]))
     rng = np.random.default_rng(seed)
     coins = rng.uniform(1e-6, 1.0, (2, 6))
     final = rng.uniform(0.0, 1.0, 2)
-    got = _sample(G_CANDIDATES, G_RIDX, G_NEXT_TOKEN, G_NEXT_SIBLING, coins, final, probs, 4,
-                  ts, ta)
+    got = _sample(
+        G_CANDIDATES, G_RIDX, G_NEXT_TOKEN, G_NEXT_SIBLING, coins, final, probs, 4, ts, ta
+    )
     assert got[0].tolist() == predicts
     assert got[1].tolist() == accept
     assert got[2].tolist() == num
@@ -70,10 +93,13 @@ def _chi_square(counts, probs):
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-@pytest.mark.parametrize("q_root", [
-    [0.30, 0.05, 0.20, 0.10, 0.25, 0.10],   # children tokens {4, 0, 2} hold 75% of the mass
-    [0.05, 0.10, 0.10, 0.40, 0.15, 0.20],   # children hold 20%: mostly the residual path
-])
+@pytest.mark.parametrize(
+    "q_root",
+    [
+        [0.30, 0.05, 0.20, 0.10, 0.25, 0.10],  # children tokens {4, 0, 2} hold 75% of the mass
+        [0.05, 0.10, 0.10, 0.40, 0.15, 0.20],  # children hold 20%: mostly the residual path
+    ],
+)
 def test_first_token_distribution_is_target(q_root):
     """thresholds (1, 1): the first emitted token is distributed as the root's target probs."""
     num = 4000
@@ -100,10 +126,13 @@ def test_target_probs_temperature_top_k_top_p():
     b, n, v = 3, 2, 8
     logits = rng.standard_normal((b * n, v)).astype(np.float32)
     temps = np.array([0.7, 1.0, 2.0], np.float32)
-    top_ks = np.array([3, 0, 8], np.int32)        # 0 and V: no-op
+    top_ks = np.array([3, 0, 8], np.int32)  # 0 and V: no-op
     top_ps = np.array([1.0, 0.6, 0.9], np.float32)
-    got = np.asarray(target_probs_from_logits(jnp.asarray(logits), jnp.asarray(temps),
-                                              jnp.asarray(top_ks), jnp.asarray(top_ps)))
+    got = np.asarray(
+        target_probs_from_logits(
+            jnp.asarray(logits), jnp.asarray(temps), jnp.asarray(top_ks), jnp.asarray(top_ps)
+        )
+    )
     x = logits.reshape(b, n, v) / temps[:, None, None]
     p = np.exp(x - x.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
@@ -130,8 +159,16 @@ def test_probes():
     probs = np.full((2, 6, 20), 0.05, np.float32)
 
     def f(p):
-        return _sample(G_CANDIDATES, G_RIDX, G_NEXT_TOKEN, G_NEXT_SIBLING, np.full((2, 6), 0.5),
-                       np.full(2, 0.5), p, 4)[2]
+        return _sample(
+            G_CANDIDATES,
+            G_RIDX,
+            G_NEXT_TOKEN,
+            G_NEXT_SIBLING,
+            np.full((2, 6), 0.5),
+            np.full(2, 0.5),
+            p,
+            4,
+        )[2]
 
     probes.checked(f)(jnp.asarray(probs))
     probs[1, 2, 3] = np.nan

@@ -58,12 +58,15 @@ def _check(got, want_p, want_index, rtol):
 
 
 # ---- reference vs oracle ---------------------------------------------------------------------
-@pytest.mark.parametrize("num_rows,vocab,topk", [
-    pytest.param(10, 37, 8, id="v37_k8"),
-    pytest.param(7, 16, 1, id="k1"),
-    pytest.param(6, 23, 23, id="k_eq_v"),
-    pytest.param(5, 512, 8, id="v512"),
-])
+@pytest.mark.parametrize(
+    "num_rows,vocab,topk",
+    [
+        pytest.param(10, 37, 8, id="v37_k8"),
+        pytest.param(7, 16, 1, id="k1"),
+        pytest.param(6, 23, 23, id="k_eq_v"),
+        pytest.param(5, 512, 8, id="v512"),
+    ],
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_reference_matches_oracle(num_rows, vocab, topk, seed):
     x = _mixed_logits(np.random.default_rng(seed * 100 + vocab), num_rows, vocab)
@@ -80,15 +83,18 @@ def test_reference_golden():
 
 
 # ---- Pallas kernel vs reference --------------------------------------------------------------
-@pytest.mark.parametrize("num_rows,vocab,topk,block_rows,dtype", [
-    # 13 rows in blocks of 4: a partial last block; V not a power of 2; -inf rows.
-    pytest.param(13, 37, 8, 4, jnp.float32, id="r13_v37_k8_br4"),
-    pytest.param(3, 16, 1, None, jnp.float32, id="k1_v16"),
-    # K = V > MAX_UNROLL: the fori_loop selection path; picks run into the -inf entries.
-    pytest.param(5, 37, 37, 2, jnp.float32, id="k_eq_v37_fori"),
-    pytest.param(6, 512, 8, None, jnp.float32, id="v512_k8"),
-    pytest.param(4, 100, 8, None, jnp.bfloat16, id="bf16"),
-])
+@pytest.mark.parametrize(
+    "num_rows,vocab,topk,block_rows,dtype",
+    [
+        # 13 rows in blocks of 4: a partial last block; V not a power of 2; -inf rows.
+        pytest.param(13, 37, 8, 4, jnp.float32, id="r13_v37_k8_br4"),
+        pytest.param(3, 16, 1, None, jnp.float32, id="k1_v16"),
+        # K = V > MAX_UNROLL: the fori_loop selection path; picks run into the -inf entries.
+        pytest.param(5, 37, 37, 2, jnp.float32, id="k_eq_v37_fori"),
+        pytest.param(6, 512, 8, None, jnp.float32, id="v512_k8"),
+        pytest.param(4, 100, 8, None, jnp.bfloat16, id="bf16"),
+    ],
+)
 def test_kernel_matches_reference(interpret, num_rows, vocab, topk, block_rows, dtype):
     x = jnp.asarray(_mixed_logits(np.random.default_rng(vocab + topk), num_rows, vocab), dtype)
     want_p, want_index = topk_probs_reference(x, topk)
@@ -141,16 +147,19 @@ def test_topk_probs_impls_and_default():
 
 
 # ---- validation ------------------------------------------------------------------------------
-@pytest.mark.parametrize("shape,dtype,topk,kwargs,match", [
-    pytest.param((4, 8), jnp.float32, 0, {}, r"topk=0", id="topk0"),
-    pytest.param((4, 8), jnp.float32, 9, {}, r"topk=9 .*V=8", id="topk_gt_v"),
-    pytest.param((8,), jnp.float32, 2, {}, r"logits.shape=\(8,\)", id="1d"),
-    pytest.param((2, 4, 8), jnp.float32, 2, {}, r"logits.shape", id="3d"),
-    pytest.param((4, 8), jnp.int32, 2, {}, r"logits.dtype=int32", id="int"),
-    pytest.param((4, 8), jnp.float32, 2, {"block_rows": 3}, r"block_rows=3", id="block_rows"),
-    pytest.param((4, 8), jnp.float32, 2, {"num_warps": 0}, r"num_warps=0", id="num_warps"),
-    pytest.param((4, 8), jnp.float32, 2, {"impl": "triton"}, r"impl='triton'", id="impl"),
-])
+@pytest.mark.parametrize(
+    "shape,dtype,topk,kwargs,match",
+    [
+        pytest.param((4, 8), jnp.float32, 0, {}, r"topk=0", id="topk0"),
+        pytest.param((4, 8), jnp.float32, 9, {}, r"topk=9 .*V=8", id="topk_gt_v"),
+        pytest.param((8,), jnp.float32, 2, {}, r"logits.shape=\(8,\)", id="1d"),
+        pytest.param((2, 4, 8), jnp.float32, 2, {}, r"logits.shape", id="3d"),
+        pytest.param((4, 8), jnp.int32, 2, {}, r"logits.dtype=int32", id="int"),
+        pytest.param((4, 8), jnp.float32, 2, {"block_rows": 3}, r"block_rows=3", id="block_rows"),
+        pytest.param((4, 8), jnp.float32, 2, {"num_warps": 0}, r"num_warps=0", id="num_warps"),
+        pytest.param((4, 8), jnp.float32, 2, {"impl": "triton"}, r"impl='triton'", id="impl"),
+    ],
+)
 def test_validation(shape, dtype, topk, kwargs, match):
     with pytest.raises(ValueError, match=match):
         topk_probs(jnp.zeros(shape, dtype), topk, **kwargs)

@@ -43,8 +43,16 @@ def _i32(x):
 
 
 def _verify(cand, ridx, nt, ns, target, s1, impl="xla", init=-1):
-    return verify_tree_greedy(_i32(cand), _i32(ridx), _i32(nt), _i32(ns), _i32(target),
-                              num_spec_steps=s1, predicts_init=init, impl=impl)
+    return verify_tree_greedy(
+        _i32(cand),
+        _i32(ridx),
+        _i32(nt),
+        _i32(ns),
+        _i32(target),
+        num_spec_steps=s1,
+        predicts_init=init,
+        impl=impl,
+    )
 
 
 def _check_oracle(got, cand, ridx, nt, ns, target, s1, init=-1):
@@ -65,8 +73,9 @@ def test_golden(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_hand_chain(impl):
-    got = _verify([[10, 3, 4, 5]], [[0, 1, 2, 3]], [[1, 2, 3, -1]], [[-1] * 4], [[3, 4, 9, 9]],
-                  4, impl)
+    got = _verify(
+        [[10, 3, 4, 5]], [[0, 1, 2, 3]], [[1, 2, 3, -1]], [[-1] * 4], [[3, 4, 9, 9]], 4, impl
+    )
     assert got[0].tolist() == [3, 4, 9, -1]
     assert got[1].tolist() == [[0, 1, 2, -1]]
     assert got[2].tolist() == [2]
@@ -93,9 +102,16 @@ def test_chain_topk1_forced_accept_counts(impl):
 def _random_tree(rng, bs, topk, steps, n, vocab):
     parent_list, sel = gen_draft_tree(rng, bs, topk, steps, n)
     out = build_tree_kernel_efficient(
-        jnp.zeros(bs, jnp.int32), _i32(parent_list), _i32(sel), jnp.zeros((bs, n - 1), jnp.int32),
-        jnp.zeros(bs, jnp.int32), topk=topk, num_steps=steps, num_draft_tokens=n,
-        mode=TreeMaskMode.QLEN_ONLY)
+        jnp.zeros(bs, jnp.int32),
+        _i32(parent_list),
+        _i32(sel),
+        jnp.zeros((bs, n - 1), jnp.int32),
+        jnp.zeros(bs, jnp.int32),
+        topk=topk,
+        num_steps=steps,
+        num_draft_tokens=n,
+        mode=TreeMaskMode.QLEN_ONLY,
+    )
     cand = rng.integers(0, vocab, (bs, n))
     target = rng.integers(0, vocab, (bs, n))
     return cand, out.retrive_index, out.retrive_next_token, out.retrive_next_sibling, target
@@ -121,8 +137,14 @@ def test_kernel_matches_reference(interpret, topk, steps, n, bs):
     args = (_i32(cand), _i32(ridx), _i32(nt), _i32(ns), _i32(target))
     for init in (0, -1):
         ref = verify_tree_greedy_reference(*args, num_spec_steps=steps + 1, predicts_init=init)
-        got = _verify_tree_greedy_pallas(*args[:4], args[4].reshape(-1), num_spec_steps=steps + 1,
-                                         predicts_init=init, interpret=interpret, poison=True)
+        got = _verify_tree_greedy_pallas(
+            *args[:4],
+            args[4].reshape(-1),
+            num_spec_steps=steps + 1,
+            predicts_init=init,
+            interpret=interpret,
+            poison=True,
+        )
         for name, r, g in zip(("predicts", "accept_index", "accept_token_num"), ref, got):
             np.testing.assert_array_equal(g, r, err_msg=name)
 
@@ -136,16 +158,21 @@ def test_cyclic_links_terminate(impl):
 
 
 def test_depth_zero_accepts_nothing():
-    got = _verify(G_CANDIDATES, G_RIDX, G_NEXT_TOKEN, G_NEXT_SIBLING,
-                  golden_logits().argmax(-1), 1)
+    got = _verify(G_CANDIDATES, G_RIDX, G_NEXT_TOKEN, G_NEXT_SIBLING, golden_logits().argmax(-1), 1)
     assert got[1].tolist() == [[0], [6]] and got[2].tolist() == [0, 0]
     assert got[0].tolist() == [3, -1, -1, -1, -1, -1, 11, -1, -1, -1, -1, -1]
 
 
 def test_probes():
     def f(nt):
-        return verify_tree_greedy(_i32(G_CANDIDATES), _i32(G_RIDX), nt, _i32(G_NEXT_SIBLING),
-                                  _i32(golden_logits().argmax(-1)), num_spec_steps=4)[2]
+        return verify_tree_greedy(
+            _i32(G_CANDIDATES),
+            _i32(G_RIDX),
+            nt,
+            _i32(G_NEXT_SIBLING),
+            _i32(golden_logits().argmax(-1)),
+            num_spec_steps=4,
+        )[2]
 
     assert probes.checked(f)(_i32(G_NEXT_TOKEN)).tolist() == [3, 2]
     bad = np.array(G_NEXT_TOKEN)
@@ -170,8 +197,14 @@ def test_static_errors():
 def test_eagle_sample_greedy_golden(impl):
     logits = jnp.asarray(golden_logits().reshape(12, 20))
     predict, accept_lens, accept_index = eagle_sample_greedy(
-        logits, _i32(G_CANDIDATES), _i32(G_RIDX), _i32(G_NEXT_TOKEN), _i32(G_NEXT_SIBLING),
-        num_spec_steps=4, impl=impl)
+        logits,
+        _i32(G_CANDIDATES),
+        _i32(G_RIDX),
+        _i32(G_NEXT_TOKEN),
+        _i32(G_NEXT_SIBLING),
+        num_spec_steps=4,
+        impl=impl,
+    )
     assert predict.tolist() == [3, 0, 0, 4, 5, 18, 11, 0, 0, 0, 12, 18]  # zeros: eagle_sample init
     assert accept_lens.tolist() == [4, 3]
     assert accept_index.tolist() == [[0, 3, 4, 5], [6, 10, 11, -1]]
@@ -210,13 +243,14 @@ def test_compact_accept_to_front():
     predict = np.arange(100, 100 + bs * n, dtype=np.int32)
     hidden = rng.standard_normal((bs * n, h)).astype(np.float32)
     accept_index = np.array([[0, 3, -1], [5, 7, 9]], np.int32)
-    got_p, got_h = compact_accept_to_front(_i32(predict), jnp.asarray(hidden), _i32(accept_index),
-                                           num_draft_tokens=n)
+    got_p, got_h = compact_accept_to_front(
+        _i32(predict), jnp.asarray(hidden), _i32(accept_index), num_draft_tokens=n
+    )
     safe = np.maximum(accept_index, 0)
     want_p, want_h = predict.copy(), hidden.copy()
     for b in range(bs):
-        want_p[b * n: b * n + 3] = predict[safe[b]]
-        want_h[b * n: b * n + 3] = hidden[safe[b]]
+        want_p[b * n : b * n + 3] = predict[safe[b]]
+        want_h[b * n : b * n + 3] = hidden[safe[b]]
     np.testing.assert_array_equal(got_p, want_p)
     np.testing.assert_array_equal(got_h, want_h)
     assert got_p[3:5].tolist() == [103, 104]  # entries past S+1 unchanged
@@ -231,6 +265,9 @@ def test_kernel_lowers_to_triton_for_gpu():
     def fn(*a):
         return verify_tree_greedy(*a, num_spec_steps=6, impl="pallas", interpret=False)
 
-    exported = export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=[
-        export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(z, z, z, z, z)
+    exported = export.export(
+        jax.jit(fn),
+        platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(z, z, z, z, z)
     assert "xla.gpu.triton" in exported.mlir_module()

@@ -56,16 +56,18 @@ def draft_tree_from_probs(scores0, step_ps, topk: int, num_draft_tokens: int):
     return parent_list.astype(np.int32), sel.astype(np.int32), score_flat
 
 
-def gen_draft_tree(rng: np.random.Generator, bs: int, topk: int, num_steps: int,
-                   num_draft_tokens: int):
+def gen_draft_tree(
+    rng: np.random.Generator, bs: int, topk: int, num_steps: int, num_draft_tokens: int
+):
     """Random valid (parent_list i32[B, K(S-1)+1], sel i32[B, N-1]) via the EAGLE draft loop.
 
     Probabilities lie in (0, 1): a child's score is below its parent's, so the global top-k
     keeps full ancestor chains.
     """
     scores0 = rng.random((bs, topk), dtype=np.float32) * 0.98 + 0.01
-    step_ps = [rng.random((bs, topk, topk), dtype=np.float32) * 0.98 + 0.01
-               for _ in range(1, num_steps)]
+    step_ps = [
+        rng.random((bs, topk, topk), dtype=np.float32) * 0.98 + 0.01 for _ in range(1, num_steps)
+    ]
     parent_list, sel, _ = draft_tree_from_probs(scores0, step_ps, topk, num_draft_tokens)
     return parent_list, sel
 
@@ -130,6 +132,6 @@ def ref_flat_full_mask(mask, seq_lens, fill: bool = True) -> np.ndarray:
     for b in range(mask.shape[0]):
         n = mask.shape[1]
         block = np.full((n, int(seq_lens[b]) + n), fill, bool)
-        block[:, int(seq_lens[b]):] = mask[b]
+        block[:, int(seq_lens[b]) :] = mask[b]
         blocks.append(block.reshape(-1))
     return np.concatenate(blocks)
