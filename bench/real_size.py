@@ -290,7 +290,7 @@ SPLIT_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
 def _device_split(engine, prompts) -> tuple[dict[str, float] | None, str, float]:
     """(device split of one steady-state step, its command-buffer setting, the jitted step's
     median wall ms alone: dispatch + launch gaps, no host loop)."""
-    from bench.e2e import _copy, _median_ms, _steady_state
+    from bench.e2e import _copy, _median_ms, _op_key, _steady_state
 
     state, slot_idx, live = _steady_state(engine, prompts, NEW)
     stacked = jax.tree.map(lambda x: x[None], state)
@@ -301,8 +301,18 @@ def _device_split(engine, prompts) -> tuple[dict[str, float] | None, str, float]
     jit_ms = _median_ms(engine._step, make_args, 10)
     try:
         split = profile_split_us(
-            engine._step, make_args, _classify, compiler_options=SPLIT_COMPILER_OPTIONS
+            engine._step,
+            make_args,
+            _classify,
+            compiler_options=SPLIT_COMPILER_OPTIONS,
+            breakdown=_op_key,
         )
+        if split is not None:  # the largest non-model ops, in the log
+            ops = sorted(
+                ((v, k[3:]) for k, v in split.items() if k.startswith("by:") and "model:" not in k),
+                reverse=True,
+            )
+            print("  top non-model ops (us):", [(k, round(v, 1)) for v, k in ops[:5]], flush=True)
         return split, "off", jit_ms
     except Exception as e:  # noqa: BLE001 - an XLA that rejects the option: split as compiled
         print(f"split with command buffers off failed ({type(e).__name__}: {e})", flush=True)
