@@ -71,15 +71,9 @@ def lm_logits(hidden: jax.Array, lm_head: jax.Array, *, transposed: bool = False
             precision=prec,
             preferred_element_type=jnp.float32,
         )
-    # NOTE (measured on the H200, bench/lm_head_row.py): a one-row bf16 LM head that XLA fuses
-    # with its consumers (the upcast, the greedy argmax) streams the weights at ~0.6 TB/s, a
-    # third of a plain dot's rate. Two rows (a zero row) and a barrier before the upcast keep
-    # it a plain bf16-result matmul.
-    rows = hidden.shape[0]
-    if rows == 1:
-        hidden = jnp.concatenate([hidden, jnp.zeros_like(hidden)])
-    out = jax.lax.dot_general(hidden, lm_head.astype(hidden.dtype), dims, precision=prec)
-    return jax.lax.optimization_barrier(out)[:rows].astype(jnp.float32)
+    return jax.lax.dot_general(hidden, lm_head.astype(hidden.dtype), dims, precision=prec).astype(
+        jnp.float32
+    )
 
 
 def tp_sum(x: jax.Array, tp_axis: str | None) -> jax.Array:
