@@ -70,6 +70,7 @@ class RunStats:
     wall_s: float = 0.0
     accept_lens: list[int] = dataclasses.field(default_factory=list)
     batch_sizes: list[int] = dataclasses.field(default_factory=list)
+    step_s: list[float] = dataclasses.field(default_factory=list)  # each decode step's wall
     request_accept_lens: list[list[int]] = dataclasses.field(default_factory=list)
     leak_check: str = ""
 
@@ -258,7 +259,8 @@ class Engine:
                 continue
             t0 = time.perf_counter()
             self._decode_step(running, stats)
-            stats.decode_s += time.perf_counter() - t0
+            stats.step_s.append(time.perf_counter() - t0)
+            stats.decode_s += stats.step_s[-1]
             self._retire(running, free_slots)
             if self.check_every_step:
                 self.check_integrity(what=f"after decode step {stats.num_decode_steps}")
