@@ -202,6 +202,7 @@ def profile_split_us(
     num_calls: int = 5,
     warmup: int = 2,
     breakdown: Callable[[str], str] | None = None,
+    compiler_options: dict[str, Any] | None = None,
 ) -> dict[str, float] | None:
     """Device time (microseconds) per call of jitted ``fn``, split by class of HLO op.
 
@@ -218,6 +219,8 @@ def profile_split_us(
       classify: op_name metadata (``"@" + instruction name`` when absent) -> class name.
       breakdown: optional second, finer classifier of the same events (e.g. op_name -> the
         bookkeeping op it belongs to); its us per call land under ``"by:" + key``.
+      compiler_options: XLA options for this compile only (e.g.
+        ``{"xla_gpu_enable_command_buffer": ""}``: no CUDA graphs, every kernel attributed).
     Returns:
       ``{class: us per call}`` (classes as above, ``"unattributed"`` for kernels not matched to
       an instruction; they partition the kernels) and ``"total"`` for all (equal to
@@ -225,7 +228,7 @@ def profile_split_us(
       (CPU).
     """
     args = make_args()
-    compiled = fn.lower(*args).compile()
+    compiled = fn.lower(*args).compile(compiler_options)
     hlo_text = compiled.as_text()
     op_names, fused_op_names = hlo_op_names(hlo_text), hlo_fused_op_names(hlo_text)
     jax.block_until_ready(compiled(*args))

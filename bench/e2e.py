@@ -222,7 +222,7 @@ def _command_buffers_off() -> bool:
 def _classify(op_name: str) -> str:
     """``target`` / ``draft`` for HLO ops under the model's named scopes (target = the verify
     forward in a spec step), else ``bookkeeping``."""
-    from jspec.engine.model import MODEL_SCOPE
+    from jspec.engine.protocol import MODEL_SCOPE
 
     parts = op_name.split("/")
     if MODEL_SCOPE not in parts:
@@ -234,7 +234,7 @@ def _classify(op_name: str) -> str:
 def _op_key(op_name: str) -> str:
     """A bookkeeping kernel's op for the ``--top`` table: its op_name's last scopes (jit /
     shard_map / cond wrappers dropped); every model kernel is ``"model"``."""
-    from jspec.engine.model import MODEL_SCOPE
+    from jspec.engine.protocol import MODEL_SCOPE
 
     parts = [
         p

@@ -1,30 +1,32 @@
 """Real-size speed (issue 13): an 8B (and 1B) Llama geometry, greedy vs spec, against floors.
 
     python -m bench.real_size [--quick] [--geometry 8b,1b] [--batches 1,16,64]
-                              [--attention-impl triton] [--precision engine|default]
-                              [--png step_vs_batch.png] [--out real_size.md]
+                              [--attention-impl auto|triton|xla] [--png step_vs_batch.png]
+                              [--out real_size.md]
 
-Random bf16 weights made on the device (``jax.random``, the toy init's structure: the
-permutation LM head ``lm_head[:, sigma(x)] = embed[x] / sqrt(H)`` and the EAGLE head
-``fc = [I; 0.1 R]`` over a copy of the last layer, so acceptance is high). Prompts of 128
-tokens, 64 new tokens, page 16, topk 4, steps 3, 8 draft tokens. Per (mode, batch):
+The target is a ``jspec.models.LlamaTarget`` with random bf16 weights made on the device
+(``jax.random``; :func:`make_params`: ``toy_llama_params``'s permutation LM head, so greedy
+follows a known chain) and the draft an EAGLE-3 head built like ``matched_eagle3`` (hot vocab
+of 32000 ids, closed under the permutation), so acceptance is high. Matmul precision follows
+the dtype (bf16: default precision, bf16 LM-head result upcast after). Prompts of 128 tokens
+from the hot ids, 64 new tokens, page 16, topk 4, steps 3, 8 draft tokens. Per (mode, batch):
 
 * ``step ms (wall)``: the engine's decode-step wall time in ``Engine.generate`` (host loop
-  included); ``step ms (device)``: the summed GPU kernel time of one steady-state step from a
-  profiler trace (``bench._timing.profile_split_us``), split into target / draft / attention /
-  bookkeeping / unattributed (attention = ops under ``paged_attention``; with XLA's command
-  buffers on, cuBLAS / Triton kernels inside a graph are unattributed).
+  included, XLA's default command buffers), median over the run's steps (``wall mean``: the
+  mean, which a slow first step weighs on: 16 spec steps per run); ``step ms (device)``: the summed GPU kernel time
+  of one steady-state step from a profiler trace (``bench._timing.profile_split_us``) of the
+  same step compiled with command buffers OFF (``split cmd buffers``: "off"), so every kernel
+  is attributed: target / draft / attention (ops under ``paged_attention``, inside either) /
+  bookkeeping / unattributed.
+* ``step ms (jit)``: the jitted step alone on that steady state (median wall, blocked each
+  call): wall - jit = the host loop's share, jit - device = dispatch and launch gaps.
 * floors measured in the same run: weight bytes read per step / the measured copy bandwidth
-  (greedy: target layers + LM head; spec: that + ``steps`` draft forwards of fc + layer +
-  LM head) plus the KV bytes at the mean context; FLOPs (2 x matmul params x tokens: bs for
-  greedy, bs x draft tokens for verify, bs x topk per draft forward) / the measured bf16
-  matmul rate; ``floor`` = the larger; ``x floor`` = device (and wall) / floor.
+  (greedy: target layers + LM head; spec: that + ``steps`` draft forwards of midlayer + hot
+  LM head, + fc once) plus the KV bytes at the mean context; FLOPs / the measured bf16 matmul
+  rate; ``floor`` = the larger; ``x floor`` = device (and wall) / floor.
 * tokens/s (decode), acceptance, and for spec how many requests' tokens equal greedy's.
 
-``--precision default`` monkeypatches ``jspec.engine.model.MATMUL_PRECISION`` to the default
-(bf16 matmuls at full rate) to measure what the engine's HIGHEST costs.
-Engine API used: ``jspec.engine.model.{ModelConfig, TargetParams, LayerParams, DraftParams,
-MATMUL_PRECISION}``, ``jspec.engine.state.make_engine_config``, ``jspec.engine.scheduler.Engine``
+Engine API used: ``jspec.engine.state.make_engine_config``, ``jspec.engine.scheduler.Engine``
 (``generate``, ``_step``, and bench.e2e's ``_steady_state``: ``_admit``, ``_decode_step``,
 ``_bucket_arrays``, ``_shard_state``), ``RunStats`` fields.
 """
@@ -57,6 +59,8 @@ COLUMNS = (
     "attn",
     "precision",
     "step ms (wall)",
+    "step ms (wall mean)",
+    "step ms (jit)",
     "step ms (device)",
     "floor ms",
     "floor kind",
@@ -71,6 +75,7 @@ COLUMNS = (
     "bookkeeping ms",
     "unattributed ms",
     "bookkeeping %",
+    "split cmd buffers",
     "note",
 )
 PAGE, TOPK, STEPS, DRAFT_TOKENS, PROMPT, NEW = 16, 4, 3, 8, 128, 64
@@ -86,48 +91,63 @@ class Geometry:
     kv_heads: int
     head_dim: int
     inter: int
+    draft_vocab: int  # the EAGLE-3 head's hot vocabulary (ids [0, draft_vocab))
+    draft_heads: int  # the head's attention heads (no GQA: the matched head needs v = e - h)
 
 
 GEOMETRIES = {
-    "8b": Geometry("8b", 128256, 4096, 32, 32, 8, 128, 14336),
-    "1b": Geometry("1b", 128256, 2048, 16, 32, 8, 64, 8192),
-    "quick": Geometry("quick", 512, 64, 2, 4, 2, 16, 128),
+    "8b": Geometry("8b", 128256, 4096, 32, 32, 8, 128, 14336, 32000, 32),
+    "1b": Geometry("1b", 128256, 2048, 16, 32, 8, 64, 8192, 32000, 32),
+    "quick": Geometry("quick", 512, 64, 8, 4, 2, 16, 128, 128, 4),
 }
 
 
-def _model_config(g: Geometry):
-    from jspec.engine.model import ModelConfig
+def make_target(g: Geometry):
+    """The geometry as a ``jspec.models.LlamaTarget`` (bf16, Llama-3 RoPE base)."""
+    from jspec.models import LlamaConfig, LlamaTarget
 
-    return ModelConfig(
-        vocab_size=g.vocab,
-        hidden_size=g.hidden,
-        intermediate_size=g.inter,
-        num_layers=g.layers,
-        num_heads=g.heads,
-        num_kv_heads=g.kv_heads,
-        head_dim=g.head_dim,
-        rope_theta=500000.0,
-        dtype="bfloat16",
+    return LlamaTarget(
+        LlamaConfig(
+            vocab_size=g.vocab,
+            hidden_size=g.hidden,
+            intermediate_size=g.inter,
+            num_layers=g.layers,
+            num_heads=g.heads,
+            num_kv_heads=g.kv_heads,
+            head_dim=g.head_dim,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            dtype="bfloat16",
+        )
     )
 
 
-def make_params(cfg, seed: int = 0, residual_scale: float = 0.5):
-    """Target and draft params made on the device (the toy init's structure, bf16)."""
-    from jspec.engine.model import DraftParams, LayerParams, TargetParams
+def make_params(g: Geometry, target, seed: int = 0, residual_scale: float = 0.5):
+    """Target and EAGLE-3 draft params made on the device (bf16), accepting well.
 
-    dt = cfg.jnp_dtype
-    hid, inter = cfg.hidden_size, cfg.intermediate_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    Target: ``jspec.models.synthetic.toy_llama_params``'s structure (the permutation LM head
+    ``lm_head[:, sigma(x)] = embed[x] / sqrt(H)``, residuals scaled by ``residual_scale``) with
+    ``sigma`` mapping the hot ids ``[0, draft_vocab)`` onto themselves, so a chain started there
+    stays in the head's vocabulary. Draft: ``matched_eagle3``'s construction (q = k = focus * e,
+    v = e - h_hat, o = gain * I, fc = 0, no MLP output), ``draft_heads`` heads, the target's
+    MLP width, ``lm_head`` = the target's on the hot ids, ``d2t = 0``.
+
+    Returns:
+      (target_params, draft_model, draft_params), ready on the device.
+    """
+    from jspec.models import Eagle3Config, Eagle3Draft, Eagle3Params, LayerParams, LlamaParams
+
+    dt = jnp.bfloat16
+    hid, inter, vocab, hot = g.hidden, g.inter, g.vocab, g.draft_vocab
+    qd, kvd = g.heads * g.head_dim, g.kv_heads * g.head_dim
+
+    def dense(k, fan_in, fan_out, scale=1.0):
+        w = jax.random.normal(k, (fan_in, fan_out), jnp.float32) * (scale / np.sqrt(fan_in))
+        return w.astype(dt)
 
     @jax.jit
     def layer(key):
         ks = jax.random.split(key, 7)
-
-        def dense(k, fan_in, fan_out, scale=1.0):
-            return (
-                jax.random.normal(k, (fan_in, fan_out), jnp.float32) * (scale / np.sqrt(fan_in))
-            ).astype(dt)
-
         return LayerParams(
             attn_norm=jnp.ones(hid, dt),
             wq=dense(ks[0], hid, qd),
@@ -143,28 +163,61 @@ def make_params(cfg, seed: int = 0, residual_scale: float = 0.5):
     @jax.jit
     def head(key):
         k1, k2, k3 = jax.random.split(key, 3)
-        embed = jax.random.normal(k1, (cfg.vocab_size, hid), jnp.float32)
-        sigma = jax.random.permutation(k2, cfg.vocab_size)
-        # lm_head[:, sigma[x]] = embed[x] / sqrt(H)
-        lm_head = (
-            jnp.zeros((hid, cfg.vocab_size), dt)
-            .at[:, sigma]
-            .set((embed.T / np.sqrt(hid)).astype(dt))
+        embed = jax.random.normal(k1, (vocab, hid), jnp.float32)
+        sigma = jnp.concatenate(
+            [jax.random.permutation(k2, hot), hot + jax.random.permutation(k3, vocab - hot)]
         )
-        fc = jnp.concatenate(
-            [
-                jnp.eye(hid, dtype=jnp.float32),
-                0.1 * jax.random.normal(k3, (hid, hid), jnp.float32) / np.sqrt(hid),
-            ]
-        ).astype(dt)
-        return embed.astype(dt), lm_head, fc
+        lm_head = jnp.zeros((hid, vocab), dt).at[:, sigma].set((embed.T / np.sqrt(hid)).astype(dt))
+        return embed.astype(dt), lm_head
 
-    keys = jax.random.split(jax.random.PRNGKey(seed), cfg.num_layers + 1)
-    embed, lm_head, fc = head(keys[0])
-    layers = tuple(layer(k) for k in keys[1:])
-    target = TargetParams(embed=embed, layers=layers, final_norm=jnp.ones(hid, dt), lm_head=lm_head)
-    draft = DraftParams(fc=fc, layer=layers[-1], final_norm=jnp.ones(hid, dt))
-    return jax.block_until_ready((target, draft))
+    @jax.jit
+    def draft_params(key, lm_head):
+        eye, zero = jnp.eye(hid, dtype=dt), jnp.zeros((hid, hid), dt)
+        k1, k2 = jax.random.split(key)
+        focus, gain = 3.0, 4.0
+        mid = LayerParams(
+            attn_norm=jnp.ones(hid, dt),
+            wq=(focus * jnp.concatenate([eye, zero])).astype(dt),
+            wk=(focus * jnp.concatenate([eye, zero])).astype(dt),
+            wv=jnp.concatenate([eye, -eye]),
+            wo=(gain * eye).astype(dt),
+            mlp_norm=jnp.ones(hid, dt),
+            w_gate=dense(k1, hid, inter),
+            w_up=dense(k2, hid, inter),
+            w_down=jnp.zeros((inter, hid), dt),
+        )
+        return Eagle3Params(
+            fc=jnp.zeros((3 * hid, hid), dt),
+            fc_bias=None,
+            hidden_norm=jnp.ones(hid, dt),
+            layer=mid,
+            final_norm=jnp.ones(hid, dt),
+            lm_head=lm_head[:, :hot],
+            d2t=jnp.zeros(hot, jnp.int32),
+        )
+
+    keys = jax.random.split(jax.random.PRNGKey(seed), g.layers + 2)
+    embed, lm_head = head(keys[0])
+    layers = tuple(layer(k) for k in keys[2:])
+    params = LlamaParams(embed=embed, layers=layers, final_norm=jnp.ones(hid, dt), lm_head=lm_head)
+    n = g.layers
+    draft = Eagle3Draft(
+        Eagle3Config(
+            hidden_size=hid,
+            intermediate_size=inter,
+            num_heads=g.draft_heads,
+            num_kv_heads=g.draft_heads,
+            head_dim=hid // g.draft_heads,
+            vocab_size=vocab,
+            draft_vocab_size=hot,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            dtype="bfloat16",
+        ),
+        (2, n // 2, n - 3),
+    )
+    dparams = draft_params(keys[1], lm_head)
+    return jax.block_until_ready((params, draft, dparams))
 
 
 def matmul_tflops(n: int = 8192) -> float:
@@ -191,21 +244,28 @@ def _matmul_params(layer) -> int:
     return sum(getattr(layer, k).size for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
 
 
-def floors(cfg, target, draft, mode: str, bs: int, bw_tbs: float, tflops: float) -> dict:
-    """Floor ms of one decode step: bytes / copy bandwidth vs FLOPs / matmul rate."""
-    layers_b = _nbytes(target.layers) + _nbytes(target.final_norm)
-    head_b = _nbytes(target.lm_head)
+def floors(g: Geometry, params, dparams, mode: str, bs: int, bw_tbs: float, tflops: float) -> dict:
+    """Floor ms of one decode step: bytes / copy bandwidth vs FLOPs / matmul rate.
+
+    Greedy reads the target layers + LM head once; spec reads them once (verify of N tokens)
+    plus ``STEPS`` draft forwards (``STEPS - 1`` in the draft loop, 1 draft extend) of the
+    midlayer + the head's LM head, and ``fc`` once; both read the KV at the mean context.
+    """
+    layers_b = _nbytes(params.layers) + _nbytes(params.final_norm)
+    head_b = _nbytes(params.lm_head)
     ctx = PROMPT + NEW // 2  # mean context over the run
-    kv_b = bs * ctx * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2
-    target_mm = sum(_matmul_params(lp) for lp in target.layers) + target.lm_head.size
-    draft_mm = draft.fc.size + _matmul_params(draft.layer) + target.lm_head.size
+    kv_b = bs * ctx * g.layers * 2 * g.kv_heads * g.head_dim * 2
+    target_mm = sum(_matmul_params(lp) for lp in params.layers) + params.lm_head.size
     if mode == "greedy":
         num_bytes = layers_b + head_b + kv_b
         flops = 2 * target_mm * bs
     else:
-        draft_b = _nbytes(draft.fc) + _nbytes(draft.layer) + head_b
-        num_bytes = layers_b + head_b + kv_b + STEPS * draft_b
-        flops = 2 * target_mm * bs * DRAFT_TOKENS + STEPS * 2 * draft_mm * bs * TOPK
+        dlayer_mm = _matmul_params(dparams.layer) + dparams.lm_head.size
+        draft_b = _nbytes(dparams.layer) + _nbytes(dparams.lm_head)
+        num_bytes = layers_b + head_b + kv_b + STEPS * draft_b + _nbytes(dparams.fc)
+        flops = 2 * target_mm * bs * DRAFT_TOKENS
+        flops += 2 * dlayer_mm * bs * (TOPK * (STEPS - 1) + DRAFT_TOKENS)
+        flops += 2 * dparams.fc.size * bs * DRAFT_TOKENS
     mem_ms = num_bytes / (bw_tbs * 1e12) * 1e3
     compute_ms = flops / (tflops * 1e12) * 1e3
     return {
@@ -219,52 +279,100 @@ def floors(cfg, target, draft, mode: str, bs: int, bw_tbs: float, tflops: float)
 def _classify(op_name: str) -> str:
     if "paged_attention" in op_name:
         return "attention"
+    if op_name.startswith("@gemm_fusion"):
+        # NOTE (H200, 8B greedy bs=1): XLA's one-row Triton GEMM fusions carry no op_name
+        # (``@gemm_fusion_dot.N``, ~29 us each = an MLP matrix at ~4 TB/s); the bookkeeping has
+        # no such matmuls, so they are the model's (the target's in a greedy step).
+        return "target"
     from bench.e2e import _classify as e2e_classify
 
     return e2e_classify(op_name)
 
 
-def _device_split(engine, prompts) -> dict[str, float] | None:
-    from bench.e2e import _copy, _steady_state
+# The device split is compiled with XLA's command buffers off (kernels inside a CUDA graph are
+# not attributed to their HLO ops by the profiler); the engine's own timed run keeps them on.
+SPLIT_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
+
+
+def _device_split(engine, prompts) -> tuple[dict[str, float] | None, str, float]:
+    """(device split of one steady-state step, its command-buffer setting, the jitted step's
+    median wall ms alone: dispatch + launch gaps, no host loop)."""
+    from bench.e2e import _copy, _median_ms, _op_key, _steady_state
 
     state, slot_idx, live = _steady_state(engine, prompts, NEW)
     stacked = jax.tree.map(lambda x: x[None], state)
-    return profile_split_us(
-        engine._step,
-        lambda: (engine.params, engine.draft, _copy(stacked), slot_idx[None], live[None]),
-        _classify,
-    )
+
+    def make_args():
+        return (engine.params, engine.draft, _copy(stacked), slot_idx[None], live[None])
+
+    jit_ms = _median_ms(engine._step, make_args, 10)
+    try:
+        split = profile_split_us(
+            engine._step,
+            make_args,
+            _classify,
+            compiler_options=SPLIT_COMPILER_OPTIONS,
+            breakdown=_op_key,
+        )
+        if split is not None:  # the largest non-model ops, in the log
+            ops = sorted(
+                ((v, k[3:]) for k, v in split.items() if k.startswith("by:") and "model:" not in k),
+                reverse=True,
+            )
+            print("  top non-model ops (us):", [(k, round(v, 1)) for v, k in ops[:5]], flush=True)
+        return split, "off", jit_ms
+    except Exception as e:  # noqa: BLE001 - an XLA that rejects the option: split as compiled
+        print(f"split with command buffers off failed ({type(e).__name__}: {e})", flush=True)
+        return profile_split_us(engine._step, make_args, _classify), "default", jit_ms
 
 
-def run_config(
-    g: Geometry, cfg, target, draft, mode: str, bs: int, attn: str, outputs: dict
-) -> dict:
+def make_engine(g: Geometry, target, params, draft, dparams, mode: str, batches, attn: str):
+    """One engine per mode over every batch bucket (one prefill compile, steps per bucket)."""
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
-    rng = np.random.default_rng(bs)
-    prompt_len = min(PROMPT, cfg.vocab_size)
-    prompts = [rng.integers(0, cfg.vocab_size, prompt_len).tolist() for _ in range(bs)]
+    top = max(batches)
     ecfg = make_engine_config(
-        cfg,
+        target,
         page_size=PAGE,
         topk=TOPK,
         num_steps=STEPS,
         num_draft_tokens=DRAFT_TOKENS,
         context_len=256,
-        max_running_requests=bs,
-        max_prompt_len=prompt_len,
-        batch_buckets=(bs,),
-        prefill_batch=min(bs, 16),
+        max_running_requests=top,
+        max_prompt_len=min(PROMPT, g.vocab),
+        batch_buckets=tuple(sorted(set(batches))),
+        prefill_batch=min(top, 16),
         attention_impl=attn,
     )
-    engine = Engine(ecfg, target, draft if mode == "spec" else None)
-    engine.generate(prompts[:1], 2)  # compile prefill / step / release for the bucket
+    if mode == "spec":
+        return Engine(ecfg, target, params, draft, dparams)
+    return Engine(ecfg, target, params)
+
+
+def _reset(engine) -> None:
+    """A fresh engine state (all pages and rows free): ``_steady_state`` admits without
+    releasing."""
+    from jspec.engine import sharding
+    from jspec.engine.state import init_engine_state
+
+    d, ecfg = engine.num_devices, engine.ecfg
+    states = [init_engine_state(ecfg, engine.draft_model) for _ in range(d)]
+    engine.state = sharding.stack_states(states, d, ecfg.tensor_parallel)
+
+
+def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict) -> dict:
+    rng = np.random.default_rng(bs)
+    prompt_len = min(PROMPT, g.vocab)
+    # Prompts from the draft's hot ids: the permutation keeps the chain there.
+    prompts = [rng.integers(0, g.draft_vocab, prompt_len).tolist() for _ in range(bs)]
+    engine.generate(prompts, 2)  # compile this bucket's step / release (prefill: first call)
     out, stats = engine.generate(prompts, NEW)
     steps = max(stats.num_decode_steps, 1)
     tokens = sum(stats.accept_lens) if mode == "spec" else sum(stats.batch_sizes)
     row = {
-        "step ms (wall)": stats.decode_s / steps * 1e3,
+        "step ms (wall)": float(np.median(stats.step_s)) * 1e3,
+        "step ms (wall mean)": stats.decode_s / steps * 1e3,
         "tok/s": tokens / stats.decode_s,
         "accept len": stats.mean_accept_len if mode == "spec" else 1.0,
     }
@@ -272,7 +380,8 @@ def run_config(
     if mode == "spec" and (g.name, "greedy", bs) in outputs:
         greedy = outputs[(g.name, "greedy", bs)]
         row["same as greedy"] = f"{sum(a == b for a, b in zip(out, greedy))}/{len(out)}"
-    split = _device_split(engine, prompts)
+    split, cmd, row["step ms (jit)"] = _device_split(engine, prompts)
+    _reset(engine)  # the split's steady state left this batch's requests admitted
     if split is not None:
         total = split["total"]
         row["step ms (device)"] = total / 1e3
@@ -280,8 +389,7 @@ def run_config(
             row[f"{cls} ms"] = sum(v for k, v in split.items() if k.startswith(cls)) / 1e3
         row["unattributed ms"] = split.get(UNATTRIBUTED, 0.0) / 1e3
         row["bookkeeping %"] = 100.0 * row["bookkeeping ms"] * 1e3 / total
-    del engine
-    gc.collect()
+        row["split cmd buffers"] = cmd
     return row
 
 
@@ -330,6 +438,16 @@ def draw(rows: list[dict], path: str) -> str:
     return f"(PNG: {path})"
 
 
+def _write(path: str, header: str, rows: list[dict], text: str = "") -> None:
+    """The table (and rows as JSON beside it, for drawing elsewhere: ``draw(rows, png)``)."""
+    import json
+
+    with open(path, "w") as f:
+        f.write(text or f"{header}\n\n{format_table(rows, COLUMNS)}\n")
+    with open(path + ".json", "w") as f:
+        json.dump({"header": header, "rows": rows}, f, default=str)
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny geometry (CPU smoke)")
@@ -337,51 +455,49 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--modes", default="greedy,spec")
     parser.add_argument("--attention-impl", default="auto")
-    parser.add_argument("--precision", default="engine", choices=("engine", "default"))
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    if args.precision == "default":
-        from jspec.engine import model
-
-        model.MATMUL_PRECISION = jax.lax.Precision.DEFAULT
     geos = ["quick"] if args.quick else [x for x in args.geometry.split(",") if x]
     batches = [1, 2] if args.quick else [int(b) for b in args.batches.split(",")]
+    modes = [m for m in args.modes.split(",") if m]
     bw, tflops = copy_bandwidth_tbs(), matmul_tflops()
     header = (
         f"real_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} "
         f"TFLOP/s; page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
-        f"prompts {PROMPT}, {NEW} new tokens; attention {args.attention_impl}, "
-        f"precision {args.precision}"
+        f"prompts {PROMPT}, {NEW} new tokens; attention {args.attention_impl}; "
+        "LlamaTarget + matched EAGLE-3 head, bf16 (precision by dtype)"
     )
     print(header, flush=True)
     rows: list[dict] = []
     outputs: dict = {}
     for name in geos:
         g = GEOMETRIES[name]
-        cfg = _model_config(g)
+        target = make_target(g)
         t0 = time.perf_counter()
-        target, draft = make_params(cfg)
+        params, draft, dparams = make_params(g, target)
         print(
-            f"{name}: params {_nbytes(target) / 1e9:.2f} GB made in "
-            f"{time.perf_counter() - t0:.1f} s",
+            f"{name}: target {_nbytes(params) / 1e9:.2f} GB, draft {_nbytes(dparams) / 1e9:.2f}"
+            f" GB made in {time.perf_counter() - t0:.1f} s",
             flush=True,
         )
+        engines = {
+            m: make_engine(g, target, params, draft, dparams, m, batches, args.attention_impl)
+            for m in modes
+        }
         for bs in batches:
-            for mode in [m for m in args.modes.split(",") if m]:
+            for mode in modes:
                 row = {
                     "geometry": name,
                     "mode": mode,
                     "bs": bs,
                     "attn": args.attention_impl,
-                    "precision": args.precision,
+                    "precision": "by dtype",
                 }
-                row.update(floors(cfg, target, draft, mode, bs, bw, tflops))
+                row.update(floors(g, params, dparams, mode, bs, bw, tflops))
                 t0 = time.perf_counter()
                 try:
-                    row.update(
-                        run_config(g, cfg, target, draft, mode, bs, args.attention_impl, outputs)
-                    )
+                    row.update(run_config(g, engines[mode], mode, bs, outputs))
                     for key in ("device", "wall"):
                         if f"step ms ({key})" in row:
                             row[f"x floor ({key})"] = row[f"step ms ({key})"] / row["floor ms"]
@@ -392,21 +508,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rows.append(row)
                 print(format_table([row], COLUMNS), flush=True)
                 if args.out:  # partial results survive a timeout
-                    with open(args.out, "w") as f:
-                        f.write(f"{header}\n\n{format_table(rows, COLUMNS)}\n")
-        del target, draft
+                    _write(args.out, header, rows)
+        del engines, params, dparams
         gc.collect()
     text = f"{header}\n\n{format_table(rows, COLUMNS)}\n"
     if args.png:
         text += "\n" + draw(rows, args.png) + "\n"
     print(text, flush=True)
     if args.out:
-        import json
-
-        with open(args.out, "w") as f:
-            f.write(text)
-        with open(args.out + ".json", "w") as f:  # for drawing elsewhere: draw(rows, path)
-            json.dump(rows, f, default=str)
+        _write(args.out, header, rows, text)
     return rows
 
 

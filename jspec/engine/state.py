@@ -145,7 +145,7 @@ class EngineConfig:
             return self.attention_impl
         if jax.default_backend() == "gpu" and self.spec.head_dim <= AUTO_PALLAS_MAX_HEAD_DIM:
             return "pallas"
-        if jax.default_backend() == "gpu" and self.model.dtype != "float32":
+        if jax.default_backend() == "gpu" and self.spec.dtype != "float32":
             return "triton"
         return "xla"
 

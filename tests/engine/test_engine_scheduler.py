@@ -91,6 +91,22 @@ def test_attention_impl_resolution():
         assert make_engine_config(wide, attention_impl=impl).attention_kernel_impl == impl
 
 
+def test_attention_impl_resolution_gpu_branch(monkeypatch):
+    """auto's GPU branch on any backend (it read a missing ``ecfg.model`` once)."""
+    import dataclasses
+
+    import jax
+
+    from jspec.engine.state import AUTO_PALLAS_MAX_HEAD_DIM
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    wide = dataclasses.replace(TINY, head_dim=2 * AUTO_PALLAS_MAX_HEAD_DIM)
+    assert make_engine_config(TINY).attention_kernel_impl == "pallas"
+    assert make_engine_config(wide).attention_kernel_impl == "xla"
+    wide_bf16 = dataclasses.replace(wide, dtype="bfloat16")
+    assert make_engine_config(wide_bf16).attention_kernel_impl == "triton"
+
+
 def test_validation_errors():
     engine = _spec_engine()
     with pytest.raises(ValueError, match="max_prompt_len"):
