@@ -42,14 +42,10 @@ def _kv_alloc() -> Any:
 
 def _padded(t: torch.Tensor, what: str) -> tuple[Any, Any]:
     """(i32[pow2] ids, bool[pow2] valid) from a 1-D torch tensor (padded in torch: no per-size
-    JAX compile).
-
-    NOTE: at least 2 entries: jspec's ``free_page_ids`` duplicate probe indexes ``keys[1:]`` and
-    fails to trace on a single entry (reported; remove the floor once jspec handles it).
-    """
+    JAX compile)."""
     flat = t.reshape(-1)
     n = flat.numel()
-    cap = next_power_of_2(max(n, 2))
+    cap = next_power_of_2(n)
     padded = torch.zeros(cap, dtype=flat.dtype, device=flat.device)
     padded[:n] = flat
     valid = torch.arange(cap, device=flat.device) < n

@@ -323,7 +323,8 @@ def draft_cache_loc(
       valid: bool[B] live requests; None means all. Padding rows read nothing.
       topk, num_steps, page_size: static ``K``, ``S``, ``P``.
       max_pairs: static capacity of the pair buffers (see :func:`max_prefix_tail_pairs`);
-        pairs past it are dropped (a probe fires).
+        pairs past it are dropped (a probe fires). 0 asks for ``out_cache_loc`` only: no pairs
+        are packed and the overflow probe is off.
       impl: ``"xla"`` or ``"pallas"``.
       interpret: Pallas interpret mode; None = interpret off GPU.
 
@@ -379,9 +380,10 @@ def draft_cache_loc(
             page_size=page_size,
             max_pairs=max_pairs,
         )
-    probes.assert_async(
-        lambda: out[3] <= max_pairs,
-        "draft_cache_loc: num_pairs {n} exceeds max_pairs=" + str(max_pairs),
-        n=lambda: out[3],
-    )
+    if max_pairs > 0:  # max_pairs=0: the caller wants out_cache_loc only, no pairs to drop
+        probes.assert_async(
+            lambda: out[3] <= max_pairs,
+            "draft_cache_loc: num_pairs {n} exceeds max_pairs=" + str(max_pairs),
+            n=lambda: out[3],
+        )
     return out

@@ -122,6 +122,19 @@ def test_free_probes_name_the_page() -> None:
         probes.checked(A.free)(a, _i32([12]))
 
 
+@pytest.mark.parametrize("fn", [A.free, A.free_page_ids], ids=["free", "free_page_ids"])
+def test_empty_and_single_frees_trace_with_probes_on(fn) -> None:
+    """An empty id array once failed to trace under probes (argmax of an empty array)."""
+    a = A.alloc(A.init_allocator(4, 4), 8, max_slots=8)[0]
+    b, ok = probes.checked(fn)(a, _i32([]), return_ok=True)
+    assert bool(ok) and _lists(b) == _lists(a)
+    one = 8 if fn is A.free else 2  # slot 8 lies on page 2
+    b, ok = probes.checked(fn)(a, _i32([one]), return_ok=True)
+    assert bool(ok) and _lists(b)[0] == [2, 3, 4]
+    with pytest.raises(probes.ProbeError, match="double free of page 3"):
+        probes.checked(fn)(a, _i32([12 if fn is A.free else 3]))
+
+
 # ---- alloc_extend / alloc_decode row contracts -------------------------------------------------
 def test_alloc_rows_contracts_rejected() -> None:
     a = A.init_allocator(4, 4)
