@@ -99,6 +99,8 @@ def _probe_positions(
     page_size: int,
 ) -> None:
     """Probes: row indices in range and the draft footprint ``base + K*nnp*P`` inside the row."""
+    if not probes.probes_on():  # the footprint is computed for the probe only
+        return
     rows, width = req_to_token.shape
     footprint = draft_footprint(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
     probes.detect_oob(req_pool_indices, 0, rows, "draft_cache_loc: req_pool_indices", where=valid)
