@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 
+import chex
 import jax
 import jax.numpy as jnp
 import pytest
@@ -115,4 +116,4 @@ def test_planted_layout_overflow_through_checked() -> None:
     with pytest.raises(AssertionError, match=r"draft_cache_loc: seq_lens: max value 40 > high"):
         probes.checked(fn)(rows, rpi, _i32([40]), **kw)
     out = probes.checked(fn)(rows, rpi, _i32([5]), **kw)
-    assert out.shape == (1, 2, 2)
+    chex.assert_shape(out, (1, 2, 2))

@@ -60,13 +60,9 @@ def _static_validate(
     page_size: int,
     max_pairs: int,
 ) -> None:
-    for name, value in (("topk", topk), ("num_steps", num_steps), ("page_size", page_size)):
-        probes.static_check(
-            isinstance(value, int) and value >= 1, f"{name}={value!r} must be an int >= 1"
-        )
-    probes.static_check(
-        page_size & (page_size - 1) == 0, f"page_size={page_size} must be a power of 2"
-    )
+    probes.static_check_int(topk, "topk")
+    probes.static_check_int(num_steps, "num_steps")
+    probes.static_check_power_of_2(page_size, "page_size")
     probes.static_check(
         isinstance(max_pairs, int) and max_pairs >= 0,
         f"max_pairs={max_pairs!r} must be an int >= 0",
