@@ -32,7 +32,7 @@ import torch
 
 from interop._adapt import jspec_module, run_jspec, to_jax_default
 from interop.dlpack import to_torch
-from interop.kv._allocator_api import SglangAllocatorAPI, debug_mode_from_env
+from interop.kv._allocator_api import SglangAllocatorAPI
 from jspec.kernels._common import next_power_of_2
 
 
@@ -92,14 +92,7 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
         merge_rule: str = "sglang",
         debug_mode: bool | None = None,
     ) -> None:
-        self.size = size
-        self.page_size = page_size
-        self.dtype = dtype
-        self.device = device
-        self._kvcache = kvcache
-        self.need_sort = need_sort
-        self.num_pages = size // page_size
-        self.debug_mode = debug_mode_from_env() if debug_mode is None else bool(debug_mode)
+        self._init_geometry(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
         self.impl = impl
         self.merge_rule = merge_rule
         self.clear()
