@@ -221,11 +221,21 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
     # ---- free (groups, segments and debug checks: SglangAllocatorAPI) -----------------------
     def _free_now(self, free_index: torch.Tensor) -> None:
         slots, valid = _padded(free_index, "free_index")
-        self.state = run_jspec(_kv_alloc().free, self.state, slots, valid=valid)
+        self._apply_free(_kv_alloc().free, slots, valid, "free", free_index)
 
     def _free_page_ids_now(self, page_ids: torch.Tensor) -> None:
         pages, valid = _padded(page_ids, "page_ids")
-        self.state = run_jspec(_kv_alloc().free_page_ids, self.state, pages, valid=valid)
+        self._apply_free(_kv_alloc().free_page_ids, pages, valid, "free_page_ids", page_ids)
+
+    def _apply_free(self, fn: Any, ids: Any, valid: Any, what: str, given: torch.Tensor) -> None:
+        """jspec rejects a bad free whole (state unchanged, ``ok=False``) where sglang would put a
+        page on the free list twice; debug mode raises what sglang's debug check raises then."""
+        self.state, ok = run_jspec(fn, self.state, ids, valid=valid, return_ok=True)
+        if self.debug_mode:
+            assert bool(ok), (
+                f"double free: {what}({given.tolist()}) names a page already free, page 0 or "
+                f"a page outside [1, {self.num_pages}]"
+            )
 
 
 def get_last_loc(
