@@ -1,3 +1,4 @@
+# Over 400 lines: `jspec compare` end to end (run, diff, report, CLI) over one row format.
 """Side-by-side comparison of jspec and the PyTorch references (``jspec compare``).
 
 For every op of :data:`interop.registry.REGISTRY`, every grid :class:`Case` and every

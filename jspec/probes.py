@@ -42,6 +42,25 @@ from jax.experimental import checkify
 
 from jspec import env
 
+__all__ = [
+    "ProbeError",
+    "assert_async",
+    "assert_buffer_fits",
+    "checked",
+    "detect_in_closed_range",
+    "detect_inf",
+    "detect_nan",
+    "detect_oob",
+    "detect_page_aligned",
+    "probes_enabled",
+    "probes_on",
+    "static_check",
+    "static_check_dtype",
+    "static_check_int",
+    "static_check_power_of_2",
+    "static_check_shape",
+]
+
 _RUNTIME_ERRORS_FLAG = "jax_experimental_unsafe_xla_runtime_errors"
 
 
@@ -288,6 +307,18 @@ def static_check(cond: bool, msg: str) -> None:
     """Trace-time check on static values: ``ValueError(msg)`` when ``cond`` is False."""
     if not cond:
         raise ValueError(msg)
+
+
+def static_check_int(value: Any, name: str, *, low: int = 1) -> None:
+    """Trace-time check: ``value`` is a Python int ``>= low`` (``ValueError`` naming ``name``)."""
+    if not (isinstance(value, int) and value >= low):
+        raise ValueError(f"{name}={value!r} must be an int >= {low}")
+
+
+def static_check_power_of_2(value: Any, name: str) -> None:
+    """Trace-time check: ``value`` is a Python int power of 2 (``ValueError`` naming ``name``)."""
+    if not (isinstance(value, int) and value >= 1 and value & (value - 1) == 0):
+        raise ValueError(f"{name}={value!r} must be a power of 2")
 
 
 def static_check_shape(x: Any, shape: tuple[int, ...], name: str) -> None:

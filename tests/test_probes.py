@@ -134,6 +134,16 @@ def test_static_checks() -> None:
         probes.static_check_shape(jnp.zeros(3), (4,), "x")
     with pytest.raises(ValueError, match="x.dtype=float32"):
         probes.static_check_dtype(jnp.zeros(3), jnp.int32, "x")
+    probes.static_check_int(1, "n")
+    probes.static_check_int(0, "step", low=0)
+    for bad in (0, 2.0, "3", None):
+        with pytest.raises(ValueError, match=f"n={bad!r} must be an int >= 1"):
+            probes.static_check_int(bad, "n")
+    for good in (1, 2, 64):
+        probes.static_check_power_of_2(good, "page_size")
+    for bad in (0, 3, -4, 4.0):
+        with pytest.raises(ValueError, match=f"page_size={bad!r} must be a power of 2"):
+            probes.static_check_power_of_2(bad, "page_size")
 
 
 # ---- the switch: one mechanism under checked, plain jit, eager and the env var -------------------

@@ -19,6 +19,7 @@ PUBLIC_MODULES = (
     "jspec",
     "jspec.config",
     "jspec.sentinels",
+    "jspec.probes",
     "jspec.kv",
     "jspec.tree",
     "jspec.attention_meta",
@@ -81,6 +82,27 @@ RECORDED: dict[str, dict[str, str]] = {
         "PAD_SLOT_ID": "= 0",
         "ROOT_PARENT": "= -1",
         "SEQ_LEN_FILL_VALUE": "= 1",
+    },
+    "jspec.probes": {
+        "ProbeError": "exception(AssertionError)",
+        "assert_async": "def(cond: 'Any', msg: 'str', **values: 'Any') -> 'None'",
+        "assert_buffer_fits": "def(used: 'int', capacity: 'int', what: 'str', **ctx: 'Any') -> 'None'",
+        "checked": "def(fn: 'Callable[..., Any]', *, raise_error: 'bool' = True) -> 'Callable[..., Any]'",
+        "detect_in_closed_range": "def(x: 'jax.Array', low: 'Any', high: 'Any', msg: 'str', *, "
+        "where: 'jax.Array | None' = None) -> 'None'",
+        "detect_inf": "def(x: 'jax.Array', msg: 'str', *, where: 'jax.Array | None' = None) -> 'None'",
+        "detect_nan": "def(x: 'jax.Array', msg: 'str', *, where: 'jax.Array | None' = None) -> 'None'",
+        "detect_oob": "def(x: 'jax.Array', low: 'Any', high: 'Any', msg: 'str', *, "
+        "where: 'jax.Array | None' = None) -> 'None'",
+        "detect_page_aligned": "def(x: 'jax.Array', page_size: 'int', msg: 'str', *, "
+        "where: 'jax.Array | None' = None) -> 'None'",
+        "probes_enabled": "def(enabled: 'bool' = True, *, runtime_errors: 'bool' = True) -> 'Iterator[None]'",
+        "probes_on": "def() -> 'bool'",
+        "static_check": "def(cond: 'bool', msg: 'str') -> 'None'",
+        "static_check_dtype": "def(x: 'Any', dtypes: 'Any', name: 'str') -> 'None'",
+        "static_check_int": "def(value: 'Any', name: 'str', *, low: 'int' = 1) -> 'None'",
+        "static_check_power_of_2": "def(value: 'Any', name: 'str') -> 'None'",
+        "static_check_shape": "def(x: 'Any', shape: 'tuple[int, ...]', name: 'str') -> 'None'",
     },
     "jspec.kv": {
         "AllocatorIntegrityError": "exception(AssertionError)",

@@ -32,6 +32,26 @@ class SglangAllocatorAPI:
     free_pages: torch.Tensor
     staged_pages: list[torch.Tensor]
 
+    def _init_geometry(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: Any,
+        kvcache: Any,
+        need_sort: bool,
+        debug_mode: bool | None,
+    ) -> None:
+        """sglang's constructor fields; ``debug_mode=None`` reads ``SGLANG_DEBUG_MEMORY_POOL``."""
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self._kvcache = kvcache
+        self.need_sort = need_sort
+        self.num_pages = size // page_size
+        self.debug_mode = debug_mode_from_env() if debug_mode is None else bool(debug_mode)
+
     def _free_now(self, free_index: torch.Tensor) -> None:
         raise NotImplementedError
 

@@ -32,7 +32,7 @@ import torch
 
 from interop._adapt import jspec_module, run_jspec, to_jax_default
 from interop.dlpack import to_torch
-from interop.kv._allocator_api import SglangAllocatorAPI, debug_mode_from_env
+from interop.kv._allocator_api import SglangAllocatorAPI
 from jspec.kernels._common import next_power_of_2
 
 
@@ -42,14 +42,10 @@ def _kv_alloc() -> Any:
 
 def _padded(t: torch.Tensor, what: str) -> tuple[Any, Any]:
     """(i32[pow2] ids, bool[pow2] valid) from a 1-D torch tensor (padded in torch: no per-size
-    JAX compile).
-
-    NOTE: at least 2 entries: jspec's ``free_page_ids`` duplicate probe indexes ``keys[1:]`` and
-    fails to trace on a single entry (reported; remove the floor once jspec handles it).
-    """
+    JAX compile)."""
     flat = t.reshape(-1)
     n = flat.numel()
-    cap = next_power_of_2(max(n, 2))
+    cap = next_power_of_2(n)
     padded = torch.zeros(cap, dtype=flat.dtype, device=flat.device)
     padded[:n] = flat
     valid = torch.arange(cap, device=flat.device) < n
@@ -96,14 +92,7 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
         merge_rule: str = "sglang",
         debug_mode: bool | None = None,
     ) -> None:
-        self.size = size
-        self.page_size = page_size
-        self.dtype = dtype
-        self.device = device
-        self._kvcache = kvcache
-        self.need_sort = need_sort
-        self.num_pages = size // page_size
-        self.debug_mode = debug_mode_from_env() if debug_mode is None else bool(debug_mode)
+        self._init_geometry(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
         self.impl = impl
         self.merge_rule = merge_rule
         self.clear()
@@ -232,11 +221,21 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
     # ---- free (groups, segments and debug checks: SglangAllocatorAPI) -----------------------
     def _free_now(self, free_index: torch.Tensor) -> None:
         slots, valid = _padded(free_index, "free_index")
-        self.state = run_jspec(_kv_alloc().free, self.state, slots, valid=valid)
+        self._apply_free(_kv_alloc().free, slots, valid, "free", free_index)
 
     def _free_page_ids_now(self, page_ids: torch.Tensor) -> None:
         pages, valid = _padded(page_ids, "page_ids")
-        self.state = run_jspec(_kv_alloc().free_page_ids, self.state, pages, valid=valid)
+        self._apply_free(_kv_alloc().free_page_ids, pages, valid, "free_page_ids", page_ids)
+
+    def _apply_free(self, fn: Any, ids: Any, valid: Any, what: str, given: torch.Tensor) -> None:
+        """jspec rejects a bad free whole (state unchanged, ``ok=False``) where sglang would put a
+        page on the free list twice; debug mode raises what sglang's debug check raises then."""
+        self.state, ok = run_jspec(fn, self.state, ids, valid=valid, return_ok=True)
+        if self.debug_mode:
+            assert bool(ok), (
+                f"double free: {what}({given.tolist()}) names a page already free, page 0 or "
+                f"a page outside [1, {self.num_pages}]"
+            )
 
 
 def get_last_loc(

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from interop.kv._allocator_api import SglangAllocatorAPI, debug_mode_from_env
+from interop.kv._allocator_api import SglangAllocatorAPI
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -47,14 +47,7 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
         *,
         debug_mode: bool | None = None,
     ) -> None:
-        self.size = size
-        self.page_size = page_size
-        self.dtype = dtype
-        self.device = device
-        self._kvcache = kvcache
-        self.need_sort = need_sort
-        self.num_pages = size // page_size
-        self.debug_mode = debug_mode_from_env() if debug_mode is None else bool(debug_mode)
+        self._init_geometry(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
         self.clear()
 
     # ---- state -----------------------------------------------------------------------------

@@ -153,13 +153,9 @@ def _validate(
     kv_indices_buffer: jax.Array | None,
 ) -> None:
     """Trace-time checks (``ValueError`` naming the argument)."""
-    for name, value in (("topk", topk), ("num_steps", num_steps), ("page_size", page_size)):
-        probes.static_check(
-            isinstance(value, int) and value >= 1, f"{name}={value!r} must be an int >= 1"
-        )
-    probes.static_check(
-        page_size & (page_size - 1) == 0, f"page_size={page_size} must be a power of 2"
-    )
+    probes.static_check_int(topk, "topk")
+    probes.static_check_int(num_steps, "num_steps")
+    probes.static_check_power_of_2(page_size, "page_size")
     probes.static_check(
         isinstance(kv_indices_width, int) and 0 <= kv_indices_width < INT32_LIMIT,
         f"kv_indices_width={kv_indices_width!r} must be an int in [0, 2**31)",

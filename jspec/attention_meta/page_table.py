@@ -126,10 +126,7 @@ def draft_decode_set_expand_metadata(
       An empty batch (B = 0) gives empty outputs.
     """
     width = decode_length + 1 if page_table_width is None else page_table_width
-    probes.static_check(
-        isinstance(decode_length, int) and decode_length >= 1,
-        f"decode_length={decode_length!r} must be an int >= 1",
-    )
+    probes.static_check_int(decode_length, "decode_length")
     probes.static_check(
         cache_loc.ndim == 2 and cache_loc.shape[1] >= decode_length,
         f"cache_loc.shape={tuple(cache_loc.shape)} must be (B*K, W) with "
@@ -175,10 +172,7 @@ def validate_row_args(
         ("seq_lens", seq_lens),
     ):
         probes.static_check_dtype(x, jnp.int32, name)
-    probes.static_check(
-        isinstance(page_size, int) and page_size >= 1 and page_size & (page_size - 1) == 0,
-        f"page_size={page_size!r} must be a power of 2",
-    )
+    probes.static_check_power_of_2(page_size, "page_size")
 
 
 @functools.partial(jax.jit, static_argnames=("page_size", "topk", "max_pages"))

@@ -96,10 +96,7 @@ def alloc_decode_slots(
       i32[B] slot ids.
     """
     impl = resolve_impl(impl, IMPLS, "alloc_decode_slots")
-    probes.static_check(
-        page_size >= 1 and page_size & (page_size - 1) == 0,
-        f"page_size={page_size} must be a power of 2",
-    )
+    probes.static_check_power_of_2(page_size, "page_size")
     probes.static_check(seq_lens.ndim == 1, f"seq_lens.ndim={seq_lens.ndim} must be 1")
     probes.static_check_shape(last_loc, seq_lens.shape, "last_loc")
     if valid is not None:

@@ -92,10 +92,7 @@ def _layout(prefix_lens: jax.Array, seq_lens: jax.Array, page_size: int):
 
 
 def _check_args(prefix_lens, seq_lens, last_loc, free_pages, page_size, max_new_slots, out) -> None:
-    probes.static_check(
-        page_size >= 1 and page_size & (page_size - 1) == 0,
-        f"page_size={page_size} must be a power of 2",
-    )
+    probes.static_check_power_of_2(page_size, "page_size")
     probes.static_check(max_new_slots >= 0, f"max_new_slots={max_new_slots} must be >= 0")
     probes.static_check(prefix_lens.ndim == 1, f"prefix_lens.ndim={prefix_lens.ndim} must be 1")
     probes.static_check_shape(seq_lens, prefix_lens.shape, "seq_lens")

@@ -60,13 +60,9 @@ def _static_validate(
     page_size: int,
     max_pairs: int,
 ) -> None:
-    for name, value in (("topk", topk), ("num_steps", num_steps), ("page_size", page_size)):
-        probes.static_check(
-            isinstance(value, int) and value >= 1, f"{name}={value!r} must be an int >= 1"
-        )
-    probes.static_check(
-        page_size & (page_size - 1) == 0, f"page_size={page_size} must be a power of 2"
-    )
+    probes.static_check_int(topk, "topk")
+    probes.static_check_int(num_steps, "num_steps")
+    probes.static_check_power_of_2(page_size, "page_size")
     probes.static_check(
         isinstance(max_pairs, int) and max_pairs >= 0,
         f"max_pairs={max_pairs!r} must be an int >= 0",
@@ -99,6 +95,8 @@ def _probe_positions(
     page_size: int,
 ) -> None:
     """Probes: row indices in range and the draft footprint ``base + K*nnp*P`` inside the row."""
+    if not probes.probes_on():  # the footprint is computed for the probe only
+        return
     rows, width = req_to_token.shape
     footprint = draft_footprint(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
     probes.detect_oob(req_pool_indices, 0, rows, "draft_cache_loc: req_pool_indices", where=valid)
@@ -323,7 +321,8 @@ def draft_cache_loc(
       valid: bool[B] live requests; None means all. Padding rows read nothing.
       topk, num_steps, page_size: static ``K``, ``S``, ``P``.
       max_pairs: static capacity of the pair buffers (see :func:`max_prefix_tail_pairs`);
-        pairs past it are dropped (a probe fires).
+        pairs past it are dropped (a probe fires). 0 asks for ``out_cache_loc`` only: no pairs
+        are packed and the overflow probe is off.
       impl: ``"xla"`` or ``"pallas"``.
       interpret: Pallas interpret mode; None = interpret off GPU.
 
@@ -379,9 +378,10 @@ def draft_cache_loc(
             page_size=page_size,
             max_pairs=max_pairs,
         )
-    probes.assert_async(
-        lambda: out[3] <= max_pairs,
-        "draft_cache_loc: num_pairs {n} exceeds max_pairs=" + str(max_pairs),
-        n=lambda: out[3],
-    )
+    if max_pairs > 0:  # max_pairs=0: the caller wants out_cache_loc only, no pairs to drop
+        probes.assert_async(
+            lambda: out[3] <= max_pairs,
+            "draft_cache_loc: num_pairs {n} exceeds max_pairs=" + str(max_pairs),
+            n=lambda: out[3],
+        )
     return out

@@ -68,15 +68,9 @@ def validate_expand_args(
     num_cols: int,
 ) -> None:
     """Trace-time checks shared by every impl; raises ``ValueError`` naming the argument."""
-    probes.static_check(isinstance(topk, int) and topk >= 1, f"topk={topk!r} must be an int >= 1")
-    probes.static_check(
-        isinstance(page_size, int) and page_size >= 1 and page_size & (page_size - 1) == 0,
-        f"page_size={page_size!r} must be a power of 2",
-    )
-    probes.static_check(
-        isinstance(decode_length, int) and decode_length >= 1,
-        f"decode_length={decode_length!r} must be an int >= 1",
-    )
+    probes.static_check_int(topk, "topk")
+    probes.static_check_power_of_2(page_size, "page_size")
+    probes.static_check_int(decode_length, "decode_length")
     probes.static_check(
         cache_loc.ndim == 2,
         f"cache_loc.ndim={cache_loc.ndim} must be 2 (i32[num_seqs*topk, num_cols])",

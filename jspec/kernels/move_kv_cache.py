@@ -1,3 +1,5 @@
+# Over 400 lines: one op: its two Pallas passes (stash, move), their static block planning,
+# the wrapper and the pure-jnp reference beside it.
 """``move_kv_cache`` kernels: copy token-slot rows of every layer's K and V (SPEC.md §9.2).
 
 Array level: ``k, v`` in, ``k, v`` out. The ``KVPool`` entry point is
@@ -191,9 +193,7 @@ def plan_blocks(
         ("block_elems", block_elems),
         ("single_block_rows", single_block_rows),
     ):
-        probes.static_check(
-            value >= 1 and value & (value - 1) == 0, f"{name}={value} must be a power of 2"
-        )
+        probes.static_check_power_of_2(value, name)
     rows = next_power_of_2(n)
     if rows > single_block_rows:
         rows = min(block_rows, rows)

@@ -1,3 +1,5 @@
+# Over 400 lines: one op: validation, the pure-jnp reference, the Pallas kernel with its launch
+# shape, and the wrapper (the raw Triton impl is paged_attention_triton.py).
 """``paged_attention``: one masked GQA attention pass over token slots of a paged KV pool.
 
 The engine's every attention (prefill, greedy decode, draft decode passes A and B, target

@@ -10,7 +10,6 @@ geometry, and ``impl="xla" | "pallas" | ...`` picks the kernel where one exists.
 from __future__ import annotations
 
 from jspec.kv.allocator import (
-    FreeGroup,
     PagedAllocator,
     alloc,
     alloc_decode,
@@ -31,6 +30,7 @@ from jspec.kv.decode_alloc import (
     prepare_for_decode,
     release_kv_cache,
 )
+from jspec.kv.free_group import FreeGroup
 from jspec.kv.integrity import (
     AllocatorIntegrityError,
     check_integrity,

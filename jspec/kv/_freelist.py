@@ -169,7 +169,7 @@ def free_ok(
 ) -> jax.Array:
     """bool[]: the free is valid (else it is rejected whole); probes name the first bad page."""
     out_of_range, already, repeated = free_faults(a, pages, valid, repeats_ok=repeats_ok)
-    if probes.probes_on():
+    if probes.probes_on() and pages.size:  # NOTE: argmax of an empty array fails to trace
         bad_range = (
             f"freed page id {{page}} outside [1, {a.num_pages}] (page 0 is the padding page)"
         )

@@ -1,3 +1,5 @@
+# Over 400 lines: one state machine (alloc*, free*) with sglang's order rules in its docstrings;
+# the free-list mechanics are in _freelist.py, free groups in free_group.py.
 """Paged KV-slot allocator: sglang ``PagedTokenToKVPoolAllocator`` as a pure-functional pytree.
 
 SPEC.md §10. Page ``p`` owns the token slots ``[p*P, (p+1)*P)``; page 0 (slots ``0..P-1``) is the
@@ -47,7 +49,6 @@ from jspec.kv._freelist import PAD_PAGE_ID, merge_and_sort_free
 __all__ = [
     "MERGE_RULES",
     "PAD_PAGE_ID",
-    "FreeGroup",
     "PagedAllocator",
     "alloc",
     "alloc_decode",
@@ -100,14 +101,8 @@ def init_allocator(num_pages: int, page_size: int, *, need_sort: bool = False) -
     Raises:
       ValueError: ``num_pages < 1`` or ``page_size`` not a power of 2 (names the argument).
     """
-    probes.static_check(
-        isinstance(num_pages, int) and num_pages >= 1,
-        f"num_pages={num_pages!r} must be an int >= 1",
-    )
-    probes.static_check(
-        isinstance(page_size, int) and page_size >= 1 and page_size & (page_size - 1) == 0,
-        f"page_size={page_size!r} must be a power of 2",
-    )
+    probes.static_check_int(num_pages, "num_pages")
+    probes.static_check_power_of_2(page_size, "page_size")
     probes.static_check(
         (num_pages + 1) * page_size < 2**31,
         f"num_pages={num_pages}: (num_pages+1)*page_size must be < 2**31",
@@ -454,54 +449,3 @@ def free_segment(
     ok = bounds_ok & _fl.free_ok(a, pages, keep, "free_segment", repeats_ok=False)
     new = _fl.release(a, jnp.where(keep, pages, PAD_PAGE_ID), jnp.sum(keep.astype(jnp.int32)))
     return _result(new, a, ok, return_ok)
-
-
-# ---- free groups (host side) --------------------------------------------------------------------
-class FreeGroup:
-    """sglang ``free_group_begin`` / ``free_group_end``: defer frees, release them in one batch.
-
-    Host-side and mutable (not a pytree). ``end`` runs one :func:`free` over the concatenation of
-    everything added, so pages freed several times inside the group are released once.
-
-    Example::
-
-        group = FreeGroup(); group.begin(); group.add(slots_a); group.add(slots_b, valid_b)
-        a = group.end(a)
-    """
-
-    def __init__(self) -> None:
-        self._active = False
-        self._slot_ids: list[Any] = []
-        self._valid: list[Any] = []
-
-    @property
-    def active(self) -> bool:
-        return self._active
-
-    def begin(self) -> None:
-        """Start a group; raises ``RuntimeError`` if one is already open (no nesting)."""
-        if self._active:
-            raise RuntimeError("free_group_begin: nested free groups are not allowed")
-        self._active = True
-        self._slot_ids, self._valid = [], []
-
-    def add(self, slot_ids: jax.Array, valid: jax.Array | None = None) -> None:
-        """Defer ``free(slot_ids, valid=valid)`` to :meth:`end` (slot_ids: i32[M])."""
-        if not self._active:
-            raise RuntimeError("FreeGroup.add outside free_group_begin/end")
-        slot_ids = jnp.asarray(slot_ids, jnp.int32).reshape(-1)
-        self._slot_ids.append(slot_ids)
-        self._valid.append(
-            _valid_or_all(slot_ids, None if valid is None else jnp.asarray(valid).reshape(-1))
-        )
-
-    def end(self, a: PagedAllocator) -> PagedAllocator:
-        """Close the group and free everything added, in one :func:`free` call."""
-        if not self._active:
-            raise RuntimeError("free_group_end without free_group_begin")
-        self._active = False
-        slot_ids, valid = self._slot_ids, self._valid
-        self._slot_ids, self._valid = [], []
-        if not slot_ids:
-            return a
-        return free(a, jnp.concatenate(slot_ids), valid=jnp.concatenate(valid))

@@ -106,7 +106,7 @@ def _validate(
 ) -> None:
     k, s, n = topk, num_steps, num_draft_tokens
     for name, v in (("topk", k), ("num_steps", s), ("num_draft_tokens", n)):
-        probes.static_check(isinstance(v, int) and v >= 1, f"{name}={v!r} must be an int >= 1")
+        probes.static_check_int(v, name)
     probes.static_check(
         n <= MAX_NUM_DRAFT_TOKENS, f"num_draft_tokens={n} must be <= {MAX_NUM_DRAFT_TOKENS}"
     )

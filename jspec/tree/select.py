@@ -70,8 +70,8 @@ def select_top_k_tokens(
         ``parents`` i32[B, K] = ``cs_idx + K*K*(i-1) + K`` (flat ss index of each chosen token).
     """
     k = topk
-    probes.static_check(isinstance(k, int) and k >= 1, f"topk={topk!r} must be an int >= 1")
-    probes.static_check(isinstance(step, int) and step >= 0, f"step={step!r} must be an int >= 0")
+    probes.static_check_int(topk, "topk")
+    probes.static_check_int(step, "step", low=0)
     topk_index = topk_index.astype(jnp.int32)
     if step == 0:
         probes.static_check(

@@ -15,11 +15,6 @@ from jspec import probes
 
 I64 = torch.int64
 CASE = Case(page_size=4, topk=2, num_steps=3, batch=2)
-# jspec probes that fire on valid input (reported; strict, so the fix is noticed)
-JSPEC_FALSE_POSITIVES = {
-    "prepare_for_draft": "jspec.tree.layout.draft_out_cache_loc passes max_pairs=0 and "
-    "draft_cache_loc's probe then requires num_pairs <= 0",
-}
 
 
 def _t(x, dtype=I64):
@@ -46,6 +41,22 @@ def test_planted_invalid_tree_is_an_assertion_under_probes():
     assert api.build_tree_kernel_efficient(*args)[3].tolist() == [[2, -1, 1, -1]]  # probes off
 
 
+@pytest.mark.parametrize("n_pages", [1, 2, 3])
+def test_single_and_few_page_frees_under_probes(n_pages):
+    """No padding floor in the drop-in: a free of one page traces with probes on and still names
+    a planted double free."""
+    a = _alloc()
+    row = a.alloc(4 * n_pages)
+    with probes.probes_enabled():
+        a.free_page_ids(torch.unique(row // 4))
+        assert a.available_size() == 32
+        with pytest.raises(AssertionError, match=f"double free of page {int(row[0]) // 4}"):
+            a.free_page_ids(torch.unique(row // 4)[:1])
+        row = a.alloc(4 * n_pages)
+        a.free(row[:1])
+        assert a.available_size() == 32 - 4 * (n_pages - 1)
+
+
 def test_probes_off_never_checkify(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("probes.checked ran with probes off")
@@ -63,18 +74,7 @@ def test_probes_off_never_checkify(monkeypatch):
     assert out[3].tolist() == [[1, 3, -1, -1]] and a.available_size() == 32
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            op.name,
-            marks=pytest.mark.xfail(strict=True, reason=JSPEC_FALSE_POSITIVES[op.name])
-            if op.name in JSPEC_FALSE_POSITIVES
-            else (),
-        )
-        for op in REGISTRY
-    ],
-)
+@pytest.mark.parametrize("name", [op.name for op in REGISTRY])
 def test_every_registry_op_runs_with_probes_on(name):
     """Valid inputs: the same outputs as the references with every jspec call checked."""
     op = next(o for o in REGISTRY if o.name == name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-import jax
+import chex
 import jax.numpy as jnp
 import numpy as np
 
@@ -151,8 +151,7 @@ def assert_same_state(a: A.PagedAllocator, model: ModelAllocator) -> None:
 
 
 def assert_state_identical(x: A.PagedAllocator, y: A.PagedAllocator) -> None:
-    for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
-        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    chex.assert_trees_all_equal(x, y)
 
 
 class Harness:

@@ -14,6 +14,7 @@ import pytest
 from jspec import probes
 from jspec.config import SpecConfig
 from jspec.kv import allocator as A
+from jspec.kv.free_group import FreeGroup
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _alloc_model import (
@@ -249,7 +250,7 @@ def test_free_page_ids_keeps_order() -> None:
 def test_free_group_defers_and_dedups() -> None:
     a = A.init_allocator(6, 4)
     a = A.alloc(a, I32(24), max_slots=24)[0]
-    group = A.FreeGroup()
+    group = FreeGroup()
     group.begin()
     with pytest.raises(RuntimeError, match="nested"):
         group.begin()

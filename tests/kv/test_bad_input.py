@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
+import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -26,11 +26,6 @@ def _i32(xs):
     return jnp.asarray(xs, jnp.int32)
 
 
-def _same(x, y) -> None:
-    for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y)):
-        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
-
-
 def _lists(a):
     nf, ns = int(a.num_free), int(a.num_staged)
     return [int(x) for x in a.free_pages[:nf]], [int(x) for x in a.staged_pages[:ns]]
@@ -41,7 +36,7 @@ def test_alloc_unaligned_size_is_refused() -> None:
     a = A.init_allocator(4, 4)
     a2, slots, ok = A.alloc(a, 6, max_slots=8)
     assert not bool(ok) and not np.asarray(slots).any()
-    _same(a2, a)
+    chex.assert_trees_all_equal(a2, a)
     a3, slots, ok = A.alloc(a, 8, max_slots=8)  # aligned: pages 1, 2
     assert bool(ok) and np.asarray(slots).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
     assert _lists(a3) == ([3, 4], [])
@@ -71,8 +66,8 @@ def test_free_bad_slots_rejected_whole(slots) -> None:
     a = A.alloc(a, 16, max_slots=16)[0]  # all 4 pages used
     a2, ok = A.free(a, _i32(slots), return_ok=True)
     assert not bool(ok)
-    _same(a2, a)
-    _same(A.free(a, _i32(slots)), a)  # default return: state only
+    chex.assert_trees_all_equal(a2, a)
+    chex.assert_trees_all_equal(A.free(a, _i32(slots)), a)  # default return: state only
     _, _, ok = A.alloc(a2, 4, max_slots=4)
     assert not bool(ok)  # page 0 never handed out
 
@@ -84,10 +79,10 @@ def test_free_double_free_rejected() -> None:
     assert _lists(a) == ([1, 3, 4], [])
     a2, ok = A.free(a, _i32([5, 8]), return_ok=True)  # page 1 again + page 2
     assert not bool(ok)
-    _same(a2, a)
+    chex.assert_trees_all_equal(a2, a)
     a3, ok = A.free_page_ids(a, _i32([2, 2]), return_ok=True)  # twice in one call
     assert not bool(ok)
-    _same(a3, a)
+    chex.assert_trees_all_equal(a3, a)
     a4, ok = A.free_page_ids(a, _i32([2]), return_ok=True)
     assert bool(ok) and _lists(a4) == ([2, 1, 3, 4], [])
 
@@ -99,10 +94,10 @@ def test_free_segment_bad_input_rejected() -> None:
     for start, end in [(2, 8), (4, 12), (8, 4), (-4, 4)]:  # unaligned / bounds
         a2, ok = A.free_segment(a, row, start, end, return_ok=True)
         assert not bool(ok)
-        _same(a2, a)
+        chex.assert_trees_all_equal(a2, a)
     a2, ok = A.free_segment(a, _i32([0, 1, 2, 3, 8, 9, 10, 11]), 0, 8, return_ok=True)
     assert not bool(ok)  # page 0 in the row
-    _same(a2, a)
+    chex.assert_trees_all_equal(a2, a)
     a2, ok = A.free_segment(a, row, 4, 8, return_ok=True)
     assert bool(ok) and _lists(a2) == ([2, 3, 4], [])
 
@@ -122,17 +117,30 @@ def test_free_probes_name_the_page() -> None:
         probes.checked(A.free)(a, _i32([12]))
 
 
+@pytest.mark.parametrize("fn", [A.free, A.free_page_ids], ids=["free", "free_page_ids"])
+def test_empty_and_single_frees_trace_with_probes_on(fn) -> None:
+    """An empty id array once failed to trace under probes (argmax of an empty array)."""
+    a = A.alloc(A.init_allocator(4, 4), 8, max_slots=8)[0]
+    b, ok = probes.checked(fn)(a, _i32([]), return_ok=True)
+    assert bool(ok) and _lists(b) == _lists(a)
+    one = 8 if fn is A.free else 2  # slot 8 lies on page 2
+    b, ok = probes.checked(fn)(a, _i32([one]), return_ok=True)
+    assert bool(ok) and _lists(b)[0] == [2, 3, 4]
+    with pytest.raises(probes.ProbeError, match="double free of page 3"):
+        probes.checked(fn)(a, _i32([12 if fn is A.free else 3]))
+
+
 # ---- alloc_extend / alloc_decode row contracts -------------------------------------------------
 def test_alloc_rows_contracts_rejected() -> None:
     a = A.init_allocator(4, 4)
     for pre, seq, last in [([3], [2], [2]), ([2], [5], [7]), ([-4], [4], [-5])]:
         a2, slots, ok = A.alloc_extend(a, _i32(pre), _i32(seq), _i32(last), max_new_slots=8)
         assert not bool(ok) and not np.asarray(slots).any()
-        _same(a2, a)
+        chex.assert_trees_all_equal(a2, a)
     for seq, last in [([0], [-2]), ([6], [7])]:
         a2, slots, ok = A.alloc_decode(a, _i32(seq), _i32(last))
         assert not bool(ok) and not np.asarray(slots).any()
-        _same(a2, a)
+        chex.assert_trees_all_equal(a2, a)
 
 
 # ---- assign_req_to_token_pool: bad rows ---------------------------------------------------------
@@ -191,7 +199,7 @@ def test_req_rows_double_free_rejected() -> None:
     for bad in ([2], [1, 1], [0], [5]):  # double / twice / range
         r2, ok = T.free_req_rows(r, _i32(bad), return_ok=True)
         assert not bool(ok)
-        _same(r2, r)
+        chex.assert_trees_all_equal(r2, r)
     _, rows, ok = T.alloc_req_rows(T.free_req_rows(r, _i32([2])), 3, max_rows=3)
     assert bool(ok) and np.asarray(rows).tolist() == [3, 4, 2]  # distinct rows
     with pytest.raises(probes.ProbeError, match=r"free_req_rows: double free of row 2"):

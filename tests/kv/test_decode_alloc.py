@@ -1,3 +1,4 @@
+# Over 400 lines: sizing, SPEC §14 end to end, failure paths and the long run share one fixture set.
 """Decode-step allocation, the SPEC §14 worked example end to end, and a long random run.
 
 Oracles: SPEC §3/§14 numbers, a python loop for the sizing, and helper A's integrity check
@@ -6,6 +7,7 @@ Oracles: SPEC §3/§14 numbers, a python loop for the sizing, and helper A's int
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,11 +51,6 @@ PREFILL_SLOTS = 256
 
 def copy_tree(x):
     return jax.tree.map(jnp.copy, x)
-
-
-def assert_tree_equal(a, b) -> None:
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def prefill(allocator, r2t, reqs, new, rows, prompt_lens):
@@ -225,7 +222,7 @@ def test_exhaustion_leaves_state_unchanged(page_size) -> None:
     state = copy_tree((allocator, r2t, reqs))
     new_alloc, new_r2t, new_reqs, ok = prepare_for_decode(allocator, r2t, reqs, cfg)
     assert not bool(ok)
-    assert_tree_equal((new_alloc, new_r2t, new_reqs), state)
+    chex.assert_trees_all_equal((new_alloc, new_r2t, new_reqs), state)
     # with a bigger pool it succeeds
     cfg = spec14_config(page_size=page_size, num_pages=(16 + 2 * reserve + 8) // page_size)
     allocator, r2t, reqs = _two_requests(cfg)
@@ -239,7 +236,7 @@ def test_max_new_slots_too_small_is_not_ok() -> None:
     state = copy_tree((allocator, r2t, reqs))
     out = prepare_for_decode(allocator, r2t, reqs, cfg, max_new_slots=40)
     assert not bool(out[3])
-    assert_tree_equal(out[:3], state)
+    chex.assert_trees_all_equal(out[:3], state)
 
 
 def test_row_width_trace_time_error() -> None:
@@ -270,7 +267,7 @@ def test_dynamic_row_width_overflow_not_ok_and_probe() -> None:
     state = copy_tree((allocator, r2t, reqs))
     out = prepare_for_decode(allocator, r2t, reqs, cfg)
     assert not bool(out[3])
-    assert_tree_equal(out[:3], state)
+    chex.assert_trees_all_equal(out[:3], state)
     with pytest.raises(
         probes.ProbeError, match=f"max\\(nxt\\)=64 exceeds req_to_token row width {width}"
     ):
@@ -406,4 +403,4 @@ def test_pallas_impl_matches_xla(interpret) -> None:
     want = prepare_for_decode(allocator, r2t, reqs, cfg)
     got = prepare_for_decode(allocator, r2t, reqs, cfg, impl="pallas", interpret=interpret)
     assert bool(got[3])
-    assert_tree_equal(got, want)
+    chex.assert_trees_all_equal(got, want)

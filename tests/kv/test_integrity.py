@@ -139,3 +139,18 @@ def test_page0_and_range_detected() -> None:
 
 def test_error_is_an_assertion_error() -> None:
     assert issubclass(I.AllocatorIntegrityError, AssertionError)
+
+
+def test_row_minus_one_write_is_a_leak_after_the_fact() -> None:
+    """The old ``assign_req_to_token_pool`` bug's state: a new request passed row id -1, so its
+    page went into the last row (another request's) and that request's own page was lost."""
+    a, table, _ = _setup()  # rows 1, 2 live: pages 1, 2 / 3
+    a, slots, _ = A.alloc(a, jnp.int32(4), max_slots=4)  # page 4 for a new request
+    table = np.concatenate([table, np.zeros((1, 12), np.int32)])  # row 3: the new request
+    table[[1, 3]] = table[[3, 1]]  # live rows 3 (pages 1, 2) and 2 (page 3); row 1 is new
+    table[-1, :4] = np.asarray(slots)  # what row id -1 wrote: row 3 now maps page 4
+    owned = I.owned_page_mask(
+        jnp.asarray(table), _arr([3, 2, 1]), _arr([7, 4, 4]), num_pages=NUM_PAGES, page_size=P
+    )
+    with pytest.raises(I.AllocatorIntegrityError, match=r"leak detected.*pages lost: \[1\]"):
+        I.check_integrity(a, owned)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,7 +90,7 @@ def test_req_rows_alloc_free_order() -> None:
     before = r
     r2, rows, ok = T.alloc_req_rows(r, jnp.int32(4), max_rows=4)
     assert not bool(ok) and not np.asarray(rows).any()
-    jax.tree.map(np.testing.assert_array_equal, r2, before)
+    chex.assert_trees_all_equal(r2, before)
     _r3, rows, ok = T.alloc_req_rows(r, jnp.int32(2), max_rows=1)  # max_rows too small
     assert not bool(ok)
     r4, rows, ok = T.alloc_req_rows(r, jnp.int32(2), max_rows=2)
