@@ -21,10 +21,11 @@ tokens, 64 new tokens, page 16, topk 4, steps 3, 8 draft tokens. Per (mode, batc
   matmul rate; ``floor`` = the larger; ``x floor`` = device (and wall) / floor.
 * tokens/s (decode), acceptance, and for spec how many requests' tokens equal greedy's.
 
-``--precision default`` monkeypatches ``jspec.engine.model.MATMUL_PRECISION`` to the default
-(bf16 matmuls at full rate) to measure what the engine's HIGHEST costs.
-Engine API used: ``jspec.engine.model.{ModelConfig, TargetParams, LayerParams, DraftParams,
-MATMUL_PRECISION}``, ``jspec.engine.state.make_engine_config``, ``jspec.engine.scheduler.Engine``
+``--precision default`` monkeypatches ``jspec.models.layers.precision_for`` to the default
+(bf16 matmuls at full rate) to measure what HIGHEST costs (a no-op for bf16 models, whose
+precision is already the default).
+API used: ``jspec.models.{LlamaConfig, LlamaTarget, LlamaParams, LayerParams, Eagle1Draft,
+Eagle1Params}``, ``jspec.engine.state.make_engine_config``, ``jspec.engine.scheduler.Engine``
 (``generate``, ``_step``, and bench.e2e's ``_steady_state``: ``_admit``, ``_decode_step``,
 ``_bucket_arrays``, ``_shard_state``), ``RunStats`` fields.
 """
@@ -96,9 +97,9 @@ GEOMETRIES = {
 
 
 def _model_config(g: Geometry):
-    from jspec.engine.model import ModelConfig
+    from jspec.models import LlamaConfig
 
-    return ModelConfig(
+    return LlamaConfig(
         vocab_size=g.vocab,
         hidden_size=g.hidden,
         intermediate_size=g.inter,
@@ -113,7 +114,7 @@ def _model_config(g: Geometry):
 
 def make_params(cfg, seed: int = 0, residual_scale: float = 0.5):
     """Target and draft params made on the device (the toy init's structure, bf16)."""
-    from jspec.engine.model import DraftParams, LayerParams, TargetParams
+    from jspec.models import Eagle1Params, LayerParams, LlamaParams
 
     dt = cfg.jnp_dtype
     hid, inter = cfg.hidden_size, cfg.intermediate_size
@@ -162,8 +163,8 @@ def make_params(cfg, seed: int = 0, residual_scale: float = 0.5):
     keys = jax.random.split(jax.random.PRNGKey(seed), cfg.num_layers + 1)
     embed, lm_head, fc = head(keys[0])
     layers = tuple(layer(k) for k in keys[1:])
-    target = TargetParams(embed=embed, layers=layers, final_norm=jnp.ones(hid, dt), lm_head=lm_head)
-    draft = DraftParams(fc=fc, layer=layers[-1], final_norm=jnp.ones(hid, dt))
+    target = LlamaParams(embed=embed, layers=layers, final_norm=jnp.ones(hid, dt), lm_head=lm_head)
+    draft = Eagle1Params(fc=fc, fc_bias=None, layer=layers[-1], final_norm=jnp.ones(hid, dt))
     return jax.block_until_ready((target, draft))
 
 
@@ -258,7 +259,10 @@ def run_config(
         prefill_batch=min(bs, 16),
         attention_impl=attn,
     )
-    engine = Engine(ecfg, target, draft if mode == "spec" else None)
+    from jspec.models import Eagle1Draft, LlamaTarget
+
+    models = (LlamaTarget(cfg), target) + ((Eagle1Draft(cfg), draft) if mode == "spec" else ())
+    engine = Engine(ecfg, *models)
     engine.generate(prompts[:1], 2)  # compile prefill / step / release for the bucket
     out, stats = engine.generate(prompts, NEW)
     steps = max(stats.num_decode_steps, 1)
@@ -342,9 +346,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     if args.precision == "default":
-        from jspec.engine import model
+        from jspec.models import layers
 
-        model.MATMUL_PRECISION = jax.lax.Precision.DEFAULT
+        layers.precision_for = lambda dtype: None
     geos = ["quick"] if args.quick else [x for x in args.geometry.split(",") if x]
     batches = [1, 2] if args.quick else [int(b) for b in args.batches.split(",")]
     bw, tflops = copy_bandwidth_tbs(), matmul_tflops()

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jspec.engine.demo import check_spec_args, force_host_devices, run_cli
+from jspec.apps._cli import check_spec_args, force_host_devices, run_cli
 from jspec.engine.inputs import InputError, check_count
 
 # loader(model_dir, draft_dir | None, dtype | None, progress) -> (target, params, draft, dparams)

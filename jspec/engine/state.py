@@ -188,7 +188,7 @@ def make_engine_config(
     run out).
 
     ``target``: a :class:`jspec.engine.protocol.TargetModel` (or anything with its
-    ``num_layers``, ``num_kv_heads``, ``head_dim`` and ``dtype``, e.g. a ``ModelConfig``).
+    ``num_layers``, ``num_kv_heads``, ``head_dim`` and ``dtype``, e.g. a ``LlamaConfig``).
     """
     spec_like = {
         "page_size": page_size,
