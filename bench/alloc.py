@@ -165,7 +165,7 @@ def _torch_case(op: str, bs: int, page_size: int):
 
 
 def _bench_one(op: str, impl: str, bs: int, page_size: int, quick: bool) -> dict[str, Any]:
-    # Every column present in every row: run_all's table takes its columns from the first row.
+    # Every column present in every row: a value an impl does not have prints as an empty cell.
     row: dict[str, Any] = dict.fromkeys(COLUMNS, "")
     row.update(op=op, bs=bs, page=page_size, impl=impl)
     try:

@@ -2,7 +2,7 @@
 
 SPEC.md §2, for a padded bucket of batch slots (``K`` topk, ``S`` steps, ``N`` tree nodes)::
 
-    1 prepare_for_decode        grow rows to ceil_P(L + 2*alloc_len)      tree.decode_alloc
+    1 prepare_for_decode        grow rows to ceil_P(L + 2*alloc_len)      kv.decode_alloc
     2 prepare_for_draft         out_cache_loc[B,K,S] (holey for P>1, K>1) tree.layout
                                 + prefix-tail duplication (draft pool)
     3 draft loop, i = 0..S-1    select_top_k_tokens; for i < S-1 a draft  tree.select,

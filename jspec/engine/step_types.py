@@ -26,7 +26,7 @@ from jspec._pytree import pytree_dataclass
 from jspec.kv.allocator import PagedAllocator
 from jspec.kv.pool import KVPool
 from jspec.tree.build import BuildTreeOutput
-from jspec.tree.decode_alloc import ReqKVState
+from jspec.kv.decode_alloc import ReqKVState
 
 
 @pytree_dataclass
