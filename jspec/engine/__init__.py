@@ -11,6 +11,7 @@ Module map:
   lifecycle.py   prefill (admission) and release of requests
   greedy.py      plain greedy decode step (the lossless baseline)
   spec_step.py   the jitted EAGLE tree speculative decode step, as phases
+  draft_phases.py  the step's draft side: draft attention passes, draft loop, draft extend
   inputs.py      host-side validation of requests (before any compile)
   scheduler.py   Engine: continuous batching host loop, leak checks
   sharding.py    data / tensor parallel shards with shard_map
