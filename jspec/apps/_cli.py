@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 
 def force_host_devices(num: int) -> None:
@@ -55,3 +56,40 @@ def run_cli(main_fn, prog: str, argv: Sequence[str] | None) -> int:
     except InputError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+
+
+def engine_config_from_args(
+    args: argparse.Namespace,
+    target: Any,
+    draft: Any,
+    *,
+    context_len: int,
+    max_running_requests: int,
+    max_prompt_len: int,
+) -> Any:
+    """The ``EngineConfig`` that the spec flags ask for, checked against the models and the
+    devices; a bad value raises ``InputError`` naming it (before any compile)."""
+    from jspec.engine.inputs import InputError
+    from jspec.engine.sharding import check_devices
+    from jspec.engine.state import check_engine_models, make_engine_config
+
+    try:
+        ecfg = make_engine_config(
+            target,
+            page_size=args.page_size,
+            topk=args.topk,
+            num_steps=args.steps,
+            num_draft_tokens=args.draft_tokens,
+            context_len=context_len,
+            max_running_requests=max_running_requests,
+            max_prompt_len=max_prompt_len,
+            draft_attention=args.draft_attention,
+            tensor_parallel=args.tensor_parallel,
+            impl=args.impl,
+            attention_impl=args.attention_impl,
+        )
+        check_engine_models(ecfg, target, draft)
+        check_devices(args.devices, args.tensor_parallel)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    return ecfg

@@ -21,7 +21,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jspec.apps._cli import check_spec_args, force_host_devices, run_cli
+from jspec.apps._cli import (
+    check_spec_args,
+    engine_config_from_args,
+    force_host_devices,
+    run_cli,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -178,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
-    from jspec.engine.inputs import InputError, check_count
+    from jspec.engine.inputs import check_count
 
     check_spec_args(args)
     check_count("--num-prompts", args.num_prompts)
@@ -188,8 +193,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     from jspec import probes
     from jspec.engine.scheduler import Engine
-    from jspec.engine.sharding import check_devices
-    from jspec.engine.state import check_engine_models, make_engine_config
 
     t_build = time.perf_counter()
     target, params, draft_model, draft = _build_models(args)
@@ -200,25 +203,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
     arrivals = [int(i * 3) for i in range(args.num_prompts)] if args.staggered else None
     max_prompt = int(max(lens))
     context_len = 1 << int(np.ceil(np.log2(max_prompt + args.max_new_tokens + 1)))
-    try:
-        ecfg = make_engine_config(
-            target,
-            page_size=args.page_size,
-            topk=args.topk,
-            num_steps=args.steps,
-            num_draft_tokens=args.draft_tokens,
-            context_len=context_len,
-            max_running_requests=args.max_running,
-            max_prompt_len=max_prompt,
-            draft_attention=args.draft_attention,
-            tensor_parallel=args.tensor_parallel,
-            impl=args.impl,
-            attention_impl=args.attention_impl,
-        )
-        check_engine_models(ecfg, target, draft_model)
-        check_devices(args.devices, args.tensor_parallel)
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    ecfg = engine_config_from_args(
+        args,
+        target,
+        draft_model,
+        context_len=context_len,
+        max_running_requests=args.max_running,
+        max_prompt_len=max_prompt,
+    )
     devices = jax.devices()
     layout = (
         f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"
