@@ -20,7 +20,7 @@ incl. dispatch, median):
 
 **Device split** (second table, GPU only): the summed GPU kernel time of that fused step from a
 profiler trace (:func:`bench._timing.profile_split_us`), each kernel classed by the HLO op it
-runs: ``model`` = ops under ``jax.named_scope(jspec.engine.model.MODEL_SCOPE)`` (every model
+runs: ``model`` = ops under ``jax.named_scope(jspec.engine.protocol.MODEL_SCOPE)`` (every model
 forward and LM head; ``draft us`` / ``verify us`` = its ``draft`` / ``target`` sub-scopes: the
 draft forwards + draft extend, and the target's verify forward), ``bookkeeping`` = everything
 else, *including* kernels that could not be
@@ -145,16 +145,10 @@ def _cases(quick: bool) -> dict[str, Case]:
 
 
 def _model(quick: bool):
-    from jspec.engine.model import (
-        ModelConfig,
-        ToyDraft,
-        ToyTarget,
-        init_draft_params,
-        init_target_params,
-    )
+    from jspec.models import LlamaConfig, LlamaTarget, toy_eagle1, toy_llama_params
 
     if quick:
-        cfg = ModelConfig(
+        cfg = LlamaConfig(
             vocab_size=64,
             hidden_size=32,
             intermediate_size=64,
@@ -163,9 +157,9 @@ def _model(quick: bool):
             num_kv_heads=2,
             head_dim=8,
         )
-        params = init_target_params(cfg, 0, residual_scale=1.5)
+        residual_scale = 1.5
     else:  # the jspec demo default
-        cfg = ModelConfig(
+        cfg = LlamaConfig(
             vocab_size=512,
             hidden_size=128,
             intermediate_size=256,
@@ -174,8 +168,10 @@ def _model(quick: bool):
             num_kv_heads=2,
             head_dim=32,
         )
-        params = init_target_params(cfg, 0, residual_scale=2.0)
-    return ToyTarget(cfg), params, ToyDraft(cfg), init_draft_params(cfg, params, 1)
+        residual_scale = 2.0
+    target = LlamaTarget(cfg)
+    params = toy_llama_params(target, 0, residual_scale=residual_scale)
+    return (target, params, *toy_eagle1(target, params, 1))
 
 
 def _median_ms(fn, make_args, iters: int) -> float:

@@ -27,17 +27,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args(argv)
 
-    from jspec.engine.model import (
-        ModelConfig,
-        ToyDraft,
-        ToyTarget,
-        init_draft_params,
-        init_target_params,
-    )
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
+    from jspec.models import LlamaConfig, LlamaTarget, toy_eagle1, toy_llama_params
 
-    cfg = ModelConfig(
+    cfg = LlamaConfig(
         vocab_size=512,
         hidden_size=128,
         intermediate_size=256,
@@ -46,9 +40,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         num_kv_heads=2,
         head_dim=32,
     )
-    params = init_target_params(cfg, 0, residual_scale=2.0)
-    draft = init_draft_params(cfg, params, 1)
-    target, draft_model = ToyTarget(cfg), ToyDraft(cfg)
+    target = LlamaTarget(cfg)
+    params = toy_llama_params(target, 0, residual_scale=2.0)
+    draft_model, draft = toy_eagle1(target, params, 1)
     rng = np.random.default_rng(0)
     lens = rng.integers(4, 41, args.num_prompts)
     prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in lens]

@@ -1,6 +1,6 @@
 """``jspec`` command line: a thin dispatcher over library entry points (no logic here).
 
-    jspec demo [...]      end-to-end jitted spec decode on a small model (jspec.engine.demo)
+    jspec demo [...]      end-to-end jitted spec decode on a small model (jspec.apps.demo)
     jspec generate [...]  greedy / EAGLE spec decode from checkpoint dirs (jspec.apps.generate)
     jspec compare [...]   jspec vs PyTorch reference side by side (interop.compare; needs torch)
 
@@ -17,7 +17,7 @@ import sys
 # installed distribution (pyproject's packages.find: jspec*, interop*); tests/test_cli.py runs
 # every entry's --help from a clean directory to hold that.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("jspec.engine.demo", "main"),
+    "demo": ("jspec.apps.demo", "main"),
     "generate": ("jspec.apps.generate", "main"),
     "compare": ("interop.compare", "main"),
 }

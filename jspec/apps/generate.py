@@ -24,7 +24,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jspec.engine.demo import check_spec_args, force_host_devices, run_cli
+from jspec.apps._cli import (
+    check_spec_args,
+    engine_config_from_args,
+    force_host_devices,
+    run_cli,
+)
 from jspec.engine.inputs import InputError, check_count
 
 # loader(model_dir, draft_dir | None, dtype | None, progress) -> (target, params, draft, dparams)
@@ -222,8 +227,6 @@ def generate_ids(
     from jspec import probes
     from jspec.engine.inputs import validate_requests
     from jspec.engine.scheduler import Engine
-    from jspec.engine.sharding import check_devices
-    from jspec.engine.state import check_engine_models, make_engine_config
 
     max_new = check_count("--max-new-tokens", args.max_new_tokens)
     limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
@@ -233,25 +236,14 @@ def generate_ids(
             f"exceeds the model's max_position_embeddings={limit}"
         )
     context_len = 1 << (len(prompt_ids) + max_new + 1 - 1).bit_length()
-    try:
-        ecfg = make_engine_config(
-            target,
-            page_size=args.page_size,
-            topk=args.topk,
-            num_steps=args.steps,
-            num_draft_tokens=args.draft_tokens,
-            context_len=context_len,
-            max_running_requests=1,
-            max_prompt_len=len(prompt_ids),
-            draft_attention=args.draft_attention,
-            impl=args.impl,
-            attention_impl=args.attention_impl,
-            tensor_parallel=args.tensor_parallel,
-        )
-        check_engine_models(ecfg, target, draft)
-        check_devices(args.devices, args.tensor_parallel)
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    ecfg = engine_config_from_args(
+        args,
+        target,
+        draft,
+        context_len=context_len,
+        max_running_requests=1,
+        max_prompt_len=len(prompt_ids),
+    )
     validate_requests(
         [list(prompt_ids)],
         max_new,

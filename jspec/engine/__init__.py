@@ -4,8 +4,6 @@ its params beside it).
 
 Module map:
   protocol.py    TargetModel / DraftModel / AttnFn: all the engine knows of a model
-  model.py       the built-in toy Llama-style target (ToyTarget) and EAGLE-1 head (ToyDraft)
-  weights.py     .npz / .safetensors loading of the toy model (jspec and Hugging Face names)
   attention.py   paged attention passes (gather slots + masked softmax, LSE merge)
   model_calls.py the engine's only calls into a model (protocol methods, named scopes)
   state.py       EngineConfig, EngineState (allocator, req_to_token, pools, per-slot carry)
@@ -13,11 +11,14 @@ Module map:
   lifecycle.py   prefill (admission) and release of requests
   greedy.py      plain greedy decode step (the lossless baseline)
   spec_step.py   the jitted EAGLE tree speculative decode step, as phases
+  draft_phases.py  the step's draft side: draft attention passes, draft loop, draft extend
   inputs.py      host-side validation of requests (before any compile)
   scheduler.py   Engine: continuous batching host loop, leak checks
   sharding.py    data / tensor parallel shards with shard_map
-  reference.py   dense no-cache greedy oracle
-  demo.py        ``jspec demo``
+  reference.py   dense no-cache greedy oracle (over any TargetModel)
+
+Models live above the engine: :mod:`jspec.models` (Llama targets, EAGLE-1 / EAGLE-3 heads,
+the toy init, checkpoint loading); ``jspec demo`` is :mod:`jspec.apps.demo`.
 
 The way in, one shard, your own loop::
 
@@ -35,15 +36,6 @@ from __future__ import annotations
 from jspec.engine.greedy import greedy_step
 from jspec.engine.inputs import InputError, validate_requests
 from jspec.engine.lifecycle import prefill, release
-from jspec.engine.model import (
-    DraftParams,
-    ModelConfig,
-    TargetParams,
-    ToyDraft,
-    ToyTarget,
-    init_draft_params,
-    init_target_params,
-)
 from jspec.engine.protocol import AttnFn, DraftModel, TargetModel
 from jspec.engine.scheduler import Engine, Request, RunStats
 from jspec.engine.spec_step import spec_decode_step
@@ -53,25 +45,18 @@ from jspec.engine.step_types import GreedyStepOutput, PrefillOutput, SpecStepOut
 __all__ = [
     "AttnFn",
     "DraftModel",
-    "DraftParams",
     "Engine",
     "EngineConfig",
     "EngineState",
     "GreedyStepOutput",
     "InputError",
-    "ModelConfig",
     "PrefillOutput",
     "Request",
     "RunStats",
     "SpecStepOutput",
     "TargetModel",
-    "TargetParams",
-    "ToyDraft",
-    "ToyTarget",
     "greedy_step",
-    "init_draft_params",
     "init_engine_state",
-    "init_target_params",
     "make_engine_config",
     "prefill",
     "release",

@@ -37,12 +37,13 @@ from jspec.engine.state import (
     EngineConfig,
     EngineState,
     check_engine_models,
+    gather_req_kv_state,
     gather_slots,
     scatter_slots,
 )
 from jspec.engine.step_types import PrefillOutput
 from jspec.kv.allocator import alloc_extend
-from jspec.kv.decode_alloc import ReqKVState, release_kv_cache
+from jspec.kv.decode_alloc import release_kv_cache
 from jspec.kv.req_to_token import alloc_req_rows, assign_req_to_token_pool, free_req_rows
 
 
@@ -189,7 +190,7 @@ def release_body(
     """The unjitted release (the engines' shared body signature; the models are unused)."""
     del target, params, draft, draft_params
     rpi = gather_slots(state.req_pool_indices, slot_idx, finished)
-    reqs = _req_kv_state(state, slot_idx, finished)
+    reqs = gather_req_kv_state(state, slot_idx, finished)
     allocator, _ = release_kv_cache(state.allocator, state.req_to_token, reqs, finished)
     req_rows = free_req_rows(state.req_rows, rpi, valid=finished)
     zero = jnp.zeros(slot_idx.shape, jnp.int32)
@@ -214,13 +215,3 @@ def release(
       slot_idx: i32[Bb] batch slots; finished: bool[Bb] which of them to release.
     """
     return release_body(ecfg, None, None, None, None, state, slot_idx, finished)[0]
-
-
-def _req_kv_state(state: EngineState, slot_idx: jax.Array, live: jax.Array) -> ReqKVState:
-    """The bucket's rows as ``jspec.kv.decode_alloc.ReqKVState`` (padding rows invalid)."""
-    return ReqKVState(
-        committed_lens=gather_slots(state.committed_lens, slot_idx, live),
-        allocated_lens=gather_slots(state.allocated_lens, slot_idx, live),
-        req_pool_indices=gather_slots(state.req_pool_indices, slot_idx, live),
-        valid=live,
-    )

@@ -6,8 +6,8 @@ call a model only through the methods below. A model object is a frozen, hashabl
 holding static config only (a static jit argument); its weights are a separate params pytree
 passed beside it::
 
-    target: TargetModel, target_params   # e.g. jspec.engine.model.ToyTarget, jspec.models.*
-    draft:  DraftModel,  draft_params    # e.g. jspec.engine.model.ToyDraft, EAGLE-3 heads
+    target: TargetModel, target_params   # e.g. jspec.models.LlamaTarget
+    draft:  DraftModel,  draft_params    # e.g. jspec.models.Eagle1Draft / Eagle3Draft
 
 Attention is injected: every layer calls ``attn_fn(layer, pool, q, k, v) -> (pool, out)``,
 which writes this layer's K/V at the slots jspec chose and attends through jspec's metadata.

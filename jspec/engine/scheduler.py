@@ -1,5 +1,10 @@
 """Continuous batching: the host loop around the jitted prefill / decode step / release.
 
+NOTE: over ~400 lines on purpose: one concept (the Engine's host loop: admission, bucketing,
+sharded step calls, token bookkeeping, leak checks) whose methods share the Engine's host-side
+state; a split would scatter that state across modules while the loop is being reworked
+(host-loop overlap).
+
 Between two decode steps the scheduler
 
 1. admits waiting requests (arrival step reached, FIFO) into free batch slots of the

@@ -23,7 +23,8 @@ SPEC.md §2, for a padded bucket of batch slots (``K`` topk, ``S`` steps, ``N`` 
     9 commit                    L += accept_len, bonus = last accepted token
 
 The models are seen only through ``jspec.engine.protocol`` (``target``, ``draft`` static,
-their params beside them, ``jspec.engine.model_calls``); the phases hand each other the typed
+their params beside them, ``jspec.engine.model_calls``); the draft side (attention passes, phases
+3 and 8) is ``jspec.engine.draft_phases``; the phases hand each other the typed
 dataclasses of ``jspec.engine.step_types``. The step is one ``jax.jit`` (state donated) per
 batch bucket; padding entries are invalid rows
 (row 0, slot 0, no allocation). If step 1 finds the pages short, every entry becomes padding
@@ -50,20 +51,19 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
-from jspec.config import ceil_div
 from jspec.engine.attention import (
     AttnPass,
     AttnPlan,
-    causal_mask,
     length_mask,
-    page_table_slot_ids,
     row_slot_ids,
 )
-from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
+from jspec.engine.draft_phases import draft_decode_passes, phase_draft, phase_extend
+from jspec.engine.model_calls import run_target, target_logits
 from jspec.engine.state import (
     EngineConfig,
     EngineState,
     check_engine_models,
+    gather_req_kv_state,
     gather_slots,
     scatter_slots,
 )
@@ -82,85 +82,7 @@ from jspec.kv.decode_alloc import ReqKVState, commit_kv_lens, prepare_for_decode
 from jspec.tree.accept import move_accept_tokens_to_target_kvcache, verify_out_cache_loc
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
 from jspec.tree.layout import prepare_for_draft
-from jspec.tree.select import organize_draft_results, select_top_k_tokens
 from jspec.tree.verify import compact_accept_to_front, eagle_sample_greedy, fill_bonus_tokens
-
-
-def draft_decode_passes(
-    ecfg: EngineConfig,
-    req_to_token: jax.Array,
-    req_pool_indices: jax.Array,
-    seq_lens: jax.Array,
-    out_cache_loc: jax.Array,
-) -> list[tuple]:
-    """Attention passes of draft steps ``0 .. S-2`` for the B*K branch queries.
-
-    ``cascade`` (FA3, SPEC §5): pass A reads the full prefix pages ``[0, L - L%P)`` through
-    ``draft_decode_normal_metadata`` (K queries per request, non-causal); pass B reads
-    ``lp + d`` tokens of each branch through the ``draft_decode_set_expand_metadata`` page
-    table (``d = step + 1``: the prefix tail / holes, then this branch's draft tokens). Both
-    come from one ``draft_decode_metadata`` call. ``kv_indices`` (FlashInfer, SPEC §6): one
-    pass per branch over its segment ``kv_indices[step, indptr[z] : indptr[z+1]]`` (the
-    prefix, then the branch's own draft slots 0..step).
-
-    Returns:
-      ``passes[step]``: a tuple of :class:`AttnPass` for that step.
-    """
-    spec = ecfg.spec
-    k, p, s = spec.topk, spec.page_size, spec.num_steps
-    batch = seq_lens.shape[0]
-    if s == 1:
-        return []
-    if ecfg.draft_attention == "kv_indices":
-        from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
-
-        width = spec.context_len + s
-        kv_indices, kv_indptr = generate_draft_decode_kv_indices(
-            req_pool_indices,
-            req_to_token,
-            seq_lens,
-            topk=k,
-            num_steps=s,
-            page_size=p,
-            kv_indices_width=batch * k * width,
-            impl=ecfg.kernel_impl,
-        )
-        cols = jnp.arange(width, dtype=jnp.int32)
-        passes = []
-        for step in range(s - 1):
-            start = kv_indptr[step, :-1]
-            seg_len = kv_indptr[step, 1:] - start  # L_b + step + 1
-            idx = jnp.clip(start[:, None] + cols[None, :], 0, kv_indices.shape[1] - 1)
-            passes.append((AttnPass(kv_indices[step][idx], length_mask(seg_len, 1, width)),))
-        return passes
-    from jspec.attention_meta.page_table import draft_decode_metadata
-
-    meta = draft_decode_metadata(
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        out_cache_loc,
-        topk=k,
-        num_steps=s,
-        page_size=p,
-        max_pages=ceil_div(spec.context_len, p),
-        impl=ecfg.kernel_impl,
-    )
-    normal, expand = meta.normal, meta.expand
-    pass_a = AttnPass(
-        page_table_slot_ids(normal.page_table, p),
-        length_mask(normal.cache_seqlens, k, normal.page_table.shape[1] * p),
-    )
-    passes = []
-    for step in range(s - 1):
-        table = expand.page_table[step]  # i32[B*K, S] page ids
-        pass_b = AttnPass(
-            page_table_slot_ids(table, p),
-            length_mask(expand.cache_seqlens[step], 1, table.shape[1] * p),
-        )
-        passes.append((pass_a, pass_b))
-    return passes
-
 
 # ---- phases ----------------------------------------------------------------------------------
 # Every phase is ``phase(ecfg, target, target_params, draft, draft_params, x) -> y`` over the
@@ -187,12 +109,7 @@ def phase_prepare(
     del target, params, draft, draft_params
     spec = ecfg.spec
     k, s, p = spec.topk, spec.num_steps, spec.page_size
-    reqs = ReqKVState(
-        committed_lens=gather_slots(state.committed_lens, slot_idx, live),
-        allocated_lens=gather_slots(state.allocated_lens, slot_idx, live),
-        req_pool_indices=gather_slots(state.req_pool_indices, slot_idx, live),
-        valid=live,
-    )
+    reqs = gather_req_kv_state(state, slot_idx, live)
     allocator, r2t, reqs, ok = prepare_for_decode(
         state.allocator, state.req_to_token, reqs, spec, impl=ecfg.kernel_impl
     )
@@ -231,45 +148,6 @@ def phase_prepare(
         topk_p=gather_slots(state.topk_p, slot_idx, live),
         topk_index=gather_slots(state.topk_index, slot_idx, live),
         draft_hidden=gather_slots(state.draft_hidden, slot_idx, live),
-    )
-
-
-def phase_draft(
-    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, plan: DraftPlan
-) -> DraftResult:
-    """3: S selections and S-1 draft forwards of width B*K, then organize_draft_results."""
-    spec = ecfg.spec
-    k, s, n = spec.topk, spec.num_steps, spec.num_draft_tokens
-    batch = plan.batch.live.shape[0]
-    cache_loc = plan.out_cache_loc.reshape(batch * k, s)
-    topk_p, topk_index, hidden = plan.topk_p, plan.topk_index, plan.draft_hidden
-    dpool = plan.buffers.draft_pool
-    score_list, token_list, parents_list = [], [], []
-    scores = None
-    for i in range(s):
-        input_ids, hidden, scores, (sc, tok, par) = select_top_k_tokens(
-            i, topk_p, topk_index, hidden, scores, topk=k, vocab_size=target.vocab_size
-        )
-        score_list.append(sc)
-        token_list.append(tok)
-        parents_list.append(par)
-        if i == s - 1:
-            break  # the last step's tokens are leaves: no forward
-        attn = AttnPlan(write_slot_ids=cache_loc[:, i], passes=plan.passes[i])
-        dpool, hidden = run_draft(
-            ecfg, draft, draft_params, params, dpool, input_ids, hidden, plan.positions + i, attn
-        )
-        topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, hidden)
-    parent_list, top_scores_index, draft_tokens = organize_draft_results(
-        score_list, token_list, parents_list, num_draft_tokens=n
-    )
-    return DraftResult(
-        buffers=replace(plan.buffers, draft_pool=dpool),
-        batch=plan.batch,
-        bonus_tokens=plan.bonus_tokens,
-        parent_list=parent_list,
-        top_scores_index=top_scores_index,
-        draft_tokens=draft_tokens,
     )
 
 
@@ -383,55 +261,6 @@ def phase_accept(
         accept_lens=accept_lens,
         accept_tokens=accept_tokens,
         new_bonus=fill_bonus_tokens(accept_tokens, jnp.maximum(accept_lens, 1)),
-    )
-
-
-def phase_extend(
-    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, res: AcceptResult
-) -> ExtendResult:
-    """8: draft extend of the N window tokens on the target feature; row accept_len-1 seeds
-    the next step's first tree level."""
-    del target
-    spec, reqs = ecfg.spec, res.batch.reqs
-    n, width = spec.num_draft_tokens, spec.context_len
-    batch = res.batch.live.shape[0]
-    seq_lens = reqs.committed_lens
-    ext_pos = (seq_lens[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]).reshape(-1)
-    attn = AttnPlan(
-        write_slot_ids=res.verify_loc,
-        passes=(
-            AttnPass(
-                row_slot_ids(res.buffers.req_to_token, reqs.req_pool_indices, width),
-                length_mask(seq_lens, n, width),
-            ),
-            AttnPass(
-                res.verify_loc.reshape(batch, n), causal_mask(jnp.zeros((batch,), jnp.int32), n, n)
-            ),
-        ),
-    )
-    dpool, ext_hidden = run_draft(
-        ecfg,
-        draft,
-        draft_params,
-        params,
-        res.buffers.draft_pool,
-        res.predict,
-        res.target_feature,
-        ext_pos,
-        attn,
-    )
-    select = jnp.arange(batch) * n + jnp.maximum(res.accept_lens, 1) - 1
-    next_hidden = ext_hidden[select]
-    next_p, next_index = draft_topk(ecfg, draft, draft_params, params, next_hidden)
-    return ExtendResult(
-        buffers=replace(res.buffers, draft_pool=dpool),
-        batch=res.batch,
-        accept_lens=res.accept_lens,
-        accept_tokens=res.accept_tokens,
-        new_bonus=res.new_bonus,
-        next_p=next_p,
-        next_index=next_index,
-        next_hidden=next_hidden,
     )
 
 

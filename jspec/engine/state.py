@@ -37,6 +37,7 @@ from jspec._pytree import pytree_dataclass
 from jspec.config import BatchBuckets, SpecConfig, ceil_div
 from jspec.engine.protocol import DTYPES, check_models
 from jspec.kv.allocator import PagedAllocator, init_allocator
+from jspec.kv.decode_alloc import ReqKVState
 from jspec.kv.pool import KVPool, init_kv_pool
 from jspec.kv.req_to_token import ReqRowAllocator, init_req_rows, init_req_to_token
 
@@ -188,7 +189,7 @@ def make_engine_config(
     run out).
 
     ``target``: a :class:`jspec.engine.protocol.TargetModel` (or anything with its
-    ``num_layers``, ``num_kv_heads``, ``head_dim`` and ``dtype``, e.g. a ``ModelConfig``).
+    ``num_layers``, ``num_kv_heads``, ``head_dim`` and ``dtype``, e.g. a ``LlamaConfig``).
     """
     spec_like = {
         "page_size": page_size,
@@ -319,6 +320,17 @@ def gather_slots(x: jax.Array, slot_idx: jax.Array, live: jax.Array, fill=0) -> 
     rows = x[jnp.minimum(slot_idx, x.shape[0] - 1)]
     mask = live.reshape(live.shape + (1,) * (rows.ndim - 1))
     return jnp.where(mask, rows, jnp.asarray(fill, x.dtype))
+
+
+def gather_req_kv_state(state: EngineState, slot_idx: jax.Array, live: jax.Array) -> ReqKVState:
+    """The bucket's rows as a :class:`jspec.kv.decode_alloc.ReqKVState` (non-live rows: 0,
+    invalid). ``slot_idx: i32[Bb]``, ``live: bool[Bb]`` as :func:`gather_slots`."""
+    return ReqKVState(
+        committed_lens=gather_slots(state.committed_lens, slot_idx, live),
+        allocated_lens=gather_slots(state.allocated_lens, slot_idx, live),
+        req_pool_indices=gather_slots(state.req_pool_indices, slot_idx, live),
+        valid=live,
+    )
 
 
 def scatter_slots(

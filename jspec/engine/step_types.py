@@ -24,9 +24,9 @@ import jax
 
 from jspec._pytree import pytree_dataclass
 from jspec.kv.allocator import PagedAllocator
+from jspec.kv.decode_alloc import ReqKVState
 from jspec.kv.pool import KVPool
 from jspec.tree.build import BuildTreeOutput
-from jspec.kv.decode_alloc import ReqKVState
 
 
 @pytree_dataclass

@@ -9,13 +9,15 @@ Build a target and a draft from directories::
 are pytrees on the device. transformers is never imported here (tests only).
 
 Modules: ``hf_config`` (config.json -> LlamaConfig / Eagle3Config), ``layers`` (RMSNorm, RoPE,
-attention / MLP blocks, precision by dtype), ``llama`` (LlamaTarget), ``eagle3`` / ``eagle1``
+attention / MLP blocks, the decoder layer; ``AttnFn``, ``MODEL_SCOPE`` and the precision rule
+are :mod:`jspec.engine.protocol`'s), ``llama`` (LlamaTarget), ``eagle3`` / ``eagle1``
 (draft heads), ``checkpoint`` (HF name tables + loaders), ``export`` (HF writers),
 ``synthetic`` (toy target, constructed EAGLE-3 head), ``tokenizer`` (tokenizer.json).
 """
 
 from __future__ import annotations
 
+from jspec.engine.protocol import MODEL_SCOPE, AttnFn
 from jspec.models.checkpoint import load_draft, load_eagle1, load_eagle3, load_llama
 from jspec.models.eagle1 import Eagle1Draft, Eagle1Params
 from jspec.models.eagle3 import Eagle3Draft, Eagle3Params, random_eagle3_params
@@ -28,7 +30,6 @@ from jspec.models.hf_config import (
     parse_eagle3_config,
     parse_llama_config,
 )
-from jspec.models.layers import MODEL_SCOPE, AttnFn
 from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget, random_llama_params
 from jspec.models.synthetic import matched_eagle3, toy_eagle1, toy_llama_params
 from jspec.models.tokenizer import Tokenizer

@@ -18,15 +18,14 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jspec._pytree import pytree_dataclass, replace
+from jspec.models._geometry import ConfigGeometry
 from jspec.models.hf_config import LlamaConfig
 from jspec.models.layers import (
     AttnFn,
-    check_tensor_parallel,
     lm_logits,
     matmul,
     model_scope,
     rms_norm,
-    rope_inv_freq,
 )
 from jspec.models.llama import LayerParams, LlamaParams, decoder_layer, layer_specs
 
@@ -42,7 +41,7 @@ class Eagle1Params:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Eagle1Draft:
+class Eagle1Draft(ConfigGeometry):
     """An EAGLE-1 head (``DraftModel`` protocol); static config only.
 
     Attributes:
@@ -63,30 +62,6 @@ class Eagle1Draft:
             )
 
     num_layers = 1
-
-    @property
-    def num_heads(self) -> int:
-        return self.config.num_heads
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.config.num_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.config.head_dim
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def dtype(self) -> str:
-        return self.config.dtype
 
     @model_scope("draft")
     def forward(
@@ -125,7 +100,7 @@ class Eagle1Draft:
             attn_fn,
             head_dim=cfg.head_dim,
             eps=cfg.rms_norm_eps,
-            inv_freq=rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
+            inv_freq=self.inv_freq,
             tp_axis=tp_axis,
         )
 
@@ -144,14 +119,6 @@ class Eagle1Draft:
         """Identity: the head shares the target's vocabulary."""
         del params
         return draft_ids.astype(jnp.int32)
-
-    def check_tensor_parallel(self, tensor_parallel: int) -> None:
-        """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
-        check_tensor_parallel(
-            tensor_parallel,
-            num_kv_heads=self.config.num_kv_heads,
-            intermediate_size=self.config.intermediate_size,
-        )
 
     def param_specs(self, params: Eagle1Params, tp_axis: str | None) -> Eagle1Params:
         """PartitionSpecs: the layer split over ``tp_axis``, the rest replicated."""

@@ -27,17 +27,16 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jspec._pytree import pytree_dataclass
+from jspec.models._geometry import ConfigGeometry
 from jspec.models.hf_config import Eagle3Config
 from jspec.models.layers import (
     AttnFn,
     attention_block,
-    check_tensor_parallel,
     lm_logits,
     matmul,
     mlp_block,
     model_scope,
     rms_norm,
-    rope_inv_freq,
 )
 from jspec.models.llama import LayerParams, LlamaParams, layer_specs
 
@@ -56,7 +55,7 @@ class Eagle3Params:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Eagle3Draft:
+class Eagle3Draft(ConfigGeometry):
     """An EAGLE-3 head (``DraftModel`` protocol); static config only.
 
     Attributes:
@@ -80,28 +79,8 @@ class Eagle3Draft:
     num_layers = 1  # the draft KV pool holds the midlayer only
 
     @property
-    def num_heads(self) -> int:
-        return self.config.num_heads
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.config.num_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.config.head_dim
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
     def vocab_size(self) -> int:
         return self.config.draft_vocab_size
-
-    @property
-    def dtype(self) -> str:
-        return self.config.dtype
 
     @model_scope("draft")
     def forward(
@@ -150,7 +129,7 @@ class Eagle3Draft:
             ],
             -1,
         )
-        inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        inv_freq = self.inv_freq
         pool, attn = attention_block(
             lp.wq,
             lp.wk,
@@ -188,14 +167,6 @@ class Eagle3Draft:
     def to_target_ids(self, params: Eagle3Params, draft_ids: jax.Array) -> jax.Array:
         """i32[...] draft ids -> i32[...] target ids (``id + d2t[id]``)."""
         return (draft_ids + params.d2t[draft_ids]).astype(jnp.int32)
-
-    def check_tensor_parallel(self, tensor_parallel: int) -> None:
-        """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
-        check_tensor_parallel(
-            tensor_parallel,
-            num_kv_heads=self.config.num_kv_heads,
-            intermediate_size=self.config.intermediate_size,
-        )
 
     def param_specs(self, params: Eagle3Params, tp_axis: str | None) -> Eagle3Params:
         """PartitionSpecs: the midlayer split over ``tp_axis``, the rest replicated."""

@@ -21,10 +21,10 @@ import json
 import os
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+from jspec.engine.protocol import DTYPES
+
 TARGET_ARCHITECTURES = ("LlamaForCausalLM",)
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
 EAGLE1_ARCHITECTURES = ("LlamaForCausalLMEagle", "LlamaForCausalLM")

@@ -1,10 +1,11 @@
 """Building blocks shared by the Llama target and the EAGLE heads (pure functions of arrays).
 
 Attention is injected: a model calls ``attn_fn(layer, pool, q, k, v) -> (pool, out)``, which
-writes this layer's K/V at the slots jspec chose and attends through jspec's metadata (the
-``AttnFn`` contract of protocol.md). Model code never sees a slot id or a page id.
+writes this layer's K/V at the slots jspec chose and attends through jspec's metadata
+(:data:`jspec.engine.protocol.AttnFn`). Model code never sees a slot id or a page id.
 
-Matmul precision follows the weights' dtype: f32 models use ``Precision.HIGHEST`` (the GPU's
+Matmul precision follows the weights' dtype (the engine's rule,
+:func:`jspec.engine.protocol.matmul_precision`): f32 models use ``Precision.HIGHEST`` (the GPU's
 default f32 matmul is TF32, ~1e-3 error, which breaks the lossless tests); bf16 / f16 models use
 the default precision with a bf16 / f16 result, upcast afterwards where f32 is needed (logits).
 """
@@ -19,35 +20,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec.engine.protocol import AttnFn, matmul_precision
+from jspec.engine.protocol import model_scope as _protocol_scope
 from jspec.models.hf_config import RopeScaling
 
-# attn_fn(layer, pool, q dtype[T, Hq, D], k dtype[T, Hkv, D], v dtype[T, Hkv, D])
-#   -> (pool, out f32[T, Hq, D]); the softmax scale 1/sqrt(D) is the attn_fn's.
-AttnFn = Callable[[int, Any, jax.Array, jax.Array, jax.Array], tuple[Any, jax.Array]]
-
-# Every model computation runs under ``jax.named_scope(MODEL_SCOPE)`` and, inside it, "target"
-# or "draft": the HLO ops carry these in their ``op_name`` metadata, which is how bench/e2e.py
-# splits the device time of a fused step into target forward, draft forwards and bookkeeping.
-MODEL_SCOPE = "jspec_model"
+# HIGHEST for f32 operands, the default otherwise: the engine's rule, one home.
+precision_for = matmul_precision
 
 
 def model_scope(part: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: run the function under ``named_scope(MODEL_SCOPE) / named_scope(part)``."""
+    """Decorator: run the function under :func:`jspec.engine.protocol.model_scope` (``part``:
+    "target" / "draft"; how bench/e2e.py splits a fused step's device time)."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            with jax.named_scope(MODEL_SCOPE), jax.named_scope(part):
+            with _protocol_scope(part):
                 return fn(*args, **kwargs)
 
         return wrapped
 
     return decorate
-
-
-def precision_for(dtype: Any) -> jax.lax.Precision | None:
-    """HIGHEST for f32 operands, the default otherwise (see the module docstring)."""
-    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
 def matmul(a: jax.Array, b: jax.Array) -> jax.Array:

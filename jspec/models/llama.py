@@ -27,16 +27,15 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jspec._pytree import pytree_dataclass
+from jspec.models._geometry import ConfigGeometry
 from jspec.models.hf_config import LlamaConfig
 from jspec.models.layers import (
     AttnFn,
     attention_block,
-    check_tensor_parallel,
     lm_logits,
     mlp_block,
     model_scope,
     rms_norm,
-    rope_inv_freq,
 )
 
 
@@ -117,7 +116,7 @@ def decoder_layer(
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class LlamaTarget:
+class LlamaTarget(ConfigGeometry):
     """A Llama-family target (``TargetModel`` protocol); static config only.
 
     Attributes:
@@ -131,40 +130,10 @@ class LlamaTarget:
         if not isinstance(self.config, LlamaConfig):
             raise TypeError(f"config={type(self.config).__name__} must be a LlamaConfig")
 
-    # ---- the protocol's static attributes --------------------------------------------------
+    # ---- the protocol's static attributes (the rest: ConfigGeometry) ------------------------
     @property
     def num_layers(self) -> int:
         return self.config.num_layers
-
-    @property
-    def num_heads(self) -> int:
-        return self.config.num_heads
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.config.num_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.config.head_dim
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def dtype(self) -> str:
-        return self.config.dtype
-
-    @property
-    def inv_freq(self) -> np.ndarray:
-        """f32[head_dim // 2] RoPE inverse frequencies (llama3 scaling applied)."""
-        cfg = self.config
-        return rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     # ---- compute -----------------------------------------------------------------------------
     @model_scope("target")
@@ -185,7 +154,7 @@ class LlamaTarget:
           params: :class:`LlamaParams` (this shard's slice under tensor parallelism).
           pool: the target KV pool, threaded through ``attn_fn`` (layer ``i`` = decoder ``i``).
           token_ids, positions: i32[T].
-          attn_fn: writes K/V into ``pool`` and attends (:data:`jspec.models.layers.AttnFn`).
+          attn_fn: writes K/V into ``pool`` and attends (:data:`jspec.engine.protocol.AttnFn`).
           capture_layers: static; target layers whose INCOMING residual stream is returned
             (sglang's EAGLE-3 capture), each in ``[0, num_layers)``.
           tp_axis: tensor-parallel mesh axis when the layers are head-sharded.
@@ -234,14 +203,6 @@ class LlamaTarget:
         if params.lm_head is None:
             return lm_logits(hidden, params.embed, transposed=True)
         return lm_logits(hidden, params.lm_head)
-
-    def check_tensor_parallel(self, tensor_parallel: int) -> None:
-        """ValueError unless ``tensor_parallel`` divides the KV heads and the MLP width."""
-        check_tensor_parallel(
-            tensor_parallel,
-            num_kv_heads=self.config.num_kv_heads,
-            intermediate_size=self.config.intermediate_size,
-        )
 
     def param_specs(self, params: LlamaParams, tp_axis: str | None) -> LlamaParams:
         """PartitionSpecs for ``params``: layers split over ``tp_axis``, the rest replicated."""

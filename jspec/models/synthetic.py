@@ -1,9 +1,9 @@
 """Seeded synthetic weights with a predictable greedy chain: the toy target and its EAGLE-1
-head (the engine demo's), and an EAGLE-3 head constructed (not trained) to draft the toy target
+head (``jspec demo``'s), and an EAGLE-3 head constructed (not trained) to draft the toy target
 well. For tests, demos and examples.
 
-Toy target (:func:`toy_llama_params`, the same RNG stream as the engine's toy
-``init_target_params``): the LM head is the embedding composed with a fixed random permutation
+Toy target (:func:`toy_llama_params`, the toy of ``jspec demo`` and the engine tests; the
+RNG stream of the engine's former ``init_target_params``): the LM head is the embedding composed with a fixed random permutation
 ``sigma``, ``lm_head[:, sigma(x)] = embed[x] / sqrt(H)``, so ``argmax logits ~ sigma(x)`` plus
 context terms from the layers (scaled by ``residual_scale``).
 
@@ -85,7 +85,7 @@ def toy_llama_params(
 def toy_eagle1(
     target: LlamaTarget, target_params: LlamaParams, seed: int = 1, *, hidden_mix: float = 0.1
 ) -> tuple[Eagle1Draft, Eagle1Params]:
-    """The toy's EAGLE-1 head (the engine toy's ``init_draft_params``), accepting well on a
+    """The toy's EAGLE-1 head (the former engine toy's ``init_draft_params``), accepting well on a
     :func:`toy_llama_params` target.
 
     ``fc = [I; hidden_mix * R]`` passes the token embedding through (plus a little of the

@@ -1,5 +1,8 @@
 """Shared fixtures for the engine tests: one tiny f32 model, prompts, and a cached baseline.
 
+The model is the toy: a :class:`jspec.models.LlamaTarget` with :func:`toy_llama_params` and
+its :func:`toy_eagle1` head.
+
 The tiny target (vocab 64, hidden 32, 2 layers, GQA 4/2 heads) has ``residual_scale=1.5`` and
 its draft ``hidden_mix=1.0``: the draft is right often enough that multi-token accepts happen
 (exercising the accepted-KV move and compaction) and wrong often enough that rejections at
@@ -13,15 +16,9 @@ import functools
 
 import numpy as np
 
-from jspec.engine.model import (
-    ModelConfig,
-    ToyDraft,
-    ToyTarget,
-    init_draft_params,
-    init_target_params,
-)
+from jspec.models import Eagle1Draft, LlamaConfig, LlamaTarget, toy_eagle1, toy_llama_params
 
-TINY = ModelConfig(
+TINY = LlamaConfig(
     vocab_size=64,
     hidden_size=32,
     intermediate_size=64,
@@ -30,7 +27,7 @@ TINY = ModelConfig(
     num_kv_heads=2,
     head_dim=8,
 )
-TARGET, DRAFT = ToyTarget(TINY), ToyDraft(TINY)
+TARGET, DRAFT = LlamaTarget(TINY), Eagle1Draft(TINY)  # DRAFT: the model toy_eagle1 returns
 # Prompt lengths straddle page boundaries of 16 and stay under one page of 64.
 PROMPT_LENS = (3, 17, 9, 30)
 ARRIVALS = (0, 0, 2, 4)
@@ -41,8 +38,8 @@ MAX_PROMPT = 32
 
 @functools.cache
 def tiny_model():
-    params = init_target_params(TINY, 0, residual_scale=1.5)
-    draft = init_draft_params(TINY, params, 1, hidden_mix=1.0)
+    params = toy_llama_params(TARGET, 0, residual_scale=1.5)
+    _, draft = toy_eagle1(TARGET, params, 1, hidden_mix=1.0)
     return params, draft
 
 

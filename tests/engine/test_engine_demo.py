@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jspec.engine.demo import main
+from jspec.apps.demo import main
 
 TINY_ARGS = [
     "--vocab-size",

@@ -102,7 +102,7 @@ def test_engine_rejects_bad_requests_before_compiling():
 def test_demo_bad_flags_one_line_exit_2(flags, match, capsys):
     from test_engine_demo import TINY_ARGS
 
-    from jspec.engine.demo import main
+    from jspec.apps.demo import main
 
     t0 = time.perf_counter()
     assert main(TINY_ARGS + flags) == 2

@@ -53,8 +53,7 @@ _TP_SCRIPT = textwrap.dedent("""
     import numpy as np
     from engine_helpers import (TINY, TARGET, DRAFT, CONTEXT_LEN, MAX_PROMPT, MAX_NEW, tiny_model,
                                 tiny_prompts)
-    from jspec.engine.model import (ToyDraft, ModelConfig, ToyTarget, init_draft_params,
-                                    init_target_params)
+    from jspec.models import LlamaConfig, LlamaTarget, toy_eagle1, toy_llama_params
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
@@ -87,11 +86,11 @@ _TP_SCRIPT = textwrap.dedent("""
     assert greedy == ref, (greedy, ref)
 
     # One shard over 4 tensor-parallel devices (4 KV heads: one per device), with checkify.
-    wide = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+    wide = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                        num_heads=8, num_kv_heads=4, head_dim=8)
-    wparams = init_target_params(wide, 0, residual_scale=1.5)
-    wdraft = init_draft_params(wide, wparams, 1, hidden_mix=1.0)
-    wtarget, wdraft_model = ToyTarget(wide), ToyDraft(wide)
+    wtarget = LlamaTarget(wide)
+    wparams = toy_llama_params(wtarget, 0, residual_scale=1.5)
+    wdraft_model, wdraft = toy_eagle1(wtarget, wparams, 1, hidden_mix=1.0)
     wref, _ = Engine(ecfg(wide, 1, 4), wtarget, wparams, wdraft_model, wdraft).generate(
         prompts, MAX_NEW)
     wout, wstats = Engine(ecfg(wide, 4, 4), wtarget, wparams, wdraft_model, wdraft,
@@ -102,7 +101,7 @@ _TP_SCRIPT = textwrap.dedent("""
 
     # The demo's flags: 2 shards x 2 tensor-parallel devices.
     from test_engine_demo import TINY_ARGS
-    from jspec.engine.demo import main
+    from jspec.apps.demo import main
     assert main(TINY_ARGS + ["--devices", "2", "--tensor-parallel", "2"]) == 0
     print("TENSOR PARALLEL OK", stats.num_decode_steps, wstats.mean_accept_len)
 """)

@@ -1,6 +1,8 @@
 """``jspec demo``: end-to-end EAGLE tree speculative decoding on a small model, checked lossless.
 
-Builds a small Llama-style target and its EAGLE draft head in seconds (or loads weights), runs
+Builds a small Llama target (:class:`jspec.models.LlamaTarget` with the toy init
+:func:`jspec.models.toy_llama_params`) and its EAGLE-1 head (:func:`jspec.models.toy_eagle1`)
+in seconds, or loads checkpoint directories through :mod:`jspec.models`, runs
 the same prompts through plain greedy decoding and through the jitted speculative step with
 continuous batching, and prints tokens/s for both, the mean acceptance length, the lossless
 check (spec tokens == greedy tokens, asserted) and the allocator balance (leak check).
@@ -13,12 +15,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Sequence
 
 import numpy as np
+
+from jspec.apps._cli import (
+    check_spec_args,
+    engine_config_from_args,
+    force_host_devices,
+    run_cli,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,8 +78,17 @@ def _parser() -> argparse.ArgumentParser:
         default=2.0,
         help="how strongly the context overrides the dominant transition",
     )
-    g.add_argument("--weights", default="", help="target weights (.npz / .safetensors)")
-    g.add_argument("--draft-weights", default="", help="draft weights (default: built)")
+    g.add_argument(
+        "--weights",
+        default="",
+        help="target checkpoint directory (HF Llama family; its config.json replaces the "
+        "model flags above; default: the built toy)",
+    )
+    g.add_argument(
+        "--draft-weights",
+        default="",
+        help="draft head directory (EAGLE-1 / EAGLE-3; default: the built toy head)",
+    )
     g = p.add_argument_group("run")
     g.add_argument(
         "--checkify",
@@ -93,54 +110,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--no-progress", action="store_true")
     return p
-
-
-def force_host_devices(num: int) -> None:
-    """On CPU, ask for ``num`` host devices if JAX has not started its backends yet.
-
-    ``jax.config.update("jax_num_cpu_devices", n)`` (public) raises once the backends are up;
-    then the devices stay as they are and :func:`jspec.engine.sharding.check_devices` reports
-    the shortfall in one line. Nothing happens when ``XLA_FLAGS`` already sets a count.
-    """
-    if num <= 1 or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
-        return
-    import jax
-
-    try:
-        jax.config.update("jax_num_cpu_devices", num)
-    except RuntimeError:  # backends already initialized: keep the devices there are
-        pass
-
-
-def check_spec_args(args: argparse.Namespace) -> None:
-    """Host checks of the spec / run flags shared by ``jspec demo`` and ``jspec generate``
-    (``InputError`` naming the flag, before anything is built or compiled)."""
-    from jspec.engine.inputs import check_count
-
-    for flag in (
-        "page_size",
-        "topk",
-        "steps",
-        "draft_tokens",
-        "devices",
-        "tensor_parallel",
-        "max_new_tokens",
-        "max_running",
-    ):
-        if hasattr(args, flag):
-            check_count("--" + flag.replace("_", "-"), getattr(args, flag))
-
-
-def run_cli(main_fn, prog: str, argv: Sequence[str] | None) -> int:
-    """Run a CLI ``main``: bad input (``InputError``, a config ``ValueError`` raised before
-    the first compile) becomes one line ``prog: error: ...`` on stderr and exit status 2."""
-    from jspec.engine.inputs import InputError
-
-    try:
-        return main_fn(argv)
-    except InputError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
 
 
 class _Progress:
@@ -168,6 +137,45 @@ class _Progress:
             print(flush=True)
 
 
+def _build_models(args: argparse.Namespace) -> tuple:
+    """``(target, params, draft, draft_params)``: the toy (a ``LlamaTarget`` with the toy init
+    and its EAGLE-1 head) from the model flags, or checkpoint directories (``--weights``,
+    ``--draft-weights``) through :mod:`jspec.models`. A bad flag raises ``InputError``."""
+    from jspec.engine.inputs import InputError
+    from jspec.models import (
+        LlamaConfig,
+        LlamaTarget,
+        load_draft,
+        load_llama,
+        toy_eagle1,
+        toy_llama_params,
+    )
+
+    try:
+        if args.weights:
+            target, params = load_llama(args.weights, dtype=args.dtype)
+        else:
+            cfg = LlamaConfig(
+                vocab_size=args.vocab_size,
+                hidden_size=args.hidden_size,
+                intermediate_size=args.intermediate_size,
+                num_layers=args.num_layers,
+                num_heads=args.num_heads,
+                num_kv_heads=args.num_kv_heads,
+                head_dim=args.head_dim,
+                dtype=args.dtype,
+            )
+            target = LlamaTarget(cfg)
+            params = toy_llama_params(target, args.seed, residual_scale=args.residual_scale)
+        if args.draft_weights:
+            draft_model, draft = load_draft(args.draft_weights, target, dtype=target.dtype)
+        else:
+            draft_model, draft = toy_eagle1(target, params, args.seed + 1)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    return target, params, draft_model, draft
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``jspec demo``; bad flags: one line on stderr, exit status 2."""
     return run_cli(_main, "jspec demo", argv)
@@ -175,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
-    from jspec.engine.inputs import InputError, check_count
+    from jspec.engine.inputs import check_count
 
     check_spec_args(args)
     check_count("--num-prompts", args.num_prompts)
@@ -184,68 +192,25 @@ def _main(argv: Sequence[str] | None = None) -> int:
     import jax
 
     from jspec import probes
-    from jspec.engine.model import (
-        ModelConfig,
-        ToyDraft,
-        ToyTarget,
-        init_draft_params,
-        init_target_params,
-    )
     from jspec.engine.scheduler import Engine
-    from jspec.engine.sharding import check_devices
-    from jspec.engine.state import check_engine_models, make_engine_config
-    from jspec.engine.weights import load_draft, load_target
 
     t_build = time.perf_counter()
-    try:
-        cfg = ModelConfig(
-            vocab_size=args.vocab_size,
-            hidden_size=args.hidden_size,
-            intermediate_size=args.intermediate_size,
-            num_layers=args.num_layers,
-            num_heads=args.num_heads,
-            num_kv_heads=args.num_kv_heads,
-            head_dim=args.head_dim,
-            dtype=args.dtype,
-        )
-    except ValueError as e:
-        raise InputError(str(e)) from None
-    target, draft_model = ToyTarget(cfg), ToyDraft(cfg)
-    params = (
-        load_target(args.weights, cfg)
-        if args.weights
-        else init_target_params(cfg, args.seed, residual_scale=args.residual_scale)
-    )
-    draft = (
-        load_draft(args.draft_weights, cfg)
-        if args.draft_weights
-        else init_draft_params(cfg, params, args.seed + 1)
-    )
+    target, params, draft_model, draft = _build_models(args)
+    cfg = target.config
     rng = np.random.default_rng(args.seed)
     lens = rng.integers(4, 41, args.num_prompts)
     prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in lens]
     arrivals = [int(i * 3) for i in range(args.num_prompts)] if args.staggered else None
     max_prompt = int(max(lens))
     context_len = 1 << int(np.ceil(np.log2(max_prompt + args.max_new_tokens + 1)))
-    try:
-        ecfg = make_engine_config(
-            target,
-            page_size=args.page_size,
-            topk=args.topk,
-            num_steps=args.steps,
-            num_draft_tokens=args.draft_tokens,
-            context_len=context_len,
-            max_running_requests=args.max_running,
-            max_prompt_len=max_prompt,
-            draft_attention=args.draft_attention,
-            tensor_parallel=args.tensor_parallel,
-            impl=args.impl,
-            attention_impl=args.attention_impl,
-        )
-        check_engine_models(ecfg, target, draft_model)
-        check_devices(args.devices, args.tensor_parallel)
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    ecfg = engine_config_from_args(
+        args,
+        target,
+        draft_model,
+        context_len=context_len,
+        max_running_requests=args.max_running,
+        max_prompt_len=max_prompt,
+    )
     devices = jax.devices()
     layout = (
         f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"
@@ -257,8 +222,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"  model: vocab {cfg.vocab_size}, hidden {cfg.hidden_size}, {cfg.num_layers} layers, "
-        f"{cfg.num_heads}/{cfg.num_kv_heads} heads x {cfg.head_dim}, {cfg.dtype}; EAGLE draft "
-        f"head (1 layer, shared embedding + LM head)  [{time.perf_counter() - t_build:.1f} s]"
+        f"{cfg.num_heads}/{cfg.num_kv_heads} heads x {cfg.head_dim}, {cfg.dtype}; "
+        f"{type(draft_model).__name__} draft head (1 layer)  "
+        f"[{time.perf_counter() - t_build:.1f} s]"
     )
     spec = ecfg.spec
     print(

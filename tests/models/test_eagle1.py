@@ -1,9 +1,4 @@
-"""The engine's toy target and EAGLE-1 head are a LlamaTarget / Eagle1Draft with a custom init.
-
-Same weights, same outputs (f32, exact up to op order): the toy can be folded onto
-jspec.models. NOTE: imports the toy from jspec.engine.model as it stands at this branch's base;
-drop this file when the toy moves.
-"""
+"""EAGLE-1 heads from HF files (full and published layouts) vs an independent numpy layer."""
 
 from __future__ import annotations
 
@@ -14,18 +9,9 @@ import numpy as np
 import pytest
 from models_helpers import dense_attn_fn
 
-from jspec.engine import model as toy
-from jspec.models import (
-    Eagle1Draft,
-    Eagle1Params,
-    LayerParams,
-    LlamaConfig,
-    LlamaParams,
-    LlamaTarget,
-    load_draft,
-)
+from jspec.models import Eagle1Draft, LlamaConfig, LlamaTarget, load_draft, toy_llama_params
 
-CFG = toy.ModelConfig(
+CFG = LlamaConfig(
     vocab_size=48,
     hidden_size=32,
     intermediate_size=48,
@@ -34,26 +20,6 @@ CFG = toy.ModelConfig(
     num_kv_heads=2,
     head_dim=8,
 )
-LLAMA = LlamaConfig(
-    vocab_size=48,
-    hidden_size=32,
-    intermediate_size=48,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    rms_norm_eps=CFG.rms_norm_eps,
-    rope_theta=CFG.rope_theta,
-)
-
-
-def _layer(lp):
-    return LayerParams(
-        **{
-            f: getattr(lp, f)
-            for f in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
-        }
-    )
 
 
 def _ids(num_tokens=11, seed=0):
@@ -62,52 +28,6 @@ def _ids(num_tokens=11, seed=0):
         jnp.asarray(rng.integers(0, CFG.vocab_size, num_tokens), jnp.int32),
         jnp.arange(num_tokens, dtype=jnp.int32) + 3,
     )
-
-
-def test_toy_target_is_a_llama_target():
-    tp = toy.init_target_params(CFG, 3, residual_scale=1.0)
-    params = LlamaParams(
-        embed=tp.embed,
-        layers=tuple(_layer(lp) for lp in tp.layers),
-        final_norm=tp.final_norm,
-        lm_head=tp.lm_head,
-    )
-    ids, pos = _ids()
-    _, want = toy.target_forward(CFG, tp, None, ids, pos, dense_attn_fn)
-    target = LlamaTarget(LLAMA)
-    _, got, _ = target.forward(params, None, ids, pos, dense_attn_fn)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(
-        np.asarray(target.logits(params, got)),
-        np.asarray(toy.target_logits(tp, want)),
-        rtol=1e-5,
-        atol=1e-5,
-    )
-
-
-def test_toy_draft_is_an_eagle1_draft():
-    tp = toy.init_target_params(CFG, 3)
-    dp = toy.init_draft_params(CFG, tp, 4, hidden_mix=0.5)
-    params = LlamaParams(
-        embed=tp.embed,
-        layers=tuple(_layer(lp) for lp in tp.layers),
-        final_norm=tp.final_norm,
-        lm_head=tp.lm_head,
-    )
-    head = Eagle1Params(fc=dp.fc, fc_bias=None, layer=_layer(dp.layer), final_norm=dp.final_norm)
-    ids, pos = _ids(seed=1)
-    hidden_in = jnp.asarray(np.random.default_rng(2).standard_normal((11, 32)), jnp.float32)
-    _, want = toy.draft_forward(CFG, dp, tp, None, ids, hidden_in, pos, dense_attn_fn)
-    draft = Eagle1Draft(LLAMA)
-    _, got = draft.forward(head, params, None, ids, hidden_in, pos, dense_attn_fn)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(
-        np.asarray(draft.logits(head, params, got)),
-        np.asarray(toy.draft_logits(CFG, dp, tp, want)),
-        rtol=1e-5,
-        atol=1e-5,
-    )
-    np.testing.assert_array_equal(np.asarray(draft.to_target_ids(head, ids)), np.asarray(ids))
 
 
 @pytest.mark.parametrize("published", [False, True], ids=["full", "no-input-norm-no-norm"])
@@ -149,14 +69,8 @@ def test_eagle1_head_from_hf_files(tmp_path, published):
         "rms_norm_eps": CFG.rms_norm_eps,
     }
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    target = LlamaTarget(LLAMA)
-    tp = toy.init_target_params(CFG, 3)
-    params = LlamaParams(
-        embed=tp.embed,
-        layers=tuple(_layer(lp) for lp in tp.layers),
-        final_norm=tp.final_norm,
-        lm_head=tp.lm_head,
-    )
+    target = LlamaTarget(CFG)
+    params = tp = toy_llama_params(target, 3)
     draft, head = load_draft(tmp_path, target)
     assert isinstance(draft, Eagle1Draft) and draft.capture_layers == ()
     assert (head.final_norm is None) == published and (head.layer.attn_norm is None) == published
@@ -206,32 +120,3 @@ def _np_layer(x, t, pos, heads=4, kv_heads=2, head_dim=8):
     return x + (gate / (1 + np.exp(-gate)) * (h @ w["mlp.up_proj.weight"].T)) @ (
         w["mlp.down_proj.weight"].T
     )
-
-
-def test_toy_init_is_the_engine_toy_init():
-    from jspec.models.synthetic import toy_llama_params
-
-    want = toy.init_target_params(CFG, 7, residual_scale=0.3)
-    got = toy_llama_params(LlamaTarget(LLAMA), 7, residual_scale=0.3)
-    for field in ("embed", "final_norm", "lm_head"):
-        np.testing.assert_array_equal(
-            np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
-        )
-    for lg, lw in zip(got.layers, want.layers, strict=True):
-        for field in ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down"):
-            np.testing.assert_array_equal(
-                np.asarray(getattr(lg, field)), np.asarray(getattr(lw, field))
-            )
-
-
-def test_toy_eagle1_is_the_engine_toy_draft():
-    from jspec.models.synthetic import toy_eagle1, toy_llama_params
-
-    target = LlamaTarget(LLAMA)
-    tp = toy.init_target_params(CFG, 3)
-    want = toy.init_draft_params(CFG, tp, 4, hidden_mix=0.2)
-    draft, got = toy_eagle1(target, toy_llama_params(target, 3), 4, hidden_mix=0.2)
-    assert isinstance(draft, Eagle1Draft) and got.fc_bias is None
-    np.testing.assert_array_equal(np.asarray(got.fc), np.asarray(want.fc))
-    np.testing.assert_array_equal(np.asarray(got.final_norm), np.asarray(want.final_norm))
-    np.testing.assert_array_equal(np.asarray(got.layer.wq), np.asarray(want.layer.wq))

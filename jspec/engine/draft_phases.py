@@ -1,0 +1,193 @@
+"""The draft side of the EAGLE spec step (:mod:`jspec.engine.spec_step`): the draft attention
+passes of the draft loop, the draft loop itself (phase 3) and the draft extend (phase 8).
+
+Draft attention (SPEC §5-6), per draft step ``0 .. S-2`` over the ``B*K`` branch queries:
+``cascade`` (FA3: a full-prefix-pages pass + an expanded-page-table pass, LSE merged) or
+``kv_indices`` (FlashInfer: one pass per branch over its kv_indices segment).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jspec._pytree import replace
+from jspec.config import ceil_div
+from jspec.engine.attention import (
+    AttnPass,
+    AttnPlan,
+    causal_mask,
+    length_mask,
+    page_table_slot_ids,
+    row_slot_ids,
+)
+from jspec.engine.model_calls import draft_topk, run_draft
+from jspec.engine.state import EngineConfig
+from jspec.engine.step_types import AcceptResult, DraftPlan, DraftResult, ExtendResult
+from jspec.tree.select import organize_draft_results, select_top_k_tokens
+
+
+def draft_decode_passes(
+    ecfg: EngineConfig,
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    out_cache_loc: jax.Array,
+) -> list[tuple]:
+    """Attention passes of draft steps ``0 .. S-2`` for the B*K branch queries.
+
+    ``cascade`` (FA3, SPEC §5): pass A reads the full prefix pages ``[0, L - L%P)`` through
+    ``draft_decode_normal_metadata`` (K queries per request, non-causal); pass B reads
+    ``lp + d`` tokens of each branch through the ``draft_decode_set_expand_metadata`` page
+    table (``d = step + 1``: the prefix tail / holes, then this branch's draft tokens). Both
+    come from one ``draft_decode_metadata`` call. ``kv_indices`` (FlashInfer, SPEC §6): one
+    pass per branch over its segment ``kv_indices[step, indptr[z] : indptr[z+1]]`` (the
+    prefix, then the branch's own draft slots 0..step).
+
+    Returns:
+      ``passes[step]``: a tuple of :class:`AttnPass` for that step.
+    """
+    spec = ecfg.spec
+    k, p, s = spec.topk, spec.page_size, spec.num_steps
+    batch = seq_lens.shape[0]
+    if s == 1:
+        return []
+    if ecfg.draft_attention == "kv_indices":
+        from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
+
+        width = spec.context_len + s
+        kv_indices, kv_indptr = generate_draft_decode_kv_indices(
+            req_pool_indices,
+            req_to_token,
+            seq_lens,
+            topk=k,
+            num_steps=s,
+            page_size=p,
+            kv_indices_width=batch * k * width,
+            impl=ecfg.kernel_impl,
+        )
+        cols = jnp.arange(width, dtype=jnp.int32)
+        passes = []
+        for step in range(s - 1):
+            start = kv_indptr[step, :-1]
+            seg_len = kv_indptr[step, 1:] - start  # L_b + step + 1
+            idx = jnp.clip(start[:, None] + cols[None, :], 0, kv_indices.shape[1] - 1)
+            passes.append((AttnPass(kv_indices[step][idx], length_mask(seg_len, 1, width)),))
+        return passes
+    from jspec.attention_meta.page_table import draft_decode_metadata
+
+    meta = draft_decode_metadata(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        out_cache_loc,
+        topk=k,
+        num_steps=s,
+        page_size=p,
+        max_pages=ceil_div(spec.context_len, p),
+        impl=ecfg.kernel_impl,
+    )
+    normal, expand = meta.normal, meta.expand
+    pass_a = AttnPass(
+        page_table_slot_ids(normal.page_table, p),
+        length_mask(normal.cache_seqlens, k, normal.page_table.shape[1] * p),
+    )
+    passes = []
+    for step in range(s - 1):
+        table = expand.page_table[step]  # i32[B*K, S] page ids
+        pass_b = AttnPass(
+            page_table_slot_ids(table, p),
+            length_mask(expand.cache_seqlens[step], 1, table.shape[1] * p),
+        )
+        passes.append((pass_a, pass_b))
+    return passes
+
+
+def phase_draft(
+    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, plan: DraftPlan
+) -> DraftResult:
+    """3: S selections and S-1 draft forwards of width B*K, then organize_draft_results."""
+    spec = ecfg.spec
+    k, s, n = spec.topk, spec.num_steps, spec.num_draft_tokens
+    batch = plan.batch.live.shape[0]
+    cache_loc = plan.out_cache_loc.reshape(batch * k, s)
+    topk_p, topk_index, hidden = plan.topk_p, plan.topk_index, plan.draft_hidden
+    dpool = plan.buffers.draft_pool
+    score_list, token_list, parents_list = [], [], []
+    scores = None
+    for i in range(s):
+        input_ids, hidden, scores, (sc, tok, par) = select_top_k_tokens(
+            i, topk_p, topk_index, hidden, scores, topk=k, vocab_size=target.vocab_size
+        )
+        score_list.append(sc)
+        token_list.append(tok)
+        parents_list.append(par)
+        if i == s - 1:
+            break  # the last step's tokens are leaves: no forward
+        attn = AttnPlan(write_slot_ids=cache_loc[:, i], passes=plan.passes[i])
+        dpool, hidden = run_draft(
+            ecfg, draft, draft_params, params, dpool, input_ids, hidden, plan.positions + i, attn
+        )
+        topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, hidden)
+    parent_list, top_scores_index, draft_tokens = organize_draft_results(
+        score_list, token_list, parents_list, num_draft_tokens=n
+    )
+    return DraftResult(
+        buffers=replace(plan.buffers, draft_pool=dpool),
+        batch=plan.batch,
+        bonus_tokens=plan.bonus_tokens,
+        parent_list=parent_list,
+        top_scores_index=top_scores_index,
+        draft_tokens=draft_tokens,
+    )
+
+
+def phase_extend(
+    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, res: AcceptResult
+) -> ExtendResult:
+    """8: draft extend of the N window tokens on the target feature; row accept_len-1 seeds
+    the next step's first tree level."""
+    del target
+    spec, reqs = ecfg.spec, res.batch.reqs
+    n, width = spec.num_draft_tokens, spec.context_len
+    batch = res.batch.live.shape[0]
+    seq_lens = reqs.committed_lens
+    ext_pos = (seq_lens[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]).reshape(-1)
+    attn = AttnPlan(
+        write_slot_ids=res.verify_loc,
+        passes=(
+            AttnPass(
+                row_slot_ids(res.buffers.req_to_token, reqs.req_pool_indices, width),
+                length_mask(seq_lens, n, width),
+            ),
+            AttnPass(
+                res.verify_loc.reshape(batch, n), causal_mask(jnp.zeros((batch,), jnp.int32), n, n)
+            ),
+        ),
+    )
+    dpool, ext_hidden = run_draft(
+        ecfg,
+        draft,
+        draft_params,
+        params,
+        res.buffers.draft_pool,
+        res.predict,
+        res.target_feature,
+        ext_pos,
+        attn,
+    )
+    select = jnp.arange(batch) * n + jnp.maximum(res.accept_lens, 1) - 1
+    next_hidden = ext_hidden[select]
+    next_p, next_index = draft_topk(ecfg, draft, draft_params, params, next_hidden)
+    return ExtendResult(
+        buffers=replace(res.buffers, draft_pool=dpool),
+        batch=res.batch,
+        accept_lens=res.accept_lens,
+        accept_tokens=res.accept_tokens,
+        new_bonus=res.new_bonus,
+        next_p=next_p,
+        next_index=next_index,
+        next_hidden=next_hidden,
+    )
