@@ -8,6 +8,8 @@ The public API, one namespace per concept (each with ``__all__``)::
     jspec.attention_meta                   FA3 page tables, FlashInfer kv_indices
     jspec.probes                           checkify probes (checked, probes_enabled)
     jspec.sentinels                        padding / missing-node values
+    jspec.engine                           the model protocol, jitted spec / greedy steps, Engine
+    jspec.models                           HF Llama targets, EAGLE-3 / EAGLE-1 heads, loaders
 
 Sub-packages load on first attribute access, so ``from jspec import SpecConfig`` stays light.
 ``jspec.kernels`` is internal (ops are called through their concept package with ``impl=``).
@@ -24,14 +26,16 @@ __all__ = [
     "BatchBuckets",
     "SpecConfig",
     "attention_meta",
+    "engine",
     "kv",
+    "models",
     "probes",
     "sentinels",
     "tree",
 ]
 __version__ = "0.1.0"
 
-_SUBMODULES = ("attention_meta", "kv", "probes", "sentinels", "tree")
+_SUBMODULES = ("attention_meta", "engine", "kv", "models", "probes", "sentinels", "tree")
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,8 @@ PUBLIC_MODULES = (
     "jspec.tree",
     "jspec.attention_meta",
     "jspec.kernels",
+    "jspec.engine",
+    "jspec.models",
 )
 
 
@@ -35,6 +37,8 @@ def _describe(obj: Any) -> str:
         return "enum(" + ", ".join(f"{m.name}={m.value}" for m in obj) + ")"
     if isinstance(obj, type) and issubclass(obj, BaseException):
         return "exception(" + ", ".join(b.__name__ for b in obj.__bases__) + ")"
+    if hasattr(obj, "__origin__"):  # a typing alias; its repr names jax-version internals
+        return f"alias of {obj.__origin__.__module__}.{obj.__origin__.__qualname__}"
     if callable(obj):
         fn = getattr(obj, "__wrapped__", obj)  # jax.jit keeps the Python function here
         kind = "class" if isinstance(obj, type) else "def"
@@ -57,7 +61,9 @@ RECORDED: dict[str, dict[str, str]] = {
         "num_kv_heads: 'int' = 2, head_dim: 'int' = 64, dtype: 'str' = 'bfloat16', "
         "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
         "attention_meta": "module",
+        "engine": "module",
         "kv": "module",
+        "models": "module",
         "probes": "module",
         "sentinels": "module",
         "tree": "module",
@@ -284,6 +290,124 @@ RECORDED: dict[str, dict[str, str]] = {
         "block_tokens: 'int' = 1024) -> 'tuple[jax.Array, jax.Array]'",
     },
     "jspec.kernels": {},
+    "jspec.engine": {
+        "AttnFn": "alias of collections.abc.Callable",
+        "DraftModel": "class(*args, **kwargs)",
+        "Engine": "class(ecfg: 'EngineConfig', target: 'Any', target_params: 'Any', "
+        "draft: 'Any' = None, draft_params: 'Any' = None, *, num_devices: 'int' = 1, "
+        "eos_token_id: 'int | Sequence[int] | None' = None, "
+        "check_every_step: 'bool' = False, checkify: 'bool' = False) -> 'None'",
+        "EngineConfig": "class(spec: 'SpecConfig', max_prompt_len: 'int', batch_buckets: 'tuple[int, ...]', "
+        "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
+        "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto') -> None",
+        "EngineState": "class(allocator: 'PagedAllocator', req_rows: 'ReqRowAllocator', "
+        "req_to_token: 'jax.Array', target_pool: 'KVPool', draft_pool: 'KVPool | None', "
+        "committed_lens: 'jax.Array', allocated_lens: 'jax.Array', "
+        "req_pool_indices: 'jax.Array', live: 'jax.Array', bonus_tokens: 'jax.Array', "
+        "topk_p: 'jax.Array', topk_index: 'jax.Array', draft_hidden: 'jax.Array') -> None",
+        "GreedyStepOutput": "class(next_tokens: 'jax.Array', ok: 'jax.Array') -> None",
+        "InputError": "exception(ValueError)",
+        "PrefillOutput": "class(first_tokens: 'jax.Array', ok: 'jax.Array') -> None",
+        "Request": "class(rid: 'int', prompt: 'list[int]', max_new_tokens: 'int', "
+        "arrival_step: 'int' = 0, output: 'list[int]' = <factory>, "
+        "accept_lens: 'list[int]' = <factory>, shard: 'int' = -1, slot: 'int' = -1) -> None",
+        "RunStats": "class(mode: 'str', num_requests: 'int' = 0, num_tokens: 'int' = 0, "
+        "num_decode_steps: 'int' = 0, prefill_s: 'float' = 0.0, decode_s: 'float' = 0.0, "
+        "wall_s: 'float' = 0.0, accept_lens: 'list[int]' = <factory>, "
+        "batch_sizes: 'list[int]' = <factory>, step_s: 'list[float]' = <factory>, "
+        "request_accept_lens: 'list[list[int]]' = <factory>, leak_check: 'str' = '') -> None",
+        "SpecStepOutput": "class(accept_tokens: 'jax.Array', accept_lens: 'jax.Array', ok: 'jax.Array') -> None",
+        "TargetModel": "class(*args, **kwargs)",
+        "greedy_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', state: 'EngineState', "
+        "slot_idx: 'jax.Array', live: 'jax.Array') -> 'tuple[EngineState, GreedyStepOutput]'",
+        "init_engine_state": "def(ecfg: 'EngineConfig', draft: 'Any' = None) -> 'EngineState'",
+        "make_engine_config": "def(target: 'Any', *, page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
+        "num_draft_tokens: 'int' = 8, context_len: 'int' = 256, "
+        "max_running_requests: 'int' = 8, max_prompt_len: 'int' = 64, "
+        "num_pages: 'int | None' = None, batch_buckets: 'tuple[int, ...] | None' = None, "
+        "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
+        "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto') -> 'EngineConfig'",
+        "prefill": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
+        "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
+        "prompt_ids: 'jax.Array', prompt_lens: 'jax.Array') -> 'tuple[EngineState, "
+        "PrefillOutput]'",
+        "release": "def(ecfg: 'EngineConfig', state: 'EngineState', slot_idx: 'jax.Array', "
+        "finished: 'jax.Array') -> 'EngineState'",
+        "spec_decode_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
+        "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
+        "live: 'jax.Array') -> 'tuple[EngineState, SpecStepOutput]'",
+        "validate_requests": "def(prompts: 'Sequence[Sequence[int]]', max_new_tokens: 'int | Sequence[int]', *, "
+        "vocab_size: 'int', max_prompt_len: 'int', context_len: 'int', "
+        "arrivals: 'Sequence[int] | None' = None) -> 'tuple[list[list[int]], list[int], "
+        "list[int]]'",
+    },
+    "jspec.models": {
+        "MODEL_SCOPE": "= 'jspec_model'",
+        "AttnFn": "alias of collections.abc.Callable",
+        "Eagle1Draft": "class(config: 'LlamaConfig', capture_layers: 'tuple[int, ...]' = ()) -> None",
+        "Eagle1Params": "class(fc: 'jax.Array', fc_bias: 'jax.Array | None', layer: 'LayerParams', "
+        "final_norm: 'jax.Array | None') -> None",
+        "Eagle3Config": "class(hidden_size: 'int', intermediate_size: 'int', num_heads: 'int', "
+        "num_kv_heads: 'int', head_dim: 'int', vocab_size: 'int', draft_vocab_size: 'int', "
+        "rms_norm_eps: 'float' = 1e-06, rope_theta: 'float' = 10000.0, "
+        "rope_scaling: 'RopeScaling | None' = None, aux_layer_ids: 'tuple[int, "
+        "...] | None' = None, num_aux: 'int' = 3, dtype: 'str' = 'float32') -> None",
+        "Eagle3Draft": "class(config: 'Eagle3Config', capture_layers: 'tuple[int, ...]') -> None",
+        "Eagle3Params": "class(fc: 'jax.Array', fc_bias: 'jax.Array | None', hidden_norm: 'jax.Array', "
+        "layer: 'LayerParams', final_norm: 'jax.Array', lm_head: 'jax.Array', "
+        "d2t: 'jax.Array') -> None",
+        "LayerParams": "class(attn_norm: 'jax.Array | None', wq: 'jax.Array', wk: 'jax.Array', "
+        "wv: 'jax.Array', wo: 'jax.Array', mlp_norm: 'jax.Array', w_gate: 'jax.Array', "
+        "w_up: 'jax.Array', w_down: 'jax.Array') -> None",
+        "LlamaConfig": "class(vocab_size: 'int', hidden_size: 'int', intermediate_size: 'int', "
+        "num_layers: 'int', num_heads: 'int', num_kv_heads: 'int', head_dim: 'int', "
+        "rms_norm_eps: 'float' = 1e-06, rope_theta: 'float' = 10000.0, "
+        "rope_scaling: 'RopeScaling | None' = None, tie_word_embeddings: 'bool' = False, "
+        "dtype: 'str' = 'float32', bos_token_ids: 'tuple[int, ...]' = (), "
+        "eos_token_ids: 'tuple[int, ...]' = (), "
+        "max_position_embeddings: 'int' = 2048) -> None",
+        "LlamaParams": "class(embed: 'jax.Array', layers: 'tuple', final_norm: 'jax.Array', "
+        "lm_head: 'jax.Array | None') -> None",
+        "LlamaTarget": "class(config: 'LlamaConfig') -> None",
+        "RopeScaling": "class(factor: 'float', low_freq_factor: 'float', high_freq_factor: 'float', "
+        "original_max_position_embeddings: 'int', rope_type: 'str' = 'llama3') -> None",
+        "Tokenizer": "class(tokenizer: 'Any', *, bos_token_ids: 'Sequence[int]' = (), "
+        "eos_token_ids: 'Sequence[int]' = (), tokenizer_config: 'dict[str, "
+        "Any] | None' = None) -> 'None'",
+        "load_draft": "def(directory: 'str | os.PathLike', target: 'LlamaTarget', *, "
+        "dtype: 'str | None' = None, device: 'Any' = None, "
+        "progress: 'Progress | None' = None) -> 'tuple[Eagle3Draft | Eagle1Draft, "
+        "Eagle3Params | Eagle1Params]'",
+        "load_eagle1": "def(directory: 'str | os.PathLike', target: 'LlamaTarget', *, "
+        "dtype: 'str | None' = None, device: 'Any' = None, "
+        "progress: 'Progress | None' = None) -> 'tuple[Eagle1Draft, Eagle1Params]'",
+        "load_eagle3": "def(directory: 'str | os.PathLike', target: 'LlamaTarget', *, "
+        "dtype: 'str | None' = None, device: 'Any' = None, "
+        "progress: 'Progress | None' = None) -> 'tuple[Eagle3Draft, Eagle3Params]'",
+        "load_llama": "def(directory: 'str | os.PathLike', *, dtype: 'str | None' = None, "
+        "device: 'Any' = None, progress: 'Progress | None' = None) -> 'tuple[LlamaTarget, "
+        "LlamaParams]'",
+        "load_llama_config": "def(directory: 'str | os.PathLike', *, dtype: 'str | None' = None) -> 'LlamaConfig'",
+        "matched_eagle3": "def(target: 'LlamaTarget', target_params: 'LlamaParams', *, num_heads: 'int' = 4, "
+        "intermediate_size: 'int | None' = None, draft_vocab_size: 'int | None' = None, "
+        "capture_layers: 'tuple[int, ...] | None' = None, seed: 'int' = 0, "
+        "gain: 'float' = 4.0, focus: 'float' = 3.0) -> 'tuple[Eagle3Draft, Eagle3Params]'",
+        "parse_eagle3_config": "def(raw: 'dict[str, Any]', *, dtype: 'str | None' = None) -> 'Eagle3Config'",
+        "parse_llama_config": "def(raw: 'dict[str, Any]', *, dtype: 'str | None' = None, "
+        "allow_eagle1: 'bool' = False) -> 'LlamaConfig'",
+        "random_eagle3_params": "def(draft: 'Eagle3Draft', seed: 'int' = 0, *, "
+        "target_vocab_size: 'int | None' = None) -> 'Eagle3Params'",
+        "random_llama_params": "def(target: 'LlamaTarget', seed: 'int' = 0, *, "
+        "scale: 'float' = 1.0) -> 'LlamaParams'",
+        "save_eagle3": "def(directory: 'str | os.PathLike', draft: 'Eagle3Draft', params: 'Eagle3Params', "
+        "*, num_target_layers: 'int | None' = None) -> 'None'",
+        "save_llama": "def(directory: 'str | os.PathLike', target: 'LlamaTarget', params: 'LlamaParams', "
+        "*, max_shard_bytes: 'int | None' = None) -> 'None'",
+        "toy_eagle1": "def(target: 'LlamaTarget', target_params: 'LlamaParams', seed: 'int' = 1, *, "
+        "hidden_mix: 'float' = 0.1) -> 'tuple[Eagle1Draft, Eagle1Params]'",
+        "toy_llama_params": "def(target: 'LlamaTarget', seed: 'int' = 0, *, "
+        "residual_scale: 'float' = 0.5) -> 'LlamaParams'",
+    },
 }
 
 
@@ -358,6 +482,7 @@ if __name__ == "__main__":
         "RECORDED: dict[str, dict[str, str]] = {\n"
     )
     end = source.index("\n}\n", start)
+    table = _render()  # before the file is opened: a failure must not truncate it
     with open(__file__, "w") as f:
-        f.write(source[:start] + _render() + source[end:])
+        f.write(source[:start] + table + source[end:])
     sys.exit(0)
