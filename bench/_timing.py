@@ -1,3 +1,5 @@
+# Over 400 lines: the one timing toolkit every bench shares (device time, wall, profiler split,
+# floors, table format); splitting it would scatter one measuring method.
 """Shared timing helpers for bench/ scripts (shared/ANCHORS.md: device time, not dispatch).
 
 * :func:`time_device`: on GPU, the summed kernel time per call from a JAX profiler trace

@@ -1,3 +1,5 @@
+# Over 400 lines: one bench over both metadata families (FA3 page tables, FlashInfer kv_indices)
+# with their shared input builders and the sglang-anchor columns.
 """Bench: draft-decode attention metadata (FA3 expand page table, FlashInfer kv_indices).
 
     python -m bench.attention_meta [--quick] [--bs 1,8,64,256] [--pages 1,16,64]

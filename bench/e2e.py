@@ -1,3 +1,5 @@
+# Over 400 lines: one pipeline bench (run, steady-state snapshot, profiler split, report) whose
+# pieces bench/real_size.py reuses.
 """End-to-end engine benchmark: spec decode vs plain greedy, and the per-step time split.
 
     python -m bench.e2e [--quick] [--configs demo,bs64] [--out e2e.md] [--no-split]

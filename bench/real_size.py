@@ -1,3 +1,5 @@
+# Over 400 lines: one report (geometry, on-device weights, floors, runs, device split, picture)
+# for issue 13; each part feeds the one table.
 """Real-size speed (issue 13): an 8B (and 1B) Llama geometry, greedy vs spec, against floors.
 
     python -m bench.real_size [--quick] [--geometry 8b,1b] [--batches 1,16,64]
