@@ -13,6 +13,6 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import jax, torch, triton; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__, 'triton', triton.__version__)"
 JSPEC_TEST_GPU=1 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -p no:cacheprovider "${@:-tests}" 2>&1 | tee "$OUT/test-gpu.log" | tail -30
-timeout ${BENCH_TIMEOUT:-240} python3 -m bench.run_all ${BENCH_ARGS:-} --out "$OUT/bench.md"
+timeout ${BENCH_TIMEOUT:-480} python3 -m bench.run_all ${BENCH_ARGS:-} --out "$OUT/bench.md"
 XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" \
   timeout ${SPLIT_TIMEOUT:-300} python3 -m bench.e2e --out "$OUT/e2e-split.md"
