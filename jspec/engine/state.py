@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jspec._compact import compact
 from jspec._pytree import pytree_dataclass
 from jspec.config import BatchBuckets, SpecConfig, ceil_div
 from jspec.engine.protocol import DTYPES, check_models
@@ -343,6 +344,4 @@ def scatter_slots(
 
 def pack_valid(values: jax.Array, valid: jax.Array) -> jax.Array:
     """Stable compaction of ``values[valid]`` to the front of an i32 buffer (0 tail)."""
-    n = values.shape[0]
-    dest = jnp.where(valid, jnp.cumsum(valid.astype(jnp.int32)) - 1, n)
-    return jnp.zeros((n,), jnp.int32).at[dest].set(values.astype(jnp.int32), mode="drop")
+    return compact(values, valid, dtype=jnp.int32)

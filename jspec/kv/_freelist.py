@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
-from jspec import probes
+from jspec import _compact, probes
 from jspec._pytree import replace
 from jspec.sentinels import PAD_PAGE_ID  # free-list padding past the live prefix
 
@@ -43,9 +43,7 @@ def pop_front(a: PagedAllocator, n: jax.Array) -> PagedAllocator:
 
 def compact(page_ids: jax.Array, keep: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Stable compaction of ``page_ids[keep]`` to the front: (i32[M] padded with 0, count)."""
-    m = page_ids.shape[0]
-    dest = jnp.cumsum(keep.astype(jnp.int32)) - 1
-    out = jnp.zeros((m,), jnp.int32).at[jnp.where(keep, dest, m)].set(page_ids, mode="drop")
+    out = _compact.compact(page_ids, keep, fill=PAD_PAGE_ID, dtype=jnp.int32)
     return out, jnp.sum(keep.astype(jnp.int32))
 
 
