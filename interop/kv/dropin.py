@@ -40,14 +40,6 @@ __all__ = [
 ]
 
 
-def _decode_alloc() -> Any:
-    """jspec's decode sizing module (``jspec.kv.decode_alloc``; older trees: ``jspec.tree``)."""
-    try:
-        return _mod("jspec.kv.decode_alloc")
-    except ModuleNotFoundError:
-        return _mod("jspec.kv.decode_alloc")
-
-
 def assign_req_to_token_pool_func(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -158,7 +150,7 @@ def page_aligned_decode_alloc_lens(reqs: list[Any], *, reserve: int, page_size: 
         [int(getattr(r, "kv", r).kv_allocated_len) for r in reqs], dtype=torch.int32
     )
     cur, nxt, need = run_jspec(
-        _decode_alloc().page_aligned_decode_alloc_lens,
+        _mod("jspec.kv.decode_alloc").page_aligned_decode_alloc_lens,
         _j(committed, "committed"),
         _j(allocated, "allocated"),
         reserve=reserve,
