@@ -24,9 +24,6 @@ from jspec.engine.protocol import AttnFn, matmul_precision
 from jspec.engine.protocol import model_scope as _protocol_scope
 from jspec.models.hf_config import RopeScaling
 
-# HIGHEST for f32 operands, the default otherwise: the engine's rule, one home.
-precision_for = matmul_precision
-
 
 def model_scope(part: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: run the function under :func:`jspec.engine.protocol.model_scope` (``part``:
@@ -44,8 +41,8 @@ def model_scope(part: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``a @ b`` in ``a``'s dtype, at the precision :func:`precision_for` gives."""
-    return jnp.matmul(a, b.astype(a.dtype), precision=precision_for(a.dtype))
+    """``a @ b`` in ``a``'s dtype, at the precision :func:`jspec.engine.protocol.matmul_precision` gives."""
+    return jnp.matmul(a, b.astype(a.dtype), precision=matmul_precision(a.dtype))
 
 
 def lm_logits(hidden: jax.Array, lm_head: jax.Array, *, transposed: bool = False) -> jax.Array:
@@ -55,7 +52,7 @@ def lm_logits(hidden: jax.Array, lm_head: jax.Array, *, transposed: bool = False
       lm_head: dtype[H, V], or dtype[V, H] with ``transposed=True`` (a tied embedding).
     """
     dims = (((1,), (1 if transposed else 0,)), ((), ()))
-    prec = precision_for(hidden.dtype)
+    prec = matmul_precision(hidden.dtype)
     if jnp.dtype(hidden.dtype) == jnp.float32:
         return jax.lax.dot_general(
             hidden,
