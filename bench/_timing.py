@@ -157,6 +157,22 @@ def _sanitize(name: str) -> str:
     return re.sub(r"[.\-]", "_", name)
 
 
+def event_instruction(
+    name: str, hlo_op: str, op_names: dict[str, str], by_kernel: dict[str, str]
+) -> str | None:
+    """The HLO instruction behind one stream event (:func:`attribute_events`' rule), or None.
+
+    ``by_kernel``: sanitized instruction name -> instruction (``_sanitize``)."""
+    if hlo_op in op_names and not hlo_op.startswith("command_buffer"):
+        return hlo_op
+    instruction = by_kernel.get(name)
+    if instruction is None:
+        base, sep, suffix = name.rpartition("_")
+        if sep and suffix.isdigit():
+            instruction = by_kernel.get(base)
+    return instruction
+
+
 def attribute_events(
     events: Sequence[StreamEvent],
     op_names: dict[str, str],
@@ -178,12 +194,7 @@ def attribute_events(
     by_kernel = {_sanitize(name): name for name in op_names}
     totals: dict[str, float] = {}
     for name, hlo_op, dur_ns in events:
-        exact = hlo_op in op_names and not hlo_op.startswith("command_buffer")
-        instruction = hlo_op if exact else by_kernel.get(name)
-        if instruction is None:
-            base, sep, suffix = name.rpartition("_")
-            if sep and suffix.isdigit():
-                instruction = by_kernel.get(base)
+        instruction = event_instruction(name, hlo_op, op_names, by_kernel)
         if instruction is None:
             cls = UNATTRIBUTED
         else:

@@ -29,7 +29,7 @@ from the hot ids, 64 new tokens, page 16, topk 4, steps 3, 8 draft tokens. Per (
 * tokens/s (decode), acceptance, and for spec how many requests' tokens equal greedy's.
 
 Engine API used: ``jspec.engine.state.make_engine_config``, ``jspec.engine.scheduler.Engine``
-(``generate``, ``_step``, and bench.e2e's ``_steady_state``: ``_admit``, ``_decode_step``,
+(``generate``, ``_step_for``, and bench.e2e's ``_steady_state``: ``_admit``, ``_decode_step``,
 ``_bucket_arrays``, ``_shard_state``), ``RunStats`` fields.
 """
 
@@ -150,7 +150,7 @@ def make_params(g: Geometry, target, seed: int = 0, residual_scale: float = 0.5)
     @jax.jit
     def layer(key):
         ks = jax.random.split(key, 7)
-        return LayerParams(
+        return LayerParams.from_projections(
             attn_norm=jnp.ones(hid, dt),
             wq=dense(ks[0], hid, qd),
             wk=dense(ks[1], hid, kvd),
@@ -160,6 +160,7 @@ def make_params(g: Geometry, target, seed: int = 0, residual_scale: float = 0.5)
             w_gate=dense(ks[4], hid, inter),
             w_up=dense(ks[5], hid, inter),
             w_down=dense(ks[6], inter, hid, residual_scale),
+            head_dim=g.head_dim,
         )
 
     @jax.jit
@@ -177,7 +178,7 @@ def make_params(g: Geometry, target, seed: int = 0, residual_scale: float = 0.5)
         eye, zero = jnp.eye(hid, dtype=dt), jnp.zeros((hid, hid), dt)
         k1, k2 = jax.random.split(key)
         focus, gain = 3.0, 4.0
-        mid = LayerParams(
+        mid = LayerParams.from_projections(
             attn_norm=jnp.ones(hid, dt),
             wq=(focus * jnp.concatenate([eye, zero])).astype(dt),
             wk=(focus * jnp.concatenate([eye, zero])).astype(dt),
@@ -187,6 +188,7 @@ def make_params(g: Geometry, target, seed: int = 0, residual_scale: float = 0.5)
             w_gate=dense(k1, hid, inter),
             w_up=dense(k2, hid, inter),
             w_down=jnp.zeros((inter, hid), dt),
+            head_dim=hid // g.draft_heads,
         )
         return Eagle3Params(
             fc=jnp.zeros((3 * hid, hid), dt),
@@ -243,7 +245,7 @@ def _nbytes(tree) -> int:
 
 
 def _matmul_params(layer) -> int:
-    return sum(getattr(layer, k).size for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
+    return sum(getattr(layer, k).size for k in ("wqkv", "wo", "w_gate_up", "w_down"))
 
 
 def floors(g: Geometry, params, dparams, mode: str, bs: int, bw_tbs: float, tflops: float) -> dict:
@@ -303,14 +305,15 @@ def _device_split(engine, prompts) -> tuple[dict[str, float] | None, str, float]
 
     state, slot_idx, live = _steady_state(engine, prompts, NEW)
     stacked = jax.tree.map(lambda x: x[None], state)
+    step = engine._step_for(int(slot_idx.shape[-1]))
 
     def make_args():
         return (engine.params, engine.draft, _copy(stacked), slot_idx[None], live[None])
 
-    jit_ms = _median_ms(engine._step, make_args, 10)
+    jit_ms = _median_ms(step, make_args, 10)
     try:
         split = profile_split_us(
-            engine._step,
+            step,
             make_args,
             _classify,
             compiler_options=SPLIT_COMPILER_OPTIONS,
@@ -325,7 +328,7 @@ def _device_split(engine, prompts) -> tuple[dict[str, float] | None, str, float]
         return split, "off", jit_ms
     except Exception as e:  # noqa: BLE001 - an XLA that rejects the option: split as compiled
         print(f"split with command buffers off failed ({type(e).__name__}: {e})", flush=True)
-        return profile_split_us(engine._step, make_args, _classify), "default", jit_ms
+        return profile_split_us(step, make_args, _classify), "default", jit_ms
 
 
 def make_engine(g: Geometry, target, params, draft, dparams, mode: str, batches, attn: str):

@@ -149,6 +149,16 @@ def _load(
     return out
 
 
+def _fuse_layer(
+    arrays: dict[str, jax.Array], prefix: str, head_dim: int, device: Any
+) -> LayerParams:
+    """Pop one layer's loaded projections from ``arrays`` and fuse them on their device
+    (:meth:`LayerParams.from_projections`; the separate copies are freed layer by layer)."""
+    parts = {f: arrays.pop(prefix + f, None) for f in LAYER_TABLE}
+    layer = LayerParams.from_projections(**parts, head_dim=head_dim)
+    return layer if device is None else jax.device_put(layer, device)
+
+
 # ---- targets -----------------------------------------------------------------------------------
 def load_llama(
     directory: str | os.PathLike,
@@ -186,8 +196,7 @@ def load_llama(
     source = open_source(directory)
     arrays = _load(source, wants, cfg.jnp_dtype, device, progress)
     layers = tuple(
-        LayerParams(**{f: arrays[f"layers.{i}.{f}"] for f in LAYER_TABLE})
-        for i in range(cfg.num_layers)
+        _fuse_layer(arrays, f"layers.{i}.", cfg.head_dim, device) for i in range(cfg.num_layers)
     )
     params = LlamaParams(
         embed=arrays["embed"],
@@ -261,7 +270,7 @@ def load_eagle3(
             f"d2t maps draft ids to [{mapped.min()}, {mapped.max()}], outside the "
             f"target's vocab_size={target.vocab_size}"
         )
-    layer = LayerParams(**{f: arrays[f] for f in LAYER_TABLE})
+    layer = _fuse_layer(arrays, "", cfg.head_dim, device)
     params = Eagle3Params(
         fc=arrays["fc"],
         fc_bias=arrays.get("fc_bias"),
@@ -302,7 +311,7 @@ def load_eagle1(
     }
     wants.update(_layer_wants("layers.0.", hid, hid, qd, kvd, inter, optional_attn_norm=True))
     arrays = _load(open_source(directory), wants, cfg.jnp_dtype, device, progress)
-    layer = LayerParams(**{f: arrays.get(f) for f in LAYER_TABLE})
+    layer = _fuse_layer(arrays, "", cfg.head_dim, device)
     params = Eagle1Params(
         fc=arrays["fc"],
         fc_bias=arrays.get("fc_bias"),

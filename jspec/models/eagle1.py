@@ -98,7 +98,6 @@ class Eagle1Draft(ConfigGeometry):
             x,
             positions,
             attn_fn,
-            head_dim=cfg.head_dim,
             eps=cfg.rms_norm_eps,
             inv_freq=self.inv_freq,
             tp_axis=tp_axis,

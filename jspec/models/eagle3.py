@@ -48,7 +48,7 @@ class Eagle3Params:
     fc: jax.Array  # [num_aux*H, H]: fuses the target's captured states
     fc_bias: jax.Array | None  # [H] or None
     hidden_norm: jax.Array  # [H]: midlayer.hidden_norm, on the incoming hidden
-    layer: LayerParams  # midlayer: attn_norm = input_layernorm (on the embedding), wq/wk/wv [2H, .]
+    layer: LayerParams  # midlayer: attn_norm = input_layernorm (on the embedding), Hin = 2H
     final_norm: jax.Array  # [H]: norm
     lm_head: jax.Array  # [H, Vd]
     d2t: jax.Array  # i32[Vd]: target id = draft id + d2t[draft id]
@@ -131,26 +131,11 @@ class Eagle3Draft(ConfigGeometry):
         )
         inv_freq = self.inv_freq
         pool, attn = attention_block(
-            lp.wq,
-            lp.wk,
-            lp.wv,
-            lp.wo,
-            x,
-            0,
-            pool,
-            positions,
-            attn_fn,
-            head_dim=cfg.head_dim,
-            inv_freq=inv_freq,
-            tp_axis=tp_axis,
+            lp.wqkv, lp.wo, x, 0, pool, positions, attn_fn, inv_freq=inv_freq, tp_axis=tp_axis
         )
         residual = attn + hidden
         h = mlp_block(
-            lp.w_gate,
-            lp.w_up,
-            lp.w_down,
-            rms_norm(residual, lp.mlp_norm, cfg.rms_norm_eps),
-            tp_axis,
+            lp.w_gate_up, lp.w_down, rms_norm(residual, lp.mlp_norm, cfg.rms_norm_eps), tp_axis
         )
         return pool, h + residual
 
@@ -199,7 +184,7 @@ def random_eagle3_params(
     def norm() -> jax.Array:
         return put(1.0 + 0.1 * rng.standard_normal(hid))
 
-    layer = LayerParams(
+    layer = LayerParams.from_projections(
         attn_norm=norm(),
         wq=dense(2 * hid, qd),
         wk=dense(2 * hid, kvd),
@@ -209,6 +194,7 @@ def random_eagle3_params(
         w_gate=dense(hid, inter),
         w_up=dense(hid, inter),
         w_down=dense(inter, hid),
+        head_dim=cfg.head_dim,
     )
     vocab = target_vocab_size or cfg.vocab_size
     hot = np.sort(rng.choice(vocab, vd, replace=False))

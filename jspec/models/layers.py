@@ -130,9 +130,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 def attention_block(
-    wq: jax.Array,
-    wk: jax.Array,
-    wv: jax.Array,
+    wqkv: jax.Array,
     wo: jax.Array,
     h: jax.Array,
     layer: int,
@@ -140,30 +138,35 @@ def attention_block(
     positions: jax.Array,
     attn_fn: AttnFn,
     *,
-    head_dim: int,
     inv_freq: np.ndarray,
     tp_axis: str | None = None,
 ) -> tuple[Any, jax.Array]:
     """GQA self-attention with RoPE over flat tokens, through the injected ``attn_fn``.
 
     Args:
-      wq, wk, wv: dtype[Hin, heads * D] (this shard's heads under tensor parallelism);
-        wo: dtype[heads * D, H]. Head counts are read from the weights.
+      wqkv: dtype[Hin, Hkv, G + 2, D] the fused projections (``LayerParams.wqkv``: per KV head
+        its G query heads, then K, then V; this shard's KV heads under tensor parallelism);
+        wo: dtype[Hkv * G * D, H]. Head counts and D are read from the weights.
       h: dtype[T, Hin] the (normed) input; positions: i32[T]; layer: the pool layer.
 
     Returns:
       (pool, out dtype[T, H]): ``wo`` applied and summed over ``tp_axis``.
     """
     num_tokens = h.shape[0]
-    q = apply_rope(matmul(h, wq).reshape(num_tokens, -1, head_dim), positions, inv_freq)
-    k = apply_rope(matmul(h, wk).reshape(num_tokens, -1, head_dim), positions, inv_freq)
-    v = matmul(h, wv).reshape(num_tokens, -1, head_dim)
-    pool, attn = attn_fn(layer, pool, q, k, v)
+    hin, hkv, width, dim = wqkv.shape
+    qkv = matmul(h, wqkv.reshape(hin, -1)).reshape(num_tokens, hkv, width, dim)
+    q = apply_rope(qkv[:, :, :-2].reshape(num_tokens, -1, dim), positions, inv_freq)
+    k = apply_rope(qkv[:, :, -2], positions, inv_freq)
+    pool, attn = attn_fn(layer, pool, q, k, qkv[:, :, -1])
     return pool, tp_sum(matmul(attn.astype(h.dtype).reshape(num_tokens, -1), wo), tp_axis)
 
 
 def mlp_block(
-    w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, h: jax.Array, tp_axis: str | None = None
+    w_gate_up: jax.Array, w_down: jax.Array, h: jax.Array, tp_axis: str | None = None
 ) -> jax.Array:
-    """SwiGLU MLP ``down(silu(gate(h)) * up(h))`` over ``h: dtype[T, H]``, summed over tp."""
-    return tp_sum(matmul(jax.nn.silu(matmul(h, w_gate)) * matmul(h, w_up), w_down), tp_axis)
+    """SwiGLU MLP ``down(silu(gate(h)) * up(h))`` over ``h: dtype[T, H]``, summed over tp.
+
+    ``w_gate_up: dtype[H, 2, I]`` (gate, up; one matmul), ``w_down: dtype[I, H]``."""
+    hid, _, inter = w_gate_up.shape
+    gate_up = matmul(h, w_gate_up.reshape(hid, 2 * inter)).reshape(-1, 2, inter)
+    return tp_sum(matmul(jax.nn.silu(gate_up[:, 0]) * gate_up[:, 1], w_down), tp_axis)

@@ -65,7 +65,7 @@ def toy_llama_params(
         wo = dense(qd, hid, residual_scale)
         w_gate, w_up = dense(hid, inter), dense(hid, inter)
         layers.append(
-            LayerParams(
+            LayerParams.from_projections(
                 attn_norm=put(np.ones(hid)),
                 wq=wq,
                 wk=wk,
@@ -75,6 +75,7 @@ def toy_llama_params(
                 w_gate=w_gate,
                 w_up=w_up,
                 w_down=dense(inter, hid, residual_scale),
+                head_dim=cfg.head_dim,
             )
         )
     return LlamaParams(
@@ -172,7 +173,7 @@ def matched_eagle3(
         return jnp.asarray(x, cfg.jnp_dtype)
 
     inter = draft.config.intermediate_size
-    layer = LayerParams(
+    layer = LayerParams.from_projections(
         attn_norm=put(np.ones(hid)),
         wq=put(focus * np.concatenate([eye, zero])),
         wk=put(focus * np.concatenate([eye, zero])),
@@ -182,6 +183,7 @@ def matched_eagle3(
         w_gate=put(rng.standard_normal((hid, inter)) / np.sqrt(hid)),
         w_up=put(rng.standard_normal((hid, inter)) / np.sqrt(hid)),
         w_down=put(np.zeros((inter, hid))),
+        head_dim=hid // num_heads,
     )
     params = Eagle3Params(
         fc=put(np.zeros((len(capture_layers) * hid, hid))),

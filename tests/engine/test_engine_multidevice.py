@@ -73,8 +73,9 @@ _TP_SCRIPT = textwrap.dedent("""
     # 2 data-parallel shards x 2 tensor-parallel devices: spec and plain greedy.
     eng = Engine(ecfg(TINY, 2), TARGET, params, DRAFT, draft, num_devices=2)
     # The layers and the pools really are split over tp (1 of the 2 KV heads per device).
-    assert eng.params.layers[0].wq.sharding.spec == jax.sharding.PartitionSpec(None, "tp")
-    assert eng.params.layers[0].wq.addressable_shards[0].data.shape == (32, 2 * 8)
+    wqkv = eng.params.layers[0].wqkv
+    assert wqkv.sharding.spec == jax.sharding.PartitionSpec(None, "tp", None, None)
+    assert wqkv.addressable_shards[0].data.shape == (32, 1, 4, 8)  # 1 KV head, its 2 q heads
     assert eng.state.target_pool.k.addressable_shards[0].data.shape[1:] == (2, 688, 1, 8)
     assert eng.state.allocator.free_pages.addressable_shards[0].data.shape[0] == 1
     out, stats = eng.generate(prompts, MAX_NEW, arrivals=arrivals)

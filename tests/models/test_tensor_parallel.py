@@ -41,8 +41,10 @@ _SCRIPT = textwrap.dedent("""
     want = jax.jit(lambda p, h: run(p, h, None))(params, head)
     specs = (TARGET.param_specs(params, "tp"), draft.param_specs(head, "tp"))
     placed = jax.device_put((params, head), jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
-    assert placed[0].layers[0].wq.addressable_shards[0].data.shape == (32, 2 * 12)
-    assert placed[1].layer.wk.addressable_shards[0].data.shape == (64, 8)
+    # Whole KV-head groups per device: 1 of 2 KV heads with its 2 query heads, K and V.
+    assert placed[0].layers[0].wqkv.addressable_shards[0].data.shape == (32, 1, 4, 12)
+    assert placed[0].layers[0].w_gate_up.addressable_shards[0].data.shape == (32, 2, 24)
+    assert placed[1].layer.wqkv.addressable_shards[0].data.shape == (64, 1, 4, 8)
     sharded = jax.jit(jax.shard_map(lambda p, h: run(p, h, "tp"), mesh=mesh, in_specs=specs,
                                     out_specs=P(), check_vma=False))
     got = sharded(*placed)

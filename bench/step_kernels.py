@@ -1,0 +1,151 @@
+"""Every kernel of one real_size decode step, by HLO instruction (issue 13: where the time goes).
+
+    python -m bench.step_kernels [--geometry 8b] [--mode greedy] [--bs 1] [--top 40]
+
+Builds ``bench.real_size``'s geometry and engine, runs it to a steady state, compiles the step
+with XLA's command buffers off (every kernel attributed to its HLO instruction) and prints, per
+instruction: device us per step, kernel launches per step, the class (``real_size``'s split),
+the instruction's opcode / fusion kind / custom-call target, its result shape and op_name. The
+summary line counts the launches and sums the dot-bearing kernels (matmuls) apart from the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+import jax
+
+from bench._timing import (
+    _sanitize,
+    device_name,
+    event_instruction,
+    format_table,
+    hlo_op_names,
+    trace_gpu_events,
+)
+
+_LINE = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
+_COMP = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s+\(")
+_CALLS = re.compile(r"\bcalls=%([\w.\-]+)")
+
+
+def _describe(hlo_text: str) -> dict[str, str]:
+    """Instruction -> "opcode[kind/target] shape" (+ "dot" when its computation holds a dot)."""
+    comps_with_dot: set[str] = set()
+    current = None
+    for line in hlo_text.splitlines():
+        header = _COMP.match(line)
+        if header:
+            current = header.group(1)
+        elif current and re.search(r"\s(dot|convolution)\(", line):
+            comps_with_dot.add(current)
+    out: dict[str, str] = {}
+    for line in hlo_text.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        rest = m.group(2)
+        op = re.search(r"\s([a-z][\w\-]*)\(", " " + rest)
+        shape = rest[: op.start()].strip() if op else ""
+        desc = op.group(1) if op else "?"
+        kind = re.search(r"kind=(\w+)", rest)
+        target = re.search(r'custom_call_target="([^"]+)"', rest)
+        if kind:
+            desc += f"[{kind.group(1)}]"
+        if target:
+            desc += f"[{target.group(1)}]"
+        called = _CALLS.search(rest)
+        if desc.startswith("dot") or (called and called.group(1) in comps_with_dot):
+            desc += " DOT"
+        out[m.group(1)] = f"{desc} {shape[:60]}"
+    return out
+
+
+def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
+    from bench.e2e import _copy, _op_key, _steady_state
+    from bench.real_size import NEW, SPLIT_COMPILER_OPTIONS, _classify
+
+    state, slot_idx, live = _steady_state(engine, prompts, NEW)
+    stacked = jax.tree.map(lambda x: x[None], state)
+
+    def make_args():
+        return (engine.params, engine.draft, _copy(stacked), slot_idx[None], live[None])
+
+    args = make_args()
+    step = engine._step_for(int(slot_idx.shape[-1]))
+    compiled = step.lower(*args).compile(SPLIT_COMPILER_OPTIONS)
+    hlo = compiled.as_text()
+    op_names, desc = hlo_op_names(hlo), _describe(hlo)
+    by_kernel = {_sanitize(n): n for n in op_names}
+    jax.block_until_ready(compiled(*args))
+    arg_sets = [jax.block_until_ready(make_args()) for _ in range(num_calls)]
+    events = trace_gpu_events(lambda: [compiled(*a) for a in arg_sets])
+    if events is None:
+        return [], {}
+    acc: dict[str, list[float]] = {}
+    for name, hlo_op, dur in events:
+        inst = event_instruction(name, hlo_op, op_names, by_kernel) or ("?" + name)
+        acc.setdefault(inst, [0.0, 0])
+        acc[inst][0] += dur
+        acc[inst][1] += 1
+    rows = []
+    for inst, (ns, n) in acc.items():
+        op = op_names.get(inst, "")
+        rows.append(
+            {
+                "us": ns / num_calls / 1e3,
+                "calls": n / num_calls,
+                "class": _classify(op or "@" + inst),
+                "what": desc.get(inst, inst[:40]),
+                "op": _op_key(op)[-60:] if op else "@" + inst[:40],
+            }
+        )
+    rows.sort(key=lambda r: -r["us"])
+    dots = [r for r in rows if "DOT" in r["what"] or "gemm" in r["what"]]
+    summary = {
+        "total us": sum(r["us"] for r in rows),
+        "launches": sum(r["calls"] for r in rows),
+        "dot us": sum(r["us"] for r in dots),
+        "dot launches": sum(r["calls"] for r in dots),
+    }
+    return rows, summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    import numpy as np
+
+    from bench.real_size import GEOMETRIES, PROMPT, make_engine, make_params, make_target
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--geometry", default="8b")
+    parser.add_argument("--modes", default="greedy")
+    parser.add_argument("--batches", default="1")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--attention-impl", default="auto")
+    args = parser.parse_args(argv)
+    g = GEOMETRIES[args.geometry]
+    target = make_target(g)
+    params, draft, dparams = make_params(g, target)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"step_kernels on {device_name()}: {g.name}", flush=True)
+    for mode in args.modes.split(","):
+        engine = make_engine(g, target, params, draft, dparams, mode, batches, args.attention_impl)
+        for bs in batches:
+            rng = np.random.default_rng(bs)
+            prompts = [rng.integers(0, g.draft_vocab, PROMPT).tolist() for _ in range(bs)]
+            rows, summary = kernel_rows(engine, prompts)
+            print(f"\n## {mode} bs={bs}: " + ", ".join(f"{k} {v:.1f}" for k, v in summary.items()))
+            dots = [r for r in rows if "DOT" in r["what"] or "gemm" in r["what"]]
+            others = [r for r in rows if r not in dots]
+            print(f"### matmuls (top {args.top})\n" + format_table(dots[: args.top]))
+            print(f"### the rest (top {args.top})\n" + format_table(others[: args.top]), flush=True)
+            from bench.real_size import _reset
+
+            _reset(engine)
+        del engine
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
