@@ -308,13 +308,14 @@ def _split(
     ms["bookkeeping"] += _median_ms(commit, lambda: (_copy(state), _copy(ctx)), iters)
     # The engine's own (already compiled) step on the stacked one-shard snapshot.
     stacked = jax.tree.map(lambda x: x[None], state)
+    step = engine._step_for(int(slot_idx.shape[-1]))
     ms["fused"] = _median_ms(
-        lambda st: engine._step(params, draft, st, slot_idx[None], live[None]),
+        lambda st: step(params, draft, st, slot_idx[None], live[None]),
         lambda: (_copy(stacked),),
         iters,
     )
     device_us = profile_split_us(
-        engine._step,
+        step,
         lambda: (params, draft, _copy(stacked), slot_idx[None], live[None]),
         _classify,
         breakdown=_op_key,

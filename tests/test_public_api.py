@@ -300,7 +300,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "check_every_step: 'bool' = False, checkify: 'bool' = False) -> 'None'",
         "EngineConfig": "class(spec: 'SpecConfig', max_prompt_len: 'int', batch_buckets: 'tuple[int, ...]', "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
-        "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto') -> None",
+        "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
+        "gemm_impl: 'str' = 'auto') -> None",
         "EngineState": "class(allocator: 'PagedAllocator', req_rows: 'ReqRowAllocator', "
         "req_to_token: 'jax.Array', target_pool: 'KVPool', draft_pool: 'KVPool | None', "
         "committed_lens: 'jax.Array', allocated_lens: 'jax.Array', "
@@ -327,7 +328,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_running_requests: 'int' = 8, max_prompt_len: 'int' = 64, "
         "num_pages: 'int | None' = None, batch_buckets: 'tuple[int, ...] | None' = None, "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
-        "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto') -> 'EngineConfig'",
+        "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
+        "gemm_impl: 'str' = 'auto') -> 'EngineConfig'",
         "prefill": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
         "prompt_ids: 'jax.Array', prompt_lens: 'jax.Array') -> 'tuple[EngineState, "
@@ -357,9 +359,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "Eagle3Params": "class(fc: 'jax.Array', fc_bias: 'jax.Array | None', hidden_norm: 'jax.Array', "
         "layer: 'LayerParams', final_norm: 'jax.Array', lm_head: 'jax.Array', "
         "d2t: 'jax.Array') -> None",
-        "LayerParams": "class(attn_norm: 'jax.Array | None', wq: 'jax.Array', wk: 'jax.Array', "
-        "wv: 'jax.Array', wo: 'jax.Array', mlp_norm: 'jax.Array', w_gate: 'jax.Array', "
-        "w_up: 'jax.Array', w_down: 'jax.Array') -> None",
+        "LayerParams": "class(attn_norm: 'jax.Array | None', wqkv: 'jax.Array', wo: 'jax.Array', "
+        "mlp_norm: 'jax.Array', w_gate_up: 'jax.Array', w_down: 'jax.Array') -> None",
         "LlamaConfig": "class(vocab_size: 'int', hidden_size: 'int', intermediate_size: 'int', "
         "num_layers: 'int', num_heads: 'int', num_kv_heads: 'int', head_dim: 'int', "
         "rms_norm_eps: 'float' = 1e-06, rope_theta: 'float' = 10000.0, "

@@ -149,25 +149,33 @@ class Engine:
         """Run checkified: asked for, or probes on now (they would be traced into the step)."""
         return self.checkify or probes.probes_on()
 
-    def _fn(self, body):
-        key = (body, self._checked)
+    def _fn(self, body, num_tokens: int = 0):
+        """The jitted ``body`` for calls whose target forward holds ``num_tokens`` tokens (the
+        GEMM compile options depend on it: ``EngineConfig.gemm_compiler_options``)."""
+        options = self.ecfg.gemm_compiler_options(num_tokens)
+        key = (body, self._checked, options)
         if key not in self._fns:  # NOTE: cached here: hashing ecfg per host step costs
             self._fns[key] = sharding.sharded(
-                body, self.ecfg, self.target, self.draft_model, self.num_devices, key[1]
+                body, self.ecfg, self.target, self.draft_model, self.num_devices, key[1], options
             )
         return self._fns[key]
 
-    @property
-    def _step(self):
-        """The jitted decode step ``f(params, draft_params, state, slot_idx, live)``."""
-        return self._fn(self._step_body)
+    def _step_tokens(self, bucket: int) -> int:
+        """Target-forward tokens of one decode step of ``bucket`` requests."""
+        per_request = self.ecfg.spec.num_draft_tokens if self.mode == "spec" else 1
+        return bucket * per_request
 
-    def _call(self, body, *args):
+    def _step_for(self, bucket: int):
+        """The jitted decode step ``f(params, draft_params, state, slot_idx, live)`` of a
+        ``bucket``-request batch."""
+        return self._fn(self._step_body, self._step_tokens(bucket))
+
+    def _call(self, body, num_tokens: int, *args):
         # NOTE: device_put, not jnp.asarray: jnp.asarray dispatches an eager convert op per
         # argument (~0.3 ms each on the GPU host, measured), which the host loop paid every step.
         # One device_put of the host arguments (one batched transfer, not one per argument).
         checked = self._checked
-        out = self._fn(body)(
+        out = self._fn(body, num_tokens)(
             self.params, self.draft, self.state, *jax.device_put([np.asarray(a) for a in args])
         )
         if checked:
@@ -179,14 +187,15 @@ class Engine:
         return _tree_to_host(result)
 
     def _call_prefill(self, slot_idx, prompt_ids, prompt_lens):
-        out = self._call(prefill_body, slot_idx, prompt_ids, prompt_lens)
+        num_tokens = prompt_ids.shape[-2] * prompt_ids.shape[-1]
+        out = self._call(prefill_body, num_tokens, slot_idx, prompt_ids, prompt_lens)
         return out.first_tokens, out.ok
 
     def _call_step(self, slot_idx, live):
-        return self._call(self._step_body, slot_idx, live)
+        return self._call(self._step_body, self._step_tokens(slot_idx.shape[-1]), slot_idx, live)
 
     def _call_release(self, slot_idx, finished):
-        self._call(release_body, slot_idx, finished)
+        self._call(release_body, 0, slot_idx, finished)
 
     def warmup(self) -> None:
         """Compile prefill, release and the decode step of every bucket (all-padding inputs)."""

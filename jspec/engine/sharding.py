@@ -115,6 +115,7 @@ def sharded(
     draft: Any,
     num_devices: int,
     with_checkify: bool = False,
+    compiler_options: tuple[tuple[str, Any], ...] = (),
 ) -> Callable[..., Any]:
     """Jitted ``f(params, draft_params, stacked_state, *stacked_args) -> stacked (state, out)``.
 
@@ -122,7 +123,10 @@ def sharded(
     devices. With ``with_checkify`` the per-shard body runs under ``checkify.checkify`` (the
     probe error classes of :mod:`jspec.probes`) and ``f`` returns ``(outs, errors)`` where
     ``errors`` is the checkify error stacked per shard (see :func:`first_error`).
+    ``compiler_options``: XLA options for this function's compiles, as hashable ``(name,
+    value)`` pairs (``EngineConfig.gemm_compiler_options``).
     """
+    options = dict(compiler_options) or None
     tp = ecfg.tensor_parallel
 
     def per_shard(params, draft_params, state, *args):
@@ -145,7 +149,7 @@ def sharded(
             return out, _unsqueeze(err)
 
     if num_devices * tp == 1:
-        return jax.jit(per_shard, donate_argnums=(2,))
+        return jax.jit(per_shard, donate_argnums=(2,), compiler_options=options)
     mesh = make_mesh(num_devices, tp)
 
     def fn(params, draft_params, state, *args):
@@ -163,7 +167,7 @@ def sharded(
         )
         return mapped(params, draft_params, state, *args)
 
-    return jax.jit(fn, donate_argnums=(2,))
+    return jax.jit(fn, donate_argnums=(2,), compiler_options=options)
 
 
 def first_error(errors: Any, num_devices: int) -> str | None:

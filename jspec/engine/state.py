@@ -54,6 +54,14 @@ AUTO_PALLAS_MAX_HEAD_DIM = 32
 # decoding). "auto" takes it on GPU for bf16 / f16 models with larger head dims (bench/RESULTS.md,
 # 2026-11-24: 32/8 heads x 128, bf16); f32 models keep the exact-f32 paths.
 ATTENTION_IMPLS = IMPLS + ("triton",)
+# gemm_impl: how XLA compiles the model's matmuls. "auto" turns XLA's Triton GEMM emitter off
+# (cuBLAS) on GPU for calls whose target forward holds >= CUBLAS_MIN_TOKENS tokens. Measured on
+# the H200 (bench/skinny_matmul.py --layers, bench/RESULTS.md, 2026-11-24, 8B layers, bf16): at
+# 64 rows cuBLAS streams the fused layer in 127 us vs 143 (XLA's autotuned Triton GEMMs), at 1
+# and 8 rows it is slower (124 vs 121, 129 vs 120 us); whole steps (bench/real_size.py): greedy
+# bs64 5.86 -> 5.50 ms, spec bs16 (128 verify tokens) 7.11 -> 6.97, greedy bs1 4.40 -> 4.67.
+GEMM_IMPLS = ("auto", "xla", "cublas")
+CUBLAS_MIN_TOKENS = 64
 DP_AXIS, TP_AXIS = "dp", "tp"  # mesh axes: data-parallel shards, tensor-parallel heads
 
 
@@ -88,6 +96,12 @@ class EngineConfig:
         ``head_dim <= 32``, else ``"triton"`` for bf16 / f16 models; ``"xla"`` otherwise); see
         :attr:`attention_kernel_impl`. Greedy and speculative runs of one config use the same
         impl, so they stay token-identical.
+      gemm_impl: how XLA compiles the models' matmuls on GPU: ``"xla"`` (its autotuned Triton
+        GEMM fusions), ``"cublas"`` (the Triton GEMM emitter off: cuBLAS) or ``"auto"``
+        (default: ``"cublas"`` for calls whose target forward holds at least
+        :data:`CUBLAS_MIN_TOKENS` tokens, else ``"xla"``); see :meth:`gemm_compiler_options`.
+        No effect off the GPU. In bf16 the two may round differently (f32 models are exact
+        either way).
     """
 
     spec: SpecConfig
@@ -98,6 +112,7 @@ class EngineConfig:
     impl: str = "auto"
     tensor_parallel: int = 1
     attention_impl: str = "auto"
+    gemm_impl: str = "auto"
 
     def __post_init__(self) -> None:
         s = self.spec
@@ -127,6 +142,8 @@ class EngineConfig:
             raise ValueError(
                 f"attention_impl={self.attention_impl!r} must be one of {ATTENTION_IMPLS}"
             )
+        if self.gemm_impl not in GEMM_IMPLS:
+            raise ValueError(f"gemm_impl={self.gemm_impl!r} must be one of {GEMM_IMPLS}")
         if self.draft_attention not in DRAFT_ATTENTION:
             raise ValueError(
                 f"draft_attention={self.draft_attention!r} must be one of {DRAFT_ATTENTION}"
@@ -150,6 +167,17 @@ class EngineConfig:
         if jax.default_backend() == "gpu" and self.spec.dtype != "float32":
             return "triton"
         return "xla"
+
+    def gemm_compiler_options(self, num_tokens: int) -> tuple[tuple[str, bool], ...]:
+        """XLA compile options (``(name, value)`` pairs, hashable) for a jitted call whose
+        target forward holds ``num_tokens`` tokens: ``gemm_impl`` resolved; ``()`` = XLA's
+        defaults (always off the GPU)."""
+        if jax.default_backend() != "gpu":
+            return ()
+        impl = self.gemm_impl
+        if impl == "auto":
+            impl = "cublas" if num_tokens >= CUBLAS_MIN_TOKENS else "xla"
+        return (("xla_gpu_enable_triton_gemm", False),) if impl == "cublas" else ()
 
     @property
     def tp_axis(self) -> str | None:
@@ -185,6 +213,7 @@ def make_engine_config(
     impl: str = "auto",
     tensor_parallel: int = 1,
     attention_impl: str = "auto",
+    gemm_impl: str = "auto",
 ) -> EngineConfig:
     """An :class:`EngineConfig` whose target pool matches ``target`` (num_pages sized to never
     run out).
@@ -220,6 +249,7 @@ def make_engine_config(
         impl=impl,
         tensor_parallel=tensor_parallel,
         attention_impl=attention_impl,
+        gemm_impl=gemm_impl,
     )
 
 

@@ -184,3 +184,25 @@ def test_spec_step_with_pages_short_changes_no_state():
         np.testing.assert_array_equal(a, b, err_msg=name)
 
     jax.tree_util.tree_map_with_path(same, before, after)
+
+
+def test_gemm_impl_compile_options(monkeypatch):
+    """``gemm_impl``: validated; "auto" turns the Triton GEMM emitter off (cuBLAS) on GPU for
+    calls of >= CUBLAS_MIN_TOKENS target tokens only; nothing off the GPU."""
+    import jax
+
+    from jspec.engine import state as st
+
+    with pytest.raises(ValueError, match="gemm_impl"):
+        make_engine_config(TINY, max_running_requests=2, gemm_impl="cudnn")
+    auto = make_engine_config(TINY, max_running_requests=2)
+    cublas = make_engine_config(TINY, max_running_requests=2, gemm_impl="cublas")
+    xla = make_engine_config(TINY, max_running_requests=2, gemm_impl="xla")
+    off = (("xla_gpu_enable_triton_gemm", False),)
+    if jax.default_backend() != "gpu":
+        assert auto.gemm_compiler_options(512) == cublas.gemm_compiler_options(512) == ()
+    monkeypatch.setattr(st.jax, "default_backend", lambda: "gpu")
+    assert auto.gemm_compiler_options(st.CUBLAS_MIN_TOKENS - 1) == ()
+    assert auto.gemm_compiler_options(st.CUBLAS_MIN_TOKENS) == off
+    assert cublas.gemm_compiler_options(1) == off
+    assert xla.gemm_compiler_options(4096) == ()
