@@ -11,6 +11,9 @@ import subprocess
 import sys
 import textwrap
 
+import jax
+import pytest
+
 _SCRIPT = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
@@ -127,6 +130,13 @@ def test_four_shards_equal_one_device():
     _run(_SCRIPT, "MULTIDEVICE OK")
 
 
+@pytest.mark.xfail(
+    tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 11),
+    reason="jax 0.11.2's XLA:CPU crashes (SIGSEGV in backend_compile_and_load) compiling the "
+    "greedy engine's prefill over 2 host devices (dp=2, tp 1 or 2; spec compiles): seen on "
+    "the GPU machine 2026-11-24, not in jspec code; passes on jax 0.10.2 (CI)",
+    strict=False,
+)
 def test_tensor_parallel_equals_one_device():
     """dp=2 x tp=2 (spec and greedy) and dp=1 x tp=4 (spec, checkify on) == one device; the
     demo runs with --devices 2 --tensor-parallel 2."""
