@@ -56,6 +56,13 @@ DEFAULT_NUM_STAGES_SMALL_M, DEFAULT_NUM_STAGES = 2, 1
 # least MIN_SPLIT_BLOCKS blocks of keys.
 TARGET_PROGRAMS = 4 * 132
 MIN_SPLIT_BLOCKS = 1
+# No split for decode-shaped rows (one 16-row tile) when the grid already holds at least half of
+# TARGET_PROGRAMS and each program loops over fewer than this many key blocks: the split's partials and the XLA merge cost more than
+# they give (measured on the H200, 2026-11-24, bs64 decode, 32/8 x 128, ~160 keys of W=256:
+# 2 splits 31.8 us, 1 split 23.9 us; bench/RESULTS.md). Longer loops keep the split (2k-key
+# decode: 71% of the copy bandwidth with 2 splits), and so does draft pass A (32-row tiles: the
+# 8B spec bs64 step's attention rose 1.83 -> 2.08 ms without its split).
+SPLIT_FULL_GRID_MIN_BLOCKS = 8
 _LOG2E = 1.4426950408889634
 
 
@@ -201,7 +208,8 @@ def launch_plan(
 
     Defaults: ``block_m = min(64, next_pow2(Qp * G))`` (>= 16), ``block_n`` as
     :data:`MIN_BLOCK_N` says (>= 16), ``num_splits`` so that about :data:`TARGET_PROGRAMS` programs run
-    with at least :data:`MIN_SPLIT_BLOCKS` key blocks each.
+    with at least :data:`MIN_SPLIT_BLOCKS` key blocks each, and 1 where the grid is already half
+    full and the loop short (:data:`SPLIT_FULL_GRID_MIN_BLOCKS`).
     """
     group = hq // hkv
     if block_m is None:
@@ -221,6 +229,9 @@ def launch_plan(
         num_splits = max(
             1, min(-(-TARGET_PROGRAMS // max(base, 1)), num_blocks // MIN_SPLIT_BLOCKS)
         )
+        short = num_blocks < SPLIT_FULL_GRID_MIN_BLOCKS
+        if block_m <= MIN_DOT and 2 * base >= TARGET_PROGRAMS and short:
+            num_splits = 1  # decode-shaped rows only (draft A's 32-row tiles measured slower)
     num_splits = max(1, min(num_splits, num_blocks))
     chunk = -(-num_blocks // num_splits) * block_n
     num_splits = -(-width // chunk) if width else 1

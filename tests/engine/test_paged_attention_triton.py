@@ -166,6 +166,11 @@ def test_launch_plan_splits_fill_the_gpu():
     assert grid[:2] == (64, 8) and grid[2] <= 2 and not meta["IEEE"]
     grid, meta, _ = pat.launch_plan(2, 8, 32, 8, 128, 8, jnp.float32)
     assert grid == (2, 8, 1) and meta["IEEE"] and meta["BLOCK_M"] == 32
+    # bs=64 decode over a short row (4 key blocks): the grid is half full, no split (measured).
+    grid, meta, _ = pat.launch_plan(64, 1, 32, 8, 128, 256, jnp.bfloat16)
+    assert grid == (64, 8, 1) and meta["BLOCK_N"] == 64
+    # ... but bs=16 over the same row still splits to fill the GPU.
+    assert pat.launch_plan(16, 1, 32, 8, 128, 256, jnp.bfloat16)[0][2] > 1
 
 
 def test_merge_splits_matches_one_pass():
