@@ -18,6 +18,9 @@ import sys
 import jax
 
 from bench._timing import (
+    _CALLS,
+    _COMPUTATION,
+    _INSTRUCTION,
     _sanitize,
     device_name,
     event_instruction,
@@ -26,27 +29,33 @@ from bench._timing import (
     trace_gpu_events,
 )
 
-_LINE = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$")
-_COMP = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s+\(")
-_CALLS = re.compile(r"\bcalls=%([\w.\-]+)")
-
 
 def _describe(hlo_text: str) -> dict[str, str]:
-    """Instruction -> "opcode[kind/target] shape" (+ "dot" when its computation holds a dot)."""
-    comps_with_dot: set[str] = set()
+    """Instruction -> "opcode[kind/target] shape", + " DOT" when it is a dot or calls a
+    computation that holds one (nested fusions included)."""
+    has_dot: dict[str, bool] = {}
+    callees: dict[str, set[str]] = {}
     current = None
     for line in hlo_text.splitlines():
-        header = _COMP.match(line)
+        header = _COMPUTATION.match(line)
         if header:
             current = header.group(1)
-        elif current and re.search(r"\s(dot|convolution)\(", line):
-            comps_with_dot.add(current)
+            has_dot[current], callees[current] = False, set()
+        elif current:
+            has_dot[current] |= bool(re.search(r"\s(dot|convolution)\(", line))
+            callees[current].update(_CALLS.findall(line))
+
+    def holds_dot(computation: str, seen: frozenset = frozenset()) -> bool:
+        if has_dot.get(computation):
+            return True
+        return any(holds_dot(c, seen | {computation}) for c in callees.get(computation, ()) - seen)
+
     out: dict[str, str] = {}
     for line in hlo_text.splitlines():
-        m = _LINE.match(line)
+        m = _INSTRUCTION.match(line)
         if not m:
             continue
-        rest = m.group(2)
+        rest = line[m.end() :]
         op = re.search(r"\s([a-z][\w\-]*)\(", " " + rest)
         shape = rest[: op.start()].strip() if op else ""
         desc = op.group(1) if op else "?"
@@ -57,10 +66,14 @@ def _describe(hlo_text: str) -> dict[str, str]:
         if target:
             desc += f"[{target.group(1)}]"
         called = _CALLS.search(rest)
-        if desc.startswith("dot") or (called and called.group(1) in comps_with_dot):
+        if desc.startswith("dot") or (called and holds_dot(called.group(1))):
             desc += " DOT"
         out[m.group(1)] = f"{desc} {shape[:60]}"
     return out
+
+
+def _is_matmul(row: dict) -> bool:
+    return "DOT" in row["what"] or "gemm" in row["what"]
 
 
 def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
@@ -103,7 +116,7 @@ def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
             }
         )
     rows.sort(key=lambda r: -r["us"])
-    dots = [r for r in rows if "DOT" in r["what"] or "gemm" in r["what"]]
+    dots = [r for r in rows if _is_matmul(r)]
     summary = {
         "total us": sum(r["us"] for r in rows),
         "launches": sum(r["calls"] for r in rows),
@@ -137,8 +150,8 @@ def main(argv: list[str] | None = None) -> None:
             prompts = [rng.integers(0, g.draft_vocab, PROMPT).tolist() for _ in range(bs)]
             rows, summary = kernel_rows(engine, prompts)
             print(f"\n## {mode} bs={bs}: " + ", ".join(f"{k} {v:.1f}" for k, v in summary.items()))
-            dots = [r for r in rows if "DOT" in r["what"] or "gemm" in r["what"]]
-            others = [r for r in rows if r not in dots]
+            dots = [r for r in rows if _is_matmul(r)]
+            others = [r for r in rows if not _is_matmul(r)]
             print(f"### matmuls (top {args.top})\n" + format_table(dots[: args.top]))
             print(f"### the rest (top {args.top})\n" + format_table(others[: args.top]), flush=True)
             from bench.real_size import _reset
