@@ -6,7 +6,8 @@ Builds ``bench.real_size``'s geometry and engine, runs it to a steady state, com
 with XLA's command buffers off (every kernel attributed to its HLO instruction) and prints, per
 instruction: device us per step, kernel launches per step, the class (``real_size``'s split),
 the instruction's opcode / fusion kind / custom-call target, its result shape and op_name. The
-summary line counts the launches and sums the dot-bearing kernels (matmuls) apart from the rest.
+summary line counts the launches and sums the dot-bearing kernels (matmuls) apart from the rest;
+a last table lists every bookkeeping (and unattributed) kernel.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def _describe(hlo_text: str) -> dict[str, str]:
 
 
 def _is_matmul(row: dict) -> bool:
-    return "DOT" in row["what"] or "gemm" in row["what"]
+    """A dot-bearing fusion, an XLA Triton GEMM or a cuBLAS custom call (``__cublas$...``)."""
+    return any(key in row["what"] for key in ("DOT", "gemm", "cublas"))
 
 
 def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
@@ -154,6 +156,11 @@ def main(argv: list[str] | None = None) -> None:
             others = [r for r in rows if not _is_matmul(r)]
             print(f"### matmuls (top {args.top})\n" + format_table(dots[: args.top]))
             print(f"### the rest (top {args.top})\n" + format_table(others[: args.top]), flush=True)
+            # Every kernel outside the models (bookkeeping and unattributed), whatever its rank.
+            books = [r for r in rows if r["class"] not in ("target", "draft", "attention")]
+            total = sum(r["us"] for r in books)
+            print(f"### bookkeeping: {total:.1f} us, {sum(r['calls'] for r in books):.0f} launches")
+            print(format_table(books), flush=True)
             from bench.real_size import _reset
 
             _reset(engine)

@@ -247,7 +247,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "top_ks: 'jax.Array | None' = None, top_ps: 'jax.Array | None' = None) -> 'jax.Array'",
         "topk_probs": "def(logits: 'jax.Array', topk: 'int', *, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None, block_rows: 'int | None' = None, "
-        "num_warps: 'int | None' = None) -> 'tuple[jax.Array, jax.Array]'",
+        "num_warps: 'int | None' = None, "
+        "block_cols: 'int | None' = None) -> 'tuple[jax.Array, jax.Array]'",
         "tree_speculative_sampling_target_only": "def(candidates: 'jax.Array', retrive_index: 'jax.Array', "
         "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
         "uniform_samples: 'jax.Array', uniform_samples_for_final_sampling: 'jax.Array', "

@@ -15,6 +15,7 @@ elements; integer vector atomics are broken up to jax 0.11.2; no checks inside k
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Iterator
 
@@ -54,6 +55,11 @@ def resolve_impl(impl: str, available: tuple[str, ...], op: str) -> str:
             f"jax.default_backend()={jax.default_backend()!r}"
         )
     return impl
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels created now run in Triton's interpreter (``TRITON_INTERPRET``)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def on_gpu() -> bool:

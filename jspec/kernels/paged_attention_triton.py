@@ -31,7 +31,6 @@ NOTE (shared/PLATFORM.md): no bounds checks inside the kernel; slot ids must be 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -40,6 +39,7 @@ import triton
 import triton.language as tl
 
 from jspec.kernels import _common
+from jspec.kernels._common import interpreting
 
 MIN_DOT = 16  # tl.dot wants every tile dimension >= 16
 MAX_BLOCK_M = 64  # query x group rows per program
@@ -174,11 +174,6 @@ def _paged_attention_kernel(
 
 
 _JITTED: dict[bool, Any] = {}
-
-
-def interpreting() -> bool:
-    """Whether Triton kernels created now run in Triton's interpreter (``TRITON_INTERPRET``)."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def get_kernel() -> Any:

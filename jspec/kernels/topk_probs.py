@@ -25,7 +25,13 @@ the logits has the same order, and ``p = exp(top - logsumexp(row))``.
 
   No sort/top_k in the Triton lowering (shared/PLATFORM.md §3): only max/min reductions,
   compare, ``where`` and a 1-D iota broadcast are used. Logits wider than :data:`MAX_COLS`
-  (one tile would not fit in registers) fall back to the reference.
+  (one tile would not fit in registers) take the chunked Triton kernel on GPU (the reference
+  in interpret mode).
+* ``impl="triton"`` (GPU only): :mod:`jspec.kernels.topk_probs_triton`, a raw Triton kernel
+  through ``jax_triton`` for any width: one program per (row, chunk of columns) and a merge of
+  the chunks' top-K and log-sum-exp. It is what ``"pallas"`` runs for rows wider than
+  :data:`MAX_COLS` (the EAGLE-3 hot vocabulary of 32000: XLA's ``lax.top_k`` there is a
+  ``__gpu$TopK`` call of ~21 us even for one row, measured on the H200).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from jax.experimental import pallas as pl
 from jspec import probes
 from jspec.kernels import _common
 
-IMPLS = ("xla", "pallas")
+IMPLS = ("xla", "pallas", "triton")
 # Widest padded row the kernel takes in one tile; wider logits fall back to the reference.
 MAX_COLS = 16384
 # Default launch: one row per program, one warp per COLS_PER_WARP padded columns (16 f32 per
@@ -56,7 +62,13 @@ MAX_NUM_WARPS = 16
 MAX_UNROLL = 16
 
 
-def _validate(logits: jax.Array, topk: int, block_rows: int | None, num_warps: int | None) -> None:
+def _validate(
+    logits: jax.Array,
+    topk: int,
+    block_rows: int | None,
+    num_warps: int | None,
+    block_cols: int | None,
+) -> None:
     probes.static_check(
         logits.ndim == 2, f"logits.shape={tuple(logits.shape)} must be 2-D (f32[R, V])"
     )
@@ -69,7 +81,7 @@ def _validate(logits: jax.Array, topk: int, block_rows: int | None, num_warps: i
         isinstance(topk, int) and 1 <= topk <= vocab,
         f"topk={topk!r} must be an int in [1, V={vocab}]",
     )
-    _common.validate_tuning(block_rows=block_rows, num_warps=num_warps)
+    _common.validate_tuning(block_rows=block_rows, num_warps=num_warps, block_cols=block_cols)
 
 
 # ---- reference ------------------------------------------------------------------------------
@@ -200,7 +212,8 @@ def _topk_probs_pallas(
 
 # ---- public wrapper --------------------------------------------------------------------------
 @functools.partial(
-    jax.jit, static_argnames=("topk", "impl", "interpret", "block_rows", "num_warps")
+    jax.jit,
+    static_argnames=("topk", "impl", "interpret", "block_rows", "num_warps", "block_cols"),
 )
 def topk_probs(
     logits: jax.Array,
@@ -210,6 +223,7 @@ def topk_probs(
     interpret: bool | None = None,
     block_rows: int | None = None,
     num_warps: int | None = None,
+    block_cols: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Top-k of each logits row with its softmax probability.
 
@@ -219,14 +233,17 @@ def topk_probs(
         p = NaN (``exp(-inf - -inf)``), like the reference. +inf entries get p = NaN and the
         rest of their row p = 0 (``jax.nn.logsumexp`` semantics).
       topk: static K, ``1 <= K <= V``.
-      impl: ``"xla"`` (:func:`topk_probs_reference`) or ``"pallas"``. With ``"pallas"``,
-        logits wider than :data:`MAX_COLS` (after padding V to a power of 2) fall back to the
-        reference.
+      impl: ``"xla"`` (:func:`topk_probs_reference`), ``"pallas"`` or ``"triton"`` (GPU
+        only). With ``"pallas"``, logits wider than :data:`MAX_COLS` (after padding V to a
+        power of 2) take the ``"triton"`` kernel when compiled for the GPU and the reference
+        in interpret mode.
       interpret: Pallas interpret mode; ``None`` means interpret off the GPU.
       block_rows: static rows per Pallas program (power of 2); default 1 (rows narrower than
         32 columns are packed).
       num_warps: static Triton warps per program (power of 2); default one per 512 padded
-        columns of the block, at most 16.
+        columns of the block, at most 16 (``"triton"``: per program of one chunk).
+      block_cols: static columns per program of the ``"triton"`` kernel (power of 2);
+        default: :func:`jspec.kernels.topk_probs_triton.launch_plan`'s.
 
     Returns:
       ``(topk_p f32[R, K], topk_index i32[R, K])``, per row in descending logit order, ties
@@ -238,15 +255,18 @@ def topk_probs(
     indices in ``[0, V)`` but otherwise unspecified (the GPU's float max ignores NaN, interpret
     mode's propagates it).
     """
-    _validate(logits, topk, block_rows, num_warps)
+    _validate(logits, topk, block_rows, num_warps, block_cols)
     impl = _common.resolve_impl(impl, IMPLS, "topk_probs")
     num_rows, vocab = logits.shape
-    if impl == "xla" or num_rows == 0 or _common.next_power_of_2(vocab) > MAX_COLS:
+    interpret = _common.resolve_interpret(interpret)
+    if impl == "pallas" and _common.next_power_of_2(vocab) > MAX_COLS:
+        impl = "xla" if interpret else "triton"
+    if impl == "xla" or num_rows == 0:
         return topk_probs_reference(logits, topk)
+    if impl == "triton":
+        from jspec.kernels.topk_probs_triton import topk_probs_triton
+
+        return topk_probs_triton(logits, topk, block_cols=block_cols, num_warps=num_warps)
     return _topk_probs_pallas(
-        logits,
-        topk,
-        interpret=_common.resolve_interpret(interpret),
-        block_rows=block_rows,
-        num_warps=num_warps,
+        logits, topk, interpret=interpret, block_rows=block_rows, num_warps=num_warps
     )

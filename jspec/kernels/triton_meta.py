@@ -24,7 +24,6 @@ sidesteps jax-triton's ``== 1`` scalar specialization).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ import triton
 import triton.language as tl
 
 from jspec.kernels import _common
+from jspec.kernels._common import interpreting
 
 NUM_WARPS = 4
 
@@ -158,11 +158,6 @@ _KERNELS: dict[str, Callable[..., Any]] = {
     "draft_kv_indices": _draft_kv_indices_triton_kernel,
 }
 _JITTED: dict[tuple[str, bool], Any] = {}
-
-
-def interpreting() -> bool:
-    """Whether Triton kernels created now run in Triton's interpreter (``TRITON_INTERPRET``)."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def get_kernel(name: str) -> Any:

@@ -1,0 +1,129 @@
+"""The chunked raw Triton ``topk_probs`` kernel (``jspec.kernels.topk_probs_triton``).
+
+On CPU the kernel runs in Triton's interpreter on torch tensors (``TRITON_INTERPRET=1`` must be
+set before triton is first imported: set at the top of this module; if triton was already
+imported compiled by an earlier module of the same pytest process, the file re-runs itself in a
+fresh subprocess). With ``JSPEC_TEST_GPU=1`` it runs compiled through ``jax_triton`` as
+``topk_probs(..., impl="triton")`` (and ``"pallas"`` on wide rows).
+
+Oracle: test_topk_probs's stable-argsort loop with an f64 softmax; outputs are poisoned (NaN /
+-1) before the launches, so an unwritten entry fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+_ON_GPU_RUN = os.environ.get("JSPEC_TEST_GPU", "") == "1"
+_PREIMPORTED_COMPILED = _ON_GPU_RUN or (
+    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true")
+)
+if not _ON_GPU_RUN:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_topk_probs import _mixed_logits, _oracle
+
+torch = pytest.importorskip("torch")
+
+from jspec.kernels import topk_probs_triton as tpt
+from jspec.kernels.topk_probs import topk_probs
+
+in_process = pytest.mark.skipif(
+    _PREIMPORTED_COMPILED,
+    reason="triton already imported without TRITON_INTERPRET; "
+    "covered by test_rerun_in_fresh_process",
+)
+
+# (R, V, K, tuning): one chunk (single launch); several chunks with a short tail chunk; the
+# EAGLE-3 hot vocabulary; chunks narrower than K (picks run past a chunk's columns); a tail
+# chunk with fewer real columns than K.
+CASES = [
+    pytest.param(7, 100, 4, {}, id="one-chunk-v100"),
+    pytest.param(10, 5000, 8, {}, id="chunks-v5000"),
+    pytest.param(5, 32000, 4, {}, id="v32000"),
+    pytest.param(6, 70, 37, {"block_cols": 16}, id="k37-chunks16"),
+    pytest.param(5, 2050, 4, {"block_cols": 1024}, id="tail2-k4"),
+]
+
+
+def _check(p, index, want_p, want_index, rtol):
+    np.testing.assert_array_equal(np.asarray(index), want_index)
+    np.testing.assert_allclose(np.asarray(p), want_p, rtol=rtol, atol=0)  # NaN == NaN here
+
+
+@pytest.mark.skipif(not _PREIMPORTED_COMPILED or _ON_GPU_RUN, reason="tests run in this process")
+def test_rerun_in_fresh_process():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu", "JSPEC_TEST_GPU": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+@in_process
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("num_rows,vocab,topk,tuning", CASES)
+def test_interpreted_kernel_vs_oracle(num_rows, vocab, topk, tuning, dtype):
+    x = _mixed_logits(np.random.default_rng(vocab + topk), num_rows, vocab)
+    x = torch.from_numpy(x).to(dtype)
+    want_p, want_index = _oracle(x.to(torch.float32).numpy(), topk)
+    p, index = tpt.topk_probs_torch(x, topk, **tuning)
+    _check(p, index, want_p, want_index, rtol=2e-6)
+
+
+@in_process
+def test_interpreted_inf_and_nan_rows():
+    x = np.full((4, 3000), -np.inf, np.float32)
+    x[0, [2, 1500, 2999]] = [1.0, 2.0, 1.0]  # 3 finite, in 3 chunks; picks 4..6 are -inf
+    x[2, 2500] = np.inf  # +inf: p NaN there, 0 elsewhere (jax.nn.logsumexp)
+    x[3, [1, 2048]] = [5.0, np.nan]  # NaN row: p NaN, indices in range
+    p, index = tpt.topk_probs_torch(torch.from_numpy(x), 6, block_cols=1024)
+    p, index = p.numpy(), index.numpy()
+    assert index[0].tolist() == [1500, 2, 2999, 0, 1, 3] and index[1].tolist() == list(range(6))
+    assert index[2].tolist() == [2500, 0, 1, 2, 3, 4]
+    e = np.exp(np.array([2.0, 1.0, 1.0]) - 2.0)
+    np.testing.assert_allclose(p[0], list(e / e.sum()) + [0, 0, 0], rtol=1e-6)
+    assert np.isnan(p[1]).all() and np.isnan(p[2, 0]) and (p[2, 1:] == 0).all()
+    assert np.isnan(p[3]).all() and ((index[3] >= 0) & (index[3] < 3000)).all()
+
+
+def test_launch_plan():
+    meta, merge, opts = tpt.launch_plan(32000, 4)
+    assert meta["C"] * meta["BLOCK"] >= 32000 and meta["BLOCK"] == tpt.DEFAULT_BLOCK_COLS
+    assert merge["MODE"] == tpt.MERGE.value and merge["BLOCK"] >= meta["C"]
+    assert opts["num_warps"] == meta["BLOCK"] // tpt.COLS_PER_WARP
+    meta, merge, _ = tpt.launch_plan(100, 8)  # one chunk: one launch
+    assert meta["C"] == 1 and meta["MODE"] == tpt.SINGLE.value and merge == {}
+    meta, _, _ = tpt.launch_plan(5000, 37, block_cols=16)
+    assert meta["C"] == 313 and meta["BLOCK_K"] == 64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("num_rows,vocab,topk,tuning", CASES)
+def test_jax_triton_vs_oracle_on_gpu(num_rows, vocab, topk, tuning, dtype):
+    x = jnp.asarray(_mixed_logits(np.random.default_rng(vocab + topk), num_rows, vocab), dtype)
+    want_p, want_index = _oracle(np.asarray(x.astype(jnp.float32)), topk)
+    p, index = topk_probs(x, topk, impl="triton", **tuning)
+    assert p.dtype == jnp.float32 and index.dtype == jnp.int32
+    _check(p, index, want_p, want_index, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_pallas_takes_triton_for_wide_rows_on_gpu():
+    """The engine's call on the EAGLE-3 hot vocabulary (R = bs x topk branches)."""
+    rng = np.random.default_rng(11)
+    for num_rows in (1, 4, 256):
+        x = jnp.asarray(rng.standard_normal((num_rows, 32000)) * 4, jnp.float32)
+        want_p, want_index = _oracle(np.asarray(x), 4)
+        _check(*topk_probs(x, 4, impl="pallas"), want_p, want_index, rtol=1e-5)
