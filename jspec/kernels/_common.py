@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 
@@ -60,6 +61,21 @@ def resolve_impl(impl: str, available: tuple[str, ...], op: str) -> str:
 def interpreting() -> bool:
     """Whether Triton kernels created now run in Triton's interpreter (``TRITON_INTERPRET``)."""
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_TRITON_JITTED: dict[tuple[Callable[..., Any], bool], Any] = {}
+
+
+def triton_jit(fn: Callable[..., Any]) -> Any:
+    """``triton.jit(fn)``, created on first use per mode: compiled, or Triton's interpreter when
+    ``TRITON_INTERPRET`` is set then (a kernel decorated at import would fix the mode for the
+    whole process; CPU tests run the same source interpreted on torch tensors)."""
+    key = (fn, interpreting())
+    if key not in _TRITON_JITTED:
+        import triton
+
+        _TRITON_JITTED[key] = triton.jit(fn)
+    return _TRITON_JITTED[key]
 
 
 def on_gpu() -> bool:

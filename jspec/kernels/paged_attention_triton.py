@@ -35,7 +35,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import triton
 import triton.language as tl
 
 from jspec.kernels import _common
@@ -173,15 +172,9 @@ def _paged_attention_kernel(
     tl.store(lse_ptr + o_off, lse, mask=row_ok)
 
 
-_JITTED: dict[bool, Any] = {}
-
-
 def get_kernel() -> Any:
-    """``triton.jit`` of the kernel, created on first use for the current mode."""
-    key = interpreting()
-    if key not in _JITTED:
-        _JITTED[key] = triton.jit(_paged_attention_kernel)
-    return _JITTED[key]
+    """``triton.jit`` of the kernel for the current mode (:func:`_common.triton_jit`)."""
+    return _common.triton_jit(_paged_attention_kernel)
 
 
 def launch_plan(

@@ -38,11 +38,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import triton
 import triton.language as tl
 
 from jspec.kernels import _common
-from jspec.kernels._common import interpreting
 
 # Columns per program (a row narrower than this is one chunk). Measured on the H200
 # (bench/topk_probs.py, bench/RESULTS.md, 2026-11-24, V=32000, K=4): 1024 is best or within
@@ -124,15 +122,9 @@ def _topk_kernel(
         tl.store(dst_idx_ptr + row * K + kcol, index, mask=kcol < K)
 
 
-_JITTED: dict[bool, Any] = {}
-
-
 def get_kernel() -> Any:
-    """``triton.jit`` of the kernel, created on first use for the current mode."""
-    key = interpreting()
-    if key not in _JITTED:
-        _JITTED[key] = triton.jit(_topk_kernel)
-    return _JITTED[key]
+    """``triton.jit`` of the kernel for the current mode (:func:`_common.triton_jit`)."""
+    return _common.triton_jit(_topk_kernel)
 
 
 def launch_plan(

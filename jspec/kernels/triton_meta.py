@@ -31,7 +31,6 @@ import triton
 import triton.language as tl
 
 from jspec.kernels import _common
-from jspec.kernels._common import interpreting
 
 NUM_WARPS = 4
 
@@ -157,15 +156,11 @@ _KERNELS: dict[str, Callable[..., Any]] = {
     "expand_page_table": _expand_page_table_triton_kernel,
     "draft_kv_indices": _draft_kv_indices_triton_kernel,
 }
-_JITTED: dict[tuple[str, bool], Any] = {}
 
 
 def get_kernel(name: str) -> Any:
-    """``triton.jit`` of the named kernel, created on first use for the current mode."""
-    key = (name, interpreting())
-    if key not in _JITTED:
-        _JITTED[key] = triton.jit(_KERNELS[name])
-    return _JITTED[key]
+    """``triton.jit`` of the named kernel for the current mode (:func:`_common.triton_jit`)."""
+    return _common.triton_jit(_KERNELS[name])
 
 
 def expand_launch_meta(

@@ -1,7 +1,7 @@
 """Raw Triton metadata kernels (``jspec.kernels.triton_meta``) under Triton's interpreter.
 
 ``TRITON_INTERPRET=1`` must be set before triton is first imported (``tl.sum`` and friends are
-``@jit`` functions decorated at import time), so it is set at the top of this module. If triton
+``@jit`` functions decorated at import time), so ``triton_interpret``, imported first, sets it. If triton
 was already imported in compiled mode by an earlier test module of the same pytest process, the
 in-process tests are skipped and the file re-runs itself in a fresh subprocess instead.
 
@@ -11,19 +11,20 @@ subprocess without the interpreter), and GPU-only checks of the ``jax_triton`` p
 
 from __future__ import annotations
 
+# NOTE: with JSPEC_TEST_GPU=1 the process must keep compiled Triton (the jax_triton test below and
+# every other kernel test in the same pytest process), so the interpreter tests go to a subprocess.
+# isort: off
+from triton_interpret import (  # first: sets TRITON_INTERPRET before triton is imported
+    PREIMPORTED_COMPILED,
+    in_process,
+    rerun_in_fresh_process,
+)
+
+# isort: on
 import os
 import subprocess
 import sys
 import textwrap
-
-# NOTE: with JSPEC_TEST_GPU=1 the process must keep compiled Triton (the jax_triton test below and
-# every other kernel test in the same pytest process), so the interpreter tests go to a subprocess.
-_ON_GPU_RUN = os.environ.get("JSPEC_TEST_GPU", "") == "1"
-_PREIMPORTED_COMPILED = _ON_GPU_RUN or (
-    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true")
-)
-if not _ON_GPU_RUN:
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import jax.numpy as jnp
 import numpy as np
@@ -35,33 +36,19 @@ torch = pytest.importorskip("torch")
 from interop import triton_meta as torch_launch
 from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
 from jspec.attention_meta.page_table import draft_decode_set_expand_metadata
-from jspec.kernels import triton_meta
+from jspec.kernels import _common, triton_meta
 from jspec.kernels.expand_page_table import expand_page_table_reference
 
 POISON = -7
-in_process = pytest.mark.skipif(
-    _PREIMPORTED_COMPILED,
-    reason="triton already imported without TRITON_INTERPRET; "
-    "covered by test_rerun_in_fresh_process",
-)
 
 
 def _t(x) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.asarray(x, np.int32)))
 
 
-@pytest.mark.skipif(not _PREIMPORTED_COMPILED, reason="tests run in this process")
+@pytest.mark.skipif(not PREIMPORTED_COMPILED, reason="tests run in this process")
 def test_rerun_in_fresh_process():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu", "JSPEC_TEST_GPU": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rerun_in_fresh_process(__file__, timeout=600)
 
 
 # ---- expand page table ---------------------------------------------------------------------------
@@ -89,7 +76,7 @@ GOLDEN = [  # SPEC.md §13.4 (B=1, K=2, P=4, lp=3 unless noted); all columns, as
 
 @in_process
 def test_interpreter_is_active():
-    assert triton_meta.interpreting()
+    assert _common.interpreting()
     assert "Interpreted" in type(triton_meta.get_kernel("expand_page_table")).__name__
 
 

@@ -1,9 +1,9 @@
 """The raw Triton paged attention kernel (``jspec.kernels.paged_attention_triton``).
 
 On CPU the kernel runs in Triton's interpreter on torch tensors (``TRITON_INTERPRET=1`` must be
-set before triton is first imported: set at the top of this module; if triton was already
-imported compiled by an earlier module of the same pytest process, the file re-runs itself in a
-fresh subprocess). With ``JSPEC_TEST_GPU=1`` it runs compiled through ``jax_triton`` as
+set before triton is first imported: ``triton_interpret``, imported first, sets it; if triton
+was already imported compiled by an earlier module of the same pytest process, the file re-runs
+itself in a fresh subprocess). With ``JSPEC_TEST_GPU=1`` it runs compiled through ``jax_triton`` as
 ``paged_attention(..., impl="triton")`` against the pure-jnp reference.
 
 Oracle: an independent f64 numpy loop over the visible keys only. Pool rows no query sees
@@ -12,16 +12,18 @@ Oracle: an independent f64 numpy loop over the visible keys only. Pool rows no q
 
 from __future__ import annotations
 
+# isort: off
+from triton_interpret import (  # first: sets TRITON_INTERPRET before triton is imported
+    ON_GPU_RUN,
+    PREIMPORTED_COMPILED,
+    in_process,
+    rerun_in_fresh_process,
+)
+# isort: on
+
 import os
 import subprocess
 import sys
-
-_ON_GPU_RUN = os.environ.get("JSPEC_TEST_GPU", "") == "1"
-_PREIMPORTED_COMPILED = _ON_GPU_RUN or (
-    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true")
-)
-if not _ON_GPU_RUN:
-    os.environ["TRITON_INTERPRET"] = "1"
 
 import jax.numpy as jnp
 import numpy as np
@@ -31,12 +33,6 @@ torch = pytest.importorskip("torch")
 
 from jspec.kernels import paged_attention_triton as pat
 from jspec.kernels.paged_attention import paged_attention
-
-in_process = pytest.mark.skipif(
-    _PREIMPORTED_COMPILED,
-    reason="triton already imported without TRITON_INTERPRET; "
-    "covered by test_rerun_in_fresh_process",
-)
 
 # (Bp, Qp, Hq, Hkv, D, W, mask kind, tuning): decode / draft A / draft B / verify tree /
 # extend-causal; MQA, GQA, MHA; Qp 1, 8, odd; W not a power of 2; forced splits.
@@ -120,18 +116,9 @@ def _check(got_out, got_lse, want_out, want_lse, dtype):
     np.testing.assert_allclose(got_lse[~empty], want_lse[~empty], atol=atol / 3, rtol=1e-5)
 
 
-@pytest.mark.skipif(not _PREIMPORTED_COMPILED or _ON_GPU_RUN, reason="tests run in this process")
+@pytest.mark.skipif(not PREIMPORTED_COMPILED or ON_GPU_RUN, reason="tests run in this process")
 def test_rerun_in_fresh_process():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu", "JSPEC_TEST_GPU": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rerun_in_fresh_process(__file__, timeout=900)
 
 
 @in_process

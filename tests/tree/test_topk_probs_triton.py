@@ -1,9 +1,9 @@
 """The chunked raw Triton ``topk_probs`` kernel (``jspec.kernels.topk_probs_triton``).
 
 On CPU the kernel runs in Triton's interpreter on torch tensors (``TRITON_INTERPRET=1`` must be
-set before triton is first imported: set at the top of this module; if triton was already
-imported compiled by an earlier module of the same pytest process, the file re-runs itself in a
-fresh subprocess). With ``JSPEC_TEST_GPU=1`` it runs compiled through ``jax_triton`` as
+set before triton is first imported: ``triton_interpret``, imported first, sets it; if triton
+was already imported compiled by an earlier module of the same pytest process, the file re-runs
+itself in a fresh subprocess). With ``JSPEC_TEST_GPU=1`` it runs compiled through ``jax_triton`` as
 ``topk_probs(..., impl="triton")`` (and ``"pallas"`` on wide rows).
 
 Oracle: test_topk_probs's stable-argsort loop with an f64 softmax; outputs are poisoned (NaN /
@@ -12,16 +12,14 @@ Oracle: test_topk_probs's stable-argsort loop with an f64 softmax; outputs are p
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
-_ON_GPU_RUN = os.environ.get("JSPEC_TEST_GPU", "") == "1"
-_PREIMPORTED_COMPILED = _ON_GPU_RUN or (
-    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true")
+# isort: off
+from triton_interpret import (  # first: sets TRITON_INTERPRET before triton is imported
+    ON_GPU_RUN,
+    PREIMPORTED_COMPILED,
+    in_process,
+    rerun_in_fresh_process,
 )
-if not _ON_GPU_RUN:
-    os.environ["TRITON_INTERPRET"] = "1"
+# isort: on
 
 import jax.numpy as jnp
 import numpy as np
@@ -32,12 +30,6 @@ torch = pytest.importorskip("torch")
 
 from jspec.kernels import topk_probs_triton as tpt
 from jspec.kernels.topk_probs import topk_probs
-
-in_process = pytest.mark.skipif(
-    _PREIMPORTED_COMPILED,
-    reason="triton already imported without TRITON_INTERPRET; "
-    "covered by test_rerun_in_fresh_process",
-)
 
 # (R, V, K, tuning): one chunk (single launch); several chunks with a short tail chunk; the
 # EAGLE-3 hot vocabulary; chunks narrower than K (picks run past a chunk's columns); a tail
@@ -56,18 +48,9 @@ def _check(p, index, want_p, want_index, rtol):
     np.testing.assert_allclose(np.asarray(p), want_p, rtol=rtol, atol=0)  # NaN == NaN here
 
 
-@pytest.mark.skipif(not _PREIMPORTED_COMPILED or _ON_GPU_RUN, reason="tests run in this process")
+@pytest.mark.skipif(not PREIMPORTED_COMPILED or ON_GPU_RUN, reason="tests run in this process")
 def test_rerun_in_fresh_process():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu", "JSPEC_TEST_GPU": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rerun_in_fresh_process(__file__, timeout=900)
 
 
 @in_process

@@ -1,0 +1,46 @@
+"""Triton kernels under Triton's interpreter in CPU test runs (import before triton).
+
+``TRITON_INTERPRET=1`` must be set before triton is first imported (``tl.sum`` and friends are
+``@jit`` functions decorated at import time): importing this module sets it, unless the run is a
+GPU run (``JSPEC_TEST_GPU=1``: the process keeps compiled Triton for the ``jax_triton`` tests).
+If triton was already imported compiled when this module was first imported (an earlier test
+module of the same pytest process), the in-process interpreter tests are skipped
+(:data:`in_process`) and the test file re-runs itself in a fresh subprocess
+(:func:`rerun_in_fresh_process`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ON_GPU_RUN = os.environ.get("JSPEC_TEST_GPU", "") == "1"
+PREIMPORTED_COMPILED = ON_GPU_RUN or (
+    "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "") not in ("1", "true")
+)
+if not ON_GPU_RUN:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+in_process = pytest.mark.skipif(
+    PREIMPORTED_COMPILED,
+    reason="triton already imported without TRITON_INTERPRET; "
+    "covered by test_rerun_in_fresh_process",
+)
+
+
+def rerun_in_fresh_process(test_file: str, timeout: int) -> None:
+    """Run ``pytest test_file`` in a CPU-only subprocess with the interpreter on; assert it
+    passes (its output tail in the message)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu", "JSPEC_TEST_GPU": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
