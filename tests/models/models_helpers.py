@@ -25,6 +25,16 @@ TINY = {
     "bos_token_id": 1,
     "eos_token_id": [2, 3],
 }
+# A smaller jspec-side config (no checkpoint): GQA 4 over 2 heads x 8, 2 layers.
+SMALL_CFG = LlamaConfig(
+    vocab_size=48,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+)
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "factor": 8.0,

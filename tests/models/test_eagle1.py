@@ -7,19 +7,11 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from models_helpers import dense_attn_fn
+from models_helpers import SMALL_CFG, dense_attn_fn
 
-from jspec.models import Eagle1Draft, LlamaConfig, LlamaTarget, load_draft, toy_llama_params
+from jspec.models import Eagle1Draft, LlamaTarget, load_draft, toy_llama_params
 
-CFG = LlamaConfig(
-    vocab_size=48,
-    hidden_size=32,
-    intermediate_size=48,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-)
+CFG = SMALL_CFG
 
 
 def _ids(num_tokens=11, seed=0):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models_helpers import SMALL_CFG
 
 from jspec.engine.reference import _dense_attn_fn, dense_greedy_generate
 from jspec.models import (
@@ -18,15 +19,7 @@ from jspec.models import (
 )
 from jspec.models.layers import apply_rope, rms_norm, rope_inv_freq
 
-CFG = LlamaConfig(
-    vocab_size=48,
-    hidden_size=32,
-    intermediate_size=48,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-)
+CFG = SMALL_CFG
 TARGET = LlamaTarget(CFG)
 
 
