@@ -74,6 +74,23 @@ def test_set_kv_buffer_writes_only_given_slots():
     np.testing.assert_array_equal(np.asarray(out.v), want_v)
 
 
+@pytest.mark.parametrize("slot", [5, CFG.num_slots - 1, 0, -3], ids=["mid", "last", "pad", "neg"])
+def test_set_kv_buffer_one_row_is_the_scatter(slot):
+    """A decode row takes a bare dynamic-update-slice; it writes what the scatter writes
+    (the last slot, the padding page, a negative id wrapped as jnp indexing wraps it)."""
+    rng = np.random.default_rng(7)
+    k, v = _rows(rng, 1)
+    one = set_kv_buffer(
+        init_kv_pool(CFG, fill=POISON), 2, jnp.asarray([slot]), jnp.asarray(k), jnp.asarray(v)
+    )
+    pool = init_kv_pool(CFG, fill=POISON)
+    want_k = pool.k.at[2, jnp.asarray([slot])].set(jnp.asarray(k))
+    want_v = pool.v.at[2, jnp.asarray([slot])].set(jnp.asarray(v))
+    np.testing.assert_array_equal(np.asarray(one.k), np.asarray(want_k))
+    np.testing.assert_array_equal(np.asarray(one.v), np.asarray(want_v))
+    assert np.asarray(one.k)[2, slot].tolist() == k[0].tolist()
+
+
 def test_set_kv_buffer_casts_and_get_kv_roundtrip():
     rng = np.random.default_rng(1)
     cfg = SpecConfig(
