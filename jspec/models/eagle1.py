@@ -91,17 +91,21 @@ class Eagle1Draft(ConfigGeometry):
         x = matmul(x, params.fc)
         if params.fc_bias is not None:
             x = x + params.fc_bias.astype(dt)
-        return decoder_layer(
-            params.layer,
+        lp = params.layer
+        h = x if lp.attn_norm is None else rms_norm(x, lp.attn_norm, cfg.rms_norm_eps)
+        pool, x, mlp_out = decoder_layer(
+            lp,
             0,
             pool,
             x,
+            h,
             positions,
             attn_fn,
             eps=cfg.rms_norm_eps,
             inv_freq=self.inv_freq,
             tp_axis=tp_axis,
         )
+        return pool, x + mlp_out
 
     @model_scope("draft")
     def logits(

@@ -31,6 +31,7 @@ from jspec.models._geometry import ConfigGeometry
 from jspec.models.hf_config import Eagle3Config
 from jspec.models.layers import (
     AttnFn,
+    add_rms_norm,
     attention_block,
     lm_logits,
     matmul,
@@ -133,11 +134,8 @@ class Eagle3Draft(ConfigGeometry):
         pool, attn = attention_block(
             lp.wqkv, lp.wo, x, 0, pool, positions, attn_fn, inv_freq=inv_freq, tp_axis=tp_axis
         )
-        residual = attn + hidden
-        h = mlp_block(
-            lp.w_gate_up, lp.w_down, rms_norm(residual, lp.mlp_norm, cfg.rms_norm_eps), tp_axis
-        )
-        return pool, h + residual
+        h, residual = add_rms_norm(hidden, attn, lp.mlp_norm, cfg.rms_norm_eps)
+        return pool, mlp_block(lp.w_gate_up, lp.w_down, h, tp_axis) + residual
 
     @model_scope("draft")
     def logits(

@@ -22,6 +22,8 @@ import numpy as np
 
 from jspec.engine.protocol import AttnFn, matmul_precision
 from jspec.engine.protocol import model_scope as _protocol_scope
+from jspec.kernels.rms_norm import fused_add_rmsnorm
+from jspec.kernels.rms_norm import rms_norm as _rms_norm
 from jspec.models.hf_config import RopeScaling
 
 
@@ -84,10 +86,26 @@ def check_tensor_parallel(
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """``x * rsqrt(mean(x^2) + eps) * weight`` in f32, cast back to ``x.dtype``."""
-    xf = x.astype(jnp.float32)
-    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+    """``x * rsqrt(mean(x^2) + eps) * weight`` in f32, cast back to ``x.dtype`` (``x: [..., H]``).
+
+    On a GPU, bf16 / f16 rows go through jspec's Triton kernel (one launch instead of XLA's
+    reduction + normalize; :mod:`jspec.kernels.rms_norm`), elsewhere the jnp reference."""
+    flat = x.reshape(-1, x.shape[-1])
+    return _rms_norm(flat, weight, eps).reshape(x.shape)
+
+
+def add_rms_norm(
+    residual: jax.Array, delta: jax.Array | None, weight: jax.Array, eps: float
+) -> tuple[jax.Array, jax.Array]:
+    """The pre-norm step of a residual stream: ``residual' = residual + delta`` (in the stream's
+    dtype; ``delta`` None: the stream as it is), ``(rms_norm(residual'), residual')``.
+
+    ``residual, delta: dtype[T, H]``. One Triton launch on a GPU for bf16 / f16
+    (:func:`jspec.kernels.rms_norm.fused_add_rmsnorm`), the jnp reference elsewhere.
+    """
+    if delta is None:
+        return rms_norm(residual, weight, eps), residual
+    return fused_add_rmsnorm(delta.astype(residual.dtype), residual, weight, eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:

@@ -31,11 +31,11 @@ from jspec.models._geometry import ConfigGeometry
 from jspec.models.hf_config import LlamaConfig
 from jspec.models.layers import (
     AttnFn,
+    add_rms_norm,
     attention_block,
     lm_logits,
     mlp_block,
     model_scope,
-    rms_norm,
 )
 
 
@@ -171,21 +171,29 @@ def decoder_layer(
     layer: int,
     pool: Any,
     x: jax.Array,
+    h: jax.Array,
     positions: jax.Array,
     attn_fn: AttnFn,
     *,
     eps: float,
     inv_freq: np.ndarray,
     tp_axis: str | None = None,
-) -> tuple[Any, jax.Array]:
-    """One pre-norm Llama decoder layer over flat tokens ``x: dtype[T, H]`` -> ``(pool, x)``."""
-    h = x if lp.attn_norm is None else rms_norm(x, lp.attn_norm, eps)
+) -> tuple[Any, jax.Array, jax.Array]:
+    """One pre-norm Llama decoder layer over flat tokens, its output left unsummed.
+
+    Args:
+      x: dtype[T, H] the incoming residual stream; h: dtype[T, Hin] its normed form (the
+        attention input: ``rms_norm(x, lp.attn_norm)``, or ``x`` for EAGLE-1's identity norm).
+
+    Returns:
+      ``(pool, x', mlp_out)``, both dtype[T, H]: the layer's output is ``x' + mlp_out``, left
+      for the caller to add in the next norm's fused launch (:func:`add_rms_norm`).
+    """
     pool, attn = attention_block(
         lp.wqkv, lp.wo, h, layer, pool, positions, attn_fn, inv_freq=inv_freq, tp_axis=tp_axis
     )
-    x = x + attn
-    h = rms_norm(x, lp.mlp_norm, eps)
-    return pool, x + mlp_block(lp.w_gate_up, lp.w_down, h, tp_axis)
+    h, x = add_rms_norm(x, attn, lp.mlp_norm, eps)
+    return pool, x, mlp_block(lp.w_gate_up, lp.w_down, h, tp_axis)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -249,23 +257,27 @@ class LlamaTarget(ConfigGeometry):
                 f"params.layers has {len(params.layers)} layers, num_layers={cfg.num_layers}"
             )
         inv_freq = self.inv_freq
+        eps = cfg.rms_norm_eps
         x = params.embed[token_ids].astype(cfg.jnp_dtype)
+        delta = None  # the previous layer's MLP output, added in the next norm's launch
         captured: dict[int, jax.Array] = {}
         for layer, lp in enumerate(params.layers):
+            h, x = add_rms_norm(x, delta, lp.attn_norm, eps)
             if layer in capture_layers:
                 captured[layer] = x
-            pool, x = decoder_layer(
+            pool, x, delta = decoder_layer(
                 lp,
                 layer,
                 pool,
                 x,
+                h,
                 positions,
                 attn_fn,
-                eps=cfg.rms_norm_eps,
+                eps=eps,
                 inv_freq=inv_freq,
                 tp_axis=tp_axis,
             )
-        hidden = rms_norm(x, params.final_norm, cfg.rms_norm_eps)
+        hidden, _ = add_rms_norm(x, delta, params.final_norm, eps)
         aux = jnp.concatenate([captured[i] for i in capture_layers], -1) if capture_layers else None
         return pool, hidden, aux
 
