@@ -3,7 +3,7 @@
 Not a public namespace (``__all__`` is empty). Kernels take and return arrays; every op is
 called through its concept package, which validates the inputs and picks the kernel with
 ``impl="xla" | "pallas" | "triton"``: :mod:`jspec.kv`, :mod:`jspec.tree`,
-:mod:`jspec.attention_meta`. Tests, benches and ``interop`` import the modules here directly for
+:mod:`jspec.attention_meta`, and :mod:`jspec.models` (RMSNorm, ``rms_norm.py``). Tests, benches and ``interop`` import the modules here directly for
 the ``*_reference`` oracles and the launch internals.
 """
 
