@@ -36,8 +36,7 @@ MAX_HIDDEN = 32768  # one program holds a whole row: 64 f32 per lane at 16 warps
 
 
 def _validate(x: jax.Array, residual: jax.Array | None, weight: jax.Array, impl: str) -> None:
-    if impl not in IMPLS:
-        raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
+    _common.resolve_impl(impl, IMPLS, "rms_norm")  # an unknown impl; "triton" off a GPU
     if x.ndim != 2:
         raise ValueError(f"x.shape={tuple(x.shape)} must be [T, H]")
     if weight.shape != (x.shape[1],):
@@ -57,7 +56,6 @@ def rms_norm_reference(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array
 
 def _use_triton(x: jax.Array, impl: str) -> bool:
     if impl == "triton":
-        _common.resolve_impl("triton", ("triton",), "rms_norm")
         return x.shape[0] > 0
     return (
         impl == "auto"
@@ -72,7 +70,8 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto")
     """sglang ``rmsnorm``: ``x: dtype[T, H]``, ``weight: [H]`` -> ``dtype[T, H]``.
 
     Raises:
-      ValueError: an unknown ``impl``, ``x`` not 2-D, ``weight`` not ``[H]``.
+      ValueError: an unknown ``impl`` (or ``"triton"`` off a GPU), ``x`` not 2-D, ``weight``
+        not ``[H]``.
     """
     _validate(x, None, weight, impl)
     if not _use_triton(x, impl):
