@@ -30,6 +30,12 @@ in_process = pytest.mark.skipif(
     "covered by test_rerun_in_fresh_process",
 )
 
+# The file's test_rerun_in_fresh_process: runs only when the in-process tests were skipped on a CPU
+# run (a GPU run runs the compiled tests instead).
+rerun_here = pytest.mark.skipif(
+    not PREIMPORTED_COMPILED or ON_GPU_RUN, reason="tests run in this process"
+)
+
 
 def rerun_in_fresh_process(test_file: str, timeout: int) -> None:
     """Run ``pytest test_file`` in a CPU-only subprocess with the interpreter on; assert it

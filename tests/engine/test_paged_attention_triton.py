@@ -14,9 +14,8 @@ from __future__ import annotations
 
 # isort: off
 from triton_interpret import (  # first: sets TRITON_INTERPRET before triton is imported
-    ON_GPU_RUN,
-    PREIMPORTED_COMPILED,
     in_process,
+    rerun_here,
     rerun_in_fresh_process,
 )
 # isort: on
@@ -116,7 +115,7 @@ def _check(got_out, got_lse, want_out, want_lse, dtype):
     np.testing.assert_allclose(got_lse[~empty], want_lse[~empty], atol=atol / 3, rtol=1e-5)
 
 
-@pytest.mark.skipif(not PREIMPORTED_COMPILED or ON_GPU_RUN, reason="tests run in this process")
+@rerun_here
 def test_rerun_in_fresh_process():
     rerun_in_fresh_process(__file__, timeout=900)
 

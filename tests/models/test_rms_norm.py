@@ -15,9 +15,8 @@ from __future__ import annotations
 
 # isort: off
 from triton_interpret import (  # first: sets TRITON_INTERPRET before triton is imported
-    ON_GPU_RUN,
-    PREIMPORTED_COMPILED,
     in_process,
+    rerun_here,
     rerun_in_fresh_process,
 )
 # isort: on
@@ -109,7 +108,7 @@ def test_launch_meta():
     assert rnt.launch_meta(100, 1e-6, False)["num_warps"] == 1
 
 
-@pytest.mark.skipif(not PREIMPORTED_COMPILED or ON_GPU_RUN, reason="tests run in this process")
+@rerun_here
 def test_rerun_in_fresh_process():
     rerun_in_fresh_process(__file__, timeout=600)
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 # isort: off
 from triton_interpret import (  # first: sets TRITON_INTERPRET before triton is imported
-    ON_GPU_RUN,
-    PREIMPORTED_COMPILED,
     in_process,
+    rerun_here,
     rerun_in_fresh_process,
 )
 # isort: on
@@ -48,7 +47,7 @@ def _check(p, index, want_p, want_index, rtol):
     np.testing.assert_allclose(np.asarray(p), want_p, rtol=rtol, atol=0)  # NaN == NaN here
 
 
-@pytest.mark.skipif(not PREIMPORTED_COMPILED or ON_GPU_RUN, reason="tests run in this process")
+@rerun_here
 def test_rerun_in_fresh_process():
     rerun_in_fresh_process(__file__, timeout=900)
 
