@@ -266,11 +266,16 @@ RECORDED: dict[str, dict[str, str]] = {
         "jax.Array, jax.Array]'",
     },
     "jspec.attention_meta": {
+        "AttentionMetadata": "class(page_table: 'jax.Array', kv_lens: 'jax.Array', "
+        "q_lens: 'jax.Array | None' = None, tail_slot_ids: 'jax.Array | None' = None, "
+        "tail_mask: 'jax.Array | None' = None, page_size: 'int' = 1, "
+        "causal: 'bool' = False) -> None",
         "DraftDecodeMetadata": "class(normal: 'NormalMetadata', expand: 'ExpandMetadata') -> None",
         "ExpandMetadata": "class(cache_seqlens: 'jax.Array', cu_seqlens_q: 'jax.Array', "
         "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
         "NormalMetadata": "class(cache_seqlens: 'jax.Array', cu_seqlens_q: 'jax.Array', "
         "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
+        "causal_tail_mask": "def(num_rows: 'int', num_queries: 'int') -> 'jax.Array'",
         "draft_decode_metadata": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
         "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', *, topk: 'int', "
         "num_steps: 'int', page_size: 'int', max_pages: 'int', impl: 'str' = 'xla', "
@@ -290,19 +295,26 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_seq_len: 'int | None' = None, kv_indices_buffer: 'jax.Array | None' = None, "
         "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
         "block_tokens: 'int' = 1024) -> 'tuple[jax.Array, jax.Array]'",
+        "row_page_table": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', *, page_size: 'int', "
+        "max_pages: 'int') -> 'jax.Array'",
     },
     "jspec.kernels": {},
     "jspec.engine": {
+        "AttentionBackend": "class(*args, **kwargs)",
         "AttnFn": "alias of collections.abc.Callable",
+        "AttnPlan": "class(write_slot_ids: 'jax.Array', passes: 'tuple') -> None",
         "DraftModel": "class(*args, **kwargs)",
         "Engine": "class(ecfg: 'EngineConfig', target: 'Any', target_params: 'Any', "
         "draft: 'Any' = None, draft_params: 'Any' = None, *, num_devices: 'int' = 1, "
         "eos_token_id: 'int | Sequence[int] | None' = None, "
-        "check_every_step: 'bool' = False, checkify: 'bool' = False) -> 'None'",
+        "check_every_step: 'bool' = False, checkify: 'bool' = False, "
+        "admission: 'str' = 'reserve') -> 'None'",
         "EngineConfig": "class(spec: 'SpecConfig', max_prompt_len: 'int', batch_buckets: 'tuple[int, ...]', "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
         "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
-        "gemm_impl: 'str' = 'auto') -> None",
+        "gemm_impl: 'str' = 'auto', attention_backend: 'Any' = None, "
+        "chunked_prefill_size: 'int' = 8192, prefill_buckets: 'tuple[int, "
+        "...] | None' = None, mem_fraction_static: 'float | None' = None) -> None",
         "EngineState": "class(allocator: 'PagedAllocator', req_rows: 'ReqRowAllocator', "
         "req_to_token: 'jax.Array', target_pool: 'KVPool', draft_pool: 'KVPool | None', "
         "committed_lens: 'jax.Array', allocated_lens: 'jax.Array', "
@@ -310,31 +322,47 @@ RECORDED: dict[str, dict[str, str]] = {
         "topk_p: 'jax.Array', topk_index: 'jax.Array', draft_hidden: 'jax.Array') -> None",
         "GreedyStepOutput": "class(next_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "InputError": "exception(ValueError)",
+        "PagedAttentionBackend": "class(impl: 'str' = 'xla') -> None",
         "PrefillOutput": "class(first_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "Request": "class(rid: 'int', prompt: 'list[int]', max_new_tokens: 'int', "
         "arrival_step: 'int' = 0, output: 'list[int]' = <factory>, "
-        "accept_lens: 'list[int]' = <factory>, shard: 'int' = -1, slot: 'int' = -1) -> None",
+        "accept_lens: 'list[int]' = <factory>, shard: 'int' = -1, slot: 'int' = -1, "
+        "prefill_ids: 'list[int]' = <factory>, prefilled: 'int' = 0, "
+        "admitted_at: 'int' = -1, ttft_s: 'float' = -1.0, num_preemptions: 'int' = 0) -> None",
         "RunStats": "class(mode: 'str', num_requests: 'int' = 0, num_tokens: 'int' = 0, "
         "num_decode_steps: 'int' = 0, prefill_s: 'float' = 0.0, decode_s: 'float' = 0.0, "
         "wall_s: 'float' = 0.0, accept_lens: 'list[int]' = <factory>, "
         "batch_sizes: 'list[int]' = <factory>, step_s: 'list[float]' = <factory>, "
-        "request_accept_lens: 'list[list[int]]' = <factory>, leak_check: 'str' = '') -> None",
+        "request_accept_lens: 'list[list[int]]' = <factory>, "
+        "ttft_s: 'list[float]' = <factory>, num_prefill_calls: 'int' = 0, "
+        "num_preemptions: 'int' = 0, leak_check: 'str' = '') -> None",
         "SpecStepOutput": "class(accept_tokens: 'jax.Array', accept_lens: 'jax.Array', ok: 'jax.Array') -> None",
         "TargetModel": "class(*args, **kwargs)",
         "greedy_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', state: 'EngineState', "
         "slot_idx: 'jax.Array', live: 'jax.Array') -> 'tuple[EngineState, GreedyStepOutput]'",
         "init_engine_state": "def(ecfg: 'EngineConfig', draft: 'Any' = None) -> 'EngineState'",
+        "kv_bytes_per_token": "def(target: 'Any', draft: 'Any' = None) -> 'int'",
         "make_engine_config": "def(target: 'Any', *, page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
         "num_draft_tokens: 'int' = 8, context_len: 'int' = 256, "
         "max_running_requests: 'int' = 8, max_prompt_len: 'int' = 64, "
         "num_pages: 'int | None' = None, batch_buckets: 'tuple[int, ...] | None' = None, "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
         "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
-        "gemm_impl: 'str' = 'auto') -> 'EngineConfig'",
+        "gemm_impl: 'str' = 'auto', attention_backend: 'Any' = None, "
+        "chunked_prefill_size: 'int' = 8192, prefill_buckets: 'tuple[int, "
+        "...] | None' = None, mem_fraction_static: 'float | None' = None, "
+        "draft: 'Any' = None) -> 'EngineConfig'",
+        "num_pages_for_memory": "def(target: 'Any', draft: 'Any', *, page_size: 'int', mem_fraction_static: 'float', "
+        "tensor_parallel: 'int' = 1, memory: 'tuple[int, int] | None' = None, "
+        "workspace_bytes: 'int' = 0) -> 'int'",
         "prefill": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
         "prompt_ids: 'jax.Array', prompt_lens: 'jax.Array') -> 'tuple[EngineState, "
         "PrefillOutput]'",
+        "prefill_chunk": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
+        "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
+        "token_ids: 'jax.Array', chunk_lens: 'jax.Array', starts: 'jax.Array', "
+        "is_last: 'jax.Array', next_ids: 'jax.Array') -> 'tuple[EngineState, PrefillOutput]'",
         "release": "def(ecfg: 'EngineConfig', state: 'EngineState', slot_idx: 'jax.Array', "
         "finished: 'jax.Array') -> 'EngineState'",
         "spec_decode_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "

@@ -87,6 +87,9 @@ def engine_config_from_args(
             tensor_parallel=args.tensor_parallel,
             impl=args.impl,
             attention_impl=args.attention_impl,
+            chunked_prefill_size=getattr(args, "chunked_prefill_size", 8192),
+            mem_fraction_static=getattr(args, "mem_fraction_static", None),
+            draft=draft,
         )
         check_engine_models(ecfg, target, draft)
         check_devices(args.devices, args.tensor_parallel)

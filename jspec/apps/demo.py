@@ -45,10 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--attention-impl",
-        choices=("auto", "xla", "pallas"),
+        choices=("auto", "xla", "triton"),
         default="auto",
-        help="paged attention of the model: auto = the fused Pallas kernel on GPU "
-        "for head_dim <= 32, gather + softmax in pure jnp otherwise",
+        help="paged attention of the model (page tables in): auto = the Triton kernels on GPU, "
+        "the pure-jnp reference otherwise",
     )
     g = p.add_argument_group("workload")
     g.add_argument("--num-prompts", type=int, default=6)

@@ -54,7 +54,26 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
     g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
     g.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto")
-    g.add_argument("--attention-impl", choices=("auto", "xla", "pallas"), default="auto")
+    g.add_argument(
+        "--attention-impl",
+        choices=("auto", "xla", "triton"),
+        default="auto",
+        help="paged attention: auto = the page-table Triton kernels on GPU, jnp elsewhere",
+    )
+    g = p.add_argument_group("serving size")
+    g.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=8192,
+        help="prompt tokens per prefill call (sglang's flag; longer prompts take several)",
+    )
+    g.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="size the KV pool from device memory: weights + pool take at most this fraction "
+        "(sglang's flag, e.g. 0.9; GPU only); default: a pool for the request's whole context",
+    )
     g.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),

@@ -1,4 +1,6 @@
-"""Draft-decode attention metadata for FA3 (page tables) and FlashInfer (kv_indices).
+"""Attention metadata: the per-pass ``AttentionMetadata`` (page table + lengths + a small tail)
+that attention backends consume, and sglang's draft-decode metadata for FA3 (page tables) and
+FlashInfer (kv_indices).
 
 sglang's ``draft_decode_set_expand_metadata`` (FA3 pass B), the pass-A page table and
 ``generate_draft_decode_kv_indices`` over the holey draft layout. Every op takes arrays plus
@@ -11,6 +13,7 @@ from jspec.attention_meta.kv_indices import (
     draft_kv_indices_used_len,
     generate_draft_decode_kv_indices,
 )
+from jspec.attention_meta.metadata import AttentionMetadata, causal_tail_mask, row_page_table
 from jspec.attention_meta.page_table import (
     DraftDecodeMetadata,
     ExpandMetadata,
@@ -21,12 +24,15 @@ from jspec.attention_meta.page_table import (
 )
 
 __all__ = [
+    "AttentionMetadata",
     "DraftDecodeMetadata",
     "ExpandMetadata",
     "NormalMetadata",
+    "causal_tail_mask",
     "draft_decode_metadata",
     "draft_decode_normal_metadata",
     "draft_decode_set_expand_metadata",
     "draft_kv_indices_used_len",
     "generate_draft_decode_kv_indices",
+    "row_page_table",
 ]

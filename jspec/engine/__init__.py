@@ -4,11 +4,13 @@ its params beside it).
 
 Module map:
   protocol.py    TargetModel / DraftModel / AttnFn: all the engine knows of a model
-  attention.py   paged attention passes (gather slots + masked softmax, LSE merge)
+  attention.py   the attention seam: AttentionBackend (write K/V, read one AttentionMetadata
+                 pass), jspec's PagedAttentionBackend, AttnPlan, the LSE merge
+  memory.py      KV pool sizing from device memory (mem_fraction_static), step workspace
   model_calls.py the engine's only calls into a model (protocol methods, named scopes)
   state.py       EngineConfig, EngineState (allocator, req_to_token, pools, per-slot carry)
   step_types.py  the typed values passed between step phases, and the steps' outputs
-  lifecycle.py   prefill (admission) and release of requests
+  lifecycle.py   chunked prefill (admission) and release of requests
   greedy.py      plain greedy decode step (the lossless baseline)
   spec_step.py   the jitted EAGLE tree speculative decode step, as phases
   draft_phases.py  the step's draft side: draft attention passes, draft loop, draft extend
@@ -25,6 +27,7 @@ The way in, one shard, your own loop::
     ecfg = make_engine_config(target, page_size=16, topk=4, num_steps=3, ...)
     state = init_engine_state(ecfg, draft)
     state, out = prefill(ecfg, target, tparams, draft, dparams, state, slot_idx, ids, lens)
+    # (or prefill_chunk(..., token_ids, chunk_lens, starts, is_last, next_ids) chunk by chunk)
     state, out = spec_decode_step(ecfg, target, tparams, draft, dparams, state, slot_idx, live)
     state = release(ecfg, state, slot_idx, finished)
 
@@ -33,9 +36,11 @@ or the continuous-batching loop: ``Engine(ecfg, target, tparams, draft, dparams)
 
 from __future__ import annotations
 
+from jspec.engine.attention import AttentionBackend, AttnPlan, PagedAttentionBackend
 from jspec.engine.greedy import greedy_step
 from jspec.engine.inputs import InputError, validate_requests
-from jspec.engine.lifecycle import prefill, release
+from jspec.engine.lifecycle import prefill, prefill_chunk, release
+from jspec.engine.memory import kv_bytes_per_token, num_pages_for_memory
 from jspec.engine.protocol import AttnFn, DraftModel, TargetModel
 from jspec.engine.scheduler import Engine, Request, RunStats
 from jspec.engine.spec_step import spec_decode_step
@@ -43,13 +48,16 @@ from jspec.engine.state import EngineConfig, EngineState, init_engine_state, mak
 from jspec.engine.step_types import GreedyStepOutput, PrefillOutput, SpecStepOutput
 
 __all__ = [
+    "AttentionBackend",
     "AttnFn",
+    "AttnPlan",
     "DraftModel",
     "Engine",
     "EngineConfig",
     "EngineState",
     "GreedyStepOutput",
     "InputError",
+    "PagedAttentionBackend",
     "PrefillOutput",
     "Request",
     "RunStats",
@@ -57,8 +65,11 @@ __all__ = [
     "TargetModel",
     "greedy_step",
     "init_engine_state",
+    "kv_bytes_per_token",
     "make_engine_config",
+    "num_pages_for_memory",
     "prefill",
+    "prefill_chunk",
     "release",
     "spec_decode_step",
     "validate_requests",

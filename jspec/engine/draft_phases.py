@@ -14,15 +14,9 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
+from jspec.attention_meta.metadata import AttentionMetadata, causal_tail_mask, row_page_table
 from jspec.config import ceil_div
-from jspec.engine.attention import (
-    AttnPass,
-    AttnPlan,
-    causal_mask,
-    length_mask,
-    page_table_slot_ids,
-    row_slot_ids,
-)
+from jspec.engine.attention import AttnPlan
 from jspec.engine.model_calls import draft_topk, run_draft
 from jspec.engine.state import EngineConfig
 from jspec.engine.step_types import AcceptResult, DraftPlan, DraftResult, ExtendResult
@@ -42,12 +36,13 @@ def draft_decode_passes(
     ``draft_decode_normal_metadata`` (K queries per request, non-causal); pass B reads
     ``lp + d`` tokens of each branch through the ``draft_decode_set_expand_metadata`` page
     table (``d = step + 1``: the prefix tail / holes, then this branch's draft tokens). Both
-    come from one ``draft_decode_metadata`` call. ``kv_indices`` (FlashInfer, SPEC §6): one
-    pass per branch over its segment ``kv_indices[step, indptr[z] : indptr[z+1]]`` (the
-    prefix, then the branch's own draft slots 0..step).
+    come from one ``draft_decode_metadata`` call and are read as they are: a page table and
+    lengths. ``kv_indices`` (FlashInfer, SPEC §6): one pass per branch over its segment
+    ``kv_indices[step, indptr[z] : indptr[z+1]]`` (the prefix, then the branch's own draft slots
+    0..step), read as a page table of page size 1 (FlashInfer's token-level indices).
 
     Returns:
-      ``passes[step]``: a tuple of :class:`AttnPass` for that step.
+      ``passes[step]``: a tuple of :class:`jspec.attention_meta.AttentionMetadata`.
     """
     spec = ecfg.spec
     k, p, s = spec.topk, spec.page_size, spec.num_steps
@@ -74,7 +69,9 @@ def draft_decode_passes(
             start = kv_indptr[step, :-1]
             seg_len = kv_indptr[step, 1:] - start  # L_b + step + 1
             idx = jnp.clip(start[:, None] + cols[None, :], 0, kv_indices.shape[1] - 1)
-            passes.append((AttnPass(kv_indices[step][idx], length_mask(seg_len, 1, width)),))
+            passes.append(
+                (AttentionMetadata(page_table=kv_indices[step][idx], kv_lens=seg_len, page_size=1),)
+            )
         return passes
     from jspec.attention_meta.page_table import draft_decode_metadata
 
@@ -90,19 +87,20 @@ def draft_decode_passes(
         impl=ecfg.kernel_impl,
     )
     normal, expand = meta.normal, meta.expand
-    pass_a = AttnPass(
-        page_table_slot_ids(normal.page_table, p),
-        length_mask(normal.cache_seqlens, k, normal.page_table.shape[1] * p),
+    pass_a = AttentionMetadata(
+        page_table=normal.page_table, kv_lens=normal.cache_seqlens, page_size=p
     )
-    passes = []
-    for step in range(s - 1):
-        table = expand.page_table[step]  # i32[B*K, S] page ids
-        pass_b = AttnPass(
-            page_table_slot_ids(table, p),
-            length_mask(expand.cache_seqlens[step], 1, table.shape[1] * p),
+    return [
+        (
+            pass_a,
+            AttentionMetadata(
+                page_table=expand.page_table[step],  # i32[B*K, S] page ids
+                kv_lens=expand.cache_seqlens[step],
+                page_size=p,
+            ),
         )
-        passes.append((pass_a, pass_b))
-    return passes
+        for step in range(s - 1)
+    ]
 
 
 def phase_draft(
@@ -151,22 +149,24 @@ def phase_extend(
     the next step's first tree level."""
     del target
     spec, reqs = ecfg.spec, res.batch.reqs
-    n, width = spec.num_draft_tokens, spec.context_len
+    n, p = spec.num_draft_tokens, spec.page_size
     batch = res.batch.live.shape[0]
     seq_lens = reqs.committed_lens
     ext_pos = (seq_lens[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]).reshape(-1)
-    attn = AttnPlan(
-        write_slot_ids=res.verify_loc,
-        passes=(
-            AttnPass(
-                row_slot_ids(res.buffers.req_to_token, reqs.req_pool_indices, width),
-                length_mask(seq_lens, n, width),
-            ),
-            AttnPass(
-                res.verify_loc.reshape(batch, n), causal_mask(jnp.zeros((batch,), jnp.int32), n, n)
-            ),
+    # The prefix pages [0, L) for all N window queries; the window slots as a causal tail.
+    meta = AttentionMetadata(
+        page_table=row_page_table(
+            res.buffers.req_to_token,
+            reqs.req_pool_indices,
+            page_size=p,
+            max_pages=ceil_div(spec.context_len, p),
         ),
+        kv_lens=seq_lens,
+        tail_slot_ids=res.verify_loc.reshape(batch, n),
+        tail_mask=causal_tail_mask(batch, n),
+        page_size=p,
     )
+    attn = AttnPlan(write_slot_ids=res.verify_loc, passes=(meta,))
     dpool, ext_hidden = run_draft(
         ecfg,
         draft,

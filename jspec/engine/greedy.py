@@ -9,7 +9,8 @@ One decode step for a padded bucket of batch slots (``slot_idx: i32[Bb]``, ``liv
     x' = argmax(logits); L' = L + 1
 
 Padding entries allocate nothing, read the padding row 0 and write slot 0. The step is a no-op
-(``ok`` False) when the pages are short.
+(``ok`` False) when the pages are short: every entry then becomes padding (no ``lax.cond``, so
+the donated pool is updated in place rather than copied for a skip branch).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
-from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, row_slot_ids
+from jspec.attention_meta.metadata import AttentionMetadata, row_page_table
+from jspec.config import ceil_div
+from jspec.engine.attention import AttnPlan
 from jspec.engine.model_calls import run_target, target_logits
 from jspec.engine.state import (
     EngineConfig,
@@ -51,7 +54,6 @@ def greedy_step_body(
     del draft, draft_params
     check_engine_models(ecfg, target)
     spec = ecfg.spec
-    bb = slot_idx.shape[0]
     seq = gather_slots(state.committed_lens, slot_idx, live)
     rpi = gather_slots(state.req_pool_indices, slot_idx, live)
     tokens = gather_slots(state.bonus_tokens, slot_idx, live)
@@ -59,38 +61,35 @@ def greedy_step_body(
     allocator, slots, ok = alloc_decode(
         state.allocator, seq + 1, last_loc, valid=live, impl=ecfg.kernel_impl
     )
-
-    def run(state: EngineState):
-        r2t = assign_req_to_token_pool(
-            state.req_to_token,
-            rpi,
-            jnp.where(live, seq, 0),
-            jnp.where(live, seq + 1, 0),
-            pack_valid(slots, live),
-            impl=ecfg.kernel_impl,
-        )
-        width = spec.context_len
-        plan = AttnPlan(
-            write_slot_ids=jnp.where(live, slots, 0),
-            passes=(AttnPass(row_slot_ids(r2t, rpi, width), causal_mask(seq, 1, width)),),
-        )
-        pool, hidden, _ = run_target(ecfg, target, params, state.target_pool, tokens, seq, plan)
-        nxt = jnp.argmax(target_logits(target, params, hidden), -1).astype(jnp.int32)
-        new = replace(
-            state,
-            allocator=allocator,
-            req_to_token=r2t,
-            target_pool=pool,
-            committed_lens=scatter_slots(state.committed_lens, slot_idx, live, seq + 1),
-            allocated_lens=scatter_slots(state.allocated_lens, slot_idx, live, seq + 1),
-            bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, live, nxt),
-        )
-        return new, nxt
-
-    def skip(state: EngineState):
-        return state, jnp.zeros((bb,), jnp.int32)
-
-    state, nxt = jax.lax.cond(ok, run, skip, state)
+    live = live & ok
+    seq, rpi = jnp.where(live, seq, 0), jnp.where(live, rpi, 0)
+    r2t = assign_req_to_token_pool(
+        state.req_to_token,
+        rpi,
+        seq,
+        jnp.where(live, seq + 1, 0),
+        pack_valid(slots, live),
+        impl=ecfg.kernel_impl,
+    )
+    p = spec.page_size
+    meta = AttentionMetadata(
+        page_table=row_page_table(r2t, rpi, page_size=p, max_pages=ceil_div(spec.context_len, p)),
+        kv_lens=jnp.where(live, seq + 1, 0),
+        page_size=p,
+    )
+    plan = AttnPlan(write_slot_ids=jnp.where(live, slots, 0), passes=(meta,))
+    pool, hidden, _ = run_target(ecfg, target, params, state.target_pool, tokens, seq, plan)
+    nxt = jnp.argmax(target_logits(target, params, hidden), -1).astype(jnp.int32)
+    nxt = jnp.where(live, nxt, 0)
+    state = replace(
+        state,
+        allocator=allocator,
+        req_to_token=r2t,
+        target_pool=pool,
+        committed_lens=scatter_slots(state.committed_lens, slot_idx, live, seq + 1),
+        allocated_lens=scatter_slots(state.allocated_lens, slot_idx, live, seq + 1),
+        bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, live, nxt),
+    )
     return state, GreedyStepOutput(next_tokens=nxt, ok=ok)
 
 

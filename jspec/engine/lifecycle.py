@@ -1,20 +1,28 @@
-"""Request admission (prefill) and retirement (release), both jitted over a padded batch.
+"""Request admission (chunked prefill) and retirement (release), both jitted over a padded batch.
 
-Prefill of up to ``prefill_batch`` prompts (padded to ``max_prompt_len``; ``prompt_len == 0``
-marks a padding entry):
+A prompt is prefilled in chunks (sglang ``--chunked-prefill-size``): each call takes up to
+``Bp`` requests with one chunk each, padded to ``[Bp, Cq]`` (``chunk_lens == 0`` marks a padding
+entry), so a call's activations are bounded by the chunk, not the prompt. Per entry::
 
-1. ``alloc_req_rows`` gives each prompt a req_to_token row;
-2. ``alloc_extend(prefix=0, seq=prompt_len, last_loc=-1)`` gives its slots, written into
-   ``row[0:prompt_len]`` by ``assign_req_to_token_pool``;
-3. the target runs the prompt (KV into the target pool at those slots, causal attention read
-   back through the row) and emits the first token ``x[n]`` (greedy);
-4. with a draft: the draft runs positions ``0..n-1`` on the shifted ids ``x[1..n]`` and the
-   target's feature (EAGLE-1: the final hidden; EAGLE-3: the aux of ``draft.capture_layers``),
-   writing the draft pool at the same slots; its last row gives the first tree level
-   ``topk_p/topk_index`` (target ids) and ``draft_hidden``.
+    start = tokens of the prompt already prefilled (0: the first chunk)
+    first chunk:   alloc_req_rows gives the request a req_to_token row (kept in its batch slot)
+    every chunk:   alloc_extend(prefix=start, seq=start+len, last_loc=row[start-1]) gives the
+                   chunk's slots, written into row[start : start+len]
+                   the target runs the chunk at positions start.. (K/V into the target pool,
+                   causal attention over the row's pages: kv_lens = start+len, q_lens = len)
+                   with a draft: the draft runs the same positions on the shifted ids
+                   x[p+1] (``next_ids`` for the chunk's last position, the first generated
+                   token for the prompt's) and the target's feature, into the draft pool
+    last chunk:    the first token x[n] (greedy argmax) becomes the slot's bonus token, the
+                   draft's last row its first tree level; the slot goes live (decodable)
 
-If the rows or pages are short, nothing changes and ``ok`` is False (the scheduler retries the
-prompt after other requests finish).
+Between chunks the slot holds the request (row, ``committed_lens = start``) but is not live:
+decode steps skip it, so long prompts interleave with running decodes.
+
+If the rows or pages are short, or an entry does not continue its slot (a later chunk whose
+slot holds no prefilling request at ``start``), nothing changes and ``ok`` is False (the
+scheduler retries after other requests finish). No ``lax.cond``: a failed call runs the forward
+over padding (writes go to the padding page), so the donated pools are updated in place.
 
 Release frees each finished request's pages ``row[0:allocated_len]`` (page-aligned segment,
 sglang ``free_segment``: jspec has no prefix cache, so the committed part is freed too) and its
@@ -30,8 +38,9 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
-from jspec.config import ceil_to_multiple
-from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, row_slot_ids
+from jspec.attention_meta.metadata import AttentionMetadata, row_page_table
+from jspec.config import ceil_div, ceil_to_multiple
+from jspec.engine.attention import AttnPlan
 from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
 from jspec.engine.state import (
     EngineConfig,
@@ -44,7 +53,187 @@ from jspec.engine.state import (
 from jspec.engine.step_types import PrefillOutput
 from jspec.kv.allocator import alloc_extend
 from jspec.kv.decode_alloc import release_kv_cache
-from jspec.kv.req_to_token import alloc_req_rows, assign_req_to_token_pool, free_req_rows
+from jspec.kv.req_to_token import (
+    alloc_req_rows,
+    assign_req_to_token_pool,
+    free_req_rows,
+    get_last_loc,
+)
+
+
+def _select(ok: jax.Array, new: Any, old: Any) -> Any:
+    return jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, old)
+
+
+def prefill_chunk_body(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    token_ids: jax.Array,
+    chunk_lens: jax.Array,
+    starts: jax.Array,
+    is_last: jax.Array,
+    next_ids: jax.Array,
+) -> tuple[EngineState, PrefillOutput]:
+    """The unjitted chunk prefill (what :func:`prefill_chunk` jits and the engine maps)."""
+    check_engine_models(ecfg, target, draft)
+    spec = ecfg.spec
+    p = spec.page_size
+    bp, cq = token_ids.shape
+    valid = chunk_lens > 0
+    lens = jnp.where(valid, chunk_lens, 0).astype(jnp.int32)
+    starts = jnp.where(valid, starts, 0).astype(jnp.int32)
+    is_last = valid & is_last
+    first_chunk = valid & (starts == 0)
+    cont = valid & ~first_chunk
+    # A later chunk must continue its slot: a row, not live, exactly ``start`` tokens in.
+    old_rpi = gather_slots(state.req_pool_indices, slot_idx, cont)
+    ok_cont = jnp.all(
+        ~cont
+        | (
+            (old_rpi > 0)
+            & ~gather_slots(state.live, slot_idx, cont)
+            & (gather_slots(state.committed_lens, slot_idx, cont) == starts)
+        )
+    )
+    req_rows, new_rows, ok_rows = alloc_req_rows(
+        state.req_rows, jnp.sum(first_chunk.astype(jnp.int32)), max_rows=bp
+    )
+    rank = jnp.clip(jnp.cumsum(first_chunk.astype(jnp.int32)) - 1, 0, bp - 1)
+    rpi = jnp.where(first_chunk, new_rows[rank], old_rpi)
+    ends = starts + lens
+    last_loc = get_last_loc(state.req_to_token, rpi, starts)
+    allocator, slots, ok_alloc = alloc_extend(
+        state.allocator,
+        starts,
+        ends,
+        last_loc,
+        max_new_slots=bp * (ceil_to_multiple(cq, p) + p),
+        valid=valid,
+        impl=ecfg.kernel_impl,
+    )
+    ok = ok_rows & ok_alloc & ok_cont
+    # Failed call: every entry is padding (row 0, nothing written but the padding page).
+    valid, is_last = valid & ok, is_last & ok
+    lens, starts = jnp.where(valid, lens, 0), jnp.where(valid, starts, 0)
+    ends, rpi = starts + lens, jnp.where(valid, rpi, 0)
+    allocator = _select(ok, allocator, state.allocator)
+    req_rows = _select(ok, req_rows, state.req_rows)
+    r2t = assign_req_to_token_pool(
+        state.req_to_token, rpi, starts, ends, jnp.where(ok, slots, 0), impl=ecfg.kernel_impl
+    )
+    col = jnp.arange(cq, dtype=jnp.int32)
+    tok_valid = col[None, :] < lens[:, None]  # [Bp, Cq]
+    pos = starts[:, None] + col[None, :]
+    write = r2t[rpi[:, None], jnp.clip(pos, 0, r2t.shape[1] - 1)]
+    meta = AttentionMetadata(
+        page_table=row_page_table(r2t, rpi, page_size=p, max_pages=ceil_div(spec.context_len, p)),
+        kv_lens=ends,
+        q_lens=lens,
+        page_size=p,
+        causal=True,
+    )
+    plan = AttnPlan(write_slot_ids=jnp.where(tok_valid, write, 0).reshape(-1), passes=(meta,))
+    positions = jnp.where(tok_valid, pos, 0).reshape(-1)
+    tpool, hidden, feature = run_target(
+        ecfg, target, params, state.target_pool, token_ids.reshape(-1), positions, plan, draft
+    )
+    last = jnp.clip(lens - 1, 0, cq - 1)
+    hidden_last = hidden.reshape(bp, cq, -1)[jnp.arange(bp), last]
+    first = jnp.argmax(target_logits(target, params, hidden_last), -1).astype(jnp.int32)
+    first = jnp.where(is_last, first, 0)
+    new = replace(
+        state,
+        allocator=allocator,
+        req_rows=req_rows,
+        req_to_token=r2t,
+        target_pool=tpool,
+        committed_lens=scatter_slots(state.committed_lens, slot_idx, valid, ends),
+        allocated_lens=scatter_slots(state.allocated_lens, slot_idx, valid, ends),
+        req_pool_indices=scatter_slots(state.req_pool_indices, slot_idx, valid, rpi),
+        live=scatter_slots(state.live, slot_idx, valid, is_last),
+        bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, is_last, first),
+    )
+    if draft is None:
+        return new, PrefillOutput(first_tokens=first, ok=ok)
+    # EAGLE: draft position p consumes (embed(x[p+1]), target_feature[p]).
+    shifted = jnp.concatenate([token_ids[:, 1:], jnp.zeros((bp, 1), jnp.int32)], 1)
+    shifted = shifted.at[jnp.arange(bp), last].set(jnp.where(is_last, first, next_ids))
+    dpool, dhidden = run_draft(
+        ecfg,
+        draft,
+        draft_params,
+        params,
+        state.draft_pool,
+        shifted.reshape(-1),
+        feature,
+        positions,
+        plan,
+    )
+    dlast = dhidden.reshape(bp, cq, -1)[jnp.arange(bp), last]
+    topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, dlast)
+    new = replace(
+        new,
+        draft_pool=dpool,
+        topk_p=scatter_slots(new.topk_p, slot_idx, is_last, topk_p),
+        topk_index=scatter_slots(new.topk_index, slot_idx, is_last, topk_index),
+        draft_hidden=scatter_slots(new.draft_hidden, slot_idx, is_last, dlast),
+    )
+    return new, PrefillOutput(first_tokens=first, ok=ok)
+
+
+@functools.partial(jax.jit, static_argnames=("ecfg", "target", "draft"), donate_argnames=("state",))
+def prefill_chunk(
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    state: EngineState,
+    slot_idx: jax.Array,
+    token_ids: jax.Array,
+    chunk_lens: jax.Array,
+    starts: jax.Array,
+    is_last: jax.Array,
+    next_ids: jax.Array,
+) -> tuple[EngineState, PrefillOutput]:
+    """Prefill one chunk of up to ``Bp`` prompts into batch slots of one shard (module doc).
+
+    Args:
+      ecfg: static engine config.
+      target, draft: static models (``jspec.engine.protocol``; ``draft`` None for a plain
+        greedy engine); params, draft_params: their weights (draft_params None without draft).
+      state: engine state (donated).
+      slot_idx: i32[Bp] batch slot per entry (a free slot for a first chunk, the request's
+        slot for a later one; any value for padding entries).
+      token_ids: i32[Bp, Cq] the chunk's prompt ids (positions ``start ..``), padded with any
+        valid id.
+      chunk_lens: i32[Bp] tokens in the chunk; 0 marks a padding entry.
+      starts: i32[Bp] prompt tokens prefilled by earlier chunks (0: the first chunk).
+      is_last: bool[Bp] the chunk ends the prompt (emit the first token, go live).
+      next_ids: i32[Bp] the prompt id after the chunk (read by the draft when not ``is_last``).
+
+    Returns:
+      (state, :class:`PrefillOutput`): ``first_tokens`` for ``is_last`` entries (0 otherwise).
+    """
+    return prefill_chunk_body(
+        ecfg,
+        target,
+        params,
+        draft,
+        draft_params,
+        state,
+        slot_idx,
+        token_ids,
+        chunk_lens,
+        starts,
+        is_last,
+        next_ids,
+    )
 
 
 def prefill_body(
@@ -58,91 +247,23 @@ def prefill_body(
     prompt_ids: jax.Array,
     prompt_lens: jax.Array,
 ) -> tuple[EngineState, PrefillOutput]:
-    """The unjitted prefill (what :func:`prefill` jits and the sharded engine maps)."""
-    check_engine_models(ecfg, target, draft)
-    spec = ecfg.spec
-    bp, lp = prompt_ids.shape
-    valid = prompt_lens > 0
-    lens = jnp.where(valid, prompt_lens, 0).astype(jnp.int32)
+    """Whole prompts as one chunk each (:func:`prefill_chunk_body` with ``start = 0``)."""
+    bp = prompt_ids.shape[0]
     zeros = jnp.zeros((bp,), jnp.int32)
-    req_rows, rows, ok_rows = alloc_req_rows(
-        state.req_rows, jnp.sum(valid.astype(jnp.int32)), max_rows=bp
-    )
-    rank = jnp.clip(jnp.cumsum(valid.astype(jnp.int32)) - 1, 0, bp - 1)
-    rpi = jnp.where(valid, rows[rank], 0)
-    allocator, slots, ok_alloc = alloc_extend(
-        state.allocator,
+    return prefill_chunk_body(
+        ecfg,
+        target,
+        params,
+        draft,
+        draft_params,
+        state,
+        slot_idx,
+        prompt_ids,
+        prompt_lens,
         zeros,
-        lens,
-        jnp.full((bp,), -1, jnp.int32),
-        max_new_slots=bp * ceil_to_multiple(lp, spec.page_size),
-        impl=ecfg.kernel_impl,
+        prompt_lens > 0,
+        zeros,
     )
-    ok = ok_rows & ok_alloc
-
-    def run(state: EngineState):
-        r2t = assign_req_to_token_pool(
-            state.req_to_token, rpi, zeros, lens, slots, impl=ecfg.kernel_impl
-        )
-        pos = jnp.arange(lp, dtype=jnp.int32)
-        tok_valid = pos[None, :] < lens[:, None]
-        row = row_slot_ids(r2t, rpi, lp)  # i32[Bp, Lp]
-        plan = AttnPlan(
-            write_slot_ids=jnp.where(tok_valid, row, 0).reshape(-1),
-            passes=(AttnPass(row, causal_mask(zeros, lp, lp, lengths=lens)),),
-        )
-        positions = jnp.tile(pos, bp)
-        tpool, hidden, feature = run_target(
-            ecfg, target, params, state.target_pool, prompt_ids.reshape(-1), positions, plan, draft
-        )
-        hidden = hidden.reshape(bp, lp, -1)
-        last = jnp.clip(lens - 1, 0, lp - 1)
-        first = jnp.argmax(target_logits(target, params, hidden[jnp.arange(bp), last]), -1)
-        first = first.astype(jnp.int32)
-        new = replace(
-            state,
-            allocator=allocator,
-            req_rows=req_rows,
-            req_to_token=r2t,
-            target_pool=tpool,
-            committed_lens=scatter_slots(state.committed_lens, slot_idx, valid, lens),
-            allocated_lens=scatter_slots(state.allocated_lens, slot_idx, valid, lens),
-            req_pool_indices=scatter_slots(state.req_pool_indices, slot_idx, valid, rpi),
-            live=scatter_slots(state.live, slot_idx, valid, valid),
-            bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, valid, first),
-        )
-        if draft is None:
-            return new, first
-        # EAGLE: draft position p consumes (embed(x[p+1]), target_hidden[p]).
-        shifted = jnp.concatenate([prompt_ids[:, 1:], jnp.zeros((bp, 1), jnp.int32)], 1)
-        shifted = shifted.at[jnp.arange(bp), last].set(first)
-        dpool, dhidden = run_draft(
-            ecfg,
-            draft,
-            draft_params,
-            params,
-            state.draft_pool,
-            shifted.reshape(-1),
-            feature,
-            positions,
-            plan,
-        )
-        dlast = dhidden.reshape(bp, lp, -1)[jnp.arange(bp), last]
-        topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, dlast)
-        new = replace(
-            new,
-            draft_pool=dpool,
-            topk_p=scatter_slots(new.topk_p, slot_idx, valid, topk_p),
-            topk_index=scatter_slots(new.topk_index, slot_idx, valid, topk_index),
-            draft_hidden=scatter_slots(new.draft_hidden, slot_idx, valid, dlast),
-        )
-        return new, first
-
-    def skip(state: EngineState):
-        return state, jnp.zeros((bp,), jnp.int32)
-
-    state, first = jax.lax.cond(ok, run, skip, state)
-    return state, PrefillOutput(first_tokens=first, ok=ok)
 
 
 @functools.partial(jax.jit, static_argnames=("ecfg", "target", "draft"), donate_argnames=("state",))
@@ -157,7 +278,8 @@ def prefill(
     prompt_ids: jax.Array,
     prompt_lens: jax.Array,
 ) -> tuple[EngineState, PrefillOutput]:
-    """Admit up to ``Bp`` prompts into free batch slots of one shard.
+    """Admit up to ``Bp`` whole prompts into free batch slots of one shard (one chunk each;
+    :func:`prefill_chunk` for longer prompts).
 
     Args:
       ecfg: static engine config.
@@ -165,8 +287,7 @@ def prefill(
         greedy engine); params, draft_params: their weights (draft_params None without draft).
       state: engine state (donated), from ``init_engine_state(ecfg, draft)``.
       slot_idx: i32[Bp] batch slot per prompt (any value for padding entries).
-      prompt_ids: i32[Bp, max_prompt_len] token ids in [0, target.vocab_size) (padding: any
-        valid id).
+      prompt_ids: i32[Bp, Lp] token ids in [0, target.vocab_size) (padding: any valid id).
       prompt_lens: i32[Bp]; 0 marks a padding entry.
 
     Returns:

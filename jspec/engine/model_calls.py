@@ -15,7 +15,6 @@ from jspec.engine.attention import AttnPlan, make_attn_fn
 from jspec.engine.protocol import model_scope
 from jspec.engine.state import EngineConfig
 from jspec.kernels.topk_probs import topk_probs
-from jspec.kv.pool import set_kv_buffer
 
 
 def run_target(
@@ -39,7 +38,7 @@ def run_target(
       consumes: the aux of ``draft.capture_layers`` (EAGLE-3) or ``hidden`` (EAGLE-1 / none).
     """
     capture = tuple(draft.capture_layers) if draft is not None else ()
-    attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
+    attn_fn = make_attn_fn(plan, ecfg.attention)
     with model_scope("target"):
         pool, hidden, aux = target.forward(
             params,
@@ -75,7 +74,7 @@ def run_draft(
     Returns:
       (pool, hidden_out dtype[T, Hd]).
     """
-    attn_fn = make_attn_fn(plan, set_kv_buffer, ecfg.attention_kernel_impl)
+    attn_fn = make_attn_fn(plan, ecfg.attention)
     with model_scope("draft"):
         return draft.forward(
             params,

@@ -14,17 +14,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.engine.attention import attend
-
 
 def _dense_attn_fn(length: jax.Array):
+    """Causal GQA softmax attention over the forward's own K/V (f32, HIGHEST): no pool, no
+    page table, nothing shared with the engine's attention path."""
+
     def attn_fn(layer, pool, q, k, v):
         del layer
-        width = k.shape[0]
-        pos = jnp.arange(width, dtype=jnp.int32)
+        num_tokens, hq, dim = q.shape
+        hkv = k.shape[1]
+        pos = jnp.arange(num_tokens, dtype=jnp.int32)
         mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] < length)  # [T, T]
-        out, _ = attend(q[None], k, v, pos[None, :], mask[None])
-        return pool, out[0]
+        qg = q.astype(jnp.float32).reshape(num_tokens, hkv, hq // hkv, dim)
+        hp = jax.lax.Precision.HIGHEST
+        s = jnp.einsum("qhgd,khd->hgqk", qg, k.astype(jnp.float32), precision=hp)
+        s = jnp.where(mask, s * dim**-0.5, -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1)
+        out = jnp.einsum("hgqk,khd->qhgd", p, v.astype(jnp.float32), precision=hp)
+        return pool, out.reshape(num_tokens, hq, dim)
 
     return attn_fn
 

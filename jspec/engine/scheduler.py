@@ -5,16 +5,23 @@ sharded step calls, token bookkeeping, leak checks) whose methods share the Engi
 state; a split would scatter that state across modules while the loop is being reworked
 (host-loop overlap).
 
-Between two decode steps the scheduler
+Each iteration of the host loop
 
 1. admits waiting requests (arrival step reached, FIFO) into free batch slots of the
-   least-loaded shard, ``prefill_batch`` prompts per prefill call, as long as the pages
-   promised to the shard's requests (each one's lifetime maximum, :meth:`Engine.lifetime_pages`)
-   fit the pool, so a decode step never runs out of pages; a prefill that still finds the pages
-   or rows short (``ok`` False) puts its prompts back in the queue;
-2. runs one decode step (plain greedy or speculative) over the smallest batch bucket that holds
-   every shard's running requests (padding entries are invalid rows: row 0, slot 0);
-3. appends the emitted tokens (spec: ``accept_tokens[:accept_len]``), truncates at
+   least-loaded shard while pages last. ``admission="reserve"`` (default) counts the pages
+   promised to the shard's requests (each one's lifetime maximum,
+   :meth:`Engine.lifetime_pages`), so a decode step never runs out of pages;
+   ``"optimistic"`` counts only the pages requests hold now plus one decode step's reserve each,
+   so more requests run at once, and a decode step that finds the pages short *preempts* the
+   newest request (its pages and row are released, it goes back to the head of the queue with
+   its prompt + the tokens it emitted, and is prefilled again later: no token is lost);
+2. runs one prefill call: up to ``prefill_batch`` admitted prompts per shard advance by one
+   chunk (``ecfg.max_chunk_len`` tokens at most, padded to a prefill bucket), so long prompts
+   interleave with running decodes; a prompt's last chunk emits its first token and makes it
+   live;
+3. runs one decode step (plain greedy or speculative) over the smallest batch bucket that holds
+   every shard's live requests (padding entries are invalid rows: row 0, slot 0);
+4. appends the emitted tokens (spec: ``accept_tokens[:accept_len]``), truncates at
    ``max_new_tokens`` / EOS, and releases finished requests (pages, row, batch slot).
 
 After every run the allocator must be back to all pages free and all rows free (leak check,
@@ -37,7 +44,7 @@ from jspec._pytree import replace
 from jspec.engine import sharding
 from jspec.engine.greedy import greedy_step_body
 from jspec.engine.inputs import validate_requests
-from jspec.engine.lifecycle import prefill_body, release_body
+from jspec.engine.lifecycle import prefill_chunk_body, release_body
 from jspec.engine.state import (
     EngineConfig,
     EngineState,
@@ -46,6 +53,8 @@ from jspec.engine.state import (
 )
 from jspec.kv.allocator import available_size
 from jspec.kv.integrity import check_integrity, owned_page_mask
+
+ADMISSIONS = ("reserve", "optimistic")
 
 
 @dataclasses.dataclass
@@ -60,6 +69,13 @@ class Request:
     accept_lens: list[int] = dataclasses.field(default_factory=list)
     shard: int = -1
     slot: int = -1
+    # ids being prefilled (the prompt; after a preemption the prompt + the tokens emitted) and
+    # how many of them are in the KV pool so far
+    prefill_ids: list[int] = dataclasses.field(default_factory=list)
+    prefilled: int = 0
+    admitted_at: int = -1  # admission order (preemption picks the newest)
+    ttft_s: float = -1.0  # seconds from the run's start to the first token
+    num_preemptions: int = 0
 
 
 @dataclasses.dataclass
@@ -77,6 +93,9 @@ class RunStats:
     batch_sizes: list[int] = dataclasses.field(default_factory=list)
     step_s: list[float] = dataclasses.field(default_factory=list)  # each decode step's wall
     request_accept_lens: list[list[int]] = dataclasses.field(default_factory=list)
+    ttft_s: list[float] = dataclasses.field(default_factory=list)  # per request
+    num_prefill_calls: int = 0
+    num_preemptions: int = 0
     leak_check: str = ""
 
     @property
@@ -87,6 +106,22 @@ class RunStats:
     @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclasses.dataclass
+class _Loop:
+    """The host loop's bookkeeping of one :meth:`Engine.generate` run (per shard lists)."""
+
+    pending: collections.deque  # Requests not admitted yet (FIFO by arrival)
+    prefilling: list[list[Request]]  # admitted, KV being prefilled chunk by chunk
+    running: list[dict[int, Request]]  # live (decoding) requests by batch slot
+    free_slots: list[list[int]]
+    t_start: float
+    next_admission: int = 0
+
+    @property
+    def busy(self) -> bool:
+        return any(self.running) or any(self.prefilling)
 
 
 class Engine:
@@ -106,6 +141,9 @@ class Engine:
         Also on, whatever this flag says, whenever probes are on at call time
         (``JSPEC_ENABLE_ASYNC_ASSERT=1`` or inside ``probes_enabled()``): probes are always
         functionalized, never left as bare ``checkify.check`` under ``jit``.
+      admission: ``"reserve"`` (admit while the requests' lifetime pages fit: never preempts)
+        or ``"optimistic"`` (admit while the pages held now fit; preempt the newest request and
+        prefill it again later when a decode step finds the pages short). See the module doc.
     """
 
     def __init__(
@@ -120,8 +158,13 @@ class Engine:
         eos_token_id: int | Sequence[int] | None = None,
         check_every_step: bool = False,
         checkify: bool = False,
+        admission: str = "reserve",
     ) -> None:
         from jspec.engine.inputs import check_count
+
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission={admission!r} must be one of {ADMISSIONS}")
+        self.admission = admission
 
         num_devices = check_count("num_devices", num_devices)
         if (draft is None) != (draft_params is None):
@@ -186,9 +229,25 @@ class Engine:
         self.state, result = out
         return _tree_to_host(result)
 
-    def _call_prefill(self, slot_idx, prompt_ids, prompt_lens):
-        num_tokens = prompt_ids.shape[-2] * prompt_ids.shape[-1]
-        out = self._call(prefill_body, num_tokens, slot_idx, prompt_ids, prompt_lens)
+    def _call_prefill(
+        self, slot_idx, token_ids, chunk_lens, starts=None, is_last=None, next_ids=None
+    ):
+        """One prefill call (``[D, Bp]`` entries of ``[D, Bp, Cq]`` tokens); by default every
+        entry is a whole prompt (start 0, last chunk)."""
+        starts = np.zeros_like(chunk_lens) if starts is None else starts
+        is_last = (chunk_lens > 0) if is_last is None else is_last
+        next_ids = np.zeros_like(chunk_lens) if next_ids is None else next_ids
+        num_tokens = token_ids.shape[-2] * token_ids.shape[-1]
+        out = self._call(
+            prefill_chunk_body,
+            num_tokens,
+            slot_idx,
+            token_ids,
+            chunk_lens,
+            starts,
+            is_last,
+            next_ids,
+        )
         return out.first_tokens, out.ok
 
     def _call_step(self, slot_idx, live):
@@ -198,14 +257,16 @@ class Engine:
         self._call(release_body, 0, slot_idx, finished)
 
     def warmup(self) -> None:
-        """Compile prefill, release and the decode step of every bucket (all-padding inputs)."""
+        """Compile prefill (every chunk bucket), release and the decode step of every batch
+        bucket (all-padding inputs: no state changes)."""
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
-        bp, lp = self.ecfg.prefill_batch, self.ecfg.max_prompt_len
-        self._call_prefill(
-            np.full((d, bp), m, np.int32),
-            np.zeros((d, bp, lp), np.int32),
-            np.zeros((d, bp), np.int32),
-        )
+        bp = self.ecfg.prefill_batch
+        for cq in self.ecfg.prefill_chunk_buckets:
+            self._call_prefill(
+                np.full((d, bp), m, np.int32),
+                np.zeros((d, bp, cq), np.int32),
+                np.zeros((d, bp), np.int32),
+            )
         for bucket in self.ecfg.batch_buckets:
             idx = np.full((d, bucket), m, np.int32)
             self._call_step(idx, np.zeros((d, bucket), bool))
@@ -229,8 +290,8 @@ class Engine:
           prompts: token id lists (1 <= len <= max_prompt_len, ids in [0, vocab_size)).
           max_new_tokens: per request (or one int for all), >= 1; ``len(prompt) +
             max_new_tokens`` must be <= context_len.
-          arrivals: decode-step index at which each request arrives (default all 0).
-          progress: ``progress(tokens_done, tokens_total)`` after every step.
+          arrivals: loop iteration at which each request arrives (default all 0).
+          progress: ``progress(tokens_done, tokens_total)`` after every iteration.
 
         Returns:
           (outputs, stats): outputs[i] = generated tokens of prompt i (truncated at
@@ -248,7 +309,7 @@ class Engine:
         n = len(prompts)
         reqs = []
         for i, prompt in enumerate(prompts):
-            reqs.append(Request(i, prompt, max_new[i], arrivals[i]))
+            reqs.append(Request(i, prompt, max_new[i], arrivals[i], prefill_ids=list(prompt)))
             if self.lifetime_pages(reqs[-1]) > spec.num_pages:
                 raise ValueError(
                     f"prompt {i}: needs up to {self.lifetime_pages(reqs[-1])} "
@@ -257,98 +318,94 @@ class Engine:
         stats = RunStats(mode=self.mode, num_requests=n)
         total_tokens = sum(max_new)
         d, m = self.num_devices, spec.max_running_requests
-        pending = collections.deque(sorted(reqs, key=lambda r: (r.arrival_step, r.rid)))
-        running: list[dict[int, Request]] = [{} for _ in range(d)]
-        free_slots: list[list[int]] = [list(range(m)) for _ in range(d)]
-        t_start = time.perf_counter()
+        loop = _Loop(
+            pending=collections.deque(sorted(reqs, key=lambda r: (r.arrival_step, r.rid))),
+            prefilling=[[] for _ in range(d)],
+            running=[{} for _ in range(d)],
+            free_slots=[list(range(m)) for _ in range(d)],
+            t_start=time.perf_counter(),
+        )
         step = 0
-        while pending or any(running):
-            t0 = time.perf_counter()
-            self._admit(step, pending, running, free_slots)
-            stats.prefill_s += time.perf_counter() - t0
-            self._retire(running, free_slots)
-            if not any(running):
-                if pending:
-                    step = max(step + 1, pending[0].arrival_step)
+        while loop.pending or loop.busy:
+            self._admit(step, loop)
+            if any(loop.prefilling):
+                t0 = time.perf_counter()
+                self._prefill_round(loop, stats)
+                stats.prefill_s += time.perf_counter() - t0
+            self._retire(loop)
+            if any(loop.running):
+                t0 = time.perf_counter()
+                self._decode_step(loop, stats)
+                stats.step_s.append(time.perf_counter() - t0)
+                stats.decode_s += stats.step_s[-1]
+                self._retire(loop)
+                if self.check_every_step:
+                    self.check_integrity(what=f"after decode step {stats.num_decode_steps}")
+            elif not any(loop.prefilling) and loop.pending:
+                step = max(step + 1, loop.pending[0].arrival_step)
                 continue
-            t0 = time.perf_counter()
-            self._decode_step(running, stats)
-            stats.step_s.append(time.perf_counter() - t0)
-            stats.decode_s += stats.step_s[-1]
-            self._retire(running, free_slots)
-            if self.check_every_step:
-                self.check_integrity(what=f"after decode step {stats.num_decode_steps}")
             if progress is not None:
                 progress(sum(len(r.output) for r in reqs), total_tokens)
             step += 1
-        stats.wall_s = time.perf_counter() - t_start
+        stats.wall_s = time.perf_counter() - loop.t_start
         stats.num_tokens = sum(len(r.output) for r in reqs)
         stats.request_accept_lens = [r.accept_lens for r in reqs]
+        stats.ttft_s = [r.ttft_s for r in reqs]
+        stats.num_preemptions = sum(r.num_preemptions for r in reqs)
         stats.leak_check = self.check_leaks()
         return [r.output for r in reqs], stats
 
-    def _admit(
-        self,
-        step: int,
-        pending: collections.deque,
-        running: list[dict],
-        free_slots: list[list[int]],
-    ) -> None:
-        d, bp = self.num_devices, self.ecfg.prefill_batch
-        m, lp = self.ecfg.spec.max_running_requests, self.ecfg.max_prompt_len
+    # ---- admission and prefill -------------------------------------------------------------------
+    def _admit(self, step: int, loop: _Loop) -> None:
+        """Give arrived requests (FIFO) a free batch slot of the least-loaded shard while its
+        pages last (module doc); the prefill rounds then fill their KV."""
         num_pages = self.ecfg.spec.num_pages
-        blocked = [False] * d
-        while pending and pending[0].arrival_step <= step:
-            batch: list[list[Request]] = [[] for _ in range(d)]
-            # Pages promised to running requests (their lifetime maximum) and to this batch.
-            promised = [sum(self.lifetime_pages(r) for r in running[s].values()) for s in range(d)]
-            while pending and pending[0].arrival_step <= step:
-                need = self.lifetime_pages(pending[0])
-                room = [
-                    len(free_slots[s]) - len(batch[s])
-                    if not blocked[s] and len(batch[s]) < bp and promised[s] + need <= num_pages
-                    else 0
-                    for s in range(d)
-                ]
-                shard = int(np.argmax(room))
-                if room[shard] <= 0:
-                    break  # FIFO: the head of the queue waits for pages / slots
-                batch[shard].append(pending.popleft())
-                promised[shard] += need
-            if not any(batch):
-                return
-            slot_idx = np.full((d, bp), m, np.int32)
-            prompt_ids = np.zeros((d, bp, lp), np.int32)
-            prompt_lens = np.zeros((d, bp), np.int32)
-            for s in range(d):
-                for i, req in enumerate(batch[s]):
-                    slot_idx[s, i] = free_slots[s][i]
-                    prompt_ids[s, i, : len(req.prompt)] = req.prompt
-                    prompt_lens[s, i] = len(req.prompt)
-            first, ok = self._call_prefill(slot_idx, prompt_ids, prompt_lens)
-            for s in range(d):
-                if not batch[s]:
-                    continue
-                if not ok[s]:
-                    if not running[s]:
-                        raise RuntimeError(
-                            f"shard {s}: cannot admit {len(batch[s])} prompt(s) into an idle "
-                            f"engine: KV pool ({self.ecfg.spec.num_pages} pages) or request "
-                            "rows too small"
-                        )
-                    blocked[s] = True
-                    pending.extendleft(reversed(batch[s]))
-                    continue
-                for i, req in enumerate(batch[s]):
-                    req.shard, req.slot = s, free_slots[s].pop(0)
-                    assert req.slot == slot_idx[s, i]
-                    req.output.append(int(first[s, i]))
-                    running[s][req.slot] = req
-            if all(blocked[s] or not free_slots[s] for s in range(d)):
-                return
+        while loop.pending and loop.pending[0].arrival_step <= step:
+            req = loop.pending[0]
+            need = self._admit_pages(req)
+            room = [
+                len(loop.free_slots[s])
+                if self._held_pages(loop, s) + need <= num_pages and loop.free_slots[s]
+                else 0
+                for s in range(self.num_devices)
+            ]
+            shard = int(np.argmax(room))
+            if room[shard] <= 0:
+                return  # FIFO: the head of the queue waits for pages / slots
+            loop.pending.popleft()
+            req.shard, req.slot = shard, loop.free_slots[shard].pop(0)
+            req.prefilled, req.admitted_at = 0, loop.next_admission
+            loop.next_admission += 1
+            loop.prefilling[shard].append(req)
+
+    def _admit_pages(self, req: Request) -> int:
+        """Pages admission counts for ``req`` (its lifetime under ``"reserve"``; under
+        ``"optimistic"`` its prompt plus one decode step's reserve)."""
+        if self.admission == "reserve":
+            return self.lifetime_pages(req)
+        return self._pages_for(len(req.prefill_ids) + self._decode_reserve())
+
+    def _held_pages(self, loop: _Loop, shard: int) -> int:
+        """Pages admission sees as taken on ``shard`` (what :meth:`_admit_pages` counted for
+        each admitted request; under ``"optimistic"`` what they hold now)."""
+        reqs = list(loop.running[shard].values()) + loop.prefilling[shard]
+        if self.admission == "reserve":
+            return sum(self.lifetime_pages(r) for r in reqs)
+        return sum(
+            self._pages_for(len(r.prefill_ids) + len(r.output) + self._decode_reserve())
+            for r in reqs
+        )
+
+    def _decode_reserve(self) -> int:
+        spec = self.ecfg.spec
+        return spec.alloc_reserve_per_decode if self.mode == "spec" else 1
+
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.ecfg.spec.page_size)
 
     def lifetime_pages(self, req: Request) -> int:
-        """Most pages ``req`` can hold at once (admission control: never exhaust mid-decode).
+        """Most pages ``req`` can hold at once (``"reserve"`` admission: never exhaust
+        mid-decode).
 
         Spec: rows grow to ``ceil_P(committed + alloc_reserve_per_decode)`` with committed below
         ``prompt + max_new``; greedy: ``ceil(prompt + max_new, P)`` pages.
@@ -359,6 +416,80 @@ class Engine:
             total += spec.alloc_reserve_per_decode
         return -(-total // spec.page_size)
 
+    def _prefill_round(self, loop: _Loop, stats: RunStats) -> None:
+        """One prefill call: the first ``prefill_batch`` prefilling requests of every shard
+        advance by one chunk; a last chunk emits the first token and makes the request live."""
+        d, m, bp = self.num_devices, self.ecfg.spec.max_running_requests, self.ecfg.prefill_batch
+        max_chunk = self.ecfg.max_chunk_len
+        batch = [loop.prefilling[s][:bp] for s in range(d)]
+        chunk = [
+            [min(len(r.prefill_ids) - r.prefilled, max_chunk) for r in batch[s]] for s in range(d)
+        ]
+        cq = self.ecfg.prefill_bucket_for(max(max(c, default=1) for c in chunk))
+        slot_idx = np.full((d, bp), m, np.int32)
+        token_ids = np.zeros((d, bp, cq), np.int32)
+        lens, starts = np.zeros((d, bp), np.int32), np.zeros((d, bp), np.int32)
+        is_last, next_ids = np.zeros((d, bp), bool), np.zeros((d, bp), np.int32)
+        for s in range(d):
+            for i, (req, c) in enumerate(zip(batch[s], chunk[s], strict=True)):
+                a, ids = req.prefilled, req.prefill_ids
+                slot_idx[s, i], lens[s, i], starts[s, i] = req.slot, c, a
+                token_ids[s, i, :c] = ids[a : a + c]
+                is_last[s, i] = a + c == len(ids)
+                next_ids[s, i] = ids[a + c] if a + c < len(ids) else 0
+        first, ok = self._call_prefill(slot_idx, token_ids, lens, starts, is_last, next_ids)
+        stats.num_prefill_calls += 1
+        for s in range(d):
+            if not batch[s]:
+                continue
+            if not ok[s]:
+                # Pages or rows short: nothing changed; wait for running requests to free
+                # some, or give up when nothing else holds any (the pool is too small).
+                if not loop.running[s] and len(loop.prefilling[s]) <= len(batch[s]):
+                    if not any(r.prefilled for r in batch[s]):
+                        raise RuntimeError(
+                            f"shard {s}: cannot prefill {len(batch[s])} prompt(s) into an idle "
+                            f"engine: KV pool ({self.ecfg.spec.num_pages} pages) or request "
+                            "rows too small"
+                        )
+                    self._preempt(loop, s, batch[s][-1])
+                continue
+            for i, req in enumerate(batch[s]):
+                req.prefilled += int(lens[s, i])
+                if not is_last[s, i]:
+                    continue
+                loop.prefilling[s].remove(req)
+                req.output.append(int(first[s, i]))
+                if req.ttft_s < 0:
+                    req.ttft_s = time.perf_counter() - loop.t_start
+                loop.running[s][req.slot] = req
+
+    def _preempt(self, loop: _Loop, shard: int, req: Request) -> None:
+        """Release ``req``'s pages and row and queue it again (head of the queue) to be
+        prefilled from scratch with its prompt + every token it emitted (no token is lost)."""
+        d = self.num_devices
+        slot_idx = np.full((d, 1), self.ecfg.spec.max_running_requests, np.int32)
+        finished = np.zeros((d, 1), bool)
+        slot_idx[shard, 0], finished[shard, 0] = req.slot, True
+        self._call_release(self._pad_bucket(slot_idx), self._pad_bucket(finished))
+        loop.running[shard].pop(req.slot, None)
+        if req in loop.prefilling[shard]:
+            loop.prefilling[shard].remove(req)
+        loop.free_slots[shard].append(req.slot)
+        loop.free_slots[shard].sort()
+        req.prefill_ids = list(req.prompt) + list(req.output)
+        req.prefilled, req.slot, req.num_preemptions = 0, -1, req.num_preemptions + 1
+        loop.pending.appendleft(req)
+
+    def _pad_bucket(self, x: np.ndarray) -> np.ndarray:
+        """``[D, n]`` host array padded to the smallest batch bucket (release / step calls)."""
+        bucket = self.ecfg.bucket_for(x.shape[1])
+        fill = self.ecfg.spec.max_running_requests if x.dtype != bool else False
+        out = np.full((x.shape[0], bucket), fill, x.dtype)
+        out[:, : x.shape[1]] = x
+        return out
+
+    # ---- decode ------------------------------------------------------------------------------
     def _bucket_arrays(self, running: list[dict]) -> tuple[np.ndarray, np.ndarray, list]:
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
         bucket = self.ecfg.bucket_for(max(len(r) for r in running))
@@ -372,16 +503,26 @@ class Engine:
             order.append(slots)
         return slot_idx, live, order
 
-    def _decode_step(self, running: list[dict], stats: RunStats) -> None:
-        slot_idx, live, order = self._bucket_arrays(running)
-        out = self._call_step(slot_idx, live)
-        ok = out.ok
-        if not np.all(ok):
-            raise RuntimeError(
-                f"decode step {stats.num_decode_steps}: KV pool exhausted on "
-                f"shard(s) {np.flatnonzero(~ok).tolist()} (num_pages="
-                f"{self.ecfg.spec.num_pages})"
-            )
+    def _decode_step(self, loop: _Loop, stats: RunStats) -> None:
+        running = loop.running
+        while True:
+            slot_idx, live, order = self._bucket_arrays(running)
+            out = self._call_step(slot_idx, live)
+            ok = out.ok
+            if np.all(ok):
+                break
+            # Pages short on some shard: the step changed nothing there (nor anywhere: every
+            # shard reruns). Preempt the newest request of each short shard and retry.
+            for s in np.flatnonzero(~ok).tolist():
+                victims = list(running[s].values()) + loop.prefilling[s]
+                if self.admission == "reserve" or len(victims) <= 1 or not running[s]:
+                    raise RuntimeError(
+                        f"decode step {stats.num_decode_steps}: KV pool exhausted on shard {s} "
+                        f"(num_pages={self.ecfg.spec.num_pages})"
+                    )
+                self._preempt(loop, s, max(victims, key=lambda r: r.admitted_at))
+            if not any(running):
+                return
         stats.num_decode_steps += 1
         stats.batch_sizes.append(int(live.sum()))
         # NOTE: .tolist() once, not int() per element (per-step host time at bs 64).
@@ -411,7 +552,8 @@ class Engine:
             return True
         return False
 
-    def _retire(self, running: list[dict], free_slots: list[list[int]]) -> None:
+    def _retire(self, loop: _Loop) -> None:
+        running, free_slots = loop.running, loop.free_slots
         done = [
             [slot for slot, req in running[s].items() if self._finished(req)]
             for s in range(self.num_devices)
@@ -466,7 +608,7 @@ class Engine:
                 st.allocated_lens,
                 num_pages=spec.num_pages,
                 page_size=spec.page_size,
-                valid=st.live,
+                valid=np.asarray(st.req_pool_indices) > 0,  # live + prefilling requests
             )
             check_integrity(st.allocator, owned, what=f"shard {s} {what}".strip())
 

@@ -51,12 +51,9 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
-from jspec.engine.attention import (
-    AttnPass,
-    AttnPlan,
-    length_mask,
-    row_slot_ids,
-)
+from jspec.attention_meta.metadata import AttentionMetadata, row_page_table
+from jspec.config import ceil_div
+from jspec.engine.attention import AttnPlan
 from jspec.engine.draft_phases import draft_decode_passes, phase_draft, phase_extend
 from jspec.engine.model_calls import run_target, target_logits
 from jspec.engine.state import (
@@ -185,17 +182,22 @@ def phase_verify(
     """5: the target over the N tree nodes: prefix pass over the row + tree-masked pass."""
     del draft_params
     spec, reqs, tree = ecfg.spec, plan.batch.reqs, plan.tree
-    batch, n, width = plan.batch.live.shape[0], spec.num_draft_tokens, spec.context_len
-    attn = AttnPlan(
-        write_slot_ids=plan.verify_loc,
-        passes=(
-            AttnPass(
-                row_slot_ids(plan.buffers.req_to_token, reqs.req_pool_indices, width),
-                length_mask(reqs.committed_lens, n, width),
-            ),
-            AttnPass(plan.verify_loc.reshape(batch, n), tree.tree_mask),
+    batch, n, p = plan.batch.live.shape[0], spec.num_draft_tokens, spec.page_size
+    # The prefix pages [0, L) read once for all N tree queries; the N verify slots as the tail
+    # with the tree's ancestor mask.
+    meta = AttentionMetadata(
+        page_table=row_page_table(
+            plan.buffers.req_to_token,
+            reqs.req_pool_indices,
+            page_size=p,
+            max_pages=ceil_div(spec.context_len, p),
         ),
+        kv_lens=reqs.committed_lens,
+        tail_slot_ids=plan.verify_loc.reshape(batch, n),
+        tail_mask=tree.tree_mask,
+        page_size=p,
     )
+    attn = AttnPlan(write_slot_ids=plan.verify_loc, passes=(meta,))
     tpool, hidden, feature = run_target(
         ecfg,
         target,

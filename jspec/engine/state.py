@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jspec._compact import compact
 from jspec._pytree import pytree_dataclass
 from jspec.config import BatchBuckets, SpecConfig, ceil_div
+from jspec.engine.attention import PagedAttentionBackend
 from jspec.engine.protocol import DTYPES, check_models
 from jspec.kv.allocator import PagedAllocator, init_allocator
 from jspec.kv.decode_alloc import ReqKVState
@@ -44,16 +45,15 @@ from jspec.kv.req_to_token import ReqRowAllocator, init_req_rows, init_req_to_to
 
 DRAFT_ATTENTION = ("cascade", "kv_indices")
 IMPLS = ("auto", "xla", "pallas")
-# attention_impl="auto" takes the Pallas kernel on GPU up to this head dim. Measured on the
-# H200 (bench/paged_attention.py, bench/RESULTS.md): at 4/2 heads x 32 the kernel is 1.4-2.9x
-# XLA's gather + softmax on every pass but one (draft pass B: equal) and cuts the bs64 spec
-# step from 4.3 to 3.1 ms; at 32/8 heads x 128 (bf16 pool) it is 0.4-0.85x XLA (f32 FMA dots,
-# one program per row and KV head), so XLA keeps those.
-AUTO_PALLAS_MAX_HEAD_DIM = 32
-# attention_impl: also "triton" (jspec.kernels.paged_attention_triton: bf16 tensor-core flash
-# decoding). "auto" takes it on GPU for bf16 / f16 models with larger head dims (bench/RESULTS.md,
-# 2026-11-24: 32/8 heads x 128, bf16); f32 models keep the exact-f32 paths.
-ATTENTION_IMPLS = IMPLS + ("triton",)
+# attention_impl: the paged attention kernels reading K/V from pool pages by page table
+# (jspec.kernels.paged_attention): "xla" (the pure-jnp reference), "triton" (raw Triton through
+# jax_triton, GPU only) or "auto" ("triton" on GPU, "xla" elsewhere).
+ATTENTION_IMPLS = ("auto", "xla", "triton")
+# chunked_prefill_size: prompt tokens per prefill call (sglang --chunked-prefill-size; its
+# default on large GPUs). Prefill chunk lengths are compiled per bucket (prefill_buckets):
+# by default the largest chunk and its quarters down to MIN_PREFILL_BUCKET.
+DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+MIN_PREFILL_BUCKET = 64
 # gemm_impl: how XLA compiles the model's matmuls. "auto" turns XLA's Triton GEMM emitter off
 # (cuBLAS) on GPU for calls whose target forward holds >= CUBLAS_MIN_TOKENS tokens. Measured on
 # the H200 (bench/skinny_matmul.py --layers, bench/RESULTS.md, 2026-11-24, 8B layers, bf16): at
@@ -90,18 +90,30 @@ class EngineConfig:
         ``tensor_parallel > 1`` the model bodies call ``psum`` over the mesh axis
         :attr:`tp_axis`, so they run only under ``jspec.engine.sharding.sharded``.
       attention_impl: the paged attention of every model forward
-        (:func:`jspec.kernels.paged_attention.paged_attention`): ``"xla"`` (gather + masked
-        softmax in pure jnp), ``"pallas"`` (one fused kernel per pass), ``"triton"`` (raw Triton
-        flash decoding, GPU only) or ``"auto"`` (default: on GPU ``"pallas"`` for
-        ``head_dim <= 32``, else ``"triton"`` for bf16 / f16 models; ``"xla"`` otherwise); see
-        :attr:`attention_kernel_impl`. Greedy and speculative runs of one config use the same
-        impl, so they stay token-identical.
+        (:func:`jspec.kernels.paged_attention.paged_attention`, page tables and lengths in):
+        ``"xla"`` (the pure-jnp reference: gathers pages), ``"triton"`` (raw Triton kernels
+        reading K/V from pool pages, GPU only) or ``"auto"`` (default: ``"triton"`` on GPU,
+        ``"xla"`` otherwise). Greedy and speculative runs of one config use the same impl, so
+        they stay token-identical.
+      attention_backend: an :class:`jspec.engine.attention.AttentionBackend` object (hashable)
+        that replaces ``attention_impl`` (a serving stack's own attention over the same pool).
       gemm_impl: how XLA compiles the models' matmuls on GPU: ``"xla"`` (its autotuned Triton
         GEMM fusions), ``"cublas"`` (the Triton GEMM emitter off: cuBLAS) or ``"auto"``
         (default: ``"cublas"`` for calls whose target forward holds at least
         :data:`CUBLAS_MIN_TOKENS` tokens, else ``"xla"``); see :meth:`gemm_compiler_options`.
         No effect off the GPU. In bf16 the two may round differently (f32 models are exact
         either way).
+      chunked_prefill_size: prompt tokens per prefill call over the whole prefill batch
+        (sglang ``--chunked-prefill-size``): a call prefills ``[prefill_batch, Cq]`` tokens with
+        ``Cq <= chunked_prefill_size // prefill_batch``, so activations are bounded by the
+        chunk; longer prompts take several calls, interleaved with decode steps.
+      prefill_buckets: chunk lengths ``Cq`` compiled (ascending); None: the largest chunk
+        (``min(chunked_prefill_size // prefill_batch, max_prompt_len)`` and its quarters down
+        to :data:`MIN_PREFILL_BUCKET` (:attr:`prefill_chunk_buckets`).
+      mem_fraction_static: the fraction of device memory weights + KV pools may take (sglang
+        ``--mem-fraction-static``) when the pool was sized from free memory
+        (:func:`make_engine_config`); None: ``num_pages`` was given or sized for the worst
+        case. Informational here.
     """
 
     spec: SpecConfig
@@ -113,6 +125,10 @@ class EngineConfig:
     tensor_parallel: int = 1
     attention_impl: str = "auto"
     gemm_impl: str = "auto"
+    attention_backend: Any = None
+    chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL_SIZE
+    prefill_buckets: tuple[int, ...] | None = None
+    mem_fraction_static: float | None = None
 
     def __post_init__(self) -> None:
         s = self.spec
@@ -144,6 +160,33 @@ class EngineConfig:
             )
         if self.gemm_impl not in GEMM_IMPLS:
             raise ValueError(f"gemm_impl={self.gemm_impl!r} must be one of {GEMM_IMPLS}")
+        cps = self.chunked_prefill_size
+        if not isinstance(cps, int) or isinstance(cps, bool) or cps < self.prefill_batch:
+            raise ValueError(
+                f"chunked_prefill_size={cps!r} must be an int >= prefill_batch={self.prefill_batch}"
+            )
+        if self.prefill_buckets is not None:
+            pb = tuple(self.prefill_buckets)
+            if (
+                not pb
+                or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in pb)
+                or list(pb) != sorted(set(pb))
+                or pb[-1] * self.prefill_batch > cps
+            ):
+                raise ValueError(
+                    f"prefill_buckets={pb!r} must be ascending distinct ints >= 1 with "
+                    f"prefill_batch * largest <= chunked_prefill_size={cps}"
+                )
+        msf = self.mem_fraction_static
+        if msf is not None and not (isinstance(msf, float) and 0.0 < msf < 1.0):
+            raise ValueError(f"mem_fraction_static={msf!r} must be a float in (0, 1)")
+        if self.attention_backend is not None and not all(
+            callable(getattr(self.attention_backend, m, None)) for m in ("write_kv", "attend")
+        ):
+            raise ValueError(
+                f"attention_backend={self.attention_backend!r} must define write_kv and attend "
+                "(jspec.engine.attention.AttentionBackend)"
+            )
         if self.draft_attention not in DRAFT_ATTENTION:
             raise ValueError(
                 f"draft_attention={self.draft_attention!r} must be one of {DRAFT_ATTENTION}"
@@ -158,15 +201,48 @@ class EngineConfig:
 
     @property
     def attention_kernel_impl(self) -> str:
-        """``attention_impl`` with ``"auto"`` resolved (trace time): the Pallas kernel on GPU
-        for head dims up to :data:`AUTO_PALLAS_MAX_HEAD_DIM`, the XLA reference otherwise."""
+        """``attention_impl`` with ``"auto"`` resolved (trace time): ``"triton"`` on GPU,
+        ``"xla"`` elsewhere."""
         if self.attention_impl != "auto":
             return self.attention_impl
-        if jax.default_backend() == "gpu" and self.spec.head_dim <= AUTO_PALLAS_MAX_HEAD_DIM:
-            return "pallas"
-        if jax.default_backend() == "gpu" and self.spec.dtype != "float32":
-            return "triton"
-        return "xla"
+        return "triton" if jax.default_backend() == "gpu" else "xla"
+
+    @property
+    def attention(self) -> Any:
+        """The attention backend every forward writes and reads K/V through:
+        ``attention_backend`` if given, else jspec's paged kernels at
+        :attr:`attention_kernel_impl` (:class:`jspec.engine.attention.PagedAttentionBackend`)."""
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return PagedAttentionBackend(self.attention_kernel_impl)
+
+    @property
+    def max_chunk_len(self) -> int:
+        """Longest prefill chunk per request: ``chunked_prefill_size // prefill_batch``, at
+        most ``max_prompt_len`` (a longer prompt, e.g. a preempted request's, takes
+        several)."""
+        if self.prefill_buckets is not None:
+            return self.prefill_buckets[-1]
+        return max(1, min(self.chunked_prefill_size // self.prefill_batch, self.max_prompt_len))
+
+    @property
+    def prefill_chunk_buckets(self) -> tuple[int, ...]:
+        """Chunk lengths compiled for prefill, ascending (``prefill_buckets`` or the largest
+        chunk and its quarters down to :data:`MIN_PREFILL_BUCKET`)."""
+        if self.prefill_buckets is not None:
+            return tuple(self.prefill_buckets)
+        top = self.max_chunk_len
+        buckets = [top]
+        while buckets[-1] // 4 >= MIN_PREFILL_BUCKET:
+            buckets.append(buckets[-1] // 4)
+        return tuple(sorted(buckets))
+
+    def prefill_bucket_for(self, chunk_len: int) -> int:
+        """The smallest prefill bucket holding ``chunk_len`` tokens (<= :attr:`max_chunk_len`)."""
+        for b in self.prefill_chunk_buckets:
+            if b >= chunk_len:
+                return b
+        raise ValueError(f"chunk_len={chunk_len} exceeds max_chunk_len={self.max_chunk_len}")
 
     def gemm_compiler_options(self, num_tokens: int) -> tuple[tuple[str, bool], ...]:
         """XLA compile options (``(name, value)`` pairs, hashable) for a jitted call whose
@@ -214,12 +290,21 @@ def make_engine_config(
     tensor_parallel: int = 1,
     attention_impl: str = "auto",
     gemm_impl: str = "auto",
+    attention_backend: Any = None,
+    chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL_SIZE,
+    prefill_buckets: tuple[int, ...] | None = None,
+    mem_fraction_static: float | None = None,
+    draft: Any = None,
 ) -> EngineConfig:
-    """An :class:`EngineConfig` whose target pool matches ``target`` (num_pages sized to never
-    run out).
+    """An :class:`EngineConfig` whose target pool matches ``target``.
 
     ``target``: a :class:`jspec.engine.protocol.TargetModel` (or anything with its
     ``num_layers``, ``num_kv_heads``, ``head_dim`` and ``dtype``, e.g. a ``LlamaConfig``).
+
+    The pool: ``num_pages`` if given; else with ``mem_fraction_static`` what device memory
+    leaves once the weights are placed (:func:`jspec.engine.memory.num_pages_for_memory`; give
+    ``draft`` so its pool is counted; call it after the params are on the device); else enough
+    for ``max_running_requests`` requests at full context (:func:`default_num_pages`).
     """
     spec_like = {
         "page_size": page_size,
@@ -232,7 +317,17 @@ def make_engine_config(
         "head_dim": target.head_dim,
         "dtype": target.dtype,
     }
-    if num_pages is None:
+    if num_pages is None and mem_fraction_static is not None:
+        from jspec.engine.memory import num_pages_for_memory
+
+        num_pages = num_pages_for_memory(
+            target,
+            draft,
+            page_size=page_size,
+            mem_fraction_static=mem_fraction_static,
+            tensor_parallel=tensor_parallel,
+        )
+    elif num_pages is None:
         num_pages = default_num_pages(spec_like, max_running_requests)
     spec = SpecConfig(**spec_like, max_running_requests=max_running_requests, num_pages=num_pages)
     if batch_buckets is None:
@@ -250,6 +345,10 @@ def make_engine_config(
         tensor_parallel=tensor_parallel,
         attention_impl=attention_impl,
         gemm_impl=gemm_impl,
+        attention_backend=attention_backend,
+        chunked_prefill_size=chunked_prefill_size,
+        prefill_buckets=None if prefill_buckets is None else tuple(prefill_buckets),
+        mem_fraction_static=mem_fraction_static,
     )
 
 

@@ -66,7 +66,7 @@ class DraftPlan:
     out_cache_loc: jax.Array
     # i32[Bb*K]: position of the step-0 branch tokens (L), + i at step i
     positions: jax.Array
-    # passes[i]: tuple of AttnPass read by draft step i (i = 0 .. S-2)
+    # passes[i]: tuple of AttentionMetadata read by draft step i (i = 0 .. S-2)
     passes: tuple
     # i32[Bb]: the tree roots (last emitted token, no KV yet)
     bonus_tokens: jax.Array

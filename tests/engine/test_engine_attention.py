@@ -1,102 +1,102 @@
-"""Paged attention passes: masked softmax vs numpy (both impls), LSE merge, slot-id expansion.
+"""The engine's attention seam: AttentionMetadata passes through a backend, the LSE merge, page
+tables from request rows, and a foreign backend driving attn_fn.
 
-The Pallas kernel against its reference over many shapes: tests/engine/test_paged_attention.py.
+The op itself (reference vs an independent loop oracle, the Triton kernel vs the reference):
+tests/engine/test_paged_attention.py and test_paged_attention_triton.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jspec.attention_meta import AttentionMetadata, causal_tail_mask, row_page_table
 from jspec.engine.attention import (
-    AttnPass,
     AttnPlan,
-    attend,
-    causal_mask,
-    length_mask,
+    PagedAttentionBackend,
+    make_attn_fn,
     merge_states,
-    page_table_slot_ids,
     run_plan,
 )
+from jspec.kv.pool import KVPool
+
+P, HKV, HQ, D = 4, 2, 4, 8
 
 
-def _np_attend(q, k_pool, v_pool, slots, mask):
-    bp, qp, hq, d = q.shape
-    hkv = k_pool.shape[1]
-    out = np.zeros((bp, qp, hq, d))
-    lse = np.full((bp, qp, hq), -np.inf)
-    for r in range(bp):
-        for i in range(qp):
-            keys = [slots[r, w] for w in range(slots.shape[1]) if mask[r, i, w]]
-            if not keys:
-                continue
-            for h in range(hq):
-                kv = h // (hq // hkv)
-                s = np.array([q[r, i, h] @ k_pool[key, kv] for key in keys]) / np.sqrt(d)
-                m = s.max()
-                e = np.exp(s - m)
-                out[r, i, h] = (e[:, None] * v_pool[keys, kv]).sum(0) / e.sum()
-                lse[r, i, h] = m + np.log(e.sum())
-    return out, lse
-
-
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
-def test_attend_matches_numpy_with_empty_rows(impl):
-    rng = np.random.default_rng(0)
-    num_slots, hkv, hq, d = 40, 2, 4, 8
-    k_pool = rng.standard_normal((num_slots, hkv, d)).astype(np.float32)
-    v_pool = rng.standard_normal((num_slots, hkv, d)).astype(np.float32)
-    q = rng.standard_normal((3, 2, hq, d)).astype(np.float32)
-    slots = rng.permutation(num_slots)[:18].reshape(3, 6).astype(np.int32)
-    mask = rng.random((3, 2, 6)) < 0.6
-    mask[1, 0] = False  # a query that sees nothing
-    out, lse = attend(
-        jnp.asarray(q),
-        jnp.asarray(k_pool),
-        jnp.asarray(v_pool),
-        jnp.asarray(slots),
-        jnp.asarray(mask),
-        impl=impl,
+def _pool(rng, num_pages: int) -> KVPool:
+    shape = (1, (num_pages + 1) * P, HKV, D)
+    return KVPool(
+        k=jnp.asarray(rng.standard_normal(shape), jnp.float32),
+        v=jnp.asarray(rng.standard_normal(shape), jnp.float32),
+        page_size=P,
     )
-    ref_out, ref_lse = _np_attend(q, k_pool, v_pool, slots, mask)
-    np.testing.assert_allclose(np.asarray(out), ref_out, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(lse), ref_lse, rtol=1e-5, atol=1e-5)
-    assert np.all(np.asarray(out)[1, 0] == 0) and np.all(np.isneginf(np.asarray(lse)[1, 0]))
 
 
-def test_split_passes_merge_to_single_pass():
-    """Any split of the visible keys into two passes, merged by LSE, equals one pass."""
+def test_two_passes_over_split_pages_merge_to_one_pass():
+    """A row's prefix read as pass A (its first full pages) + pass B (the remaining pages),
+    merged by log-sum-exp, equals one pass over the whole prefix (the FA3 cascade's premise)."""
     rng = np.random.default_rng(1)
-    num_slots, hkv, hq, d, width = 64, 2, 4, 8, 12
-    k_pool = jnp.asarray(rng.standard_normal((num_slots, hkv, d)), jnp.float32)
-    v_pool = jnp.asarray(rng.standard_normal((num_slots, hkv, d)), jnp.float32)
-    q = jnp.asarray(rng.standard_normal((4 * 3, hq, d)), jnp.float32)
-    slots = jnp.asarray(rng.permutation(num_slots)[: 4 * width].reshape(4, width), jnp.int32)
-    mask = rng.random((4, 3, width)) < 0.7
-    split = rng.random((4, 3, width)) < 0.5
-    split[0] = True  # pass B empty for request 0
+    pool = _pool(rng, 24)
+    lens = np.array([13, 4, 0, 9], np.int32)  # straddling pages; an empty row
+    table = rng.permutation(np.arange(1, 25))[:16].reshape(4, 4).astype(np.int32)
+    q = jnp.asarray(rng.standard_normal((4 * 3, HQ, D)), jnp.float32)
+    backend = PagedAttentionBackend("xla")
     one = run_plan(
-        AttnPlan(jnp.zeros(12, jnp.int32), (AttnPass(slots, jnp.asarray(mask)),)),
-        k_pool[None],
-        v_pool[None],
+        AttnPlan(
+            jnp.zeros(12, jnp.int32), (AttentionMetadata(jnp.asarray(table), lens, page_size=P),)
+        ),
+        backend,
+        pool,
         0,
         q,
     )
+    full = (lens // P) * P  # pass A: full pages
+    rest = np.zeros_like(table)
+    for b in range(4):
+        tail_pages = table[b, lens[b] // P :]
+        rest[b, : len(tail_pages)] = tail_pages
     two = run_plan(
         AttnPlan(
             jnp.zeros(12, jnp.int32),
             (
-                AttnPass(slots, jnp.asarray(mask & split)),
-                AttnPass(slots, jnp.asarray(mask & ~split)),
+                AttentionMetadata(jnp.asarray(table), jnp.asarray(full), page_size=P),
+                AttentionMetadata(jnp.asarray(rest), jnp.asarray(lens - full), page_size=P),
             ),
         ),
-        k_pool[None],
-        v_pool[None],
+        backend,
+        pool,
         0,
         q,
     )
     np.testing.assert_allclose(np.asarray(two), np.asarray(one), rtol=1e-5, atol=1e-5)
+    assert np.all(np.asarray(one).reshape(4, 3, HQ, D)[2] == 0)  # the empty row
+
+
+def test_tail_equals_the_same_slots_read_through_the_row():
+    """Verify / extend: prefix pages + a causal tail of the next N row slots equals a causal
+    pass over the row extended by N (the window's slots are the row's next positions)."""
+    rng = np.random.default_rng(2)
+    pool = _pool(rng, 32)
+    b, n = 3, 4
+    lens = jnp.asarray([5, 8, 1], jnp.int32)
+    table = jnp.asarray(rng.permutation(np.arange(1, 33))[: b * 4].reshape(b, 4), jnp.int32)
+    pos = lens[:, None] + jnp.arange(n)[None, :]
+    tail = table[jnp.arange(b)[:, None], pos // P] * P + pos % P
+    q = jnp.asarray(rng.standard_normal((b * n, HQ, D)), jnp.float32)
+    backend = PagedAttentionBackend("xla")
+    with_tail = AttentionMetadata(
+        table, lens, tail_slot_ids=tail, tail_mask=causal_tail_mask(b, n), page_size=P
+    )
+    causal = AttentionMetadata(
+        table, lens + n, q_lens=jnp.full((b,), n, jnp.int32), page_size=P, causal=True
+    )
+    a = run_plan(AttnPlan(jnp.zeros(b * n, jnp.int32), (with_tail,)), backend, pool, 0, q)
+    c = run_plan(AttnPlan(jnp.zeros(b * n, jnp.int32), (causal,)), backend, pool, 0, q)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-5)
 
 
 def test_merge_states_ignores_empty_pass():
@@ -114,17 +114,47 @@ def test_merge_states_ignores_empty_pass():
     assert np.all(np.asarray(both_empty) == 0)
 
 
-def test_page_table_slot_ids_and_masks():
-    pt = jnp.asarray([[3, 1], [0, 5]], jnp.int32)
-    np.testing.assert_array_equal(
-        np.asarray(page_table_slot_ids(pt, 4)),
-        [[12, 13, 14, 15, 4, 5, 6, 7], [0, 1, 2, 3, 20, 21, 22, 23]],
+def test_row_page_table_reads_the_first_slot_of_each_row_page():
+    r2t = np.zeros((3, 12), np.int32)
+    r2t[1, :8] = np.r_[np.arange(20, 24), np.arange(8, 12)]  # pages 5, 2
+    r2t[2, :5] = np.arange(12, 17)  # page 3, then page 4's first slot
+    table = row_page_table(jnp.asarray(r2t), jnp.asarray([1, 0, 2]), page_size=4, max_pages=3)
+    np.testing.assert_array_equal(np.asarray(table), [[5, 2, 0], [0, 0, 0], [3, 4, 0]])
+    with pytest.raises(ValueError, match="max_pages=4"):
+        row_page_table(jnp.asarray(r2t), jnp.asarray([1]), page_size=4, max_pages=4)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RecordingBackend:
+    """A foreign backend: jspec's reference math, its own write (counts layers it saw)."""
+
+    inner: PagedAttentionBackend = PagedAttentionBackend("xla")
+
+    def write_kv(self, pool, layer, slot_ids, k, v):
+        return self.inner.write_kv(pool, layer, slot_ids, k, v)
+
+    def attend(self, pool, layer, q, meta):
+        return self.inner.attend(pool, layer, q, meta)
+
+
+def test_make_attn_fn_writes_then_reads_through_any_backend():
+    rng = np.random.default_rng(3)
+    pool = _pool(rng, 8)
+    table = jnp.asarray([[2, 5]], jnp.int32)
+    slots = jnp.asarray([2 * P + 0, 2 * P + 1, 2 * P + 2], jnp.int32)  # positions 0..2
+    meta = AttentionMetadata(
+        table, jnp.asarray([3]), q_lens=jnp.asarray([3]), page_size=P, causal=True
     )
-    np.testing.assert_array_equal(
-        np.asarray(length_mask(jnp.asarray([2, 0]), 1, 3)),
-        [[[True, True, False]], [[False, False, False]]],
-    )
-    np.testing.assert_array_equal(
-        np.asarray(causal_mask(jnp.asarray([1]), 2, 4, lengths=jnp.asarray([3]))),
-        [[[True, True, False, False], [True, True, True, False]]],
-    )
+    q = jnp.asarray(rng.standard_normal((3, HQ, D)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((3, HKV, D)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((3, HKV, D)), jnp.float32)
+    outs = []
+    for backend in (PagedAttentionBackend("xla"), _RecordingBackend()):
+        new_pool, out = jax.jit(make_attn_fn(AttnPlan(slots, (meta,)), backend), static_argnums=0)(
+            0, pool, q, k, v
+        )
+        np.testing.assert_array_equal(np.asarray(new_pool.k[0, slots]), np.asarray(k))
+        outs.append(np.asarray(out))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    # query 0 sees only key 0: its output is v[0] (GQA: query heads 0, 1 read KV head 0)
+    np.testing.assert_allclose(outs[0][0, :2], np.asarray(v)[0, [0, 0]], rtol=1e-6)

@@ -108,11 +108,13 @@ def test_lossless_with_the_kernels(draft_attention):
     assert stats.request_accept_lens == ref.request_accept_lens
 
 
+@pytest.mark.gpu
 def test_lossless_with_the_attention_kernel():
-    """attention_impl="pallas": every attention pass of every forward (prefill, draft passes,
-    verify, extend) through the fused Pallas kernel (interpret mode on CPU): the greedy tokens
-    of the XLA-attention baseline, and the accept lengths of the XLA-attention spec run."""
-    out, stats = _run(16, 4, 3, 8, attention_impl="pallas")
+    """attention_impl="triton" (GPU): every attention pass of every forward (prefill chunks,
+    draft passes, verify, extend) through the page-table Triton kernels (IEEE f32 dots for this
+    f32 model): the greedy tokens of the baseline, and the accept lengths of the reference-
+    attention spec run."""
+    out, stats = _run(16, 4, 3, 8, attention_impl="triton")
     _check(out, stats, 3)
     _, ref = _run(16, 4, 3, 8, attention_impl="xla")
     assert stats.request_accept_lens == ref.request_accept_lens

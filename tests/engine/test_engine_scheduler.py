@@ -73,38 +73,25 @@ def test_eos_and_single_token_requests():
     assert stats.leak_check.startswith("ok")
 
 
-def test_attention_impl_resolution():
-    """auto: on GPU the Pallas kernel up to AUTO_PALLAS_MAX_HEAD_DIM, then Triton for bf16."""
-    import dataclasses
-
+def test_attention_impl_resolution(monkeypatch):
+    """auto: the page-table Triton kernels on GPU, the reference elsewhere; a given
+    attention_backend replaces both."""
     import jax
 
-    from jspec.engine.state import AUTO_PALLAS_MAX_HEAD_DIM
+    from jspec.engine.attention import PagedAttentionBackend
 
     on_gpu = jax.default_backend() == "gpu"
-    assert make_engine_config(TINY).attention_kernel_impl == ("pallas" if on_gpu else "xla")
-    wide = dataclasses.replace(TINY, head_dim=2 * AUTO_PALLAS_MAX_HEAD_DIM)
-    assert make_engine_config(wide).attention_kernel_impl == "xla"
-    wide_bf16 = dataclasses.replace(wide, dtype="bfloat16")
-    assert make_engine_config(wide_bf16).attention_kernel_impl == ("triton" if on_gpu else "xla")
-    for impl in ("xla", "pallas", "triton"):
-        assert make_engine_config(wide, attention_impl=impl).attention_kernel_impl == impl
-
-
-def test_attention_impl_resolution_gpu_branch(monkeypatch):
-    """auto's GPU branch on any backend (it read a missing ``ecfg.model`` once)."""
-    import dataclasses
-
-    import jax
-
-    from jspec.engine.state import AUTO_PALLAS_MAX_HEAD_DIM
-
+    assert make_engine_config(TINY).attention_kernel_impl == ("triton" if on_gpu else "xla")
+    for impl in ("xla", "triton"):
+        cfg = make_engine_config(TINY, attention_impl=impl)
+        assert cfg.attention_kernel_impl == impl
+        assert cfg.attention == PagedAttentionBackend(impl)
+    own = PagedAttentionBackend("xla")
+    assert make_engine_config(TINY, attention_impl="triton", attention_backend=own).attention is own
+    with pytest.raises(ValueError, match="attention_backend=.* must define write_kv and attend"):
+        make_engine_config(TINY, attention_backend=object())
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    wide = dataclasses.replace(TINY, head_dim=2 * AUTO_PALLAS_MAX_HEAD_DIM)
-    assert make_engine_config(TINY).attention_kernel_impl == "pallas"
-    assert make_engine_config(wide).attention_kernel_impl == "xla"
-    wide_bf16 = dataclasses.replace(wide, dtype="bfloat16")
-    assert make_engine_config(wide_bf16).attention_kernel_impl == "triton"
+    assert make_engine_config(TINY).attention_kernel_impl == "triton"
 
 
 def test_validation_errors():

@@ -1,0 +1,154 @@
+"""Serving-size behaviour on the tiny model: chunked prefill, optimistic admission with
+preemption, and a step workspace that does not grow with the KV pool.
+
+Every run is checked token for token against the plain greedy baseline (f32) and for leaks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_helpers import (
+    ARRIVALS,
+    CONTEXT_LEN,
+    MAX_NEW,
+    MAX_PROMPT,
+    TINY,
+    greedy_baseline,
+    tiny_engine,
+    tiny_prompts,
+)
+
+from jspec.engine.memory import kv_bytes_per_token, num_pages_for_memory
+from jspec.engine.state import make_engine_config
+
+
+def _cfg(**kw):
+    opts = {
+        "page_size": 4,
+        "topk": 2,
+        "num_steps": 2,
+        "num_draft_tokens": 4,
+        "context_len": CONTEXT_LEN,
+        "max_running_requests": 4,
+        "max_prompt_len": MAX_PROMPT,
+        "batch_buckets": (1, 2, 4),
+    }
+    opts.update(kw)
+    return make_engine_config(TINY, **opts)
+
+
+def _baseline():
+    return [list(o) for o in greedy_baseline()]
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["greedy", "spec"])
+def test_chunked_prefill_equals_one_shot(spec):
+    """Prompts of 3..30 tokens prefilled 8 tokens per call (2 prompts per call, several calls
+    each, interleaved with decode steps of earlier requests): the one-shot tokens."""
+    ecfg = _cfg(prefill_batch=2, chunked_prefill_size=16, prefill_buckets=(4, 8))
+    assert ecfg.max_chunk_len == 8
+    engine = tiny_engine(ecfg, spec=spec, check_every_step=True)
+    out, stats = engine.generate(tiny_prompts(), MAX_NEW, arrivals=ARRIVALS)
+    assert out == _baseline()
+    assert stats.leak_check.startswith("ok")
+    assert stats.num_prefill_calls >= sum(-(-n // 8) for n in (17, 30)) // 2 + 2
+    assert all(t > 0 for t in stats.ttft_s)
+
+
+def test_prefill_buckets_validation():
+    with pytest.raises(ValueError, match="prefill_buckets"):
+        _cfg(prefill_buckets=(8, 4))
+    with pytest.raises(ValueError, match="prefill_buckets"):
+        _cfg(prefill_batch=2, chunked_prefill_size=8, prefill_buckets=(8,))
+    with pytest.raises(ValueError, match="chunked_prefill_size"):
+        _cfg(prefill_batch=2, chunked_prefill_size=1)
+    assert _cfg(chunked_prefill_size=8192).prefill_chunk_buckets == (MAX_PROMPT,)
+    big = _cfg(context_len=8192, max_prompt_len=8192, chunked_prefill_size=8192)
+    assert big.prefill_chunk_buckets == (128, 512, 2048, 8192)
+    assert big.prefill_bucket_for(513) == 2048
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["greedy", "spec"])
+def test_optimistic_admission_preempts_and_loses_no_token(spec):
+    """A pool too small for every request's lifetime: optimistic admission runs more requests
+    than fit to the end; a decode step that finds the pages short preempts the newest, which
+    is prefilled again later with its prompt + emitted tokens: the baseline tokens, no leak."""
+    ecfg = _cfg(num_pages=24 if spec else 12)
+    engine = tiny_engine(ecfg, spec=spec, admission="optimistic", check_every_step=True)
+    out, stats = engine.generate(tiny_prompts(), MAX_NEW)
+    assert out == _baseline()
+    assert stats.num_preemptions > 0
+    assert stats.leak_check.startswith("ok")
+    # The same pool under "reserve" admission runs fewer at once and never preempts.
+    reserve = tiny_engine(ecfg, spec=spec, check_every_step=True)
+    out, stats = reserve.generate(tiny_prompts(), MAX_NEW)
+    assert out == _baseline() and stats.num_preemptions == 0
+
+
+def test_admission_is_validated():
+    with pytest.raises(ValueError, match="admission='lazy'"):
+        tiny_engine(_cfg(), spec=False, admission="lazy")
+
+
+def test_step_workspace_does_not_grow_with_the_pool():
+    """XLA's buffer assignment of the compiled spec step, prefill chunk and greedy step: the
+    temporaries are the same for a 4x larger pool (the pools are donated and updated in place;
+    nothing in a step is sized by the pool)."""
+    import jax
+
+    from jspec.engine import sharding
+    from jspec.engine.greedy import greedy_step_body
+    from jspec.engine.lifecycle import prefill_chunk_body
+    from jspec.engine.memory import compiled_workspace_bytes
+    from jspec.engine.spec_step import spec_step_body
+
+    def workspace(num_pages, body, spec, *args):
+        engine = tiny_engine(_cfg(num_pages=num_pages), spec=spec)
+        fn = sharding.sharded(body, engine.ecfg, engine.target, engine.draft_model, 1)
+        host = [np.asarray(a)[None] for a in args]
+        compiled = fn.lower(engine.params, engine.draft, engine.state, *host).compile()
+        pool = sum(x.nbytes for x in jax.tree.leaves(engine.state.target_pool))
+        return compiled_workspace_bytes(compiled), pool
+
+    m = 4
+    slots, live = np.full(4, m, np.int32), np.zeros(4, bool)
+    chunk = (np.full(2, m, np.int32), np.zeros((2, 8), np.int32)) + (np.zeros(2, np.int32),) * 2
+    chunk += (np.zeros(2, bool), np.zeros(2, np.int32))
+    for body, spec, args in (
+        (spec_step_body, True, (slots, live)),
+        (greedy_step_body, False, (slots, live)),
+        (prefill_chunk_body, True, chunk),
+    ):
+        small, pool_small = workspace(64, body, spec, *args)
+        big, pool_big = workspace(256, body, spec, *args)
+        assert pool_big > 3 * pool_small
+        assert big <= small + 4096, (body.__name__, small, big)
+
+
+def test_num_pages_for_memory():
+    """sglang's rule: KV = free after weights - limit * (1 - fraction), per page of both pools."""
+    per_token = kv_bytes_per_token(TINY, TINY)
+    assert per_token == 2 * 2 * (2 * 2 * 8 * 4)  # K and V, 2 layers, 2 heads x 8, f32, 2 pools
+    gib = 2**30
+    pages = num_pages_for_memory(
+        TINY, TINY, page_size=4, mem_fraction_static=0.9, memory=(10 * gib, 2 * gib)
+    )
+    assert pages == int((10 * gib - 2 * gib - int(10 * gib * 0.1)) // (per_token * 4)) - 1
+    with pytest.raises(ValueError, match="smaller than the step workspace"):
+        num_pages_for_memory(
+            TINY,
+            None,
+            page_size=4,
+            mem_fraction_static=0.9,
+            memory=(10 * gib, 2 * gib),
+            workspace_bytes=2 * gib,
+        )
+    with pytest.raises(ValueError, match="no room for one KV page"):
+        num_pages_for_memory(
+            TINY, None, page_size=4, mem_fraction_static=0.5, memory=(10 * gib, 6 * gib)
+        )
+    with pytest.raises(ValueError, match="mem_fraction_static=1.5"):
+        num_pages_for_memory(TINY, None, page_size=4, mem_fraction_static=1.5, memory=(1, 0))
+    with pytest.raises(ValueError, match="reports no memory statistics"):
+        make_engine_config(TINY, mem_fraction_static=0.9)  # CPU: no memory_stats
