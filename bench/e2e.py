@@ -3,7 +3,7 @@
 """End-to-end engine benchmark: spec decode vs plain greedy, and the per-step time split.
 
     python -m bench.e2e [--quick] [--configs demo,bs64] [--out e2e.md] [--no-split]
-                        [--impl auto|xla|pallas] [--attention-impl auto|xla|pallas]
+                        [--impl auto|xla|pallas] [--attention-impl auto|xla|triton]
     XLA_FLAGS=--xla_gpu_enable_command_buffer= python -m bench.e2e   # exact device split
 
 Per config two rows (plain greedy, spec): generated tokens/s over the whole run (continuous
@@ -194,21 +194,43 @@ def _copy(tree):
 
 
 def _steady_state(engine, prompts, max_new: int):
-    """Admit every prompt and run two decode steps; return (state, slot_idx, live) of shard 0."""
-    import collections
+    """Admit and prefill every prompt, run two decode steps; return (state, slot_idx, live) of
+    shard 0."""
+    loop = admit_all(engine, prompts, max_new)
+    from jspec.engine.scheduler import RunStats
 
-    from jspec.engine.scheduler import Request, RunStats
-
-    spec = engine.ecfg.spec
-    pending = collections.deque(Request(i, p, max_new) for i, p in enumerate(prompts))
-    running = [{}]
-    free_slots = [list(range(spec.max_running_requests))]
-    engine._admit(0, pending, running, free_slots)
-    stats = RunStats(mode="spec")
+    stats = RunStats(mode=engine.mode)
     for _ in range(2):
-        engine._decode_step(running, stats)
-    slot_idx, live, _ = engine._bucket_arrays(running)
+        engine._decode_step(loop, stats)
+    slot_idx, live, _ = engine._bucket_arrays(loop.running)
     return engine._shard_state(0), jnp.asarray(slot_idx[0]), jnp.asarray(live[0])
+
+
+def admit_all(engine, prompts, max_new: int, stats=None):
+    """The engine's host loop up to "every prompt is live": admission and prefill rounds (no
+    decode step); returns the loop bookkeeping (``jspec.engine.scheduler._Loop``)."""
+    import collections
+    import time
+
+    from jspec.engine.scheduler import Request, RunStats, _Loop
+
+    d, m = engine.num_devices, engine.ecfg.spec.max_running_requests
+    loop = _Loop(
+        pending=collections.deque(
+            Request(i, list(p), max_new, prefill_ids=list(p)) for i, p in enumerate(prompts)
+        ),
+        prefilling=[[] for _ in range(d)],
+        running=[{} for _ in range(d)],
+        free_slots=[list(range(m)) for _ in range(d)],
+        t_start=time.perf_counter(),
+    )
+    stats = RunStats(mode=engine.mode) if stats is None else stats
+    while loop.pending or any(loop.prefilling):
+        engine._admit(0, loop)
+        if not any(loop.prefilling):
+            raise RuntimeError("admit_all: the pool or the batch slots cannot hold every prompt")
+        engine._prefill_round(loop, stats)
+    return loop
 
 
 def _command_buffers_off() -> bool:
@@ -417,8 +439,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--attention-impl",
         default="auto",
-        choices=("auto", "xla", "pallas"),
-        help="model attention (EngineConfig.attention_impl; auto = pallas on GPU)",
+        choices=("auto", "xla", "triton"),
+        help="model attention (EngineConfig.attention_impl; auto = triton on GPU)",
     )
     args = parser.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
