@@ -141,6 +141,9 @@ class Engine:
         Also on, whatever this flag says, whenever probes are on at call time
         (``JSPEC_ENABLE_ASYNC_ASSERT=1`` or inside ``probes_enabled()``): probes are always
         functionalized, never left as bare ``checkify.check`` under ``jit``.
+      max_rounds: decode rounds one dispatch may run on the device
+        (:mod:`jspec.engine.rounds`: EOS and max_new_tokens checked there): this many while no
+        request waits for admission or prefill, else 1 (new requests join at the next round).
       admission: ``"reserve"`` (admit while the requests' lifetime pages fit: never preempts)
         or ``"optimistic"`` (admit while the pages held now fit; preempt the newest request and
         prefill it again later when a decode step finds the pages short). See the module doc.
@@ -159,12 +162,14 @@ class Engine:
         check_every_step: bool = False,
         checkify: bool = False,
         admission: str = "reserve",
+        max_rounds: int = 8,
     ) -> None:
         from jspec.engine.inputs import check_count
 
         if admission not in ADMISSIONS:
             raise ValueError(f"admission={admission!r} must be one of {ADMISSIONS}")
         self.admission = admission
+        self.max_rounds = check_count("max_rounds", max_rounds)
 
         num_devices = check_count("num_devices", num_devices)
         if (draft is None) != (draft_params is None):
@@ -253,6 +258,29 @@ class Engine:
     def _call_step(self, slot_idx, live):
         return self._call(self._step_body, self._step_tokens(slot_idx.shape[-1]), slot_idx, live)
 
+    def _call_rounds(self, slot_idx, live, budget, num_rounds: int):
+        """Up to ``num_rounds`` decode rounds in one dispatch (:mod:`jspec.engine.rounds`)."""
+        from jspec.engine.rounds import rounds_body
+
+        d = self.num_devices
+        eos = self._eos_array()
+        body = rounds_body(self._step_body, self.max_rounds)
+        return self._call(
+            body,
+            self._step_tokens(slot_idx.shape[-1]),
+            slot_idx,
+            live,
+            budget,
+            np.broadcast_to(eos, (d, eos.size)),
+            np.full((d,), num_rounds, np.int32),
+        )
+
+    def _eos_array(self) -> np.ndarray:
+        """The stop ids as i32[E] (-1 pads; E >= 1)."""
+        eos = self.eos_token_id
+        ids = [] if eos is None else [int(eos)] if isinstance(eos, (int, np.integer)) else eos
+        return np.asarray(list(ids) or [-1], np.int32)
+
     def _call_release(self, slot_idx, finished):
         self._call(release_body, 0, slot_idx, finished)
 
@@ -269,8 +297,9 @@ class Engine:
             )
         for bucket in self.ecfg.batch_buckets:
             idx = np.full((d, bucket), m, np.int32)
-            self._call_step(idx, np.zeros((d, bucket), bool))
-            self._call_release(idx, np.zeros((d, bucket), bool))
+            none = np.zeros((d, bucket), bool)
+            self._call_rounds(idx, none, np.zeros((d, bucket), np.int32), 1)
+            self._call_release(idx, none)
 
     # ---- the loop -------------------------------------------------------------------------------
     def generate(
@@ -335,9 +364,8 @@ class Engine:
             self._retire(loop)
             if any(loop.running):
                 t0 = time.perf_counter()
-                self._decode_step(loop, stats)
-                stats.step_s.append(time.perf_counter() - t0)
-                stats.decode_s += stats.step_s[-1]
+                self._decode_step(loop, stats)  # appends one step_s entry per round
+                stats.decode_s += time.perf_counter() - t0
                 self._retire(loop)
                 if self.check_every_step:
                     self.check_integrity(what=f"after decode step {stats.num_decode_steps}")
@@ -504,16 +532,24 @@ class Engine:
         return slot_idx, live, order
 
     def _decode_step(self, loop: _Loop, stats: RunStats) -> None:
+        """One dispatch of decode rounds over every live request: ``max_rounds`` when nobody
+        waits for admission or prefill, else one. A shard whose first round finds the pages
+        short preempts its newest request (``"optimistic"``) and the dispatch is retried."""
         running = loop.running
+        rounds = 1 if loop.pending or any(loop.prefilling) else self.max_rounds
         while True:
             slot_idx, live, order = self._bucket_arrays(running)
-            out = self._call_step(slot_idx, live)
-            ok = out.ok
-            if np.all(ok):
-                break
-            # Pages short on some shard: the step changed nothing there (nor anywhere: every
-            # shard reruns). Preempt the newest request of each short shard and retry.
-            for s in np.flatnonzero(~ok).tolist():
+            budget = np.zeros(live.shape, np.int32)
+            for s, slots in enumerate(order):
+                for i, slot in enumerate(slots):
+                    req = running[s][slot]
+                    budget[s, i] = max(req.max_new_tokens - len(req.output), 1)
+            t0 = time.perf_counter()
+            out = self._call_rounds(slot_idx, live, budget, rounds)
+            wall = time.perf_counter() - t0
+            num = np.asarray(out.num_rounds).reshape(-1)
+            stuck = [s for s in range(self.num_devices) if num[s] == 0 and not out.ok[s]]
+            for s in stuck:  # pages short before any round: preempt and retry that shard
                 victims = list(running[s].values()) + loop.prefilling[s]
                 if self.admission == "reserve" or len(victims) <= 1 or not running[s]:
                     raise RuntimeError(
@@ -521,24 +557,31 @@ class Engine:
                         f"(num_pages={self.ecfg.spec.num_pages})"
                     )
                 self._preempt(loop, s, max(victims, key=lambda r: r.admitted_at))
-            if not any(running):
-                return
-        stats.num_decode_steps += 1
-        stats.batch_sizes.append(int(live.sum()))
+            if num.max() > 0 or not any(running):
+                break
+        self._take_rounds(out, order, running, stats, wall)
+
+    def _take_rounds(self, out, order, running, stats: RunStats, wall: float) -> None:
+        """Append every round's tokens to its requests (one host pass per dispatch)."""
+        num = np.asarray(out.num_rounds).reshape(-1)
         # NOTE: .tolist() once, not int() per element (per-step host time at bs 64).
-        if self.mode == "greedy":
-            next_tokens = out.next_tokens.tolist()
+        tokens, lens = out.tokens.tolist(), out.lens.tolist()  # [D][R][Bb][W], [D][R][Bb]
+        for r in range(int(num.max())):
+            stats.num_decode_steps += 1
+            stats.step_s.append(wall / max(int(num.max()), 1))
+            stats.batch_sizes.append(sum(int(x > 0) for s in range(len(order)) for x in lens[s][r]))
             for s, slots in enumerate(order):
+                if r >= num[s]:
+                    continue
                 for i, slot in enumerate(slots):
-                    running[s][slot].output.append(next_tokens[s][i])
-            return
-        accept_lens, accept_tokens = out.accept_lens.tolist(), out.accept_tokens.tolist()
-        for s, slots in enumerate(order):
-            for i, slot in enumerate(slots):
-                req, n_acc = running[s][slot], accept_lens[s][i]
-                req.output.extend(accept_tokens[s][i][:n_acc])
-                req.accept_lens.append(n_acc)
-                stats.accept_lens.append(n_acc)
+                    n_acc = lens[s][r][i]
+                    if n_acc == 0:
+                        continue  # stopped in an earlier round (EOS / budget)
+                    req = slot in running[s] and running[s][slot]
+                    req.output.extend(tokens[s][r][i][:n_acc])
+                    if self.mode == "spec":
+                        req.accept_lens.append(n_acc)
+                        stats.accept_lens.append(n_acc)
 
     def _finished(self, req: Request) -> bool:
         eos = self.eos_token_id

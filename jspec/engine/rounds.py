@@ -1,0 +1,113 @@
+"""Several decode rounds per dispatch: a device-resident loop over spec (or greedy) steps.
+
+The host loop around one jitted step costs a dispatch, a device-to-host read and a Python pass
+per step (1-2 ms on the 8B engine, bench/RESULTS.md). :func:`rounds_body` runs up to
+``num_rounds`` steps in one ``lax.while_loop`` without returning to the host, with the stop
+conditions on the device::
+
+    round r:  state, out = step(state, slot_idx, live)          (spec or greedy step body)
+              emitted[b]   = out.accept_lens (spec) | live (greedy)
+              budget[b]   -= emitted[b]
+              done[b]      = an EOS id among the emitted tokens | budget[b] <= 0
+              live        &= ~done                               (the request stops stepping)
+    stop:     r == num_rounds | no entry live | a step found the pages short (out.ok False:
+              that step changed nothing; the rounds before it stand)
+
+A finished entry stays in its batch slot (the host retires it after reading the rounds), so
+every round is exactly the single step's transition: tokens and state are those of ``r``
+single steps (tests/engine/test_engine_rounds.py). Pages are taken round by round by the steps
+themselves; when they run short the loop returns early and the host preempts or waits.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jspec._pytree import pytree_dataclass
+
+
+@pytree_dataclass
+class RoundsOutput:
+    """What one multi-round dispatch emitted (``R`` = max rounds, ``W`` = tokens per step)."""
+
+    # i32[R, Bb, W]: round r's emitted tokens of each entry, [:lens[r, b]] valid (0 after)
+    tokens: jax.Array
+    # i32[R, Bb]: tokens emitted per round per entry (0 after the entry stopped, on padding)
+    lens: jax.Array
+    # i32[]: rounds that ran and changed state (<= R)
+    num_rounds: jax.Array
+    # bool[]: False when round ``num_rounds`` found the pages short (it changed nothing)
+    ok: jax.Array
+
+
+def _emitted(out: Any, live: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(tokens i32[Bb, W], lens i32[Bb]) of one step's output (spec or greedy)."""
+    if hasattr(out, "accept_tokens"):
+        return out.accept_tokens, jnp.where(live, out.accept_lens, 0)
+    return out.next_tokens[:, None], live.astype(jnp.int32)
+
+
+def _tokens_per_step(ecfg: Any, step_body: Callable[..., Any]) -> int:
+    """Tokens one step can emit per entry: 1 (greedy), else the deepest accepted path + 1."""
+    from jspec.engine.greedy import greedy_step_body
+
+    if step_body is greedy_step_body:
+        return 1
+    spec = ecfg.spec
+    return min(spec.num_steps, spec.num_draft_tokens - 1) + 1
+
+
+@functools.cache
+def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[..., Any]:
+    """The multi-round body over ``step_body`` (the engines' body signature, cached so that
+    ``jspec.engine.sharding.sharded`` keys on it)::
+
+        body(ecfg, target, params, draft, draft_params, state, slot_idx, live, budget,
+             eos_ids, num_rounds) -> (state, RoundsOutput)
+
+    Args (of the returned body):
+      slot_idx: i32[Bb]; live: bool[Bb] (as the step's).
+      budget: i32[Bb] tokens each entry may still emit (its max_new_tokens left).
+      eos_ids: i32[E] stop tokens (-1 pads).
+      num_rounds: i32[] rounds to run at most (``<= max_rounds``, the static capacity).
+    """
+    if not isinstance(max_rounds, int) or max_rounds < 1:
+        raise ValueError(f"max_rounds={max_rounds!r} must be an int >= 1")
+
+    def body(ecfg, target, params, draft, draft_params, state, slot_idx, live, budget, eos_ids, n):
+        width = _tokens_per_step(ecfg, step_body)
+        bb = slot_idx.shape[0]
+        tokens0 = jnp.zeros((max_rounds, bb, width), jnp.int32)
+        lens0 = jnp.zeros((max_rounds, bb), jnp.int32)
+        n = jnp.minimum(jnp.asarray(n, jnp.int32), max_rounds)
+
+        def cond(carry):
+            _, r, alive, _, _, _, ok = carry
+            return (r < n) & jnp.any(alive) & ok
+
+        def step(carry):
+            st, r, alive, left, tokens, lens, _ = carry
+            st, out = step_body(ecfg, target, params, draft, draft_params, st, slot_idx, alive)
+            ok = jnp.asarray(out.ok)
+            toks, emitted = _emitted(out, alive)
+            emitted = jnp.where(ok, emitted, 0)
+            col = jnp.arange(width, dtype=jnp.int32)[None, :]
+            hit = (toks[:, :, None] == eos_ids[None, None, :]) & (col < emitted[:, None])[..., None]
+            left = left - emitted
+            done = jnp.any(hit, axis=(1, 2)) | (left <= 0)
+            tokens = tokens.at[r].set(jnp.where(ok, toks, 0))
+            lens = lens.at[r].set(emitted)
+            return st, r + ok.astype(jnp.int32), alive & ~done, left, tokens, lens, ok
+
+        carry = (state, jnp.int32(0), live, budget.astype(jnp.int32), tokens0, lens0)
+        carry = (*carry, jnp.asarray(True))
+        state, r, _, _, tokens, lens, ok = jax.lax.while_loop(cond, step, carry)
+        return state, RoundsOutput(tokens=tokens, lens=lens, num_rounds=r, ok=ok)
+
+    body.__name__ = f"rounds_{getattr(step_body, '__name__', 'step')}_{max_rounds}"
+    return body
