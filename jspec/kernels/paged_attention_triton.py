@@ -91,13 +91,13 @@ def _paged_attention_kernel(
     tail_slot_ptr,  # i32[B, N] (TAIL_LEN = N > 0; unread otherwise)
     tail_mask_ptr,  # i8[B, Qp, N] (TAIL_LEN > 0; unread otherwise)
     num_pages,  # i32 scalar: C, the page table's width (runtime: one compile for every C)
+    num_slots,  # i32 scalar: S, the pool's slots per layer
     out_ptr,  # f32[B, NS, Qp, Hq, D] (out)
     lse_ptr,  # f32[B, NS, Qp, Hq] (out)
     QP: tl.constexpr,
     HQ: tl.constexpr,
     HKV: tl.constexpr,
     D: tl.constexpr,
-    NUM_SLOTS: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     TAIL_LEN: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -163,7 +163,7 @@ def _paged_attention_kernel(
     lim = tl.minimum(lim, s_hi)
     pre_seen = pre_ok & (lim > s_lo)  # [BM] the row sees a prefix key of this split
 
-    kv_base = layer * (NUM_SLOTS * HKV * D) + kv_head * D
+    kv_base = layer * num_slots * (HKV * D) + kv_head * D  # i64
     k_base = k_ptr + kv_base
     v_base = v_ptr + kv_base
     pt_row = page_table_ptr + b * num_pages
@@ -292,7 +292,6 @@ def launch_plan(
     pool_dtype: Any,
     *,
     causal: bool,
-    num_slots: int,
     block_m: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,
@@ -305,7 +304,7 @@ def launch_plan(
     Args:
       batch, qp, hq, hkv, dim: ``q``'s ``[B, Qp, Hq, D]`` and the pool's ``Hkv``.
       num_pages, page_size: the page table's width ``C`` and ``P``; tail_len: ``N`` (0: none).
-      pool_dtype: the pool's dtype (f32: IEEE dots); causal, num_slots: static pass facts.
+      pool_dtype: the pool's dtype (f32: IEEE dots); causal: the pass's.
       block_m, block_n, num_splits, num_warps, num_stages: None: the defaults below.
 
     Defaults: prefill-shaped passes (:func:`is_prefill_shaped`) 128 x 64 tiles, 8 warps,
@@ -348,7 +347,6 @@ def launch_plan(
         "HQ": hq,
         "HKV": hkv,
         "D": dim,
-        "NUM_SLOTS": num_slots,
         "PAGE_SIZE": page_size,
         "TAIL_LEN": tail_len,
         "CAUSAL": bool(causal),
@@ -446,7 +444,6 @@ def paged_attention_triton(
         tail_len,
         k_pool.dtype,
         causal=causal,
-        num_slots=num_slots,
         block_m=block_m,
         block_n=block_n,
         num_splits=num_splits,
@@ -468,7 +465,8 @@ def paged_attention_triton(
         q_lens if causal else kv_lens,  # unread when not causal
         tail_slot_ids if tail_len else kv_lens,  # unread without a tail
         tail_mask.astype(jnp.int8) if tail_len else kv_lens,
-        int(page_table.shape[1]),  # a Python int: jax_triton passes it as an i32 scalar
+        int(page_table.shape[1]),  # Python ints: jax_triton passes them as i32 scalars
+        int(num_slots),
         kernel=get_kernel(),
         out_shape=out_shape,
         grid=grid,

@@ -348,7 +348,6 @@ def launch_interpreted(case: Case, *, kernel: Any = None, **tuning: Any):
         tail_len,
         jnp.dtype(case.dtype),
         causal=case.causal,
-        num_slots=num_slots,
         **tuning,
     )
     ns = grid[1]
@@ -368,6 +367,7 @@ def launch_interpreted(case: Case, *, kernel: Any = None, **tuning: Any):
         i32(case.tail_slot_ids) if tail_len else kv_lens,
         torch.from_numpy(np.ascontiguousarray(case.tail_mask, np.int8)) if tail_len else kv_lens,
         max(1, case.page_table.shape[1]),
+        num_slots,
         out,
         lse,
         **meta,

@@ -168,7 +168,6 @@ def _plan(batch, qp, context, *, causal=False, tail_len=0, **knobs):
         tail_len,
         jnp.bfloat16,
         causal=causal,
-        num_slots=1 << 20,
         **knobs,
     )
 
@@ -191,9 +190,7 @@ def test_launch_plan():
     assert opts == {"num_warps": 8, "num_stages": 3}
     # a causal pass with few rows takes the decode plan; f32 pools take IEEE dots.
     assert _plan(2, 4, 1024, causal=True)[1]["BLOCK_M"] == 16
-    assert pat.launch_plan(1, 1, 4, 2, 32, 4, 16, 0, jnp.float32, causal=False, num_slots=64)[1][
-        "IEEE"
-    ]
+    assert pat.launch_plan(1, 1, 4, 2, 32, 4, 16, 0, jnp.float32, causal=False)[1]["IEEE"]
     # knobs override; splits never exceed the key blocks.
     grid, meta, opts = _plan(1, 8192, 8192, causal=True, block_n=128, num_warps=4)
     assert meta["BLOCK_N"] == 128 and opts["num_warps"] == 4
@@ -233,12 +230,12 @@ for ty, dtype, qp, d, causal, tail in (
     ("*bf16", jnp.bfloat16, 4096, 128, True, 0),
     ("*fp32", jnp.float32, 4, 80, True, 16),
 ):
-    grid, meta, opts = pat.launch_plan(16, qp, 32, 8, d, 512, 16, tail, dtype, causal=causal,
-                                       num_slots=1 << 20)
-    types = [ty, ty, ty] + ["*i32"] * 5 + ["*i8" if tail else "*i32", "i32", "*fp32", "*fp32"]
-    sig = dict(zip(kernel.arg_names[:12], types))
+    grid, meta, opts = pat.launch_plan(16, qp, 32, 8, d, 512, 16, tail, dtype, causal=causal)
+    types = [ty, ty, ty] + ["*i32"] * 5 + ["*i8" if tail else "*i32", "i32", "i32"]
+    types += ["*fp32", "*fp32"]
+    sig = dict(zip(kernel.arg_names[:13], types))
     # as jax_triton 0.3.1 compiles: every array 16-byte aligned, scalars unspecialized
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(12) if types[i] != "i32"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(13) if types[i] != "i32"}
     sig.update({n: "constexpr" for n in meta})
     compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=meta, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options=opts)
