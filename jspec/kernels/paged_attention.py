@@ -200,7 +200,9 @@ def paged_attention_reference(
     """
     bsz, qp, hq, dim = q.shape
     hkv = k_pool.shape[2]
-    slots, visible = visibility(page_table, kv_lens, q_lens, qp, page_size=page_size, causal=causal)
+    slots, visible = visibility(
+        page_table, kv_lens, q_lens, qp, page_size=page_size, causal=causal
+    )
     key_ok = jnp.any(visible, axis=1)  # [B, W] read by some query of the row
     if tail_slot_ids is not None:
         tail_ok = jnp.any(tail_mask, axis=1)  # [B, N]
@@ -310,7 +312,9 @@ def paged_attention(
     _common.validate_tuning(**{k: v for k, v in tuning.items() if k != "num_splits"})
     impl = _common.resolve_impl(impl, IMPLS, "paged_attention")
     if probes.probes_on():
-        _probe(page_table, kv_lens, q_lens, tail_slot_ids, k_pool.shape[1], page_size, q.shape[1])
+        _probe(
+            page_table, kv_lens, q_lens, tail_slot_ids, k_pool.shape[1], page_size, q.shape[1]
+        )
     args = (q, k_pool, v_pool, layer, page_table, kv_lens, q_lens, tail_slot_ids, tail_mask)
     if impl == "xla" or q.shape[0] * q.shape[1] == 0:
         return paged_attention_reference(*args, page_size=page_size, causal=causal)
