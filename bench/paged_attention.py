@@ -1,3 +1,5 @@
+# Over 400 lines: one bench for every pass shape of the op, its floors, the cuDNN yardstick and
+# the launch-knob sweep; split, the sweep would lose the per-pass rows it compares against.
 """Bench the page-table-native paged attention pass (``jspec.kernels.paged_attention``) at 8B size.
 
     python -m bench.paged_attention [--quick] [--sweep] [--passes decode,prefill] [--out DIR]
@@ -121,7 +123,8 @@ SWEEP_SHAPES = [
     Pass("draftA", 64, 4, 8192),
     Pass("draftB", 256, 1, 48),
 ]
-# Knob sets besides the default; "splits*2" / "splits/2" scale the plan's default split count.
+# Knob sets besides the default; "splits*F" scales the plan's default split count by F (the
+# right count depends on how many programs fit an SM at once: shared memory per program).
 DECODE_SWEEP = [
     {"num_stages": 1},
     {"num_stages": 2},
@@ -132,7 +135,9 @@ DECODE_SWEEP = [
     {"block_n": 64, "num_stages": 5},
     {"num_warps": 8},
     {"num_splits": "splits*2"},
-    {"num_splits": "splits/2"},
+    {"num_splits": "splits*1.5"},
+    {"num_splits": "splits*0.75"},
+    {"num_splits": "splits*0.5"},
 ]
 PREFILL_SWEEP = [
     {"num_stages": 2},
@@ -315,12 +320,12 @@ def _plan(p: Pass, g: Geometry, knobs: dict[str, Any]) -> tuple:
 
 
 def _resolve(knobs: dict[str, Any], p: Pass, g: Geometry) -> dict[str, Any] | None:
-    """Turn ``num_splits: "splits*2" | "splits/2"`` into a count from the default plan; None
-    when the knobs launch exactly the default plan (nothing new to time)."""
+    """Turn ``num_splits: "splits*F"`` into a count from the default plan; None when the knobs
+    launch exactly the default plan (nothing new to time)."""
     default = _plan(p, g, {})
     if isinstance(knobs.get("num_splits"), str):
-        splits = default[0][1] * 2 if knobs["num_splits"] == "splits*2" else default[0][1] // 2
-        knobs = {**knobs, "num_splits": max(1, splits)}
+        factor = float(knobs["num_splits"].removeprefix("splits*"))
+        knobs = {**knobs, "num_splits": max(1, int(default[0][1] * factor))}
     return None if _plan(p, g, knobs) == default else knobs
 
 
@@ -407,14 +412,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         shapes = [p for p in shapes if not kinds or p.kind in kinds]
         for p in shapes:
             base = bench_pass(rng, p, g, pools, num_pages, impl, {}, sets, env, check=False)
-            results = [base]
+            results, seen = [base], set()
             for knobs in _sweep_for(p):
                 if time.perf_counter() - t0 > args.budget_s:
                     skipped.append(f"{p.kind} {p.label} {knobs}")
                     continue
                 knobs = _resolve(knobs, p, g)
-                if knobs is None:
+                if knobs is None or tuple(knobs.items()) in seen:
                     continue
+                seen.add(tuple(knobs.items()))
                 results.append(
                     bench_pass(rng, p, g, pools, num_pages, impl, knobs, sets, env, False)
                 )

@@ -1,3 +1,5 @@
+# Over 400 lines: one kernel serves every pass shape; its launch plan (which sets the kernel's
+# constexprs), the split merge and the wrapper belong with it.
 """``paged_attention`` as one raw Triton kernel through ``jax_triton`` (GPU).
 
 The same function as :func:`jspec.kernels.paged_attention.paged_attention_reference` (its
@@ -20,12 +22,12 @@ IEEE-f32 ``tl.dot``, no TF32). One launch serves every pass shape::
     part_out[b, split] = acc / l, part_lse[b, split] = ln(sum exp)   (0, -inf: nothing seen)
 
 Launch plans (:func:`launch_plan`): *decode-shaped* passes (``Qp * G <= 64`` rows: decode,
-draft passes A / B, verify; or any non-causal pass) take one 16-64-row tile per (row, KV head)
-and split the keys over enough programs to fill the GPU (flash decoding, merged by
+draft passes A / B, verify; or any non-causal pass) take one 16-64-row tile per (batch row,
+KV head) and split the keys over enough programs to fill the GPU (flash decoding, merged by
 log-sum-exp in XLA: :func:`merge_splits`). *Causal prefill chunks* (``Qp * G > 64``) take
 128-row tiles (``128 / G`` queries x ``G`` heads: K / V read once per block for the whole
-group), full key blocks below the diagonal and masked blocks on it, no split, the longest
-query blocks first. Each program's trip count is a runtime value from the lengths: padded
+group), full key blocks below the diagonal and masked blocks on it, the longest query blocks
+first, no split unless the grid is under one wave. Each program's trip count is a runtime value from the lengths: padded
 page-table columns and padding rows cost nothing. The layer is a runtime scalar (one compile
 for every layer).
 
@@ -65,6 +67,9 @@ DEFAULT_NUM_WARPS = 4
 # overlap this one's dots); 1 for larger tiles (measured on the H200 with the slot-list kernel:
 # verify prefix 32 x 4 rows 473 -> 220 us with 1 stage; decode 16 rows 94 us with 2, 103 with 1).
 DEFAULT_NUM_STAGES_SMALL_M, DEFAULT_NUM_STAGES = 2, 1
+# NOTE: a K / V address needs a page id loaded first, so Triton's pipeliner (triton 3.6) splits
+# the depth between the two loads: num_stages 2-4 fetch K / V one block ahead of the dots (the
+# page ids two), 5 two blocks ahead (seen in the sm_90 TTGIR: async_wait num=0 vs num=3).
 # Causal prefill chunks (FlashAttention-2 on Hopper: wgmma tiles of 128 rows over 2 warpgroups).
 PREFILL_BLOCK_M, PREFILL_BLOCK_N = 128, 64
 PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 8, 3
