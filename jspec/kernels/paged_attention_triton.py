@@ -240,10 +240,9 @@ def _paged_attention_kernel(
                 s = tl.dot(q, tl.trans(k.to(tl.float32)))
             else:
                 s = tl.dot(q, tl.trans(k))  # [BM, BN] f32
-            if phase == 0:
-                s = s * SCALE_LOG2  # log2 units
-                m_new = tl.maximum(m, tl.max(s, axis=1))
-                p = tl.math.exp2(s - m_new[:, None])
+            if phase == 0:  # m in log2 units; one FMA per score (scale > 0: max commutes)
+                m_new = tl.maximum(m, tl.max(s, axis=1) * SCALE_LOG2)
+                p = tl.math.exp2(s * SCALE_LOG2 - m_new[:, None])
                 alpha = tl.math.exp2(m - m_new)
             else:
                 s = tl.where(vis, s * SCALE_LOG2, float("-inf"))
