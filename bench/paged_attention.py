@@ -405,12 +405,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     table = format_table(rows, COLUMNS)
     print(table, flush=True)
     report: dict[str, Any] = {"header": header, "env": env, "rows": rows}
-    text = f"{header}\n\n{table}"
+    text = f"{header}\n\n{table}\n"
+    if args.out:  # written now and after each sweep shape: a timed-out run keeps its results
+        _write(args.out, report, text)
     if args.sweep:  # off GPU: the toy passes through impl="xla" (knobs ignored; a smoke run)
-        sweep_rows, best, skipped = [], [], []
         shapes = SWEEP_SHAPES if g is LLAMA_8B else quick_passes()
-        shapes = [p for p in shapes if not kinds or p.kind in kinds]
-        for p in shapes:
+        sweep_rows, best, skipped = [], [], []
+        report.update({"sweep": sweep_rows, "best": best, "skipped": skipped})
+        for p in [p for p in shapes if not kinds or p.kind in kinds]:
             base = bench_pass(rng, p, g, pools, num_pages, impl, {}, sets, env, check=False)
             results, seen = [base], set()
             for knobs in _sweep_for(p):
@@ -440,13 +442,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "% floor": top["% floor"],
                     }
                 )
-        sweep_table = format_table(sweep_rows, COLUMNS[:9] + ["error"])
-        best_table = format_table(best)
-        print(f"\n### sweep\n\n{sweep_table}\n\n### best per pass\n\n{best_table}", flush=True)
+            sweep_text = (
+                f"\n### sweep\n\n{format_table(sweep_rows, COLUMNS[:9] + ['error'])}\n\n"
+                f"### best per pass\n\n{format_table(best)}\n"
+            )
+            if args.out:
+                _write(args.out, report, text + sweep_text)
+        print(sweep_text, flush=True)
         if skipped:
-            print(f"\n(budget {args.budget_s:.0f} s: skipped {len(skipped)}: {skipped})")
-        report.update({"sweep": sweep_rows, "best": best, "skipped": skipped})
-        text += f"\n\n### sweep\n\n{sweep_table}\n\n### best per pass\n\n{best_table}\n"
+            print(f"(budget {args.budget_s:.0f} s: skipped {len(skipped)}: {skipped})")
+        text += sweep_text
     report["seconds"] = time.perf_counter() - t0
     print(f"({report['seconds']:.0f} s)", flush=True)
     if args.out:
