@@ -50,3 +50,26 @@ def rerun_in_fresh_process(test_file: str, timeout: int) -> None:
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def patch_interpreter_range() -> None:
+    """Let kernels run ``range()`` over runtime scalars in Triton's interpreter (idempotent).
+
+    NOTE: triton 3.6's interpreter holds a scalar as a 1-element array and gives ``tl.tensor``
+    an ``__index__`` of ``int(array)``, which numpy 2 rejects for a 1-D array ("only
+    0-dimensional arrays can be converted"): a loop ``for start in range(lo, hi, BLOCK)`` over
+    loaded lengths then fails in the interpreter while it compiles fine. This wraps the
+    interpreter's per-launch patch of ``tl.tensor`` to take the one element instead.
+    """
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "jspec_patched", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.jspec_patched = True
+    interpreter._patch_lang_tensor = patched

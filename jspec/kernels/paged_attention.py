@@ -307,7 +307,15 @@ def paged_attention(
         "num_warps": num_warps,
         "num_stages": num_stages,
     }
-    _common.validate_tuning(**{k: v for k, v in tuning.items() if k != "num_splits"})
+    # num_splits and num_stages are any positive ints (the others powers of 2).
+    _common.validate_tuning(
+        **{k: v for k, v in tuning.items() if k not in ("num_splits", "num_stages")}
+    )
+    for name in ("num_splits", "num_stages"):
+        probes.static_check(
+            tuning[name] is None or (isinstance(tuning[name], int) and tuning[name] >= 1),
+            f"{name}={tuning[name]!r} must be None or an int >= 1",
+        )
     impl = _common.resolve_impl(impl, IMPLS, "paged_attention")
     if probes.probes_on():
         _probe(page_table, kv_lens, q_lens, tail_slot_ids, k_pool.shape[1], page_size, q.shape[1])

@@ -1,32 +1,46 @@
-"""``paged_attention`` as a raw Triton flash-decoding kernel through ``jax_triton`` (GPU).
+# Over 400 lines: one kernel serves every pass shape; its launch plan (which sets the kernel's
+# constexprs), the split merge and the wrapper belong with it.
+"""``paged_attention`` as one raw Triton kernel through ``jax_triton`` (GPU).
 
-The same function as :func:`jspec.kernels.paged_attention.paged_attention_reference` (one
-masked GQA pass over the pool rows at ``kv_slot_ids``), reading K and V straight from the pool
-in their stored dtype (bf16 / f16: tensor-core ``tl.dot`` with f32 accumulation; f32 pools:
-IEEE-f32 ``tl.dot``, no TF32)::
+The same function as :func:`jspec.kernels.paged_attention.paged_attention_reference` (its
+module docstring is the contract), reading K and V straight from the pool by page table in
+their stored dtype (bf16 / f16: tensor-core ``tl.dot`` with f32 accumulation; f32 pools:
+IEEE-f32 ``tl.dot``, no TF32). One launch serves every pass shape::
 
-    grid = (Bp, Hkv * row blocks, splits of W)
-    rows r = (query i = r // G, head h = kv_head * G + r % G)            [BM]  (i < Qp)
-    for w0 in this split's chunk of W below kv_len[b], BN slots at a time:
-        vis   = kv_mask[b, i, w0 : w0 + BN]                               [BM, BN]
-        slots = kv_slot_ids[b, w0 : w0 + BN]; col = any_r(vis)            [BN]
-        k, v  = pool[layer, slots, kv_head, :] where col else 0           [BN, D]
-        s     = q @ k.T * scale (log2 units), masked -> -inf              [BM, BN]
-        online softmax: m, l, acc += p @ v
-    part_out[b, split] = acc / l, part_lse[b, split] = ln(sum exp)    (0, -inf when empty)
+    grid = (row blocks x B x Hkv, splits);  rows r = (query r // G, head kv_head * G + r % G)
+    program's keys [0, hi): hi = kv_lens[b] (causal: the limit of its last real query)
+    split s: keys [s * chunk, (s + 1) * chunk) of [0, hi), chunk = BN * ceil(hi / NS / BN)
 
-``kv_len[b]`` = 1 + the last column any query of row b sees (:func:`visible_length`): the
-loop's runtime trip count, so a padded tail of W costs nothing. The splits are merged by
-log-sum-exp in XLA (:func:`merge_splits`; skipped when there is
-one split). Only the listed-and-visible columns of the pool are read: slots the mask hides may
-hold anything (NaN included). The layer is a runtime scalar (one compile for every layer).
+    phase 0  full blocks     every real row sees every key: no mask loaded or computed
+    phase 1  masked blocks   key w visible to row r iff w < lim[r]          (lengths only)
+               lim[r] = kv_lens[b] (causal: kv_lens[b] - q_lens[b] + query(r) + 1)
+    phase 2  the tail        last split only: key j iff tail_mask[b, query(r), j], slot
+                             tail_slot_ids[b, j] (only keys some row of the block sees load)
+    per block of BN keys: slot = page_table[b, w // P] * P + w % P;  K, V [BN, D] rows gathered
+    s = q @ k.T (log2 units); online softmax m, l; acc = acc * alpha + p @ v
 
-``jax_triton`` (0.3.1) is imported lazily in :func:`paged_attention_triton`; the kernel is a
-plain function wrapped with ``triton.jit`` on first use (:func:`get_kernel`), so it runs in
-Triton's interpreter when ``TRITON_INTERPRET=1`` is set before triton is imported (tests on CPU
-torch tensors: :func:`paged_attention_torch`).
+    part_out[b, split] = acc / l, part_lse[b, split] = ln(sum exp)   (0, -inf: nothing seen)
 
-NOTE (shared/PLATFORM.md): no bounds checks inside the kernel; slot ids must be in ``[0, S)``.
+Launch plans (:func:`launch_plan`): *decode-shaped* passes (``Qp * G <= 64`` rows: decode,
+draft passes A / B, verify; or any non-causal pass) take one 16-64-row tile per (batch row,
+KV head) and split the keys over enough programs to fill the GPU (flash decoding, merged by
+log-sum-exp in XLA: :func:`merge_splits`). *Causal prefill chunks* (``Qp * G > 64``) take
+128-row tiles (``128 / G`` queries x ``G`` heads: K / V read once per block for the whole
+group), full key blocks below the diagonal and masked blocks on it, the longest query blocks
+first, no split unless the grid is under one wave. Each program's trip count is a runtime value from the lengths: padded
+page-table columns and padding rows cost nothing. The layer is a runtime scalar (one compile
+for every layer).
+
+Whether a row sees a key comes from the lengths and the tail mask, never from the values:
+a query with nothing visible gets ``out = 0, lse = -inf`` while a NaN read at a visible
+position reaches the output. Pool positions no query of the block sees are never loaded.
+
+``jax_triton`` (0.3.1) is imported lazily; the kernel is wrapped with ``triton.jit`` on first use
+(:func:`get_kernel`), so it runs in Triton's interpreter when ``TRITON_INTERPRET=1`` is set
+before triton is imported (CPU tests on torch tensors: tests/engine/paged_attention_cases.py).
+
+NOTE (shared/PLATFORM.md): no bounds checks inside the kernel; read page ids must be in
+``[0, S / P)`` and seen tail slots in ``[0, S)`` (probes check both when on).
 """
 
 from __future__ import annotations
@@ -41,49 +55,57 @@ from jspec.kernels import _common
 from jspec.kernels._common import interpreting
 
 MIN_DOT = 16  # tl.dot wants every tile dimension >= 16
-MAX_BLOCK_M = 64  # query x group rows per program
-# Key slots per loop iteration: next_pow2(W) / 4 clamped to [32, 128] (measured on the H200,
-# bench/RESULTS.md: 128 best for 1k-2k keys, 32 for the 80-key draft pass B).
+NUM_SMS = 132  # H100 / H200
+# Decode-shaped passes: rows (query x group) per program, at most this many.
+MAX_DECODE_ROWS = 64
+# Key slots per loop iteration of decode-shaped passes: next_pow2(C * P) / 4 clamped to
+# [32, 128] (measured on the H200 with the slot-list kernel, bench/RESULTS.md: 128 best for
+# 1k-2k keys, 32 for the 80-key draft pass B).
 MIN_BLOCK_N, MAX_BLOCK_N = 32, 128
 DEFAULT_NUM_WARPS = 4
 # Software pipelining depth: 2 for the 16-row tiles of decode (the loads of the next block
-# overlap this one's dots); 1 for larger tiles, where the extra K / V stage in shared memory
-# costs occupancy (measured on the H200, 8B geometry: verify prefix 32 x 4 rows 473 -> 220 us,
-# verify tree 32 -> 29 us, draft A equal; decode 16 rows 94 us with 2 stages, 103 with 1).
+# overlap this one's dots); 1 for larger tiles (measured on the H200 with the slot-list kernel:
+# verify prefix 32 x 4 rows 473 -> 220 us with 1 stage; decode 16 rows 94 us with 2, 103 with 1).
 DEFAULT_NUM_STAGES_SMALL_M, DEFAULT_NUM_STAGES = 2, 1
-# Splits of W: enough programs to fill the GPU (132 SMs on the H100 / H200), each split at
-# least MIN_SPLIT_BLOCKS blocks of keys.
-TARGET_PROGRAMS = 4 * 132
+# NOTE: a K / V address needs a page id loaded first, so Triton's pipeliner (triton 3.6) splits
+# the depth between the two loads: num_stages 2-4 fetch K / V one block ahead of the dots (the
+# page ids two), 5 two blocks ahead (seen in the sm_90 TTGIR: async_wait num=0 vs num=3).
+# Causal prefill chunks (FlashAttention-2 on Hopper: wgmma tiles of 128 rows over 2 warpgroups).
+PREFILL_BLOCK_M, PREFILL_BLOCK_N = 128, 64
+PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 8, 3
+# Splits of the keys: enough programs to fill the GPU, each split at least MIN_SPLIT_BLOCKS
+# key blocks of the page table's width.
+TARGET_PROGRAMS = 4 * NUM_SMS
 MIN_SPLIT_BLOCKS = 1
 # No split for decode-shaped rows (one 16-row tile) when the grid already holds at least half of
-# TARGET_PROGRAMS and each program loops over fewer than this many key blocks: the split's partials and the XLA merge cost more than
-# they give (measured on the H200, 2026-11-24, bs64 decode, 32/8 x 128, ~160 keys of W=256:
-# 2 splits 31.8 us, 1 split 23.9 us; bench/RESULTS.md). Longer loops keep the split (2k-key
-# decode: 71% of the copy bandwidth with 2 splits), and so does draft pass A (32-row tiles: the
-# 8B spec bs64 step's attention rose 1.83 -> 2.08 ms without its split).
+# TARGET_PROGRAMS and each program loops over fewer than this many key blocks: the partials and
+# the XLA merge cost more than they give (measured on the H200, 2026-11-24, bs64 decode over
+# ~160 keys: 2 splits 31.8 us, 1 split 23.9 us; bench/RESULTS.md).
 SPLIT_FULL_GRID_MIN_BLOCKS = 8
 _LOG2E = 1.4426950408889634
 
 
 def _paged_attention_kernel(
-    q_ptr,  # dtype[Bp, Qp, Hq, D]
+    q_ptr,  # dtype[B, Qp, Hq, D]
     k_ptr,  # dtype[L, S, Hkv, D]
     v_ptr,  # dtype[L, S, Hkv, D]
-    slot_ptr,  # i32[Bp, W]
-    mask_ptr,  # i8[Bp, Qp, W]
-    len_ptr,  # i32[Bp]: 1 + the last column some query of the row sees (0: none)
     layer_ptr,  # i32[1]
-    out_ptr,  # f32[Bp, NS, Qp, Hq, D] (out)
-    lse_ptr,  # f32[Bp, NS, Qp, Hq] (out)
+    page_table_ptr,  # i32[B, C]
+    kv_lens_ptr,  # i32[B]
+    q_lens_ptr,  # i32[B] (CAUSAL; unread otherwise)
+    tail_slot_ptr,  # i32[B, N] (TAIL_LEN = N > 0; unread otherwise)
+    tail_mask_ptr,  # i8[B, Qp, N] (TAIL_LEN > 0; unread otherwise)
+    num_pages,  # i32 scalar: C, the page table's width (runtime: one compile for every C)
+    num_slots,  # i32 scalar: S, the pool's slots per layer
+    out_ptr,  # f32[B, NS, Qp, Hq, D] (out)
+    lse_ptr,  # f32[B, NS, Qp, Hq] (out)
     QP: tl.constexpr,
     HQ: tl.constexpr,
     HKV: tl.constexpr,
     D: tl.constexpr,
-    NUM_SLOTS: tl.constexpr,
-    W: tl.constexpr,
-    NS: tl.constexpr,
-    CHUNK: tl.constexpr,
-    CHUNK_BLOCKS: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    TAIL_LEN: tl.constexpr,
+    CAUSAL: tl.constexpr,
     ROW_BLOCKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -93,83 +115,163 @@ def _paged_attention_kernel(
     INTERPRET: tl.constexpr,
 ):
     G: tl.constexpr = HQ // HKV
-    b = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1) // ROW_BLOCKS
-    row_block = tl.program_id(1) % ROW_BLOCKS
-    split = tl.program_id(2)
+    D_PAD: tl.constexpr = BLOCK_D != D  # head_dim not a power of 2: mask the columns
+    pid = tl.program_id(0)
+    row_block = pid % ROW_BLOCKS
+    if CAUSAL:
+        row_block = ROW_BLOCKS - 1 - row_block  # the longest (last) query blocks first
+    bh = pid // ROW_BLOCKS
+    b = (bh // HKV).to(tl.int64)
+    kv_head = bh % HKV
+    split = tl.program_id(1)
+    NS = tl.num_programs(1)  # splits of the keys (runtime: one compile for every count)
     layer = tl.load(layer_ptr).to(tl.int64)
 
-    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    first_row = row_block * BLOCK_M
+    rows = first_row + tl.arange(0, BLOCK_M)  # [BM]
     query = rows // G
     head = kv_head * G + rows % G
-    row_ok = query < QP
+    in_q = query < QP
     dcol = tl.arange(0, BLOCK_D)  # [BD]
     d_ok = dcol < D
-    q_off = ((b * QP + query) * HQ + head).to(tl.int64) * D  # [BM]
-    q = tl.load(
-        q_ptr + q_off[:, None] + dcol[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0
-    )  # [BM, BD]
-    if IEEE:
-        q = q.to(tl.float32)
+    q_off = ((b * QP + query) * HQ + head) * D  # [BM] i64
+    if D_PAD:
+        q = tl.load(
+            q_ptr + q_off[:, None] + dcol[None, :], mask=in_q[:, None] & d_ok[None, :], other=0.0
+        )
     else:
-        q = q.to(k_ptr.dtype.element_ty)
+        q = tl.load(q_ptr + q_off[:, None] + dcol[None, :], mask=in_q[:, None], other=0.0)
+    if IEEE or INTERPRET:  # NOTE: the interpreter's bf16 tl.dot is wrong (triton 3.6)
+        q = q.to(tl.float32)  # [BM, BD]
+
+    # The program's prefix keys [0, hi); keys below `full` are visible to every real row.
+    kv_len = tl.load(kv_lens_ptr + b)
+    if CAUSAL:
+        q_len = tl.minimum(tl.load(q_lens_ptr + b), QP)
+        offset = kv_len - q_len  # query i sits at row position offset + i
+        pre_ok = query < q_len  # [BM] rows with a real query
+        lim = offset + query + 1  # [BM] row r sees prefix keys [0, lim[r])
+        q_first = first_row // G
+        q_last = tl.minimum((first_row + BLOCK_M - 1) // G, q_len - 1)
+        hi = tl.where(q_last >= q_first, offset + q_last + 1, 0)
+        full = tl.minimum(tl.maximum(offset + q_first + 1, 0), hi)
+    else:
+        pre_ok = in_q
+        lim = tl.zeros((BLOCK_M,), tl.int32) + kv_len
+        hi = kv_len
+        full = kv_len
+    # This split's keys [s_lo, s_hi): full blocks [s_lo, f_end), masked blocks [f_end, s_hi).
+    chunk = tl.cdiv(tl.cdiv(hi, NS), BLOCK_N) * BLOCK_N
+    s_lo = split * chunk
+    s_hi = tl.minimum(s_lo + chunk, hi)
+    f_end = s_lo + tl.maximum(tl.minimum(full, s_hi) - s_lo, 0) // BLOCK_N * BLOCK_N
+    lim = tl.minimum(lim, s_hi)
+    pre_seen = pre_ok & (lim > s_lo)  # [BM] the row sees a prefix key of this split
+
+    kv_base = layer * num_slots * (HKV * D) + kv_head * D  # i64
+    k_base = k_ptr + kv_base
+    v_base = v_ptr + kv_base
+    pt_row = page_table_ptr + b * num_pages
+    tail_row = tail_slot_ptr + b * TAIL_LEN
+    tmask_row = tail_mask_ptr + (b * QP + query) * TAIL_LEN  # [BM]
+    t_end = tl.where(split == NS - 1, TAIL_LEN, 0)  # the tail goes with the last split
 
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    mask_row = mask_ptr + (b * QP + query).to(tl.int64) * W  # [BM]
-    kv_base = (layer * NUM_SLOTS * HKV + kv_head) * D
-    w_start = split * CHUNK
-    kv_len = tl.load(len_ptr + b)  # 1 + the last column any query of row b sees (0: none)
-    # A runtime trip count up to kv_len and no data-dependent branch in the loop: no empty
-    # tail blocks, and the loop stays pipelined (an ``if any(vis)`` skip of empty blocks
-    # measured 1.4x slower on the bs64 decode pass). NOTE: the interpreter's range() takes no
-    # tensor bound (triton 3.6): there every block of the chunk runs, masked.
-    num_iters = tl.cdiv(tl.minimum(w_start + CHUNK, kv_len) - w_start, BLOCK_N)
-    for blk in range(CHUNK_BLOCKS if INTERPRET else num_iters):
-        w = w_start + blk * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-        w_ok = w < kv_len
-        vis = (
-            tl.load(mask_row[:, None] + w[None, :], mask=row_ok[:, None] & w_ok[None, :], other=0)
-            != 0
-        )  # [BM, BN]
-        col = tl.max(vis.to(tl.int32), axis=0) > 0  # [BN]: some row sees this key
-        slots = tl.load(slot_ptr + b * W + w, mask=col, other=0).to(tl.int64)  # [BN]
-        kv_off = kv_base + slots * (HKV * D)  # [BN]
-        kv_mask = col[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + kv_off[:, None] + dcol[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + kv_off[:, None] + dcol[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        elif INTERPRET:  # NOTE: the interpreter's bf16 tl.dot is wrong (triton 3.6)
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+    tail_seen = tl.zeros((BLOCK_M,), tl.int32)
+    # NOTE: runtime trip counts and no data-dependent branch inside a loop: the loops stay
+    # software-pipelined (an ``if any(vis)`` skip measured 1.4x slower on bs64 decode).
+    for phase in tl.static_range(3 if TAIL_LEN > 0 else 2):
+        if phase == 0:
+            lo = s_lo
+            hi_phase = f_end
+        elif phase == 1:
+            lo = f_end
+            hi_phase = s_hi
         else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(vis, s * SCALE_LOG2, float("-inf"))  # [BM, BN], log2 units
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        # NOTE: rows with nothing visible yet keep m = -inf; shift by 0 so no inf - inf.
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.where(vis, tl.math.exp2(s - shift[:, None]), 0.0)
-        alpha = tl.math.exp2(m - shift)
-        l = l * alpha + tl.sum(p, axis=1)
-        if IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        elif INTERPRET:  # the same rounding of p as the compiled kernel
-            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32))
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
-    has_key = l > 0
+            lo = 0
+            hi_phase = t_end
+            if CAUSAL:  # rows past q_lens ran phase 0 on their (unused) queries: drop it
+                m = tl.where(pre_ok, m, float("-inf"))
+                l = tl.where(pre_ok, l, 0.0)
+                acc = tl.where(pre_ok[:, None], acc, 0.0)
+        for start in range(lo, hi_phase, BLOCK_N):
+            start = tl.multiple_of(start, BLOCK_N)
+            w = start + tl.arange(0, BLOCK_N)  # [BN] prefix positions (phase 2: tail index)
+            if phase == 0:
+                slot = tl.load(pt_row + w // PAGE_SIZE) * PAGE_SIZE + w % PAGE_SIZE
+            elif phase == 1:
+                col = w < s_hi  # [BN] keys to load
+                page = tl.load(pt_row + w // PAGE_SIZE, mask=col, other=0)
+                slot = page * PAGE_SIZE + w % PAGE_SIZE
+                vis = w[None, :] < lim[:, None]  # [BM, BN]
+            else:
+                vis = (
+                    tl.load(
+                        tmask_row[:, None] + w[None, :],
+                        mask=in_q[:, None] & (w < TAIL_LEN)[None, :],
+                        other=0,
+                    )
+                    != 0
+                )  # [BM, BN]
+                col = tl.max(vis.to(tl.int32), axis=0) > 0  # [BN] some row sees the key
+                slot = tl.load(tail_row + w, mask=col, other=0)
+                tail_seen = tl.maximum(tail_seen, tl.max(vis.to(tl.int32), axis=1))
+            kv_off = slot.to(tl.int64) * (HKV * D)  # [BN]
+            kv_ptrs = kv_off[:, None] + dcol[None, :]  # [BN, BD]
+            if phase == 0:
+                if D_PAD:
+                    k = tl.load(k_base + kv_ptrs, mask=d_ok[None, :], other=0.0)
+                    v = tl.load(v_base + kv_ptrs, mask=d_ok[None, :], other=0.0)
+                else:
+                    k = tl.load(k_base + kv_ptrs)  # [BN, BD]
+                    v = tl.load(v_base + kv_ptrs)
+            else:
+                if D_PAD:
+                    kv_mask = col[:, None] & d_ok[None, :]
+                else:
+                    kv_mask = col[:, None]
+                k = tl.load(k_base + kv_ptrs, mask=kv_mask, other=0.0)
+                v = tl.load(v_base + kv_ptrs, mask=kv_mask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            elif INTERPRET:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)))
+            else:
+                s = tl.dot(q, tl.trans(k))  # [BM, BN] f32
+            if phase == 0:  # m in log2 units; one FMA per score (scale > 0: max commutes)
+                m_new = tl.maximum(m, tl.max(s, axis=1) * SCALE_LOG2)
+                p = tl.math.exp2(s * SCALE_LOG2 - m_new[:, None])
+                alpha = tl.math.exp2(m - m_new)
+            else:
+                s = tl.where(vis, s * SCALE_LOG2, float("-inf"))
+                m_new = tl.maximum(m, tl.max(s, axis=1))
+                # NOTE: rows with nothing visible yet keep m = -inf; shift by 0: no inf - inf.
+                shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.math.exp2(s - shift[:, None])
+                alpha = tl.math.exp2(m - shift)
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None]
+            if IEEE:
+                acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+            elif INTERPRET:  # the compiled kernel's rounding of p
+                acc = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), acc)
+            else:
+                acc = tl.dot(p.to(v.dtype), v, acc)
+            m = m_new
+
+    has_key = pre_seen | (tail_seen > 0)  # from lengths and the mask: a NaN stays a NaN
     safe_l = tl.where(has_key, l, 1.0)
     out = tl.where(has_key[:, None], acc / safe_l[:, None], 0.0)
     lse = tl.where(has_key, (m + tl.math.log2(safe_l)) * 0.6931471805599453, float("-inf"))
-    part = (b * NS + split) * QP + query  # [BM]
-    o_off = (part * HQ + head).to(tl.int64)
-    tl.store(
-        out_ptr + o_off[:, None] * D + dcol[None, :], out, mask=row_ok[:, None] & d_ok[None, :]
-    )
-    tl.store(lse_ptr + o_off, lse, mask=row_ok)
+    o_off = ((b * NS + split) * QP + query) * HQ + head  # [BM] i64
+    if D_PAD:
+        o_mask = in_q[:, None] & d_ok[None, :]
+    else:
+        o_mask = in_q[:, None]
+    tl.store(out_ptr + o_off[:, None] * D + dcol[None, :], out, mask=o_mask)
+    tl.store(lse_ptr + o_off, lse, mask=in_q)
 
 
 def get_kernel() -> Any:
@@ -177,98 +279,117 @@ def get_kernel() -> Any:
     return _common.triton_jit(_paged_attention_kernel)
 
 
+def is_prefill_shaped(qp: int, hq: int, hkv: int, causal: bool) -> bool:
+    """Whether a pass takes the prefill plan: causal with more than MAX_DECODE_ROWS rows."""
+    return causal and qp * (hq // hkv) > MAX_DECODE_ROWS
+
+
 def launch_plan(
-    bp: int,
+    batch: int,
     qp: int,
     hq: int,
     hkv: int,
     dim: int,
-    width: int,
+    num_pages: int,
+    page_size: int,
+    tail_len: int,
     pool_dtype: Any,
     *,
+    causal: bool,
     block_m: int | None = None,
     block_n: int | None = None,
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-) -> tuple[tuple[int, int, int], dict[str, Any], dict[str, int]]:
-    """Static ``(grid, constexprs, launch options)`` for one pass.
+) -> tuple[tuple[int, int], dict[str, Any], dict[str, int]]:
+    """Static ``(grid, constexprs, launch options)`` for one pass (``batch * qp > 0``); the
+    grid is ``(row blocks x B x Hkv, splits)``.
 
-    Defaults: ``block_m = min(64, next_pow2(Qp * G))`` (>= 16), ``block_n`` as
-    :data:`MIN_BLOCK_N` says (>= 16), ``num_splits`` so that about :data:`TARGET_PROGRAMS` programs run
-    with at least :data:`MIN_SPLIT_BLOCKS` key blocks each, and 1 where the grid is already half
-    full and the loop short (:data:`SPLIT_FULL_GRID_MIN_BLOCKS`).
+    Args:
+      batch, qp, hq, hkv, dim: ``q``'s ``[B, Qp, Hq, D]`` and the pool's ``Hkv``.
+      num_pages, page_size: the page table's width ``C`` and ``P``; tail_len: ``N`` (0: none).
+      pool_dtype: the pool's dtype (f32: IEEE dots); causal: the pass's.
+      block_m, block_n, num_splits, num_warps, num_stages: None: the defaults below.
+
+    Defaults: prefill-shaped passes (:func:`is_prefill_shaped`) 128 x 64 tiles, 8 warps,
+    3 stages, no split unless the grid is under one wave; decode-shaped passes ``block_m =
+    min(64, next_pow2(Qp * G))``, ``block_n`` from ``C * P`` (:data:`MIN_BLOCK_N`), splits so
+    that about :data:`TARGET_PROGRAMS` programs run (none where the grid is half full and the
+    loop short: :data:`SPLIT_FULL_GRID_MIN_BLOCKS`). Tiles are at least 16 (``tl.dot``).
     """
     group = hq // hkv
+    rows = qp * group
+    width = num_pages * page_size
+    prefill = is_prefill_shaped(qp, hq, hkv, causal)
     if block_m is None:
-        block_m = min(MAX_BLOCK_M, _common.next_power_of_2(qp * group))
+        block_m = (
+            PREFILL_BLOCK_M if prefill else min(MAX_DECODE_ROWS, _common.next_power_of_2(rows))
+        )
     block_m = max(MIN_DOT, block_m)
     if block_n is None:
-        block_n = min(
-            MAX_BLOCK_N,
-            max(MIN_BLOCK_N, _common.next_power_of_2(width) // 4),
-            _common.next_power_of_2(width),
+        keys = _common.next_power_of_2(max(width, tail_len))
+        block_n = (
+            PREFILL_BLOCK_N
+            if prefill
+            else min(MAX_BLOCK_N, max(MIN_BLOCK_N, _common.next_power_of_2(width) // 4), keys)
         )
     block_n = max(MIN_DOT, block_n)
-    row_blocks = -(-qp * group // block_m)
+    row_blocks = -(-rows // block_m)
+    base = batch * hkv * row_blocks
     num_blocks = max(1, -(-width // block_n))
     if num_splits is None:
-        base = bp * hkv * row_blocks
-        num_splits = max(
-            1, min(-(-TARGET_PROGRAMS // max(base, 1)), num_blocks // MIN_SPLIT_BLOCKS)
-        )
-        short = num_blocks < SPLIT_FULL_GRID_MIN_BLOCKS
-        if block_m <= MIN_DOT and 2 * base >= TARGET_PROGRAMS and short:
-            num_splits = 1  # decode-shaped rows only (draft A's 32-row tiles measured slower)
+        if prefill:  # split only a grid under one wave
+            num_splits = 1 if base >= NUM_SMS else -(-2 * NUM_SMS // base)
+        else:
+            num_splits = max(1, min(-(-TARGET_PROGRAMS // base), num_blocks // MIN_SPLIT_BLOCKS))
+            short = num_blocks < SPLIT_FULL_GRID_MIN_BLOCKS
+            if block_m <= MIN_DOT and 2 * base >= TARGET_PROGRAMS and short:
+                num_splits = 1  # decode-shaped rows only (draft A's 32-row tiles kept the split)
     num_splits = max(1, min(num_splits, num_blocks))
-    chunk = -(-num_blocks // num_splits) * block_n
-    num_splits = -(-width // chunk) if width else 1
-    ieee = jnp.dtype(pool_dtype) == jnp.float32
     meta = {
         "QP": qp,
         "HQ": hq,
         "HKV": hkv,
         "D": dim,
-        "W": width,
-        "NS": num_splits,
-        "CHUNK": chunk,
-        "CHUNK_BLOCKS": chunk // block_n,
+        "PAGE_SIZE": page_size,
+        "TAIL_LEN": tail_len,
+        "CAUSAL": bool(causal),
         "ROW_BLOCKS": row_blocks,
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
         "BLOCK_D": max(MIN_DOT, _common.next_power_of_2(dim)),
         "SCALE_LOG2": float(dim) ** -0.5 * _LOG2E,
-        "IEEE": bool(ieee),
+        "IEEE": bool(jnp.dtype(pool_dtype) == jnp.float32),
         "INTERPRET": interpreting(),
     }
-    opts = {
-        "num_warps": num_warps or DEFAULT_NUM_WARPS,
-        "num_stages": num_stages
-        or (DEFAULT_NUM_STAGES_SMALL_M if block_m <= MIN_DOT else DEFAULT_NUM_STAGES),
-    }
-    return (bp, hkv * row_blocks, num_splits), meta, opts
-
-
-def visible_length(kv_mask: jax.Array) -> jax.Array:
-    """i32[Bp]: 1 + the last key column any query of row b sees (0 when none), from
-    ``kv_mask: bool[Bp, Qp, W]`` (one small XLA reduction); the kernel's loop stops there."""
-    cols = jnp.arange(1, kv_mask.shape[2] + 1, dtype=jnp.int32)
-    return jnp.max(jnp.where(jnp.any(kv_mask, axis=1), cols[None, :], 0), axis=1)
+    if prefill:
+        default_warps, default_stages = PREFILL_NUM_WARPS, PREFILL_NUM_STAGES
+    else:
+        default_warps = DEFAULT_NUM_WARPS
+        default_stages = DEFAULT_NUM_STAGES_SMALL_M if block_m <= MIN_DOT else DEFAULT_NUM_STAGES
+    opts = {"num_warps": num_warps or default_warps, "num_stages": num_stages or default_stages}
+    return (row_blocks * batch * hkv, num_splits), meta, opts
 
 
 def merge_splits(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Log-sum-exp merge over axis 1: ``f32[Bp, NS, Qp, Hq, D], f32[Bp, NS, Qp, Hq]`` ->
-    ``(f32[Bp, Qp, Hq, D], f32[Bp, Qp, Hq])`` (-inf splits ignored; all -inf: 0, -inf)."""
+    """Log-sum-exp merge over axis 1: ``f32[B, NS, Qp, Hq, D], f32[B, NS, Qp, Hq]`` ->
+    ``(f32[B, Qp, Hq, D], f32[B, Qp, Hq])``.
+
+    Splits with ``lse = -inf`` (nothing seen) are ignored; all of them: 0, -inf. A NaN lse or
+    out of a split that saw keys stays NaN in the merged result.
+    """
     if out.shape[1] == 1:
         return out[:, 0], lse[:, 0]
-    top = jnp.max(lse, axis=1, keepdims=True)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    weight = jnp.where(jnp.isfinite(lse), jnp.exp(lse - top), 0.0)  # [Bp, NS, Qp, Hq]
+    empty = lse == -jnp.inf  # [B, NS, Qp, Hq]
+    has_key = jnp.any(~empty, axis=1)
+    top = jnp.max(lse, axis=1)  # NaN propagates
+    top = jnp.where(has_key, top, 0.0)
+    weight = jnp.where(empty, 0.0, jnp.exp(lse - top[:, None]))
     total = jnp.sum(weight, axis=1)
-    has_key = total > 0
     safe = jnp.where(has_key, total, 1.0)
-    merged = jnp.sum(out * weight[..., None], axis=1) / safe[..., None]
-    lse_out = jnp.where(has_key, top[:, 0] + jnp.log(safe), -jnp.inf)
+    merged = jnp.sum(jnp.where(empty[..., None], 0.0, out) * weight[..., None], axis=1)
+    merged = merged / safe[..., None]
+    lse_out = jnp.where(has_key, top + jnp.log(safe), -jnp.inf)
     return jnp.where(has_key[..., None], merged, 0.0), lse_out
 
 
@@ -276,89 +397,85 @@ def paged_attention_triton(
     q: jax.Array,
     k_pool: jax.Array,
     v_pool: jax.Array,
-    layer: int,
-    kv_slot_ids: jax.Array,
-    kv_mask: jax.Array,
-    **tuning: Any,
+    layer: Any,
+    page_table: jax.Array,
+    kv_lens: jax.Array,
+    q_lens: jax.Array | None = None,
+    tail_slot_ids: jax.Array | None = None,
+    tail_mask: jax.Array | None = None,
+    *,
+    page_size: int,
+    causal: bool,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`jspec.kernels.paged_attention.paged_attention` through ``jax_triton`` (GPU only).
 
-    Args: as ``paged_attention`` (validated there); ``tuning``: :func:`launch_plan`'s
-    keywords. q is cast to the pool dtype (the model's activations already are).
+    Args: as ``paged_attention`` (validated there): ``q: float[B, Qp, Hq, D]`` (cast to the
+    pool dtype; the model's activations already are), ``k_pool, v_pool: dtype[L, S, Hkv, D]``,
+    ``layer`` an int or a traced i32 scalar, ``page_table: i32[B, C]``, ``kv_lens: i32[B]``,
+    ``q_lens: i32[B] | None`` (causal; None: ``Qp``), ``tail_slot_ids: i32[B, N] | None``,
+    ``tail_mask: bool[B, Qp, N] | None``; static ``page_size``, ``causal`` and the launch
+    knobs of :func:`launch_plan`.
+
+    Returns:
+      ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``; a query that sees nothing: 0, -inf.
     """
+    bsz, qp, hq, dim = q.shape
+    if bsz * qp == 0:
+        return (
+            jnp.zeros((bsz, qp, hq, dim), jnp.float32),
+            jnp.full((bsz, qp, hq), -jnp.inf, jnp.float32),
+        )
     jt = _common.import_jax_triton()
-    bp, qp, hq, dim = q.shape
     num_slots, hkv = k_pool.shape[1], k_pool.shape[2]
-    width = kv_slot_ids.shape[1]
-    grid, meta, opts = launch_plan(bp, qp, hq, hkv, dim, width, k_pool.dtype, **tuning)
-    ns = meta["NS"]
+    if page_table.shape[1] == 0:  # no prefix column (kv_lens are 0): a pointer to something
+        page_table = jnp.zeros((bsz, 1), jnp.int32)
+    if causal and q_lens is None:
+        q_lens = jnp.full((bsz,), qp, jnp.int32)
+    tail_len = 0 if tail_slot_ids is None else tail_slot_ids.shape[1]
+    grid, meta, opts = launch_plan(
+        bsz,
+        qp,
+        hq,
+        hkv,
+        dim,
+        page_table.shape[1],
+        page_size,
+        tail_len,
+        k_pool.dtype,
+        causal=causal,
+        block_m=block_m,
+        block_n=block_n,
+        num_splits=num_splits,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    ns = grid[1]
     out_shape = (
-        jax.ShapeDtypeStruct((bp, ns, qp, hq, dim), jnp.float32),
-        jax.ShapeDtypeStruct((bp, ns, qp, hq), jnp.float32),
+        jax.ShapeDtypeStruct((bsz, ns, qp, hq, dim), jnp.float32),
+        jax.ShapeDtypeStruct((bsz, ns, qp, hq), jnp.float32),
     )
     out, lse = jt.triton_call(
         q.astype(k_pool.dtype),
         k_pool,
         v_pool,
-        kv_slot_ids.astype(jnp.int32),
-        kv_mask.astype(jnp.int8),
-        visible_length(kv_mask),
-        jnp.full((1,), layer, jnp.int32),
+        jnp.reshape(jnp.asarray(layer, jnp.int32), (1,)),
+        page_table,
+        kv_lens,
+        q_lens if causal else kv_lens,  # unread when not causal
+        tail_slot_ids if tail_len else kv_lens,  # unread without a tail
+        tail_mask.astype(jnp.int8) if tail_len else kv_lens,
+        int(page_table.shape[1]),  # Python ints: jax_triton passes them as i32 scalars
+        int(num_slots),
         kernel=get_kernel(),
         out_shape=out_shape,
         grid=grid,
         name="jspec_paged_attention",
-        NUM_SLOTS=num_slots,
         **meta,
         **opts,
     )
     return merge_splits(out, lse)
-
-
-def paged_attention_torch(q, k_pool, v_pool, layer: int, kv_slot_ids, kv_mask, **tuning: Any):
-    """The same kernel on torch tensors (the interpreter on CPU; tests and benches).
-
-    Args: torch tensors shaped as :func:`paged_attention_triton`'s (q in the pool dtype,
-    slot ids int32, mask bool). Returns the un-merged torch partials
-    ``(out f32[Bp, NS, Qp, Hq, D], lse f32[Bp, NS, Qp, Hq])`` (NaN-poisoned before the launch;
-    :func:`merge_torch_partials` merges them).
-    """
-    import numpy as np
-    import torch
-
-    bp, qp, hq, dim = q.shape
-    num_slots, hkv = k_pool.shape[1], k_pool.shape[2]
-    pool_dtype = {
-        torch.float32: jnp.float32,
-        torch.bfloat16: jnp.bfloat16,
-        torch.float16: jnp.float16,
-    }[k_pool.dtype]
-    grid, meta, opts = launch_plan(bp, qp, hq, hkv, dim, kv_slot_ids.shape[1], pool_dtype, **tuning)
-    ns = meta["NS"]
-    out = torch.full((bp, ns, qp, hq, dim), float("nan"), dtype=torch.float32, device=q.device)
-    lse = torch.full((bp, ns, qp, hq), float("nan"), dtype=torch.float32, device=q.device)
-    layer_t = torch.full((1,), layer, dtype=torch.int32, device=q.device)
-    kv_len = torch.from_numpy(np.array(visible_length(jnp.asarray(kv_mask.cpu().numpy()))))
-    get_kernel()[grid](
-        q.to(k_pool.dtype).contiguous(),
-        k_pool,
-        v_pool,
-        kv_slot_ids.to(torch.int32).contiguous(),
-        kv_mask.to(torch.int8).contiguous(),
-        kv_len.to(q.device),
-        layer_t,
-        out,
-        lse,
-        NUM_SLOTS=num_slots,
-        **meta,
-        **opts,
-    )
-    return out, lse
-
-
-def merge_torch_partials(out, lse) -> tuple[Any, Any]:
-    """:func:`merge_splits` of :func:`paged_attention_torch`'s partials, as numpy arrays."""
-    import numpy as np
-
-    merged = merge_splits(jnp.asarray(out.cpu().numpy()), jnp.asarray(lse.cpu().numpy()))
-    return np.asarray(merged[0]), np.asarray(merged[1])
