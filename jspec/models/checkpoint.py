@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from jspec.models import hf_config
+from jspec.models._json import in_file
 from jspec.models._sources import TensorSource, open_source
 from jspec.models.eagle1 import Eagle1Draft, Eagle1Params
 from jspec.models.eagle3 import Eagle3Draft, Eagle3Params
@@ -253,8 +254,10 @@ def load_eagle3(
       ValueError: not an EAGLE-3 config, a field that does not fit the target, a missing /
         misshaped tensor, or ``d2t`` mapping outside the target vocabulary.
     """
-    raw = hf_config.read_config_json(directory)
-    cfg = hf_config.parse_eagle3_config(raw, dtype=dtype or target.dtype)
+    with in_file(os.path.join(os.fspath(directory), "config.json")):
+        cfg = hf_config.parse_eagle3_config(
+            hf_config.read_config_json(directory), dtype=dtype or target.dtype
+        )
     _fit("hidden_size", cfg.hidden_size, target, target.hidden_size)
     _fit("vocab_size", cfg.vocab_size, target, target.vocab_size)
     draft = Eagle3Draft(cfg, cfg.capture_layers(target.num_layers))
@@ -311,9 +314,10 @@ def load_eagle1(
     ``layers.0.input_layernorm.weight`` and ``norm.weight`` are optional (absent = identity /
     no final norm, as sglang runs published EAGLE-1 heads). Errors as :func:`load_eagle3`.
     """
-    raw = hf_config.read_config_json(directory)
-    raw.setdefault("vocab_size", target.vocab_size)
-    cfg = hf_config.parse_llama_config(raw, dtype=dtype or target.dtype, allow_eagle1=True)
+    with in_file(os.path.join(os.fspath(directory), "config.json")):
+        raw = hf_config.read_config_json(directory)
+        raw.setdefault("vocab_size", target.vocab_size)
+        cfg = hf_config.parse_llama_config(raw, dtype=dtype or target.dtype, allow_eagle1=True)
     _fit("hidden_size", cfg.hidden_size, target, target.hidden_size)
     _fit("vocab_size", cfg.vocab_size, target, target.vocab_size)
     cfg = dataclasses.replace(cfg, num_layers=1)
@@ -345,8 +349,9 @@ def load_draft(
     progress: Progress | None = None,
 ) -> tuple[Eagle3Draft | Eagle1Draft, Eagle3Params | Eagle1Params]:
     """:func:`load_eagle3` for ``LlamaForCausalLMEagle3`` configs, else :func:`load_eagle1`."""
-    raw = hf_config.read_config_json(directory)
-    arch = hf_config.architecture(raw)
+    with in_file(os.path.join(os.fspath(directory), "config.json")):
+        raw = hf_config.read_config_json(directory)
+        arch = hf_config.architecture(raw)
     supported = hf_config.EAGLE3_ARCHITECTURES + hf_config.EAGLE1_ARCHITECTURES
     if arch is not None and arch not in supported:
         raise ValueError(
