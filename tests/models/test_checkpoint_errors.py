@@ -186,3 +186,115 @@ def test_pytorch_bin_without_torch_says_convert(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
     with pytest.raises(ValueError, match="Convert it once"):
         load_eagle3(tmp_path, TARGET)
+
+
+# ---- issue 22: path traversal, bad files, ambiguous checkpoints ----------------------------------
+@pytest.mark.parametrize(
+    "shard",
+    ["../elsewhere/x.safetensors", "/abs/x.safetensors", "sub/x.safetensors", "..", "a\\x"],
+)
+def test_index_shard_outside_the_directory_is_refused(tmp_path, shard):
+    model = tmp_path / "model"
+    model.mkdir()
+    write_llama(model, llama_tensors(), shards=2)
+    index = model / "model.safetensors.index.json"
+    raw = json.loads(index.read_text())
+    raw["weight_map"]["model.norm.weight"] = shard
+    index.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"weight_map\['model\.norm\.weight'\]=.* is not a file"):
+        load_llama(model)
+
+
+def test_hf_cache_symlinks_into_blobs_still_load(tmp_path):
+    """A Hugging Face cache snapshot: every file a symlink into ../../blobs (names are checked,
+    not resolved targets)."""
+    src = write_llama(tmp_path, llama_tensors(), shards=2)
+    blobs, snap = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for i, f in enumerate(sorted(p for p in src.iterdir() if p.is_file())):
+        (blobs / f"blob{i}").write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(f"../../blobs/blob{i}")
+    target, _ = load_llama(snap)
+    assert target.num_layers == 2
+
+
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        pytest.param(b"", "header too small", id="zero-byte"),
+        pytest.param(None, "not fully covered|incomplete", id="truncated"),
+        pytest.param(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}xxxxxx", "header", id="header"),
+        pytest.param(b"\xff" * 64, "", id="garbage"),
+    ],
+)
+def test_bad_safetensors_file_names_it(tmp_path, content, match):
+    write_llama(tmp_path, llama_tensors())
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if content is None else content)
+    with pytest.raises(
+        ValueError, match=f"model.safetensors: not a readable safetensors file.*{match}"
+    ):
+        load_llama(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        pytest.param("[]", "expected a JSON object", id="list"),
+        pytest.param("{}", "weight_map must be an object.*got nothing", id="no-weight-map"),
+        pytest.param('{"weight_map": [1]}', "weight_map must be an object.*got list", id="wm-list"),
+        pytest.param('{"weight_map": {"x": 3}}', r"weight_map\['x'\]=3", id="wm-int"),
+        pytest.param("{,", r"not valid JSON \(.*line 1 column 2\)", id="json"),
+    ],
+)
+def test_bad_index_names_the_file_and_field(tmp_path, text, match):
+    write_llama(tmp_path, llama_tensors(), shards=2)
+    (tmp_path / "model.safetensors.index.json").write_text(text)
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json: " + match):
+        load_llama(tmp_path)
+
+
+def test_index_mapping_a_tensor_to_a_shard_without_it(tmp_path):
+    write_llama(tmp_path, llama_tensors(), shards=2)
+    index = tmp_path / "model.safetensors.index.json"
+    raw = json.loads(index.read_text())
+    name = "model.norm.weight"
+    raw["weight_map"][name] = next(
+        f for f in set(raw["weight_map"].values()) if f != raw["weight_map"][name]
+    )
+    index.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"maps 'model\.norm\.weight' to .*which does not hold it"):
+        load_llama(tmp_path)
+
+
+def test_malicious_pytorch_bin_is_refused_in_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "config.json").write_text(json.dumps(eagle3_config()))
+    torch.save({"fc.weight": Evil()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin: refused by torch\.load") as info:
+        load_eagle3(tmp_path, TARGET)
+    assert "\n" not in str(info.value) and not marker.exists()
+    torch.save([torch.zeros(2)], tmp_path / "pytorch_model.bin")  # allowed, but not a state dict
+    with pytest.raises(ValueError, match="expected a flat dict of tensor name -> tensor"):
+        load_eagle3(tmp_path, TARGET)
+
+
+def test_same_tensor_in_two_unindexed_files(tmp_path):
+    tensors = llama_tensors()
+    write_llama(tmp_path, tensors)
+    save_file({"model.norm.weight": np.zeros(16, np.float32)}, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.norm\.weight' is in both extra\.safetensors and model\.safetensors .*"
+        r"no model\.safetensors\.index\.json names the one to load",
+    ):
+        load_llama(tmp_path)
