@@ -180,15 +180,6 @@ def test_d2t_outside_the_target_vocab(tmp_path):
         load_eagle3(write_head(tmp_path, tensors, eagle3_config()), TARGET)
 
 
-def test_pytorch_bin_without_torch_says_convert(tmp_path, monkeypatch):
-    (tmp_path / "config.json").write_text(json.dumps(eagle3_config()))
-    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
-    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
-    with pytest.raises(ValueError, match="Convert it once"):
-        load_eagle3(tmp_path, TARGET)
-
-
-# ---- issue 22: path traversal, bad files, ambiguous checkpoints ----------------------------------
 @pytest.mark.parametrize(
     "shard",
     ["../elsewhere/x.safetensors", "/abs/x.safetensors", "sub/x.safetensors", "..", "a\\x"],
@@ -288,6 +279,42 @@ def test_malicious_pytorch_bin_is_refused_in_one_line(tmp_path):
         load_eagle3(tmp_path, TARGET)
 
 
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        pytest.param(
+            "model.layers.2.mlp.up_proj.weight",
+            r"'model\.layers\.2\.mlp\.up_proj\.weight' in model\.safetensors is for layer 2, but "
+            r"config\.json says num_hidden_layers=2",
+            id="layer-past-the-config",
+        ),
+        pytest.param(
+            "model.layers.0.self_attn.q_proj.bias",
+            r"'model\.layers\.0\.self_attn\.q_proj\.bias' in model\.safetensors is not a "
+            r"LlamaForCausalLM weight",
+            id="bias",
+        ),
+        pytest.param("model.layers.0.self_attn.rotary_emb.inv_freq", None, id="rotary-ignored"),
+    ],
+)
+def test_tensors_jspec_would_drop_are_errors(tmp_path, extra, match):
+    tensors = llama_tensors()
+    tensors[extra] = np.ones(4, np.float32)
+    write_llama(tmp_path, tensors)
+    if match is None:
+        load_llama(tmp_path)
+        return
+    with pytest.raises(ValueError, match=match):
+        load_llama(tmp_path)
+
+
+def test_tied_checkpoint_may_keep_its_lm_head_copy(tmp_path):
+    _, params = load_llama(
+        write_llama(tmp_path, llama_tensors(), {**RAW, "tie_word_embeddings": True})
+    )
+    assert params.lm_head is None
+
+
 def test_same_tensor_in_two_unindexed_files(tmp_path):
     tensors = llama_tensors()
     write_llama(tmp_path, tensors)
@@ -298,3 +325,31 @@ def test_same_tensor_in_two_unindexed_files(tmp_path):
         r"no model\.safetensors\.index\.json names the one to load",
     ):
         load_llama(tmp_path)
+
+
+def test_eagle3_head_with_its_own_embedding_copy_and_unknown_tensor(tmp_path):
+    tensors = eagle3_tensors()
+    tensors["embed_tokens.weight"] = np.zeros((96, 32), np.float32)  # sglang uses the target's
+    load_eagle3(write_head(tmp_path / "a", tensors, eagle3_config()), TARGET)
+    tensors["midlayer.self_attn.q_proj.bias"] = np.zeros(32, np.float32)
+    with pytest.raises(
+        ValueError, match=r"'midlayer\.self_attn\.q_proj\.bias'.*LlamaForCausalLMEagle3"
+    ):
+        load_eagle3(write_head(tmp_path / "b", tensors, eagle3_config()), TARGET)
+
+
+def test_inspect_reads_no_weight_and_sizes_the_model(tmp_path, monkeypatch):
+    from jspec.models import checkpoint
+
+    tensors = llama_tensors()
+    write_llama(tmp_path, tensors, shards=2)
+    monkeypatch.setattr(checkpoint.Plan, "read", lambda *a: pytest.fail("read a weight"))
+    target, nbytes = checkpoint.inspect_llama(tmp_path)
+    assert nbytes == sum(t.nbytes for t in tensors.values())
+    assert checkpoint.weight_bytes(target) == nbytes
+    _, nbytes = checkpoint.inspect_llama(tmp_path, dtype="bfloat16")
+    assert nbytes == sum(t.nbytes for t in tensors.values()) // 2
+    head = write_head(tmp_path / "head", eagle3_tensors(), eagle3_config())
+    draft, head_bytes = checkpoint.inspect_draft(head, TARGET, dtype="float32")
+    want = sum(t.nbytes for k, t in eagle3_tensors().items() if k not in ("t2d", "d2t")) + 4 * 40
+    assert head_bytes == want and checkpoint.weight_bytes(draft) == want + 4 * 32  # + fc.bias
