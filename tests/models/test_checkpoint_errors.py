@@ -180,6 +180,38 @@ def test_d2t_outside_the_target_vocab(tmp_path):
         load_eagle3(write_head(tmp_path, tensors, eagle3_config()), TARGET)
 
 
+def test_pytorch_bin_without_torch_says_convert(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps(eagle3_config()))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
+    with pytest.raises(ValueError, match="Convert it once"):
+        load_eagle3(tmp_path, TARGET)
+
+
+# ---- issue 22: NaN / Inf, path traversal, bad files, ambiguous checkpoints -----------------------
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_nonfinite_weight_names_the_tensor(tmp_path, bad, dtype):
+    tensors = llama_tensors()
+    tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = bad  # transposed on load
+    tensors["model.norm.weight"][0] = bad  # not transposed
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.(norm|layers\.1\.mlp\.down_proj)\.weight' in model-0000\d-of-00002\."
+        r"safetensors holds NaN or Inf values as (float32|bfloat16) \(and 1 more\)",
+    ):
+        load_llama(write_llama(tmp_path, tensors, shards=2), dtype=dtype)
+
+
+def test_overflow_in_the_load_dtype_is_named(tmp_path):
+    tensors = llama_tensors()
+    tensors["model.embed_tokens.weight"][0, 0] = 1e6  # finite in f32, inf in f16
+    path = write_llama(tmp_path, tensors)
+    load_llama(path)
+    with pytest.raises(ValueError, match=r"'model\.embed_tokens\.weight'.*Inf values as float16"):
+        load_llama(path, dtype="float16")
+
+
 @pytest.mark.parametrize(
     "shard",
     ["../elsewhere/x.safetensors", "/abs/x.safetensors", "sub/x.safetensors", "..", "a\\x"],
