@@ -93,7 +93,15 @@ def prefill_body(
         )
         positions = jnp.tile(pos, bp)
         tpool, hidden, feature = run_target(
-            ecfg, target, params, state.target_pool, prompt_ids.reshape(-1), positions, plan, draft
+            ecfg,
+            target,
+            params,
+            state.target_pool,
+            prompt_ids.reshape(-1),
+            positions,
+            plan,
+            draft,
+            draft_params,
         )
         hidden = hidden.reshape(bp, lp, -1)
         last = jnp.clip(lens - 1, 0, lp - 1)

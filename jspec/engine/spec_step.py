@@ -183,7 +183,6 @@ def phase_verify(
     ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, plan: VerifyPlan
 ) -> VerifyResult:
     """5: the target over the N tree nodes: prefix pass over the row + tree-masked pass."""
-    del draft_params
     spec, reqs, tree = ecfg.spec, plan.batch.reqs, plan.tree
     batch, n, width = plan.batch.live.shape[0], spec.num_draft_tokens, spec.context_len
     attn = AttnPlan(
@@ -205,6 +204,7 @@ def phase_verify(
         tree.positions,
         attn,
         draft,
+        draft_params,
     )
     return VerifyResult(
         buffers=replace(plan.buffers, target_pool=tpool),
