@@ -171,7 +171,14 @@ def _bin_source(directory: str) -> TensorSource:
         isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in state.items()
     ):
         raise ValueError(f"{path}: expected a flat dict of tensor name -> tensor")
-    tensors = {name: _torch_to_numpy(t) for name, t in state.items()}
+    tensors = {}
+    for name, t in state.items():
+        try:
+            tensors[name] = _torch_to_numpy(t)
+        except (TypeError, RuntimeError):  # float8, complex, ...: no numpy dtype to read into
+            raise ValueError(
+                f"{path}: tensor {name!r} has dtype {t.dtype}, which jspec cannot read"
+            ) from None
     entries = {
         name: (
             BIN_FILE,

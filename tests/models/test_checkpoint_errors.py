@@ -309,6 +309,11 @@ def test_malicious_pytorch_bin_is_refused_in_one_line(tmp_path):
     torch.save([torch.zeros(2)], tmp_path / "pytorch_model.bin")  # allowed, but not a state dict
     with pytest.raises(ValueError, match="expected a flat dict of tensor name -> tensor"):
         load_eagle3(tmp_path, TARGET)
+    torch.save(
+        {"fc.weight": torch.zeros(2, dtype=torch.float8_e4m3fn)}, tmp_path / "pytorch_model.bin"
+    )
+    with pytest.raises(ValueError, match=r"'fc\.weight' has dtype torch\.float8_e4m3fn"):
+        load_eagle3(tmp_path, TARGET)
 
 
 @pytest.mark.parametrize(
