@@ -44,10 +44,11 @@ def force_host_devices(num: int) -> None:
 
 
 def setup_devices(devices: int, tensor_parallel: int) -> None:
-    """Devices for ``--devices`` x ``--tensor-parallel``, checked before anything is loaded:
-    ``InputError`` past :data:`MAX_HOST_DEVICES` on CPU or past the devices present."""
+    """Devices for ``--devices`` x ``--tensor-parallel`` (:func:`force_host_devices`), refused
+    past :data:`MAX_HOST_DEVICES` on CPU (``InputError``). Whether the devices exist is checked
+    with the engine config (:func:`engine_config_from_args`, before any weight loads for
+    checkpoint directories), after the config's own checks."""
     from jspec.engine.inputs import InputError
-    from jspec.engine.sharding import check_devices
 
     need = devices * tensor_parallel
     force_host_devices(need)
@@ -58,10 +59,6 @@ def setup_devices(devices: int, tensor_parallel: int) -> None:
             f"--devices {devices} x --tensor-parallel {tensor_parallel} = {need} CPU host "
             f"devices: at most {MAX_HOST_DEVICES}"
         )
-    try:
-        check_devices(devices, tensor_parallel)
-    except ValueError as e:
-        raise InputError(str(e)) from None
 
 
 def check_spec_args(args: argparse.Namespace) -> None:
