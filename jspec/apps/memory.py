@@ -10,8 +10,9 @@ Per device (a data-parallel shard's ``tensor_parallel`` devices split heads and 
                max_running_requests requests at full context never run out (make_engine_config)
     bookkeep   req_to_token rows (i32[M + 1, context_len + reserve]) and the allocator
     workspace  the largest transients of one step, roughly: f32 logits of the verify / prefill
-               tokens (target and draft vocabularies), the XLA attention's gathered K / V rows and
-               f32 scores over the full context, f32 activations of the widest forward
+               tokens (target and draft vocabularies), f32 activations of the widest forward,
+               and with the XLA attention (the default off the GPU) the gathered K / V rows and
+               f32 scores of its largest pass (the fused kernels stream them instead)
 
 The estimate is what jspec allocates plus a rough transient term, not XLA's exact peak: it is
 there to refuse what cannot fit (a 1M-token page, a context sized for 10**8 new tokens) with the
@@ -88,26 +89,35 @@ def estimate_memory(
         )
     bookkeeping = 4 * (spec.num_req_rows * spec.req_to_token_width + 3 * spec.num_pages)
     max_bs = max(ecfg.batch_buckets)
-    n, k = spec.num_draft_tokens, spec.topk
-    prefill_tokens = ecfg.prefill_batch * ecfg.max_prompt_len
-    step_tokens = max_bs * n if draft is not None else max_bs
-    tokens = max(prefill_tokens, step_tokens)
+    n, k, lp = spec.num_draft_tokens, spec.topk, ecfg.max_prompt_len
+    spec_run = draft is not None
+    step_tokens = max_bs * n if spec_run else max_bs
+    tokens = max(ecfg.prefill_batch * lp, step_tokens)
     logits = 4 * max(ecfg.prefill_batch, step_tokens) * target.vocab_size
-    if draft is not None:
+    if spec_run:
         logits += 4 * max_bs * n * draft.vocab_size
-    heads = getattr(target, "num_heads", target.num_kv_heads) // tp or 1
-    rows = max(ecfg.prefill_batch, max_bs * (k if draft is not None else 1))
-    queries = max(ecfg.max_prompt_len, n if draft is not None else 1)
-    width = spec.req_to_token_width
-    kv_rows = 2 * rows * width * max(target.num_kv_heads // tp, 1) * target.head_dim * 4
-    scores = 4 * rows * heads * queries * width
+    attention = 0
+    if getattr(ecfg, "attention_kernel_impl", "xla") == "xla":
+        # (rows, queries per row, keys per row) of each pass: prefill over the prompt, the
+        # verify / greedy decode rows over the context row, the draft's B*K branch rows.
+        width = spec.req_to_token_width
+        passes = [(ecfg.prefill_batch, lp, lp), (max_bs, n if spec_run else 1, width)]
+        if spec_run:
+            passes.append((max_bs * k, 1, width))
+        heads = max(getattr(target, "num_heads", target.num_kv_heads) // tp, 1)
+        kv_heads = max(target.num_kv_heads // tp, 1)
+        attention = max(
+            4 * rows * heads * queries * keys  # f32 scores
+            + 2 * rows * keys * kv_heads * target.head_dim * _itemsize(target.dtype)  # K, V
+            for rows, queries, keys in passes
+        )
     inter = getattr(getattr(target, "config", None), "intermediate_size", 4 * target.hidden_size)
     activations = 4 * tokens * (3 * inter // tp + 6 * target.hidden_size)
     return MemoryEstimate(
         weights=weight_bytes // tp,
         kv_pools=pools,
         bookkeeping=bookkeeping,
-        workspace=logits + kv_rows + scores + activations,
+        workspace=logits + attention + activations,
     )
 
 
