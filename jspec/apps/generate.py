@@ -35,7 +35,7 @@ from jspec.apps._cli import (
     run_cli,
     setup_devices,
 )
-from jspec.engine.inputs import InputError, check_count
+from jspec.engine.inputs import InputError, check_count, validate_requests
 
 # loader(model_dir, draft_dir | None, dtype | None, progress) -> (target, params, draft, dparams)
 Loader = Callable[[str, "str | None", "str | None", Callable[[str], None]], tuple]
@@ -253,8 +253,8 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
 def run_config(
     args: argparse.Namespace, target: Any, draft: Any, prompt_ids: Sequence[int]
 ) -> tuple[Any, int]:
-    """``(EngineConfig, context_len)`` of one prompt: the flags checked against the models and
-    the model's ``max_position_embeddings`` (``InputError`` naming the flag)."""
+    """``(EngineConfig, context_len)`` of one prompt: the flags and the prompt checked against
+    the models and the model's ``max_position_embeddings`` (``InputError`` naming the field)."""
     max_new = check_count("--max-new-tokens", args.max_new_tokens)
     context_len = check_context(target, len(prompt_ids), max_new)
     ecfg = engine_config_from_args(
@@ -264,6 +264,13 @@ def run_config(
         context_len=context_len,
         max_running_requests=1,
         max_prompt_len=len(prompt_ids),
+    )
+    validate_requests(
+        [list(prompt_ids)],
+        max_new,
+        vocab_size=target.vocab_size,
+        max_prompt_len=ecfg.max_prompt_len,
+        context_len=context_len,
     )
     return ecfg, context_len
 
@@ -281,19 +288,11 @@ def generate_ids(
 ) -> tuple[list[int], Any]:
     """Validate, build the engine, compile (with progress) and generate for one prompt."""
     from jspec import probes
-    from jspec.engine.inputs import validate_requests
     from jspec.engine.scheduler import Engine
 
     ecfg, context_len = run_config(args, target, draft, prompt_ids)
     # The weights are resident now (counted in the free memory already).
     check_run_memory(ecfg, target, draft, weight_bytes=0, num_devices=args.devices)
-    validate_requests(
-        [list(prompt_ids)],
-        args.max_new_tokens,
-        vocab_size=target.vocab_size,
-        max_prompt_len=ecfg.max_prompt_len,
-        context_len=context_len,
-    )
     max_new = args.max_new_tokens
     checkify = args.checkify or probes.probes_on()
     with probes.probes_enabled(True) if args.checkify else contextlib.nullcontext():

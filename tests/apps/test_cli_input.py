@@ -147,6 +147,13 @@ def test_generate_bad_target_directory(tmp_path, capsys, case, no_weight_read_no
     _one_line(code, err, "generate", *patterns)
 
 
+def test_generate_prompt_id_outside_the_vocab_before_the_weights(
+    tmp_path, capsys, no_weight_read_no_compile
+):
+    code, err = _gen(capsys, _model(tmp_path), "--prompt-ids", "1 2 50", "--max-new-tokens", "2")
+    _one_line(code, err, "generate", r"prompt 0\[2\]=50 is outside the vocabulary")
+
+
 @pytest.mark.parametrize("case", sorted(BAD_INDEXES))
 def test_generate_bad_index(tmp_path, capsys, case, no_weight_read_no_compile):
     model = _model(tmp_path, shards=2)
