@@ -4,9 +4,10 @@ driven through jspec's public step functions, checked lossless (spec tokens == g
 The engine sees a model only through ``jspec.engine.protocol``: a frozen (hashable) dataclass
 with the pool geometry, ``forward`` over flat tokens calling the injected ``attn_fn`` once per
 layer, and ``logits``. The draft here exercises both EAGLE-3 features: it consumes the target's
-residual stream captured entering layers ``(0, 1)`` (an aux feature ``[T, 2H]``) after prefill
-and verify, its own hidden ``[T, H]`` inside the draft loop, and it predicts over a smaller
-draft vocabulary mapped to target ids (``to_target_ids``: target id = draft id + d2t[id]).
+residual stream captured entering layers ``(0, 1)`` (an aux feature ``[T, 2H]``, fused to
+``[T, H]`` by its ``combine_hidden_states``) after prefill and verify, its own hidden ``[T, H]``
+inside the draft loop, and it predicts over a smaller draft vocabulary mapped to target ids
+(``to_target_ids``: target id = draft id + d2t[id]).
 
     PYTHONPATH=. python examples/custom_model.py
 """
@@ -99,14 +100,15 @@ class MyDraft:
     def forward(
         self, params, target_params, pool, token_ids, hidden_in, positions, attn_fn, *, tp_axis=None
     ):
-        del tp_axis
-        if hidden_in.shape[-1] == len(self.capture_layers) * self.hidden_size:
-            hidden_in = _mm(hidden_in, params["fc"])  # the target's aux feature -> [T, H]
+        del tp_axis  # hidden_in: [T, H], combined target feature or the previous hidden_out
         x = _mm(jnp.concatenate([target_params["embed"][token_ids], hidden_in], -1), params["w_in"])
         pool, attn = _attention_layer(
             params["layer"], 0, pool, _norm(x), positions, attn_fn, self.num_heads, self.head_dim
         )
         return pool, x + attn
+
+    def combine_hidden_states(self, params, feature):
+        return _mm(feature, params["fc"])  # the target's aux feature [T, 2H] -> [T, H]
 
     def logits(self, params, target_params, hidden):
         del target_params

@@ -32,6 +32,7 @@ from jspec._layout import holey_geometry
 __all__ = [
     "INT32_LIMIT",
     "MAX_NUM_DRAFT_TOKENS",
+    "MAX_NUM_STEPS",
     "BatchBuckets",
     "SpecConfig",
     "ceil_div",
@@ -42,6 +43,10 @@ _DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.floa
 INT32_LIMIT = 2**31
 # sglang's build-tree kernel precondition (SPEC.md §7.4).
 MAX_NUM_DRAFT_TOKENS = 1024
+# Draft depth bound: twice the deepest tree of sglang's published EAGLE recipes (8 steps). The
+# engine's draft loop is unrolled at trace time, so compile time grows with the depth (CPU: 8 /
+# 32 / 128 steps compiled in 27 / 74 / 345 s) and --steps 100000 would never finish tracing.
+MAX_NUM_STEPS = 16
 
 
 def _is_power_of_2(x: int) -> bool:
@@ -63,7 +68,7 @@ class SpecConfig:
     Attributes:
       page_size: tokens per KV page (power of 2). Page 0 is reserved for padding.
       topk: branches per draft step (``speculative_eagle_topk``).
-      num_steps: draft depth (``speculative_num_steps``).
+      num_steps: draft depth (``speculative_num_steps``), at most :data:`MAX_NUM_STEPS`.
       num_draft_tokens: verify-tree nodes including the root (``speculative_num_draft_tokens``).
       context_len: model context length (tokens per request).
       max_running_requests: req_to_token rows in use; row 0 is an extra padding row.
@@ -129,6 +134,11 @@ class SpecConfig:
         need(
             self.ndt_max <= MAX_NUM_DRAFT_TOKENS,
             f"num_draft_tokens={self.ndt_max} must be <= {MAX_NUM_DRAFT_TOKENS}",
+        )
+        need(
+            self.num_steps <= MAX_NUM_STEPS,
+            f"num_steps={self.num_steps} must be <= MAX_NUM_STEPS={MAX_NUM_STEPS} (the draft "
+            "loop is unrolled at trace time)",
         )
         need(
             self.pool_size + self.page_size < INT32_LIMIT,

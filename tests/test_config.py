@@ -63,6 +63,10 @@ def test_derived_sizes() -> None:
         ({"page_size": 0}, "page_size"),
         ({"topk": 0}, "topk"),
         ({"num_steps": 0}, "num_steps"),
+        (
+            {"num_steps": 17, "topk": 1, "num_draft_tokens": 8},
+            "num_steps=17 must be <= MAX_NUM_STEPS=16",
+        ),
         ({"num_draft_tokens": 0}, "num_draft_tokens"),
         ({"topk": 2, "num_steps": 2, "num_draft_tokens": 8}, "num_draft_tokens"),
         ({"topk": 1, "num_steps": 3, "num_draft_tokens": 5}, "num_draft_tokens"),

@@ -72,6 +72,7 @@ RECORDED: dict[str, dict[str, str]] = {
     "jspec.config": {
         "INT32_LIMIT": "= 2147483648",
         "MAX_NUM_DRAFT_TOKENS": "= 1024",
+        "MAX_NUM_STEPS": "= 16",
         "BatchBuckets": "class(sizes: 'tuple[int, ...]') -> None",
         "SpecConfig": "class(page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
         "num_draft_tokens: 'int' = 8, context_len: 'int' = 1024, "

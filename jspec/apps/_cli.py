@@ -1,5 +1,7 @@
-"""Host-side helpers shared by the ``jspec`` commands (``demo``, ``generate``): device count
-on CPU, the spec flags' checks, and the one-line error exit."""
+"""Host-side helpers shared by the ``jspec`` commands (``demo``, ``generate``): the spec and
+resource flags' checks (with their documented bounds), the device setup, the context and memory
+checks, and the one-line error exit. Everything here runs before a weight is read or anything
+compiles."""
 
 from __future__ import annotations
 
@@ -9,15 +11,29 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+# --page-size bound: twice the largest page sglang's attention backends use (cutlass MLA, 128);
+# a larger page only inflates the pool (each request holds at least one page per decode reserve).
+MAX_PAGE_SIZE = 256
+# --devices x --tensor-parallel bound for CPU host devices (jax_num_cpu_devices): thousands of
+# host devices make XLA's compile crawl and abort; on GPU the devices present are the bound.
+MAX_HOST_DEVICES = 64
+# The impls each flag accepts (jspec.engine.state's IMPLS / ATTENTION_IMPLS; the README names
+# the same): tests/apps/test_cli_input.py holds them equal.
+IMPL_CHOICES = ("auto", "xla", "pallas")
+ATTENTION_IMPL_CHOICES = ("auto", "xla", "triton")
+
 
 def force_host_devices(num: int) -> None:
     """On CPU, ask for ``num`` host devices if JAX has not started its backends yet.
 
     ``jax.config.update("jax_num_cpu_devices", n)`` (public) raises once the backends are up;
     then the devices stay as they are and :func:`jspec.engine.sharding.check_devices` reports
-    the shortfall in one line. Nothing happens when ``XLA_FLAGS`` already sets a count.
+    the shortfall in one line. Nothing happens when ``XLA_FLAGS`` already sets a count, or past
+    :data:`MAX_HOST_DEVICES` (:func:`setup_devices` refuses that on CPU).
     """
-    if num <= 1 or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    if num <= 1 or num > MAX_HOST_DEVICES:
+        return
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
         return
     import jax
 
@@ -27,10 +43,31 @@ def force_host_devices(num: int) -> None:
         pass
 
 
+def setup_devices(devices: int, tensor_parallel: int) -> None:
+    """Devices for ``--devices`` x ``--tensor-parallel`` (:func:`force_host_devices`), refused
+    past :data:`MAX_HOST_DEVICES` on CPU (``InputError``). Whether the devices exist is checked
+    with the engine config (:func:`engine_config_from_args`, before any weight loads for
+    checkpoint directories), after the config's own checks."""
+    from jspec.engine.inputs import InputError
+
+    need = devices * tensor_parallel
+    force_host_devices(need)
+    import jax
+
+    if need > MAX_HOST_DEVICES and jax.default_backend() == "cpu":
+        raise InputError(
+            f"--devices {devices} x --tensor-parallel {tensor_parallel} = {need} CPU host "
+            f"devices: at most {MAX_HOST_DEVICES}"
+        )
+
+
 def check_spec_args(args: argparse.Namespace) -> None:
     """Host checks of the spec / run flags shared by ``jspec demo`` and ``jspec generate``
-    (``InputError`` naming the flag, before anything is built or compiled)."""
-    from jspec.engine.inputs import check_count
+    (``InputError`` naming the flag, before anything is built or compiled): counts >= 1,
+    ``--steps <= MAX_NUM_STEPS`` (the draft loop is unrolled: compile time grows with it),
+    ``--page-size <= MAX_PAGE_SIZE``, ``--draft-tokens <= MAX_NUM_DRAFT_TOKENS``."""
+    from jspec.config import MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS
+    from jspec.engine.inputs import InputError, check_count
 
     for flag in (
         "page_size",
@@ -44,6 +81,40 @@ def check_spec_args(args: argparse.Namespace) -> None:
     ):
         if hasattr(args, flag):
             check_count("--" + flag.replace("_", "-"), getattr(args, flag))
+    for flag, bound, why in (
+        ("steps", MAX_NUM_STEPS, "the draft loop is unrolled: compile time grows with it"),
+        ("page_size", MAX_PAGE_SIZE, "sglang's attention backends use pages of 1 to 128"),
+        ("draft_tokens", MAX_NUM_DRAFT_TOKENS, "sglang's tree kernels' limit"),
+    ):
+        if getattr(args, flag) > bound:
+            name = "--" + flag.replace("_", "-")
+            raise InputError(f"{name}={getattr(args, flag)} must be <= {bound} ({why})")
+
+
+def check_context(target: Any, prompt_len: int, max_new_tokens: int) -> int:
+    """The engine's context length (a power of two holding the prompt, the new tokens and one
+    more); ``InputError`` when the request runs past the model's ``max_position_embeddings``
+    (read from ``target.config`` when it has one)."""
+    from jspec.engine.inputs import InputError
+
+    limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    if limit is not None and prompt_len + max_new_tokens > limit:
+        raise InputError(
+            f"len(prompt) + --max-new-tokens = {prompt_len} + {max_new_tokens} "
+            f"exceeds the model's max_position_embeddings={limit}"
+        )
+    return 1 << (prompt_len + max_new_tokens).bit_length()
+
+
+def check_run_memory(
+    ecfg: Any, target: Any, draft: Any, *, weight_bytes: int, num_devices: int
+) -> None:
+    """``InputError`` with the numbers when the run cannot fit the device (or host) memory
+    (:mod:`jspec.apps.memory`); ``weight_bytes``: 0 once the weights are resident."""
+    from jspec.apps.memory import check_memory, estimate_memory
+
+    estimate = estimate_memory(ecfg, target, draft, weight_bytes=weight_bytes)
+    check_memory(estimate, num_devices=num_devices * ecfg.tensor_parallel)
 
 
 def run_cli(main_fn, prog: str, argv: Sequence[str] | None) -> int:
@@ -54,7 +125,8 @@ def run_cli(main_fn, prog: str, argv: Sequence[str] | None) -> int:
     try:
         return main_fn(argv)
     except InputError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        print(f"{prog}: error: {'; '.join(lines)}", file=sys.stderr)
         return 2
 
 
@@ -93,6 +165,10 @@ def engine_config_from_args(
         )
         check_engine_models(ecfg, target, draft)
         check_devices(args.devices, args.tensor_parallel)
+        if draft is not None and args.topk > draft.vocab_size:
+            raise ValueError(
+                f"--topk={args.topk} must be <= the draft's vocab_size={draft.vocab_size}"
+            )
     except ValueError as e:
         raise InputError(str(e)) from None
     return ecfg

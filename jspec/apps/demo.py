@@ -22,11 +22,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from jspec.apps._cli import (
+    ATTENTION_IMPL_CHOICES,
+    IMPL_CHOICES,
+    check_context,
+    check_run_memory,
     check_spec_args,
     engine_config_from_args,
-    force_host_devices,
     run_cli,
+    setup_devices,
 )
+
+# The demo's workload is built on the host, one random prompt per --num-prompts.
+MAX_NUM_PROMPTS = 4096
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,13 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
     g.add_argument(
         "--impl",
-        choices=("auto", "xla", "pallas"),
+        choices=IMPL_CHOICES,
         default="auto",
         help="bookkeeping kernels: auto = Pallas on GPU, pure jnp elsewhere",
     )
     g.add_argument(
         "--attention-impl",
-        choices=("auto", "xla", "triton"),
+        choices=ATTENTION_IMPL_CHOICES,
         default="auto",
         help="paged attention of the model (page tables in): auto = the Triton kernels on GPU, "
         "the pure-jnp reference otherwise",
@@ -137,23 +144,18 @@ class _Progress:
             print(flush=True)
 
 
-def _build_models(args: argparse.Namespace) -> tuple:
-    """``(target, params, draft, draft_params)``: the toy (a ``LlamaTarget`` with the toy init
-    and its EAGLE-1 head) from the model flags, or checkpoint directories (``--weights``,
-    ``--draft-weights``) through :mod:`jspec.models`. A bad flag raises ``InputError``."""
+def _plan_models(args: argparse.Namespace) -> tuple:
+    """``(target, draft, weight bytes)`` without building or reading a weight: the toy's models
+    from the model flags, or checkpoint directories' configs and file headers
+    (``jspec.models.checkpoint.inspect_*``: every check before a weight is read). A bad flag or
+    file raises ``InputError`` naming it."""
     from jspec.engine.inputs import InputError
-    from jspec.models import (
-        LlamaConfig,
-        LlamaTarget,
-        load_draft,
-        load_llama,
-        toy_eagle1,
-        toy_llama_params,
-    )
+    from jspec.models import Eagle1Draft, LlamaConfig, LlamaTarget
+    from jspec.models.checkpoint import inspect_draft, inspect_llama, weight_bytes
 
     try:
         if args.weights:
-            target, params = load_llama(args.weights, dtype=args.dtype)
+            target, nbytes = inspect_llama(args.weights, dtype=args.dtype)
         else:
             cfg = LlamaConfig(
                 vocab_size=args.vocab_size,
@@ -166,14 +168,35 @@ def _build_models(args: argparse.Namespace) -> tuple:
                 dtype=args.dtype,
             )
             target = LlamaTarget(cfg)
+            nbytes = weight_bytes(target)
+        if args.draft_weights:
+            draft, draft_bytes = inspect_draft(args.draft_weights, target, dtype=target.dtype)
+        else:
+            draft = Eagle1Draft(target.config)  # toy_eagle1's model
+            draft_bytes = weight_bytes(draft)
+    except (ValueError, OSError) as e:
+        raise InputError(str(e)) from None
+    return target, draft, nbytes + draft_bytes
+
+
+def _build_models(args: argparse.Namespace, target) -> tuple:
+    """``(params, draft, draft_params)`` for :func:`_plan_models`'s ``target``: the toy init
+    and its EAGLE-1 head, or the checkpoint directories read through :mod:`jspec.models`."""
+    from jspec.engine.inputs import InputError
+    from jspec.models import load_draft, load_llama, toy_eagle1, toy_llama_params
+
+    try:
+        if args.weights:
+            target, params = load_llama(args.weights, dtype=args.dtype)
+        else:
             params = toy_llama_params(target, args.seed, residual_scale=args.residual_scale)
         if args.draft_weights:
             draft_model, draft = load_draft(args.draft_weights, target, dtype=target.dtype)
         else:
             draft_model, draft = toy_eagle1(target, params, args.seed + 1)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         raise InputError(str(e)) from None
-    return target, params, draft_model, draft
+    return params, draft_model, draft
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,11 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
-    from jspec.engine.inputs import check_count
+    from jspec.engine.inputs import InputError, check_count
 
     check_spec_args(args)
     check_count("--num-prompts", args.num_prompts)
-    force_host_devices(args.devices * args.tensor_parallel)
+    if args.num_prompts > MAX_NUM_PROMPTS:
+        raise InputError(f"--num-prompts={args.num_prompts} must be <= {MAX_NUM_PROMPTS}")
+    setup_devices(args.devices, args.tensor_parallel)
 
     import jax
 
@@ -195,14 +220,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
     from jspec.engine.scheduler import Engine
 
     t_build = time.perf_counter()
-    target, params, draft_model, draft = _build_models(args)
+    target, draft_model, nbytes = _plan_models(args)
     cfg = target.config
     rng = np.random.default_rng(args.seed)
     lens = rng.integers(4, 41, args.num_prompts)
     prompts = [rng.integers(0, cfg.vocab_size, int(n)).tolist() for n in lens]
     arrivals = [int(i * 3) for i in range(args.num_prompts)] if args.staggered else None
     max_prompt = int(max(lens))
-    context_len = 1 << int(np.ceil(np.log2(max_prompt + args.max_new_tokens + 1)))
+    context_len = check_context(target, max_prompt, args.max_new_tokens)
     ecfg = engine_config_from_args(
         args,
         target,
@@ -211,6 +236,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         max_running_requests=args.max_running,
         max_prompt_len=max_prompt,
     )
+    check_run_memory(ecfg, target, draft_model, weight_bytes=nbytes, num_devices=args.devices)
+    params, draft_model, draft = _build_models(args, target)
     devices = jax.devices()
     layout = (
         f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"

@@ -19,18 +19,23 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from jspec.apps._cli import (
+    ATTENTION_IMPL_CHOICES,
+    IMPL_CHOICES,
+    check_context,
+    check_run_memory,
     check_spec_args,
     engine_config_from_args,
-    force_host_devices,
     run_cli,
+    setup_devices,
 )
-from jspec.engine.inputs import InputError, check_count
+from jspec.engine.inputs import InputError, check_count, validate_requests
 
 # loader(model_dir, draft_dir | None, dtype | None, progress) -> (target, params, draft, dparams)
 Loader = Callable[[str, "str | None", "str | None", Callable[[str], None]], tuple]
@@ -53,10 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=3, help="speculative_num_steps")
     g.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
     g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
-    g.add_argument("--impl", choices=("auto", "xla", "pallas"), default="auto")
+    g.add_argument("--impl", choices=IMPL_CHOICES, default="auto")
     g.add_argument(
         "--attention-impl",
-        choices=("auto", "xla", "triton"),
+        choices=ATTENTION_IMPL_CHOICES,
         default="auto",
         help="paged attention: auto = the page-table Triton kernels on GPU, jnp elsewhere",
     )
@@ -87,16 +92,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_prompt_ids(text: str) -> list[int]:
-    """``"1 2 3"`` / ``"1,2,3"`` -> ``[1, 2, 3]`` (:class:`InputError` on anything else)."""
+    """``"1 2 3"`` / ``"1,2,3"`` -> ``[1, 2, 3]`` (:class:`InputError` on anything else: only
+    ASCII decimal integers, so ``"1_0"`` is not 10 and ``"١"`` is not 1)."""
     items = text.replace(",", " ").split()
     if not items:
         raise InputError("--prompt-ids is empty: give at least one token id")
-    try:
-        return [int(x) for x in items]
-    except ValueError:
-        raise InputError(
-            f"--prompt-ids={text!r}: expected integers separated by spaces or commas"
-        ) from None
+    for item in items:
+        if re.fullmatch(r"-?[0-9]+", item) is None:
+            raise InputError(
+                f"--prompt-ids={text!r}: {item!r} is not an integer (expected integers "
+                "separated by spaces or commas)"
+            )
+    return [int(x) for x in items]
 
 
 def hf_loader(
@@ -117,20 +124,37 @@ def hf_loader(
         if draft_dir is None:
             return target, params, None, None
         draft, draft_params = load_draft(draft_dir, target, dtype=dtype, progress=bar("draft"))
-    except (ValueError, FileNotFoundError, KeyError) as e:
+    except (ValueError, OSError) as e:
         raise InputError(str(e)) from None
     return target, params, draft, draft_params
 
 
-def _load_tokenizer(model_dir: str, target: Any) -> Any | None:
-    """``jspec.models.Tokenizer`` of ``model_dir/tokenizer.json`` (BOS / EOS from the target's
-    config), or None when the directory has none."""
+def hf_inspect(model_dir: str, draft_dir: str | None, dtype: str | None) -> tuple[Any, Any, int]:
+    """``(target, draft | None, weight bytes)`` of the directories :func:`hf_loader` would load,
+    from their configs and file headers only (every check before a weight is read)."""
+    from jspec.models.checkpoint import inspect_draft, inspect_llama
+
+    try:
+        target, nbytes = inspect_llama(model_dir, dtype=dtype)
+        if draft_dir is None:
+            return target, None, nbytes
+        draft, draft_bytes = inspect_draft(draft_dir, target, dtype=dtype)
+    except (ValueError, OSError) as e:
+        raise InputError(str(e)) from None
+    return target, draft, nbytes + draft_bytes
+
+
+def _load_tokenizer(model_dir: str) -> Any | None:
+    """``jspec.models.Tokenizer`` of ``model_dir/tokenizer.json``, or None when the directory
+    has none (a file it cannot read: ``InputError`` naming it)."""
     if not os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
         return None
     from jspec.models import Tokenizer
 
-    config = getattr(target, "config", None)
-    return Tokenizer.from_dir(model_dir, config if hasattr(config, "bos_token_ids") else None)
+    try:
+        return Tokenizer.from_dir(model_dir)
+    except (ValueError, OSError) as e:
+        raise InputError(str(e)) from None
 
 
 def _eos_ids(model_dir: str, target: Any) -> list[int]:
@@ -141,8 +165,13 @@ def _eos_ids(model_dir: str, target: Any) -> list[int]:
             break
         path = os.path.join(model_dir, name)
         if os.path.exists(path):
-            with open(path) as f:
-                eos = json.load(f).get("eos_token_id")
+            from jspec.models._json import get_int_list, in_file, read_json_object
+
+            try:
+                with in_file(path):
+                    eos = get_int_list(read_json_object(path), "eos_token_id", scalar_ok=True)
+            except ValueError as e:
+                raise InputError(str(e)) from None
     if eos is None:
         return []
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
@@ -157,26 +186,24 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
     check_spec_args(args)
     prompt_ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    if args.prompt is not None and not args.prompt:
-        raise InputError("--prompt is empty")
-    force_host_devices(args.devices * args.tensor_parallel)
+    if args.prompt is not None:
+        if not args.prompt:
+            raise InputError("--prompt is empty")
+        from jspec.models.tokenizer import check_text
+
+        try:
+            check_text(args.prompt, "--prompt")
+        except ValueError as e:
+            raise InputError(str(e)) from None
+    setup_devices(args.devices, args.tensor_parallel)
 
     def say(msg: str) -> None:
         if not args.no_progress:
             print(f"jspec generate: {msg}", file=sys.stderr, flush=True)
 
-    if prompt_ids is None and not os.path.isfile(os.path.join(args.model, "tokenizer.json")):
-        raise InputError(
-            f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; or give --prompt-ids"
-        )
-    t0 = time.perf_counter()
-    target, params, draft, draft_params = loader(args.model, args.draft, args.dtype, say)
-    say(
-        f"loaded {type(target).__name__}"
-        + (f" + {type(draft).__name__}" if draft else "")
-        + f" [{time.perf_counter() - t0:.1f} s]"
-    )
-    tokenizer = _load_tokenizer(args.model, target)
+    # Everything that can be checked without the weights is, before they load: the tokenizer
+    # and the prompt, then (for checkpoint directories) configs, file headers, context, memory.
+    tokenizer = _load_tokenizer(args.model)
     if prompt_ids is None:
         if tokenizer is None:
             raise InputError(
@@ -185,6 +212,17 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
         prompt_ids = tokenizer.encode(args.prompt)
         if not prompt_ids:
             raise InputError(f"--prompt={args.prompt!r} encodes to no tokens")
+    if loader is hf_loader:
+        target, draft, nbytes = hf_inspect(args.model, args.draft, args.dtype)
+        ecfg, _ = run_config(args, target, draft, prompt_ids)
+        check_run_memory(ecfg, target, draft, weight_bytes=nbytes, num_devices=args.devices)
+    t0 = time.perf_counter()
+    target, params, draft, draft_params = loader(args.model, args.draft, args.dtype, say)
+    say(
+        f"loaded {type(target).__name__}"
+        + (f" + {type(draft).__name__}" if draft else "")
+        + f" [{time.perf_counter() - t0:.1f} s]"
+    )
     from jspec.probes import ProbeError
 
     try:
@@ -231,30 +269,13 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
     return 0
 
 
-def generate_ids(
-    args: argparse.Namespace,
-    target: Any,
-    params: Any,
-    draft: Any,
-    draft_params: Any,
-    prompt_ids: Sequence[int],
-    say: Callable[[str], None],
-    *,
-    eos: Sequence[int] = (),
-) -> tuple[list[int], Any]:
-    """Validate, build the engine, compile (with progress) and generate for one prompt."""
-    from jspec import probes
-    from jspec.engine.inputs import validate_requests
-    from jspec.engine.scheduler import Engine
-
+def run_config(
+    args: argparse.Namespace, target: Any, draft: Any, prompt_ids: Sequence[int]
+) -> tuple[Any, int]:
+    """``(EngineConfig, context_len)`` of one prompt: the flags and the prompt checked against
+    the models and the model's ``max_position_embeddings`` (``InputError`` naming the field)."""
     max_new = check_count("--max-new-tokens", args.max_new_tokens)
-    limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
-    if limit is not None and len(prompt_ids) + max_new > limit:
-        raise InputError(
-            f"len(prompt) + --max-new-tokens = {len(prompt_ids)} + {max_new} "
-            f"exceeds the model's max_position_embeddings={limit}"
-        )
-    context_len = 1 << (len(prompt_ids) + max_new + 1 - 1).bit_length()
+    context_len = check_context(target, len(prompt_ids), max_new)
     ecfg = engine_config_from_args(
         args,
         target,
@@ -270,6 +291,28 @@ def generate_ids(
         max_prompt_len=ecfg.max_prompt_len,
         context_len=context_len,
     )
+    return ecfg, context_len
+
+
+def generate_ids(
+    args: argparse.Namespace,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    prompt_ids: Sequence[int],
+    say: Callable[[str], None],
+    *,
+    eos: Sequence[int] = (),
+) -> tuple[list[int], Any]:
+    """Validate, build the engine, compile (with progress) and generate for one prompt."""
+    from jspec import probes
+    from jspec.engine.scheduler import Engine
+
+    ecfg, context_len = run_config(args, target, draft, prompt_ids)
+    # The weights are resident now (counted in the free memory already).
+    check_run_memory(ecfg, target, draft, weight_bytes=0, num_devices=args.devices)
+    max_new = args.max_new_tokens
     checkify = args.checkify or probes.probes_on()
     with probes.probes_enabled(True) if args.checkify else contextlib.nullcontext():
         engine = Engine(

@@ -140,7 +140,15 @@ def prefill_chunk_body(
     plan = AttnPlan(write_slot_ids=jnp.where(tok_valid, write, 0).reshape(-1), passes=(meta,))
     positions = jnp.where(tok_valid, pos, 0).reshape(-1)
     tpool, hidden, feature = run_target(
-        ecfg, target, params, state.target_pool, token_ids.reshape(-1), positions, plan, draft
+        ecfg,
+        target,
+        params,
+        state.target_pool,
+        token_ids.reshape(-1),
+        positions,
+        plan,
+        draft,
+        draft_params,
     )
     last = jnp.clip(lens - 1, 0, cq - 1)
     hidden_last = hidden.reshape(bp, cq, -1)[jnp.arange(bp), last]

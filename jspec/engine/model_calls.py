@@ -26,16 +26,18 @@ def run_target(
     positions: jax.Array,
     plan: AttnPlan,
     draft: Any = None,
+    draft_params: Any = None,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """The target over flat tokens, its K/V written and read through ``plan``.
 
     Args:
       token_ids, positions: i32[T].
-      draft: the draft model whose feature to capture (None: none).
+      draft, draft_params: the draft whose input to compute (None: none).
 
     Returns:
-      (pool, hidden dtype[T, H], feature dtype[T, Hin]): ``feature`` is what ``draft``
-      consumes: the aux of ``draft.capture_layers`` (EAGLE-3) or ``hidden`` (EAGLE-1 / none).
+      (pool, hidden dtype[T, H], feature): ``feature`` is the draft's hidden input
+      dtype[T, Hd], ``draft.combine_hidden_states`` of the aux of ``draft.capture_layers``
+      (EAGLE-3) or of ``hidden`` (EAGLE-1); ``hidden`` itself without a draft.
     """
     capture = tuple(draft.capture_layers) if draft is not None else ()
     attn_fn = make_attn_fn(plan, ecfg.attention)
@@ -49,7 +51,11 @@ def run_target(
             capture_layers=capture,
             tp_axis=ecfg.tp_axis,
         )
-    return pool, hidden, hidden if aux is None or not capture else aux
+    if draft is None:
+        return pool, hidden, hidden
+    with model_scope("draft"):
+        feature = draft.combine_hidden_states(draft_params, hidden if aux is None else aux)
+    return pool, hidden, feature
 
 
 def target_logits(target: Any, params: Any, hidden: jax.Array) -> jax.Array:
@@ -69,7 +75,8 @@ def run_draft(
     positions: jax.Array,
     plan: AttnPlan,
 ) -> tuple[Any, jax.Array]:
-    """The draft over flat tokens (TARGET ids i32[T], hidden_in dtype[T, Hin or Hd]).
+    """The draft over flat tokens (TARGET ids i32[T], hidden_in dtype[T, Hd]: a feature from
+    :func:`run_target` or the draft's own previous hidden_out).
 
     Returns:
       (pool, hidden_out dtype[T, Hd]).

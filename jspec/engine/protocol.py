@@ -120,14 +120,24 @@ class DraftModel(Protocol):
 
         Args:
           token_ids: i32[T] TARGET ids (the draft embeds them with the target's embedding).
-          hidden_in: dtype[T, Hin]: the target's feature (EAGLE-3: aux [T, len(capture) * H]
-            after verify / prefill; EAGLE-1: hidden [T, H]) or the draft's own previous
-            hidden_out [T, H] during the draft loop (EAGLE-3 applies ``fc`` iff
-            ``Hin == len(capture_layers) * H``, a static shape test).
+          hidden_in: dtype[T, Hd]: :meth:`combine_hidden_states` of the target's feature
+            (after prefill / verify) or the draft's own previous hidden_out (in the draft loop);
+            the same width either way, so the forward never guesses which one it got.
           positions: i32[T].
 
         Returns:
-          (pool, hidden_out dtype[T, H]), fed to the next draft step.
+          (pool, hidden_out dtype[T, Hd]), fed to the next draft step.
+        """
+        ...
+
+    def combine_hidden_states(self, params: Any, feature: jax.Array) -> jax.Array:
+        """The target's feature as the draft's hidden input: dtype[T, Hin] -> dtype[T, Hd].
+
+        ``feature`` is what the target returns for this draft (``run_target``): EAGLE-3 the aux
+        states of ``capture_layers`` concatenated, ``[T, len(capture_layers) * H]`` (fused by
+        ``fc``); EAGLE-1 the final hidden ``[T, H]`` (identity). The engine calls it once on
+        every target feature, never on the draft's own hidden (tpu-inference's
+        ``combine_hidden_states``).
         """
         ...
 

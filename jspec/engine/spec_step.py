@@ -180,7 +180,6 @@ def phase_verify(
     ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, plan: VerifyPlan
 ) -> VerifyResult:
     """5: the target over the N tree nodes: prefix pass over the row + tree-masked pass."""
-    del draft_params
     spec, reqs, tree = ecfg.spec, plan.batch.reqs, plan.tree
     batch, n, p = plan.batch.live.shape[0], spec.num_draft_tokens, spec.page_size
     # The prefix pages [0, L) read once for all N tree queries; the N verify slots as the tail
@@ -207,6 +206,7 @@ def phase_verify(
         tree.positions,
         attn,
         draft,
+        draft_params,
     )
     return VerifyResult(
         buffers=replace(plan.buffers, target_pool=tpool),

@@ -12,8 +12,8 @@ previous phase's dataclass and returning its own::
     phase_commit(state, ExtendResult) -> EngineState, SpecStepOutput   9
 
 Shapes: ``Bb`` the batch bucket, ``K`` topk, ``S`` num_steps, ``N`` num_draft_tokens,
-``H`` the target hidden size, ``Hd`` the draft's, ``Hin`` the feature the draft consumes
-(``len(draft.capture_layers) * H`` for EAGLE-3, ``H`` for EAGLE-1), ``V`` the target vocab,
+``H`` the target hidden size, ``Hd`` the draft's (the target feature reaches the phases already
+combined by ``draft.combine_hidden_states``), ``V`` the target vocab,
 ``M`` max_running_requests, ``R`` the req_to_token row width. Padding entries of the bucket are
 invalid rows (row 0, length 0, slot 0).
 """
@@ -114,7 +114,7 @@ class VerifyResult:
     batch: StepBatch
     tree: BuildTreeOutput
     verify_loc: jax.Array  # i32[Bb*N]
-    # dtype[Bb*N, Hin]: the feature the draft consumes (EAGLE-3 aux or the final hidden)
+    # dtype[Bb*N, Hd]: the draft's input from the target (draft.combine_hidden_states)
     target_feature: jax.Array
     # f32[Bb*N, V]
     logits: jax.Array
@@ -129,7 +129,7 @@ class AcceptResult:
     verify_loc: jax.Array  # i32[Bb*N]
     # i32[Bb*N]: the target's argmax per node, accepted path first
     predict: jax.Array
-    # dtype[Bb*N, Hin]: target_feature in the same order
+    # dtype[Bb*N, Hd]: target_feature in the same order
     target_feature: jax.Array
     # i32[Bb]: tokens emitted (0 on padding entries)
     accept_lens: jax.Array

@@ -1,8 +1,9 @@
 """Where a checkpoint directory's tensors live: names, shapes, dtypes, and reading them.
 
-* ``model.safetensors.index.json`` (``weight_map``: name -> shard file), else every
-  ``*.safetensors`` file of the directory; headers are read up front (no weights), tensors later
-  one at a time with ``safe_open(..., framework="np")``.
+* ``model.safetensors.index.json`` (``weight_map``: name -> shard file; a shard must be a plain
+  file name beside the index), else every ``*.safetensors`` file of the directory (a tensor in
+  two of them is an error: nothing says which to load); headers are read up front (no weights),
+  tensors later one at a time with ``safe_open(..., framework="np")``.
 * ``pytorch_model.bin`` (some published EAGLE heads): only through
   ``torch.load(weights_only=True)`` when torch is importable (never a plain unpickle); otherwise a
   ``ValueError`` tells the user how to convert it to safetensors once.
@@ -11,12 +12,13 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+
+from jspec.models._json import read_json_object
 
 INDEX_FILE = "model.safetensors.index.json"
 BIN_FILE = "pytorch_model.bin"
@@ -45,6 +47,10 @@ class TensorSource:
 
     def has(self, name: str) -> bool:
         return name in self._entries
+
+    def names(self) -> list[str]:
+        """Every tensor name of the checkpoint, sorted."""
+        return sorted(self._entries)
 
     def info(self, name: str) -> tuple[tuple[int, ...], str]:
         """``(shape, dtype)`` of a tensor, dtype as safetensors spells it ("BF16", "I64")."""
@@ -79,22 +85,55 @@ class TensorSource:
                 yield name, f.get_tensor(name)
 
 
-def _safetensors_entries(directory: str, files: list[str]) -> dict[str, Any]:
+def _read_headers(directory: str, files: list[str]) -> dict[str, dict[str, Any]]:
+    """File -> {name: (file, shape, dtype)} from the safetensors headers (no weights read).
+
+    Raises:
+      ValueError naming the file: missing, unreadable, or not a safetensors file (zero bytes,
+        truncated, a bad header).
+    """
     try:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
     except ImportError as e:  # pragma: no cover - safetensors is a dependency
         raise ImportError(
             "reading checkpoints needs the 'safetensors' package (pip install safetensors)"
         ) from e
-    entries: dict[str, Any] = {}
+    headers: dict[str, dict[str, Any]] = {}
     for file in files:
         path = os.path.join(directory, file)
         if not os.path.isfile(path):
             raise ValueError(f"shard {file!r} named by {INDEX_FILE} is missing from {directory}")
-        with safe_open(path, framework="np") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                part = f.get_slice(name)
-                entries[name] = (file, tuple(int(d) for d in part.get_shape()), part.get_dtype())
+        try:
+            with safe_open(path, framework="np") as f:
+                header = {}
+                for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    part = f.get_slice(name)
+                    header[name] = (file, tuple(int(d) for d in part.get_shape()), part.get_dtype())
+        except (SafetensorError, OSError) as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{path}: not a readable safetensors file ({reason})") from None
+        headers[file] = header
+    return headers
+
+
+def _merge(
+    directory: str, headers: dict[str, dict[str, Any]], chosen: dict[str, str]
+) -> dict[str, Any]:
+    """One entry per tensor name: the file ``chosen`` names (the index), else the only file
+    that holds it; ValueError naming both files when two hold a tensor nobody chose."""
+    entries: dict[str, Any] = {}
+    for file, header in headers.items():
+        for name, entry in header.items():
+            if name in chosen:
+                continue
+            if name in entries:
+                raise ValueError(
+                    f"tensor {name!r} is in both {entries[name][0]} and {file} of {directory} "
+                    f"and no {INDEX_FILE} names the one to load"
+                )
+            entries[name] = entry
+    for name, file in chosen.items():
+        entries[name] = headers[file][name]
     return entries
 
 
@@ -120,8 +159,26 @@ def _bin_source(directory: str) -> TensorSource:
             f"st.save_file(torch.load('{path}', weights_only=True), "
             f"'{os.path.join(directory, 'model.safetensors')}')\""
         ) from None
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    tensors = {name: _torch_to_numpy(t) for name, t in state.items()}
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (UnpicklingError, RuntimeError, EOFError, ...)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"{path}: refused by torch.load(weights_only=True) ({reason}); convert the "
+            "checkpoint to safetensors from a trusted copy"
+        ) from None
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in state.items()
+    ):
+        raise ValueError(f"{path}: expected a flat dict of tensor name -> tensor")
+    tensors = {}
+    for name, t in state.items():
+        try:
+            tensors[name] = _torch_to_numpy(t)
+        except (TypeError, RuntimeError):  # float8, complex, ...: no numpy dtype to read into
+            raise ValueError(
+                f"{path}: tensor {name!r} has dtype {t.dtype}, which jspec cannot read"
+            ) from None
     entries = {
         name: (
             BIN_FILE,
@@ -133,26 +190,56 @@ def _bin_source(directory: str) -> TensorSource:
     return TensorSource(directory, entries, tensors)
 
 
+def _shard_file(index: str, tensor: Any, file: Any) -> str:
+    """A shard named by the index's ``weight_map``: a plain file name inside the model directory.
+
+    The NAME is checked, not the resolved target: in a Hugging Face cache snapshot every file is
+    a symlink into ``../../blobs``, which stays allowed; ``../x.safetensors``, an absolute path
+    or a sub-directory in the name is refused (the index would load a file from elsewhere).
+    """
+    if not isinstance(tensor, str) or not isinstance(file, str):
+        raise ValueError(f"{index}: weight_map[{tensor!r}]={file!r} must map a name to a file name")
+    if file in ("", ".", "..") or "/" in file or "\\" in file or os.path.isabs(file):
+        raise ValueError(
+            f"{index}: weight_map[{tensor!r}]={file!r} is not a file name inside the model "
+            "directory (shards must sit beside the index)"
+        )
+    return file
+
+
+def _indexed_source(directory: str, index: str) -> TensorSource:
+    raw = read_json_object(index)
+    weight_map = raw.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ValueError(
+            f"{index}: weight_map must be an object of tensor name -> shard file, "
+            f"got {'nothing' if weight_map is None else type(weight_map).__name__}"
+        )
+    weight_map = {name: _shard_file(index, name, file) for name, file in weight_map.items()}
+    headers = _read_headers(directory, sorted(set(weight_map.values())))
+    for name, file in weight_map.items():
+        if name not in headers[file]:
+            raise ValueError(f"{index}: weight_map maps {name!r} to {file}, which does not hold it")
+    return TensorSource(directory, _merge(directory, headers, weight_map))
+
+
 def open_source(directory: str | os.PathLike) -> TensorSource:
     """The :class:`TensorSource` of a model directory (headers only; weights stay on disk).
 
     Raises:
-      ValueError: no weights found, a shard named by the index is missing, or a
-        ``pytorch_model.bin`` without torch.
+      ValueError naming the file: no weights found; a bad index (not JSON, no ``weight_map``
+        object, a shard name outside the directory, a shard that is missing or does not hold
+        the tensor mapped to it); a file that is not safetensors; a tensor held by two files
+        without an index; a ``pytorch_model.bin`` without torch or refused by
+        ``torch.load(weights_only=True)``.
     """
     directory = os.fspath(directory)
     index = os.path.join(directory, INDEX_FILE)
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-        files = sorted(set(weight_map.values()))
-        entries = _safetensors_entries(directory, files)
-        return TensorSource(
-            directory, {n: e for n, e in entries.items() if weight_map.get(n, e[0]) == e[0]}
-        )
+        return _indexed_source(directory, index)
     files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(directory, "*.safetensors")))
     if files:
-        return TensorSource(directory, _safetensors_entries(directory, files))
+        return TensorSource(directory, _merge(directory, _read_headers(directory, files), {}))
     if os.path.isfile(os.path.join(directory, BIN_FILE)):
         return _bin_source(directory)
     raise ValueError(

@@ -3,26 +3,29 @@
 Weights are read with ``safetensors.safe_open(..., framework="np")`` (no torch; bf16 arrives
 through ``ml_dtypes``) from ``model.safetensors`` or the shards named by
 ``model.safetensors.index.json``. Every name and shape is checked from the file headers before a
-byte of weights is read, then the tensors go to the device one by one, shard by shard, in the
-model dtype (no full host copy, never an f32 copy of a bf16 checkpoint).
+byte of weights is read (:func:`inspect_llama` / :func:`inspect_draft` run those checks alone and
+size the weights), then the tensors go to the device one by one, shard by shard, in the model
+dtype (no full host copy, never an f32 copy of a bf16 checkpoint), each checked finite.
 
 One table per model maps HF names to params (:data:`LAYER_TABLE`, :data:`LLAMA_TABLE`,
 :data:`EAGLE3_TABLE`, :data:`EAGLE1_TABLE`); ``nn.Linear`` weights (``[out, in]``) are transposed
-to jspec's ``x @ W`` layout.
+to jspec's ``x @ W`` layout. A tensor outside the tables is an error unless it is in the model's
+documented ignore list (:data:`IGNORED`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
 from jspec.models import hf_config
-from jspec.models._sources import TensorSource, open_source
+from jspec.models._json import in_file
+from jspec.models._load import ROTARY_BUFFERS, Plan, Progress, Want, check_source, num_bytes
+from jspec.models._sources import open_source
 from jspec.models.eagle1 import Eagle1Draft, Eagle1Params
 from jspec.models.eagle3 import Eagle3Draft, Eagle3Params
 from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget
@@ -58,25 +61,21 @@ EAGLE1_TABLE = {  # + LAYER_TABLE under "layers.0." (input_layernorm optional)
     "final_norm": ("norm.weight", False),  # optional
 }
 
-Progress = Callable[[int, int], None]  # (tensors loaded, tensors in all)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Want:
-    name: str  # HF tensor name
-    shape: tuple[int, ...]  # jspec layout; the file holds shape[::-1] when transposed
-    transpose: bool = False
-    optional: bool = False
-    integer: bool = False
-
-    @property
-    def file_shape(self) -> tuple[int, ...]:
-        return self.shape[::-1] if self.transpose else self.shape
+# Tensors a checkpoint may hold that jspec does not load (regexes, full match): RoPE buffers of
+# older conversions (computed from the config); the tied LM head's copy (transformers ties it
+# too); an EAGLE head's copy of the embedding / LM head (sglang replaces them with the target's,
+# as jspec uses the target's) and EAGLE-3's t2d (the inverse of d2t).
+IGNORED = {
+    "llama": (ROTARY_BUFFERS,),
+    "llama_tied": (ROTARY_BUFFERS, r"lm_head\.weight"),
+    "eagle3": (ROTARY_BUFFERS, "t2d", r"(model\.)?embed_tokens\.weight"),
+    "eagle1": (ROTARY_BUFFERS, r"(model\.)?embed_tokens\.weight", r"lm_head\.weight"),
+}
 
 
 def _layer_wants(
     prefix: str, hin: int, hid: int, qd: int, kvd: int, inter: int, optional_attn_norm: bool = False
-) -> dict[str, _Want]:
+) -> dict[str, Want]:
     shapes = {
         "attn_norm": (hid,),
         "wq": (hin, qd),
@@ -89,7 +88,7 @@ def _layer_wants(
         "w_down": (inter, hid),
     }
     return {
-        field: _Want(
+        field: Want(
             prefix + name,
             shapes[field],
             transpose,
@@ -97,71 +96,6 @@ def _layer_wants(
         )
         for field, (name, transpose) in LAYER_TABLE.items()
     }
-
-
-def _check(source: TensorSource, wants: dict[str, _Want]) -> None:
-    """Names, shapes and dtypes from the headers; ValueError naming the tensor otherwise."""
-    missing = [w.name for w in wants.values() if not w.optional and not source.has(w.name)]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ValueError(f"tensor {missing[0]!r}{more} is missing from {source.describe()}")
-    for want in wants.values():
-        if not source.has(want.name):
-            continue
-        shape, dtype = source.info(want.name)
-        if shape != want.file_shape:
-            raise ValueError(
-                f"tensor {want.name!r} in {source.file_of(want.name)} has shape "
-                f"{shape}, expected {want.file_shape}"
-            )
-        ok = ("I64", "I32") if want.integer else ("F32", "BF16", "F16")
-        if dtype not in ok:
-            raise ValueError(
-                f"tensor {want.name!r} in {source.file_of(want.name)} has dtype "
-                f"{dtype}, expected one of {ok}"
-            )
-
-
-@jax.jit
-def _transpose(x: jax.Array) -> jax.Array:
-    return x.T
-
-
-def _to_device(arr: np.ndarray, want: _Want, dtype: Any, device: Any) -> jax.Array:
-    """One file tensor in the jspec layout on ``device``. ``nn.Linear`` weights are transposed
-    on the device when it is one device (a host transpose of an 8B checkpoint's 15 GB ran at
-    ~0.25 GB/s); for another ``Sharding`` (laid out for the transposed shape) on the host."""
-    if want.integer:
-        return jax.device_put(np.asarray(arr, np.int32), device)
-    host = np.asarray(arr, dtype=dtype)  # no copy when the file holds ``dtype``
-    if not want.transpose:
-        return jax.device_put(host, device)
-    if device is None or isinstance(device, jax.Device):
-        return _transpose(jax.device_put(host, device))
-    return jax.device_put(np.ascontiguousarray(host.T), device)
-
-
-def _load(
-    source: TensorSource,
-    wants: dict[str, _Want],
-    dtype: Any,
-    device: Any,
-    progress: Progress | None,
-) -> dict[str, jax.Array]:
-    """Checked, then read file by file, each tensor straight to ``device`` in ``dtype``."""
-    _check(source, wants)
-    by_name = {w.name: key for key, w in wants.items() if source.has(w.name)}
-    out: dict[str, jax.Array] = {}
-    for arrays in source.read(list(by_name)):
-        for name, arr in arrays:
-            want = wants[by_name[name]]
-            out[by_name[name]] = last = _to_device(arr, want, dtype, device)
-            del arr
-            if progress is not None:
-                progress(len(out), len(by_name))
-        if out:  # one shard's host buffers in flight at most
-            last.block_until_ready()
-    return out
 
 
 def _fuse_layer(
@@ -175,6 +109,48 @@ def _fuse_layer(
 
 
 # ---- targets -----------------------------------------------------------------------------------
+def _llama_wants(cfg: hf_config.LlamaConfig) -> dict[str, Want]:
+    hid, inter, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    shapes = {"embed": (vocab, hid), "final_norm": (hid,), "lm_head": (hid, vocab)}
+    wants = {
+        key: Want(name, shapes[key], transpose)
+        for key, (name, transpose) in LLAMA_TABLE.items()
+        if not (key == "lm_head" and cfg.tie_word_embeddings)
+    }
+    for i in range(cfg.num_layers):
+        for field, want in _layer_wants(f"model.layers.{i}.", hid, hid, qd, kvd, inter).items():
+            wants[f"layers.{i}.{field}"] = want
+    return wants
+
+
+def _plan_llama(directory: str | os.PathLike, dtype: str | None) -> Plan:
+    cfg = hf_config.load_llama_config(directory, dtype=dtype)
+    wants = _llama_wants(cfg)
+    source = open_source(directory)
+    check_source(
+        source,
+        wants,
+        what=hf_config.TARGET_ARCHITECTURES[0],
+        ignored=IGNORED["llama_tied" if cfg.tie_word_embeddings else "llama"],
+        num_layers=cfg.num_layers,
+    )
+    return Plan(LlamaTarget(cfg), source, wants, cfg.jnp_dtype)
+
+
+def inspect_llama(
+    directory: str | os.PathLike, *, dtype: str | None = None
+) -> tuple[LlamaTarget, int]:
+    """Every check :func:`load_llama` makes before reading a weight (config, headers, names),
+    without reading one.
+
+    Returns:
+      ``(LlamaTarget, weight bytes on the device)``.
+    """
+    plan = _plan_llama(directory, dtype)
+    return plan.model, plan.num_bytes
+
+
 def load_llama(
     directory: str | os.PathLike,
     *,
@@ -194,22 +170,13 @@ def load_llama(
       ``(LlamaTarget, LlamaParams)``.
 
     Raises:
-      ValueError: unsupported config, or a missing / misshaped tensor (before any compile).
+      ValueError naming the file and the field or tensor: unsupported or malformed config, a
+        bad index or safetensors file, a missing / misshaped / unknown tensor (all before a
+        weight is read), a tensor holding NaN or Inf (while reading).
     """
-    cfg = hf_config.load_llama_config(directory, dtype=dtype)
-    hid, inter, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    shapes = {"embed": (vocab, hid), "final_norm": (hid,), "lm_head": (hid, vocab)}
-    wants = {
-        key: _Want(name, shapes[key], transpose)
-        for key, (name, transpose) in LLAMA_TABLE.items()
-        if not (key == "lm_head" and cfg.tie_word_embeddings)
-    }
-    for i in range(cfg.num_layers):
-        for field, want in _layer_wants(f"model.layers.{i}.", hid, hid, qd, kvd, inter).items():
-            wants[f"layers.{i}.{field}"] = want
-    source = open_source(directory)
-    arrays = _load(source, wants, cfg.jnp_dtype, device, progress)
+    plan = _plan_llama(directory, dtype)
+    target, cfg = plan.model, plan.model.config
+    arrays = plan.read(device, progress)
     layers = tuple(
         _fuse_layer(arrays, f"layers.{i}.", cfg.head_dim, device) for i in range(cfg.num_layers)
     )
@@ -219,7 +186,7 @@ def load_llama(
         final_norm=arrays["final_norm"],
         lm_head=arrays.get("lm_head"),
     )
-    return LlamaTarget(cfg), params
+    return target, params
 
 
 # ---- drafts ------------------------------------------------------------------------------------
@@ -228,6 +195,41 @@ def _fit(field: str, draft_value: int, target: LlamaTarget, target_value: int) -
         raise ValueError(
             f"draft {field}={draft_value} does not fit the target's {field}={target_value}"
         )
+
+
+def _config_json(directory: str | os.PathLike) -> str:
+    return os.path.join(os.fspath(directory), "config.json")
+
+
+def _plan_eagle3(directory: str | os.PathLike, target: LlamaTarget, dtype: str | None) -> Plan:
+    with in_file(_config_json(directory)):
+        cfg = hf_config.parse_eagle3_config(
+            hf_config.read_config_json(directory), dtype=dtype or target.dtype
+        )
+    _fit("hidden_size", cfg.hidden_size, target, target.hidden_size)
+    _fit("vocab_size", cfg.vocab_size, target, target.vocab_size)
+    draft = Eagle3Draft(cfg, cfg.capture_layers(target.num_layers))
+    hid, inter, vd = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
+    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    shapes = {
+        "fc": (cfg.num_aux * hid, hid),
+        "fc_bias": (hid,),
+        "hidden_norm": (hid,),
+        "final_norm": (hid,),
+        "lm_head": (hid, vd),
+        "d2t": (vd,),
+    }
+    source = open_source(directory)
+    # A head over the full target vocabulary may ship without d2t (identity).
+    identity_d2t = vd == target.vocab_size and not source.has("d2t")
+    wants = {
+        key: Want(name, shapes[key], transpose, optional=key == "fc_bias", integer=key == "d2t")
+        for key, (name, transpose) in EAGLE3_TABLE.items()
+        if not (key == "d2t" and identity_d2t)
+    }
+    wants.update(_layer_wants("midlayer.", 2 * hid, hid, qd, kvd, inter))
+    check_source(source, wants, what=hf_config.EAGLE3_ARCHITECTURES[0], ignored=IGNORED["eagle3"])
+    return Plan(draft, source, wants, cfg.jnp_dtype)
 
 
 def load_eagle3(
@@ -250,42 +252,25 @@ def load_eagle3(
       ``(Eagle3Draft, Eagle3Params)``; ``Eagle3Draft.capture_layers`` is the target capture.
 
     Raises:
-      ValueError: not an EAGLE-3 config, a field that does not fit the target, a missing /
-        misshaped tensor, or ``d2t`` mapping outside the target vocabulary.
+      ValueError: not an EAGLE-3 config, a field that does not fit the target, the errors of
+        :func:`load_llama`, or ``d2t`` mapping outside the target vocabulary.
     """
-    raw = hf_config.read_config_json(directory)
-    cfg = hf_config.parse_eagle3_config(raw, dtype=dtype or target.dtype)
-    _fit("hidden_size", cfg.hidden_size, target, target.hidden_size)
-    _fit("vocab_size", cfg.vocab_size, target, target.vocab_size)
-    draft = Eagle3Draft(cfg, cfg.capture_layers(target.num_layers))
-    hid, inter, vd = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    shapes = {
-        "fc": (cfg.num_aux * hid, hid),
-        "fc_bias": (hid,),
-        "hidden_norm": (hid,),
-        "final_norm": (hid,),
-        "lm_head": (hid, vd),
-        "d2t": (vd,),
-    }
-    source = open_source(directory)
-    # A head over the full target vocabulary may ship without d2t (identity).
-    identity_d2t = vd == target.vocab_size and not source.has("d2t")
-    wants = {
-        key: _Want(name, shapes[key], transpose, optional=key == "fc_bias", integer=key == "d2t")
-        for key, (name, transpose) in EAGLE3_TABLE.items()
-        if not (key == "d2t" and identity_d2t)
-    }
-    wants.update(_layer_wants("midlayer.", 2 * hid, hid, qd, kvd, inter))
-    arrays = _load(source, wants, cfg.jnp_dtype, device, progress)
-    d2t = arrays["d2t"] if not identity_d2t else jax.device_put(np.zeros(vd, np.int32), device)
+    return _read_eagle3(_plan_eagle3(directory, target, dtype), target, device, progress)
+
+
+def _read_eagle3(plan: Plan, target: LlamaTarget, device: Any, progress: Any) -> tuple:
+    draft, vd = plan.model, plan.model.config.draft_vocab_size
+    arrays = plan.read(device, progress)
+    d2t = arrays.get("d2t")
+    if d2t is None:  # identity
+        d2t = jax.device_put(np.zeros(vd, np.int32), device)
     mapped = np.arange(vd) + np.asarray(d2t)
     if mapped.min() < 0 or mapped.max() >= target.vocab_size:
         raise ValueError(
             f"d2t maps draft ids to [{mapped.min()}, {mapped.max()}], outside the "
             f"target's vocab_size={target.vocab_size}"
         )
-    layer = _fuse_layer(arrays, "", cfg.head_dim, device)
+    layer = _fuse_layer(arrays, "", draft.config.head_dim, device)
     params = Eagle3Params(
         fc=arrays["fc"],
         fc_bias=arrays.get("fc_bias"),
@@ -296,6 +281,27 @@ def load_eagle3(
         d2t=d2t,
     )
     return draft, params
+
+
+def _plan_eagle1(directory: str | os.PathLike, target: LlamaTarget, dtype: str | None) -> Plan:
+    with in_file(_config_json(directory)):
+        raw = hf_config.read_config_json(directory)
+        raw.setdefault("vocab_size", target.vocab_size)
+        cfg = hf_config.parse_llama_config(raw, dtype=dtype or target.dtype, allow_eagle1=True)
+    _fit("hidden_size", cfg.hidden_size, target, target.hidden_size)
+    _fit("vocab_size", cfg.vocab_size, target, target.vocab_size)
+    cfg = dataclasses.replace(cfg, num_layers=1)
+    hid, inter = cfg.hidden_size, cfg.intermediate_size
+    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    shapes = {"fc": (2 * hid, hid), "fc_bias": (hid,), "final_norm": (hid,)}
+    wants = {
+        key: Want(name, shapes[key], transpose, optional=key != "fc")
+        for key, (name, transpose) in EAGLE1_TABLE.items()
+    }
+    wants.update(_layer_wants("layers.0.", hid, hid, qd, kvd, inter, optional_attn_norm=True))
+    source = open_source(directory)
+    check_source(source, wants, what="EAGLE-1 head", ignored=IGNORED["eagle1"], num_layers=1)
+    return Plan(Eagle1Draft(cfg), source, wants, cfg.jnp_dtype)
 
 
 def load_eagle1(
@@ -311,29 +317,46 @@ def load_eagle1(
     ``layers.0.input_layernorm.weight`` and ``norm.weight`` are optional (absent = identity /
     no final norm, as sglang runs published EAGLE-1 heads). Errors as :func:`load_eagle3`.
     """
-    raw = hf_config.read_config_json(directory)
-    raw.setdefault("vocab_size", target.vocab_size)
-    cfg = hf_config.parse_llama_config(raw, dtype=dtype or target.dtype, allow_eagle1=True)
-    _fit("hidden_size", cfg.hidden_size, target, target.hidden_size)
-    _fit("vocab_size", cfg.vocab_size, target, target.vocab_size)
-    cfg = dataclasses.replace(cfg, num_layers=1)
-    hid, inter = cfg.hidden_size, cfg.intermediate_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    shapes = {"fc": (2 * hid, hid), "fc_bias": (hid,), "final_norm": (hid,)}
-    wants = {
-        key: _Want(name, shapes[key], transpose, optional=key != "fc")
-        for key, (name, transpose) in EAGLE1_TABLE.items()
-    }
-    wants.update(_layer_wants("layers.0.", hid, hid, qd, kvd, inter, optional_attn_norm=True))
-    arrays = _load(open_source(directory), wants, cfg.jnp_dtype, device, progress)
-    layer = _fuse_layer(arrays, "", cfg.head_dim, device)
+    return _read_eagle1(_plan_eagle1(directory, target, dtype), target, device, progress)
+
+
+def _read_eagle1(plan: Plan, target: LlamaTarget, device: Any, progress: Any) -> tuple:
+    del target
+    arrays = plan.read(device, progress)
+    layer = _fuse_layer(arrays, "", plan.model.config.head_dim, device)
     params = Eagle1Params(
         fc=arrays["fc"],
         fc_bias=arrays.get("fc_bias"),
         layer=layer,
         final_norm=arrays.get("final_norm"),
     )
-    return Eagle1Draft(cfg), params
+    return plan.model, params
+
+
+def _plan_draft(directory: str | os.PathLike, target: LlamaTarget, dtype: str | None) -> Plan:
+    with in_file(_config_json(directory)):
+        raw = hf_config.read_config_json(directory)
+        arch = hf_config.architecture(raw)
+        supported = hf_config.EAGLE3_ARCHITECTURES + hf_config.EAGLE1_ARCHITECTURES
+        if arch is not None and arch not in supported:
+            raise ValueError(
+                f"draft architectures={raw['architectures']} is not supported "
+                f"(jspec loads {', '.join(supported)})"
+            )
+    plan = _plan_eagle3 if arch in hf_config.EAGLE3_ARCHITECTURES else _plan_eagle1
+    return plan(directory, target, dtype)
+
+
+def inspect_draft(
+    directory: str | os.PathLike, target: LlamaTarget, *, dtype: str | None = None
+) -> tuple[Eagle3Draft | Eagle1Draft, int]:
+    """Every check :func:`load_draft` makes before reading a weight, without reading one.
+
+    Returns:
+      ``(draft model, weight bytes on the device)``.
+    """
+    plan = _plan_draft(directory, target, dtype)
+    return plan.model, plan.num_bytes
 
 
 def load_draft(
@@ -345,13 +368,27 @@ def load_draft(
     progress: Progress | None = None,
 ) -> tuple[Eagle3Draft | Eagle1Draft, Eagle3Params | Eagle1Params]:
     """:func:`load_eagle3` for ``LlamaForCausalLMEagle3`` configs, else :func:`load_eagle1`."""
-    raw = hf_config.read_config_json(directory)
-    arch = hf_config.architecture(raw)
-    supported = hf_config.EAGLE3_ARCHITECTURES + hf_config.EAGLE1_ARCHITECTURES
-    if arch is not None and arch not in supported:
-        raise ValueError(
-            f"draft architectures={raw['architectures']} is not supported "
-            f"(jspec loads {', '.join(supported)})"
-        )
-    loader = load_eagle3 if arch in hf_config.EAGLE3_ARCHITECTURES else load_eagle1
-    return loader(directory, target, dtype=dtype, device=device, progress=progress)
+    plan = _plan_draft(directory, target, dtype)
+    read = _read_eagle3 if isinstance(plan.model, Eagle3Draft) else _read_eagle1
+    return read(plan, target, device, progress)
+
+
+def weight_bytes(model: Any) -> int:
+    """Device bytes of a jspec model's weights from its config alone (no checkpoint), every
+    optional tensor counted; for sizing before anything is built or read."""
+    cfg = model.config
+    if isinstance(model, LlamaTarget):
+        return num_bytes(_llama_wants(cfg).values(), cfg.jnp_dtype)
+    hid, inter = cfg.hidden_size, cfg.intermediate_size
+    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    if isinstance(model, Eagle3Draft):
+        head = [(cfg.num_aux * hid, hid), (hid,), (hid,), (hid,), (hid, cfg.draft_vocab_size)]
+        wants = [
+            *_layer_wants("", 2 * hid, hid, qd, kvd, inter).values(),
+            Want("d2t", (cfg.draft_vocab_size,), integer=True),
+        ]
+    else:
+        head = [(2 * hid, hid), (hid,), (hid,)]
+        wants = _layer_wants("", hid, hid, qd, kvd, inter).values()
+    extra = [Want("", s) for s in head]
+    return num_bytes([*wants, *extra], cfg.jnp_dtype)

@@ -107,6 +107,12 @@ class Eagle1Draft(ConfigGeometry):
         )
         return pool, x + mlp_out
 
+    def combine_hidden_states(self, params: Eagle1Params, feature: jax.Array) -> jax.Array:
+        """Identity: the head consumes the target's final hidden dtype[T, H] as it is (its
+        ``fc`` fuses the token embedding with either hidden, inside :meth:`forward`)."""
+        del params
+        return feature
+
     @model_scope("draft")
     def logits(
         self, params: Eagle1Params, target_params: LlamaParams, hidden: jax.Array

@@ -2,8 +2,9 @@
 
 Forward, as sglang runs it (``llama_eagle3.py``), over flat tokens::
 
-    hidden = fc(hidden_in) + fc_bias     iff hidden_in is [T, num_aux * H] (target aux states)
-           = hidden_in                   otherwise ([T, H]: the head's own previous hidden_out)
+    hidden = combine_hidden_states(aux) = fc(aux) + fc_bias    on the target's aux states
+                                                                [T, num_aux * H], once per verify
+           = hidden_out of the previous draft step               in the draft loop ([T, H])
     residual = hidden
     x = concat(input_layernorm(embed(tokens)), hidden_norm(hidden))      # [T, 2H]
     attn = o_proj(attention(q/k/v_proj(x)))      # RoPE, GQA, draft pool layer 0
@@ -13,7 +14,9 @@ Forward, as sglang runs it (``llama_eagle3.py``), over flat tokens::
     target id = draft id + d2t[draft id]
 
 The token embedding is the target's (the head ships none); the LM head is the head's own
-``[H, draft_vocab]``.
+``[H, draft_vocab]``. The fusion is its own method (:meth:`Eagle3Draft.combine_hidden_states`,
+tpu-inference's name), not a test of the input width: with one captured layer the aux feature
+and the head's own hidden are both ``[T, H]``, and only the engine knows which one it holds.
 """
 
 from __future__ import annotations
@@ -101,26 +104,24 @@ class Eagle3Draft(ConfigGeometry):
         Args:
           params: :class:`Eagle3Params`; target_params: the target's (for its embedding).
           token_ids: i32[T] TARGET ids; positions: i32[T].
-          hidden_in: dtype[T, num_aux * H] (the target's aux states: ``fc`` applies) or
-            dtype[T, H] (the head's previous ``hidden_out``).
+          hidden_in: dtype[T, H]: :meth:`combine_hidden_states` of the target's aux states, or
+            the head's previous ``hidden_out``.
           tp_axis: tensor-parallel mesh axis when the midlayer is head-sharded.
 
         Returns:
           (pool, hidden_out dtype[T, H]): the pre-norm sum, fed to the next draft step.
+
+        Raises:
+          ValueError: ``hidden_in`` is not ``[T, hidden_size]`` (trace time).
         """
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
-        hid = cfg.hidden_size
-        hidden = hidden_in.astype(dt)
-        if hidden.shape[-1] == cfg.num_aux * hid:
-            hidden = matmul(hidden, params.fc)
-            if params.fc_bias is not None:
-                hidden = hidden + params.fc_bias.astype(dt)
-        elif hidden.shape[-1] != hid:
+        if hidden_in.shape[-1] != cfg.hidden_size:
             raise ValueError(
-                f"hidden_in.shape={hidden_in.shape}: the last axis must be "
-                f"hidden_size={hid} or num_aux * hidden_size={cfg.num_aux * hid}"
+                f"hidden_in.shape={hidden_in.shape}: the last axis must be hidden_size="
+                f"{cfg.hidden_size} (fuse the target's aux states with combine_hidden_states)"
             )
+        hidden = hidden_in.astype(dt)
         lp = params.layer
         embeds = target_params.embed[token_ids].astype(dt)
         x = jnp.concatenate(
@@ -136,6 +137,26 @@ class Eagle3Draft(ConfigGeometry):
         )
         h, residual = add_rms_norm(hidden, attn, lp.mlp_norm, cfg.rms_norm_eps)
         return pool, mlp_block(lp.w_gate_up, lp.w_down, h, tp_axis) + residual
+
+    @model_scope("draft")
+    def combine_hidden_states(self, params: Eagle3Params, feature: jax.Array) -> jax.Array:
+        """The target's aux states dtype[T, num_aux * H] -> the head's hidden dtype[T, H]:
+        ``fc`` (+ ``fc_bias``), sglang's first draft forward after verify.
+
+        Raises:
+          ValueError: ``feature`` is not ``[T, num_aux * hidden_size]`` (trace time).
+        """
+        cfg = self.config
+        dt = jnp.dtype(cfg.dtype)
+        if feature.shape[-1] != cfg.num_aux * cfg.hidden_size:
+            raise ValueError(
+                f"feature.shape={feature.shape}: the last axis must be num_aux * hidden_size = "
+                f"{cfg.num_aux} * {cfg.hidden_size} (the target's aux states of capture_layers)"
+            )
+        hidden = matmul(feature.astype(dt), params.fc)
+        if params.fc_bias is not None:
+            hidden = hidden + params.fc_bias.astype(dt)
+        return hidden
 
     @model_scope("draft")
     def logits(

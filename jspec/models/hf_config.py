@@ -17,13 +17,26 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
+import math
 import os
 from typing import Any
 
 import numpy as np
 
 from jspec.engine.protocol import DTYPES
+from jspec.models._json import (
+    get_bool,
+    get_dtype,
+    get_float,
+    get_int,
+    get_int_list,
+    get_object,
+    get_str,
+    get_token_ids,
+    in_file,
+    in_object,
+    read_json_object,
+)
 
 TARGET_ARCHITECTURES = ("LlamaForCausalLM",)
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
@@ -36,6 +49,25 @@ def _check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:
         value = getattr(obj, name)
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
+
+
+def _check_geometry(cfg: Any, ints: tuple[str, ...]) -> None:
+    """The checks :class:`LlamaConfig` and :class:`Eagle3Config` share (ValueError naming the
+    field): positive ints, GQA grouping, even head_dim, finite positive eps / theta, dtype."""
+    names = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim")
+    _check_positive_ints(cfg, (*names, "vocab_size", *ints))
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ValueError(
+            f"num_heads={cfg.num_heads} must be a multiple of num_kv_heads={cfg.num_kv_heads}"
+        )
+    if cfg.head_dim % 2:
+        raise ValueError(f"head_dim={cfg.head_dim} must be even (RoPE)")
+    for name in ("rms_norm_eps", "rope_theta"):
+        value = getattr(cfg, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name}={value!r} must be a finite number > 0")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype={cfg.dtype!r} must be one of {sorted(DTYPES)}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,34 +129,13 @@ class LlamaConfig:
     max_position_embeddings: int = 2048
 
     def __post_init__(self) -> None:
-        _check_positive_ints(
-            self,
-            (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_layers",
-                "num_heads",
-                "num_kv_heads",
-                "head_dim",
-                "max_position_embeddings",
-            ),
-        )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even (RoPE)")
-        if not self.rms_norm_eps > 0:
-            raise ValueError(f"rms_norm_eps={self.rms_norm_eps!r} must be > 0")
-        if not self.rope_theta > 0:
-            raise ValueError(f"rope_theta={self.rope_theta!r} must be > 0")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
+        _check_geometry(self, ("num_layers", "max_position_embeddings"))
         for name in ("bos_token_ids", "eos_token_ids"):
-            if not isinstance(getattr(self, name), tuple):
-                raise TypeError(f"{name}={getattr(self, name)!r} must be a tuple of ints")
+            ids = getattr(self, name)
+            if not isinstance(ids, tuple):
+                raise TypeError(f"{name}={ids!r} must be a tuple of ints")
+            if any(not 0 <= i < self.vocab_size for i in ids):
+                raise ValueError(f"{name}={ids}: ids must lie in [0, vocab_size={self.vocab_size})")
 
     @property
     def jnp_dtype(self) -> Any:
@@ -160,25 +171,7 @@ class Eagle3Config:
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        _check_positive_ints(
-            self,
-            (
-                "hidden_size",
-                "intermediate_size",
-                "num_heads",
-                "num_kv_heads",
-                "head_dim",
-                "vocab_size",
-                "draft_vocab_size",
-                "num_aux",
-            ),
-        )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even (RoPE)")
+        _check_geometry(self, ("draft_vocab_size", "num_aux"))
         if self.draft_vocab_size > self.vocab_size:
             raise ValueError(
                 f"draft_vocab_size={self.draft_vocab_size} must be <= vocab_size={self.vocab_size}"
@@ -187,8 +180,6 @@ class Eagle3Config:
             raise ValueError(
                 f"aux_layer_ids={self.aux_layer_ids} must name num_aux={self.num_aux} layers"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} must be one of {sorted(DTYPES)}")
 
     @property
     def jnp_dtype(self) -> Any:
@@ -217,96 +208,84 @@ class Eagle3Config:
 
 # ---- parsing -----------------------------------------------------------------------------------
 def read_config_json(directory: str | os.PathLike) -> dict[str, Any]:
-    """The parsed ``config.json`` of a model directory (clear error when absent)."""
+    """The parsed ``config.json`` of a model directory (a JSON object).
+
+    Raises:
+      ValueError naming the file: absent, not JSON, or not an object.
+    """
     path = os.path.join(os.fspath(directory), "config.json")
     if not os.path.isfile(path):
         raise ValueError(f"model directory {os.fspath(directory)!r} has no config.json")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_json_object(path)
 
 
 def architecture(raw: dict[str, Any]) -> str | None:
     """The first entry of ``architectures`` (None when the config names none)."""
-    archs = raw.get("architectures") or []
+    archs = raw.get("architectures")
+    if archs is None:
+        return None
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"architectures={archs!r} must be a list of strings")
     return archs[0] if archs else None
-
-
-def _parse_dtype(raw: dict[str, Any], override: str | None) -> str:
-    if override is not None:
-        name = override
-    else:
-        name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-        name = str(name).removeprefix("torch.")
-    if name not in DTYPES:
-        raise ValueError(f"dtype={name!r} is not supported: use one of {sorted(DTYPES)}")
-    return name
 
 
 def _parse_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling | None]:
     """``(rope_theta, rope_scaling)`` from either the old or the new key layout."""
-    theta = raw.get("rope_theta")
-    scaling = raw.get("rope_scaling")
-    params = raw.get("rope_parameters")
+    theta = get_float(raw, "rope_theta", _DEFAULT_ROPE_THETA)
+    scaling = get_object(raw, "rope_scaling")
+    params = get_object(raw, "rope_parameters")
+    key = "rope_scaling"
     if params:
         if "rope_type" not in params and "rope_theta" not in params:
             raise ValueError(f"rope_parameters={params!r}: per-layer-type RoPE is not supported")
-        theta = params.get("rope_theta", theta)
-        scaling = params
-    theta = float(_DEFAULT_ROPE_THETA if theta is None else theta)
+        theta = get_float(params, "rope_theta", theta)
+        scaling, key = params, "rope_parameters"
     if not scaling:
         return theta, None
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "default":
-        return theta, None
-    if rope_type != "llama3":
-        raise ValueError(
-            f"rope_type={rope_type!r} is not supported (jspec supports 'default' and 'llama3')"
-        )
-    try:
+    with in_object(key):
+        rope_type = get_str(scaling, "rope_type", scaling.get("type", "default"))
+        if rope_type == "default":
+            return theta, None
+        if rope_type != "llama3":
+            raise ValueError(
+                f"rope_type={rope_type!r} is not supported (jspec supports 'default' and 'llama3')"
+            )
         return theta, RopeScaling(
-            factor=float(scaling["factor"]),
-            low_freq_factor=float(scaling["low_freq_factor"]),
-            high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+            factor=get_float(scaling, "factor"),
+            low_freq_factor=get_float(scaling, "low_freq_factor"),
+            high_freq_factor=get_float(scaling, "high_freq_factor"),
+            original_max_position_embeddings=get_int(scaling, "original_max_position_embeddings"),
         )
-    except KeyError as e:
-        raise ValueError(f"llama3 rope scaling lacks the key {e.args[0]!r}") from None
-
-
-def _token_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    return (int(value),)
-
-
-def _require(raw: dict[str, Any], key: str) -> Any:
-    if key not in raw:
-        raise ValueError(f"config.json lacks the key {key!r}")
-    return raw[key]
 
 
 def _check_llama_features(raw: dict[str, Any]) -> None:
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act={raw['hidden_act']!r} is not supported (only 'silu')")
+    act = get_str(raw, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act={act!r} is not supported (only 'silu')")
     for key in ("attention_bias", "mlp_bias"):
-        if raw.get(key, False):
+        if get_bool(raw, key, False):
             raise ValueError(f"{key}=true is not supported (Llama checkpoints have no biases)")
 
 
 def _geometry(raw: dict[str, Any]) -> dict[str, Any]:
-    hidden = int(_require(raw, "hidden_size"))
-    heads = int(_require(raw, "num_attention_heads"))
-    head_dim = raw.get("head_dim")
+    hidden = get_int(raw, "hidden_size")
+    heads = get_int(raw, "num_attention_heads")
+    head_dim = get_int(raw, "head_dim", None)
+    if head_dim is None:
+        if hidden % heads:
+            raise ValueError(
+                f"hidden_size={hidden} is not a multiple of num_attention_heads={heads} "
+                "(name head_dim)"
+            )
+        head_dim = hidden // heads
     theta, scaling = _parse_rope(raw)
     return {
         "hidden_size": hidden,
-        "intermediate_size": int(_require(raw, "intermediate_size")),
+        "intermediate_size": get_int(raw, "intermediate_size"),
         "num_heads": heads,
-        "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
-        "head_dim": int(head_dim) if head_dim else hidden // heads,
-        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "num_kv_heads": get_int(raw, "num_key_value_heads", heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": get_float(raw, "rms_norm_eps", 1e-6),
         "rope_theta": theta,
         "rope_scaling": scaling,
     }
@@ -323,13 +302,18 @@ def parse_llama_config(
       allow_eagle1: also accept the EAGLE-1 head architecture names.
 
     Raises:
-      ValueError: unsupported architecture, rope type, activation, or a missing key.
+      ValueError naming the field: unsupported architecture, rope type or activation, a missing
+        key, a value of the wrong JSON type (``16.9`` for an integer, ``"inf"`` for a number),
+        out of range, or a BOS / EOS id outside the vocabulary.
     """
+    if not isinstance(raw, dict):
+        raise ValueError(f"config must be a JSON object, got {type(raw).__name__}")
     arch = architecture(raw)
     allowed = EAGLE1_ARCHITECTURES if allow_eagle1 else TARGET_ARCHITECTURES
-    if arch is None and raw.get("model_type", "llama") != "llama":
+    model_type = get_str(raw, "model_type", "llama")
+    if arch is None and model_type != "llama":
         raise ValueError(
-            f"model_type={raw['model_type']!r} is not supported (jspec loads {', '.join(allowed)})"
+            f"model_type={model_type!r} is not supported (jspec loads {', '.join(allowed)})"
         )
     if arch is not None and arch not in allowed:
         raise ValueError(
@@ -337,20 +321,24 @@ def parse_llama_config(
             f"(jspec loads {', '.join(allowed)})"
         )
     _check_llama_features(raw)
+    vocab = get_int(raw, "vocab_size")
     return LlamaConfig(
-        vocab_size=int(_require(raw, "vocab_size")),
-        num_layers=int(_require(raw, "num_hidden_layers")),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        dtype=_parse_dtype(raw, dtype),
-        bos_token_ids=_token_ids(raw.get("bos_token_id")),
-        eos_token_ids=_token_ids(raw.get("eos_token_id")),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        vocab_size=vocab,
+        num_layers=get_int(raw, "num_hidden_layers"),
+        tie_word_embeddings=get_bool(raw, "tie_word_embeddings", False),
+        dtype=get_dtype(raw, dtype, DTYPES),
+        bos_token_ids=get_token_ids(raw, "bos_token_id", vocab) or (),
+        eos_token_ids=get_token_ids(raw, "eos_token_id", vocab) or (),
+        max_position_embeddings=get_int(raw, "max_position_embeddings", 2048),
         **_geometry(raw),
     )
 
 
 def parse_eagle3_config(raw: dict[str, Any], *, dtype: str | None = None) -> Eagle3Config:
-    """An :class:`Eagle3Config` from a parsed ``config.json`` (``LlamaForCausalLMEagle3``)."""
+    """An :class:`Eagle3Config` from a parsed ``config.json`` (``LlamaForCausalLMEagle3``);
+    ValueErrors as :func:`parse_llama_config`."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"config must be a JSON object, got {type(raw).__name__}")
     arch = architecture(raw)
     if arch not in EAGLE3_ARCHITECTURES:
         raise ValueError(
@@ -358,23 +346,25 @@ def parse_eagle3_config(raw: dict[str, Any], *, dtype: str | None = None) -> Eag
             f"(expected {EAGLE3_ARCHITECTURES[0]})"
         )
     _check_llama_features(raw)
-    layers = int(raw.get("num_hidden_layers", 1))
+    layers = get_int(raw, "num_hidden_layers", 1)
     if layers != 1:
         raise ValueError(f"num_hidden_layers={layers}: EAGLE-3 heads have exactly one midlayer")
     geometry = _geometry(raw)
-    target_hidden = raw.get("target_hidden_size")
-    if target_hidden is not None and int(target_hidden) != geometry["hidden_size"]:
+    target_hidden = get_int(raw, "target_hidden_size", None)
+    if target_hidden is not None and target_hidden != geometry["hidden_size"]:
         raise ValueError(
             f"target_hidden_size={target_hidden} != hidden_size="
             f"{geometry['hidden_size']} is not supported"
         )
-    vocab = int(_require(raw, "vocab_size"))
-    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    vocab = get_int(raw, "vocab_size")
+    eagle = get_object(raw, "eagle_config") or {}
+    with in_object("eagle_config"):
+        ids = get_int_list(eagle, "eagle_aux_hidden_state_layer_ids", minimum=-1)
     return Eagle3Config(
         vocab_size=vocab,
-        draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
-        aux_layer_ids=None if ids is None else tuple(int(i) for i in ids),
-        dtype=_parse_dtype(raw, dtype),
+        draft_vocab_size=get_int(raw, "draft_vocab_size", vocab),
+        aux_layer_ids=ids,
+        dtype=get_dtype(raw, dtype, DTYPES),
         **geometry,
     )
 
@@ -384,15 +374,21 @@ def load_llama_config(directory: str | os.PathLike, *, dtype: str | None = None)
 
     BOS / EOS ids named by ``generation_config.json`` take precedence over config.json's, as in
     transformers' ``generate`` (Llama-3 instruct files list their end-of-turn ids there).
+
+    Raises:
+      ValueError naming the file and the field.
     """
-    cfg = parse_llama_config(read_config_json(directory), dtype=dtype)
-    path = os.path.join(os.fspath(directory), "generation_config.json")
+    directory = os.fspath(directory)
+    with in_file(os.path.join(directory, "config.json")):
+        cfg = parse_llama_config(read_config_json(directory), dtype=dtype)
+    path = os.path.join(directory, "generation_config.json")
     if not os.path.isfile(path):
         return cfg
-    with open(path, encoding="utf-8") as f:
-        gen = json.load(f)
-    ids = {}
-    for key, field in (("bos_token_id", "bos_token_ids"), ("eos_token_id", "eos_token_ids")):
-        if gen.get(key) is not None:
-            ids[field] = _token_ids(gen[key])
+    with in_file(path):
+        gen = read_json_object(path)
+        ids = {}
+        for key, field in (("bos_token_id", "bos_token_ids"), ("eos_token_id", "eos_token_ids")):
+            value = get_token_ids(gen, key, cfg.vocab_size)
+            if value is not None:
+                ids[field] = value
     return dataclasses.replace(cfg, **ids)

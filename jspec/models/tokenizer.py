@@ -8,11 +8,11 @@ installed (optional; transformers' sandboxed environment and its ``raise_excepti
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from jspec.models._json import read_json_object
 from jspec.models.hf_config import LlamaConfig
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -22,6 +22,22 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 def _token_text(value: Any) -> str | None:
     """``tokenizer_config.json`` spells special tokens as strings or ``{"content": ...}``."""
     return value.get("content") if isinstance(value, dict) else value
+
+
+def check_text(text: str, name: str = "text") -> str:
+    """``text`` if it can be encoded as UTF-8; ValueError naming ``name`` otherwise (a command
+    line argument of invalid UTF-8 bytes arrives as lone surrogates, which ``tokenizers``
+    rejects with a bare exception)."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = text.encode("utf-8", "surrogateescape")[e.start : e.start + 4]
+        raise ValueError(
+            f"{name} is not valid UTF-8 (at character {e.start}: {raw!r}); give UTF-8 text"
+        ) from None
+    return text
 
 
 class Tokenizer:
@@ -51,7 +67,9 @@ class Tokenizer:
         """Load ``directory/tokenizer.json`` (+ ``tokenizer_config.json`` when present).
 
         Raises:
-          ValueError: no ``tokenizer.json`` in the directory.
+          ValueError naming the file: no ``tokenizer.json`` in the directory, a file the
+            ``tokenizers`` library cannot read, a ``tokenizer_config.json`` that is not a JSON
+            object.
         """
         from tokenizers import Tokenizer as HFTokenizer
 
@@ -65,10 +83,14 @@ class Tokenizer:
         tok_cfg: dict[str, Any] = {}
         cfg_path = os.path.join(directory, TOKENIZER_CONFIG_FILE)
         if os.path.isfile(cfg_path):
-            with open(cfg_path, encoding="utf-8") as f:
-                tok_cfg = json.load(f)
+            tok_cfg = read_json_object(cfg_path)
+        try:
+            tokenizer = HFTokenizer.from_file(path)
+        except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception)
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{path}: not a readable tokenizers file ({reason})") from None
         return cls(
-            HFTokenizer.from_file(path),
+            tokenizer,
             bos_token_ids=config.bos_token_ids if config else (),
             eos_token_ids=config.eos_token_ids if config else (),
             tokenizer_config=tok_cfg,
@@ -86,6 +108,7 @@ class Tokenizer:
           add_bos: None: the tokenizer's post-processor decides; True: exactly one leading BOS
             (the config's first ``bos_token_id``); False: no special tokens added.
         """
+        check_text(text)
         if add_bos is None:
             return list(self.tokenizer.encode(text, add_special_tokens=True).ids)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)

@@ -186,3 +186,207 @@ def test_pytorch_bin_without_torch_says_convert(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
     with pytest.raises(ValueError, match="Convert it once"):
         load_eagle3(tmp_path, TARGET)
+
+
+# ---- issue 22: NaN / Inf, path traversal, bad files, ambiguous checkpoints -----------------------
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_nonfinite_weight_names_the_tensor(tmp_path, bad, dtype):
+    tensors = llama_tensors()
+    tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = bad  # transposed on load
+    tensors["model.norm.weight"][0] = bad  # not transposed
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.(norm|layers\.1\.mlp\.down_proj)\.weight' in model-0000\d-of-00002\."
+        r"safetensors holds NaN or Inf values as (float32|bfloat16) \(and 1 more\)",
+    ):
+        load_llama(write_llama(tmp_path, tensors, shards=2), dtype=dtype)
+
+
+def test_overflow_in_the_load_dtype_is_named(tmp_path):
+    tensors = llama_tensors()
+    tensors["model.embed_tokens.weight"][0, 0] = 1e6  # finite in f32, inf in f16
+    path = write_llama(tmp_path, tensors)
+    load_llama(path)
+    with pytest.raises(ValueError, match=r"'model\.embed_tokens\.weight'.*Inf values as float16"):
+        load_llama(path, dtype="float16")
+
+
+@pytest.mark.parametrize(
+    "shard",
+    ["../elsewhere/x.safetensors", "/abs/x.safetensors", "sub/x.safetensors", "..", "a\\x"],
+)
+def test_index_shard_outside_the_directory_is_refused(tmp_path, shard):
+    model = tmp_path / "model"
+    model.mkdir()
+    write_llama(model, llama_tensors(), shards=2)
+    index = model / "model.safetensors.index.json"
+    raw = json.loads(index.read_text())
+    raw["weight_map"]["model.norm.weight"] = shard
+    index.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"weight_map\['model\.norm\.weight'\]=.* is not a file"):
+        load_llama(model)
+
+
+def test_hf_cache_symlinks_into_blobs_still_load(tmp_path):
+    """A Hugging Face cache snapshot: every file a symlink into ../../blobs (names are checked,
+    not resolved targets)."""
+    src = write_llama(tmp_path, llama_tensors(), shards=2)
+    blobs, snap = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for i, f in enumerate(sorted(p for p in src.iterdir() if p.is_file())):
+        (blobs / f"blob{i}").write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(f"../../blobs/blob{i}")
+    target, _ = load_llama(snap)
+    assert target.num_layers == 2
+
+
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        pytest.param(b"", "header too small", id="zero-byte"),
+        pytest.param(None, "not fully covered|incomplete", id="truncated"),
+        pytest.param(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}xxxxxx", "header", id="header"),
+        pytest.param(b"\xff" * 64, "", id="garbage"),
+    ],
+)
+def test_bad_safetensors_file_names_it(tmp_path, content, match):
+    write_llama(tmp_path, llama_tensors())
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if content is None else content)
+    with pytest.raises(
+        ValueError, match=f"model.safetensors: not a readable safetensors file.*{match}"
+    ):
+        load_llama(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        pytest.param("[]", "expected a JSON object", id="list"),
+        pytest.param("{}", "weight_map must be an object.*got nothing", id="no-weight-map"),
+        pytest.param('{"weight_map": [1]}', "weight_map must be an object.*got list", id="wm-list"),
+        pytest.param('{"weight_map": {"x": 3}}', r"weight_map\['x'\]=3", id="wm-int"),
+        pytest.param("{,", r"not valid JSON \(.*line 1 column 2\)", id="json"),
+    ],
+)
+def test_bad_index_names_the_file_and_field(tmp_path, text, match):
+    write_llama(tmp_path, llama_tensors(), shards=2)
+    (tmp_path / "model.safetensors.index.json").write_text(text)
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json: " + match):
+        load_llama(tmp_path)
+
+
+def test_index_mapping_a_tensor_to_a_shard_without_it(tmp_path):
+    write_llama(tmp_path, llama_tensors(), shards=2)
+    index = tmp_path / "model.safetensors.index.json"
+    raw = json.loads(index.read_text())
+    name = "model.norm.weight"
+    raw["weight_map"][name] = next(
+        f for f in set(raw["weight_map"].values()) if f != raw["weight_map"][name]
+    )
+    index.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"maps 'model\.norm\.weight' to .*which does not hold it"):
+        load_llama(tmp_path)
+
+
+def test_malicious_pytorch_bin_is_refused_in_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "config.json").write_text(json.dumps(eagle3_config()))
+    torch.save({"fc.weight": Evil()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin: refused by torch\.load") as info:
+        load_eagle3(tmp_path, TARGET)
+    assert "\n" not in str(info.value) and not marker.exists()
+    torch.save([torch.zeros(2)], tmp_path / "pytorch_model.bin")  # allowed, but not a state dict
+    with pytest.raises(ValueError, match="expected a flat dict of tensor name -> tensor"):
+        load_eagle3(tmp_path, TARGET)
+    torch.save(
+        {"fc.weight": torch.zeros(2, dtype=torch.float8_e4m3fn)}, tmp_path / "pytorch_model.bin"
+    )
+    with pytest.raises(ValueError, match=r"'fc\.weight' has dtype torch\.float8_e4m3fn"):
+        load_eagle3(tmp_path, TARGET)
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        pytest.param(
+            "model.layers.2.mlp.up_proj.weight",
+            r"'model\.layers\.2\.mlp\.up_proj\.weight' in model\.safetensors is for layer 2, but "
+            r"config\.json says num_hidden_layers=2",
+            id="layer-past-the-config",
+        ),
+        pytest.param(
+            "model.layers.0.self_attn.q_proj.bias",
+            r"'model\.layers\.0\.self_attn\.q_proj\.bias' in model\.safetensors is not a "
+            r"LlamaForCausalLM weight",
+            id="bias",
+        ),
+        pytest.param("model.layers.0.self_attn.rotary_emb.inv_freq", None, id="rotary-ignored"),
+    ],
+)
+def test_tensors_jspec_would_drop_are_errors(tmp_path, extra, match):
+    tensors = llama_tensors()
+    tensors[extra] = np.ones(4, np.float32)
+    write_llama(tmp_path, tensors)
+    if match is None:
+        load_llama(tmp_path)
+        return
+    with pytest.raises(ValueError, match=match):
+        load_llama(tmp_path)
+
+
+def test_tied_checkpoint_may_keep_its_lm_head_copy(tmp_path):
+    _, params = load_llama(
+        write_llama(tmp_path, llama_tensors(), {**RAW, "tie_word_embeddings": True})
+    )
+    assert params.lm_head is None
+
+
+def test_same_tensor_in_two_unindexed_files(tmp_path):
+    tensors = llama_tensors()
+    write_llama(tmp_path, tensors)
+    save_file({"model.norm.weight": np.zeros(16, np.float32)}, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.norm\.weight' is in both extra\.safetensors and model\.safetensors .*"
+        r"no model\.safetensors\.index\.json names the one to load",
+    ):
+        load_llama(tmp_path)
+
+
+def test_eagle3_head_with_its_own_embedding_copy_and_unknown_tensor(tmp_path):
+    tensors = eagle3_tensors()
+    tensors["embed_tokens.weight"] = np.zeros((96, 32), np.float32)  # sglang uses the target's
+    load_eagle3(write_head(tmp_path / "a", tensors, eagle3_config()), TARGET)
+    tensors["midlayer.self_attn.q_proj.bias"] = np.zeros(32, np.float32)
+    with pytest.raises(
+        ValueError, match=r"'midlayer\.self_attn\.q_proj\.bias'.*LlamaForCausalLMEagle3"
+    ):
+        load_eagle3(write_head(tmp_path / "b", tensors, eagle3_config()), TARGET)
+
+
+def test_inspect_reads_no_weight_and_sizes_the_model(tmp_path, monkeypatch):
+    from jspec.models import checkpoint
+
+    tensors = llama_tensors()
+    write_llama(tmp_path, tensors, shards=2)
+    monkeypatch.setattr(checkpoint.Plan, "read", lambda *a: pytest.fail("read a weight"))
+    target, nbytes = checkpoint.inspect_llama(tmp_path)
+    assert nbytes == sum(t.nbytes for t in tensors.values())
+    assert checkpoint.weight_bytes(target) == nbytes
+    _, nbytes = checkpoint.inspect_llama(tmp_path, dtype="bfloat16")
+    assert nbytes == sum(t.nbytes for t in tensors.values()) // 2
+    head = write_head(tmp_path / "head", eagle3_tensors(), eagle3_config())
+    draft, head_bytes = checkpoint.inspect_draft(head, TARGET, dtype="float32")
+    want = sum(t.nbytes for k, t in eagle3_tensors().items() if k not in ("t2d", "d2t")) + 4 * 40
+    assert head_bytes == want and checkpoint.weight_bytes(draft) == want + 4 * 32  # + fc.bias

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -53,9 +54,10 @@ def test_eagle3_matches_torch_reference(tmp_path, target_params, fc_bias):
         )[1]
     )
     ids_j, pos_j = jnp.asarray(ids, jnp.int32), jnp.asarray(positions, jnp.int32)
-    # First draft forward after verify: hidden_in is the target's aux [T, 3H] (fc applies);
-    # then the head's own hidden_out [T, H] (no fc).
-    hidden_in_j, hidden_in_t = jnp.asarray(aux), torch.from_numpy(aux)
+    # First draft forward after verify: hidden_in is the target's aux [T, 3H] fused by
+    # combine_hidden_states (fc); then the head's own hidden_out [T, H] (no fc).
+    hidden_in_j = draft.combine_hidden_states(params, jnp.asarray(aux))
+    hidden_in_t = torch.from_numpy(aux)
     for _ in range(2):
         got_hidden = fwd(params, ids_j, hidden_in_j, pos_j)
         got_logits = np.asarray(draft.logits(params, target_params, got_hidden))
@@ -117,3 +119,51 @@ def test_pytorch_bin_head_loads_through_torch(tmp_path, target_params):
     _, from_bin = load_eagle3(tmp_path / "bin", TARGET)
     for a, b in zip(jax.tree.leaves(from_st), jax.tree.leaves(from_bin), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ---- issue 22: the fusion is an explicit method, not a test of the input width ------------------
+@pytest.mark.parametrize("num_aux", [1, 3])
+def test_combine_hidden_states_fuses_the_target_feature_only(target_params, num_aux):
+    """With one captured layer the aux feature and the head's own hidden are both [T, H]: only
+    combine_hidden_states applies fc; forward never does (the old width test applied fc to the
+    head's own hidden too)."""
+    from jspec.models import Eagle3Config, random_eagle3_params
+    from jspec.models.eagle3 import Eagle3Draft
+
+    cfg = Eagle3Config(
+        hidden_size=32,
+        intermediate_size=40,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        vocab_size=96,
+        draft_vocab_size=40,
+        num_aux=num_aux,
+    )
+    draft = Eagle3Draft(cfg, (2, 4, 5)[:num_aux])
+    params = random_eagle3_params(draft, seed=3)
+    rng = np.random.default_rng(7)
+    aux = jnp.asarray(rng.standard_normal((5, num_aux * 32)), jnp.float32)
+    fused = draft.combine_hidden_states(params, aux)
+    np.testing.assert_allclose(
+        np.asarray(fused), np.asarray(aux) @ np.asarray(params.fc), rtol=1e-5, atol=1e-5
+    )
+    ids, pos = jnp.arange(5, dtype=jnp.int32), jnp.arange(5, dtype=jnp.int32)
+    _, out = draft.forward(params, target_params, None, ids, fused, pos, dense_attn_fn)
+    # The next step feeds out back: forward must use it as it is, fc or no fc width match.
+    _, again = draft.forward(params, target_params, None, ids, out, pos, dense_attn_fn)
+    identity = dataclasses.replace(params, fc=params.fc * 0)  # fc must not matter any more
+    _, same = draft.forward(identity, target_params, None, ids, out, pos, dense_attn_fn)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(same))
+    if num_aux == 3:
+        with pytest.raises(ValueError, match="hidden_size=32 .*combine_hidden_states"):
+            draft.forward(params, target_params, None, ids, aux, pos, dense_attn_fn)
+    with pytest.raises(ValueError, match=f"num_aux \\* hidden_size = {num_aux} \\* 32"):
+        draft.combine_hidden_states(params, aux[:, :-1])
+
+
+def test_eagle1_combine_is_identity(target_params):
+    from jspec.models import Eagle1Draft
+
+    hidden = jnp.ones((3, 32), jnp.float32)
+    assert Eagle1Draft(TARGET.config).combine_hidden_states(None, hidden) is hidden

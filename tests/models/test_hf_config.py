@@ -197,3 +197,106 @@ def test_check_tensor_parallel():
         target.check_tensor_parallel(0)
     with pytest.raises(ValueError, match="intermediate_size=99"):
         LlamaTarget(parse({**BASE, "intermediate_size": 99})).check_tensor_parallel(2)
+
+
+# ---- issue 22: malformed config files name the file and the field ------------------------------
+@pytest.mark.parametrize(
+    "raw,match",
+    [
+        pytest.param(
+            {**BASE, "hidden_size": None}, r"hidden_size is missing \(or null\)", id="null"
+        ),
+        pytest.param(
+            {**BASE, "hidden_size": 16.9}, r"hidden_size=16\.9 must be an integer", id="float"
+        ),
+        pytest.param(
+            {**BASE, "hidden_size": "64"}, r"hidden_size='64' must be an integer", id="str"
+        ),
+        pytest.param(
+            {**BASE, "num_attention_heads": 0}, "num_attention_heads=0 must be", id="heads0"
+        ),
+        pytest.param({**BASE, "num_key_value_heads": 0}, "num_key_value_heads=0", id="kv0"),
+        pytest.param(
+            {**BASE, "hidden_size": 60}, "not a multiple of num_attention_heads", id="split"
+        ),
+        pytest.param(
+            {**BASE, "rope_theta": "inf"}, "rope_theta='inf' must be a finite", id="theta-str"
+        ),
+        pytest.param(
+            {**BASE, "rope_theta": float("inf")}, "rope_theta=inf must be a finite", id="inf"
+        ),
+        pytest.param({**BASE, "rms_norm_eps": float("nan")}, "rms_norm_eps=nan", id="eps-nan"),
+        pytest.param(
+            {**BASE, "rope_scaling": [1]},
+            r"rope_scaling=\[1\] must be a JSON object",
+            id="rope-list",
+        ),
+        pytest.param(
+            {**BASE, "rope_scaling": {**SCALING, "factor": "8"}},
+            r"rope_scaling\.factor='8' must be a finite number",
+            id="rope-factor-str",
+        ),
+        pytest.param(
+            {**BASE, "tie_word_embeddings": "false"}, "tie_word_embeddings='false'", id="bool"
+        ),
+        pytest.param(
+            {**BASE, "architectures": "LlamaForCausalLM"}, "architectures=", id="arch-str"
+        ),
+        pytest.param(
+            {**BASE, "eos_token_id": 128}, r"eos_token_id=128: id 128 is outside", id="eos-oov"
+        ),
+        pytest.param({**BASE, "bos_token_id": [0, -1]}, "bos_token_id=", id="bos-negative"),
+        pytest.param({**BASE, "eos_token_id": 1.5}, "eos_token_id=", id="eos-float"),
+    ],
+)
+def test_malformed_fields_name_the_field(raw, match):
+    with pytest.raises(ValueError, match=match):
+        parse(raw)
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        pytest.param({"eagle_config": [1, 2]}, "eagle_config=", id="eagle-config-list"),
+        pytest.param(
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, "x", 3]}},
+            r"eagle_config\.eagle_aux_hidden_state_layer_ids=",
+            id="aux-ids",
+        ),
+        pytest.param({"draft_vocab_size": 0}, "draft_vocab_size=0", id="draft-vocab-0"),
+        pytest.param({"target_hidden_size": 64.5}, "target_hidden_size=64.5", id="target-hidden"),
+    ],
+)
+def test_malformed_eagle3_fields(extra, match):
+    with pytest.raises(ValueError, match=match):
+        _eagle3(**extra)
+
+
+@pytest.mark.parametrize(
+    "file,text,match",
+    [
+        pytest.param("config.json", "[]", "expected a JSON object.*got a list", id="config-list"),
+        pytest.param(
+            "config.json", "{,", r"not valid JSON \(.* line 1 column 2\)", id="config-json"
+        ),
+        pytest.param("config.json", b"\xff{}", "not UTF-8", id="config-bytes"),
+        pytest.param(
+            "config.json",
+            '{"vocab_size": 1, "vocab_size": 2}',
+            "'vocab_size' appears twice",
+            id="duplicate-key",
+        ),
+        pytest.param("generation_config.json", "{,", "not valid JSON", id="generation-json"),
+        pytest.param(
+            "generation_config.json", '{"eos_token_id": 999}', "eos_token_id=999", id="gen-eos"
+        ),
+        pytest.param("generation_config.json", "[1]", "got a list", id="generation-list"),
+    ],
+)
+def test_bad_files_name_the_file(tmp_path, file, text, match):
+    (tmp_path / "config.json").write_text(json.dumps(BASE))
+    path = tmp_path / file
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError, match=match) as info:
+        load_llama_config(tmp_path)
+    assert str(info.value).startswith(str(path) + ": "), info.value

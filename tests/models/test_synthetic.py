@@ -126,7 +126,7 @@ def test_matched_eagle3_drafts_the_toy_chain(tmp_path):
     # A draft forward at position q (token x[q]) guesses the target's next token at q.
     # Step 1: x[q] with the target's aux at q - 1.
     pos = jnp.arange(1, length, dtype=jnp.int32)
-    hidden1 = step(jnp.asarray(chain[1:]), aux[:-1], pos)
+    hidden1 = step(jnp.asarray(chain[1:]), draft.combine_hidden_states(head, aux[:-1]), pos)
     # Step 2: x[q] with the head's own hidden_out at q - 1 (the draft loop's feed).
     hidden2 = step(jnp.asarray(chain[2:]), hidden1[:-1], pos[1:])
     target_next = np.asarray(target_next)

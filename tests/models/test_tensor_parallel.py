@@ -35,7 +35,8 @@ _SCRIPT = textwrap.dedent("""
     def run(p, h, tp_axis):
         _, hidden, aux = TARGET.forward(p, None, ids, pos, dense_attn_fn,
                                         capture_layers=draft.capture_layers, tp_axis=tp_axis)
-        _, out = draft.forward(h, p, None, ids, aux, pos, dense_attn_fn, tp_axis=tp_axis)
+        feature = draft.combine_hidden_states(h, aux)
+        _, out = draft.forward(h, p, None, ids, feature, pos, dense_attn_fn, tp_axis=tp_axis)
         return TARGET.logits(p, hidden), draft.logits(h, p, out)
 
     want = jax.jit(lambda p, h: run(p, h, None))(params, head)

@@ -77,3 +77,32 @@ def test_missing_files(tmp_path):
         tok.apply_chat_template([{"role": "user", "content": "hello"}])
     with pytest.raises(ValueError, match="bos_token_id"):
         tok.encode("hello", add_bos=True)  # no config: no BOS id
+
+
+# ---- issue 22: bad tokenizer files and text name the file / the field ---------------------------
+@pytest.mark.parametrize(
+    "file,text,match",
+    [
+        pytest.param(
+            "tokenizer.json", "{not a tokenizer", "not a readable tokenizers file", id="json"
+        ),
+        pytest.param(
+            "tokenizer.json", '{"version": "1.0"}', "not a readable tokenizers", id="fields"
+        ),
+        pytest.param("tokenizer_config.json", "{,", r"not valid JSON \(.*line 1", id="config-json"),
+        pytest.param("tokenizer_config.json", "[]", "expected a JSON object", id="config-list"),
+    ],
+)
+def test_corrupt_tokenizer_files_name_the_file(tmp_path, file, text, match):
+    _write(tmp_path)
+    (tmp_path / file).write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        Tokenizer.from_dir(tmp_path, CONFIG)
+    assert str(info.value).startswith(str(tmp_path / file)) and "\n" not in str(info.value)
+
+
+def test_text_that_is_not_utf8_is_named(tmp_path):
+    tok = Tokenizer.from_dir(_write(tmp_path), CONFIG)
+    bad = b"hello \xff world".decode("utf-8", "surrogateescape")  # how argv carries it
+    with pytest.raises(ValueError, match=r"text is not valid UTF-8 \(at character 6: b'\\xff"):
+        tok.encode(bad)
