@@ -1,5 +1,6 @@
 """Data-parallel shards and tensor-parallel heads (shard_map over 4 host devices) give the
-one-device outputs.
+one-device outputs; zero-element state leaves stay out of the shard_map (jax 0.11's crash,
+bench/repro_shard_map_crash.py).
 
 XLA's host device count must be set before JAX starts, so the checks run in subprocesses.
 """
@@ -10,9 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-
-import jax
-import pytest
 
 _SCRIPT = textwrap.dedent("""
     import os
@@ -130,17 +128,57 @@ def test_four_shards_equal_one_device():
     _run(_SCRIPT, "MULTIDEVICE OK")
 
 
-@pytest.mark.xfail(
-    tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 11),
-    reason="jax 0.11.2's XLA:CPU crashes (SIGSEGV in backend_compile_and_load) compiling the "
-    "greedy engine's prefill over 2 host devices (dp=2, tp 1 or 2; spec compiles): seen on "
-    "the GPU machine 2026-11-24, not in jspec code; passes on jax 0.10.2 (CI)",
-    strict=False,
-)
 def test_tensor_parallel_equals_one_device():
     """dp=2 x tp=2 (spec and greedy) and dp=1 x tp=4 (spec, checkify on) == one device; the
     demo runs with --devices 2 --tensor-parallel 2."""
     _run(_TP_SCRIPT, "TENSOR PARALLEL OK")
+
+
+_ZERO_ELEMENT_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import re
+    from typing import NamedTuple
+    import jax
+    import jax.numpy as jnp
+    from jspec.engine import sharding
+
+    class Cfg(NamedTuple):
+        tensor_parallel: int = 1
+
+    def body(ecfg, target, params, draft, draft_params, state, slot_idx, empty_arg):
+        # The greedy state's pattern: a zero-element leaf (draft_hidden [M, 0]) carried through.
+        assert state["hidden"].shape == (4, 0) and empty_arg.shape == (0, 3), state
+        assert params["empty"].shape == (0,)
+        x = state["x"].at[slot_idx].add(params["w"])
+        return dict(state, x=x), x.sum()
+
+    state = {{"x": jnp.zeros((2, 4)), "hidden": jnp.zeros((2, 4, 0), jnp.bfloat16)}}
+    state = sharding.stack_states([{{k: v[d] for k, v in state.items()}} for d in range(2)], 2)
+    params = {{"w": jnp.ones(()), "empty": jnp.zeros((0,))}}
+    args = (jnp.array([[1], [2]]), jnp.zeros((2, 0, 3)))
+    for checkify in (False, True):
+        fn = sharding.sharded(body, Cfg(), None, None, 2, checkify)
+        text = fn.lower(params, None, state, *args).as_text()
+        edges = [line for line in text.splitlines()
+                 if "sdy.manual_computation" in line or "sdy.return" in line]
+        assert edges and not any(re.search(r"tensor<(?:[0-9]+x)*0x", e) for e in edges), edges
+        outs = fn(params, None, state, *args)
+        state, out = outs[0] if checkify else outs
+        assert state["hidden"].shape == (2, 4, 0) and state["hidden"].dtype == jnp.bfloat16
+        assert out.tolist() == [1.0 + checkify] * 2, out
+        if checkify:
+            assert sharding.first_error(outs[1], 2) is None
+    print("ZERO ELEMENT OK")
+""")
+
+
+def test_zero_element_state_leaves_stay_out_of_shard_map():
+    """A zero-element state leaf, param and argument (the greedy engine's ``draft_hidden [M, 0]``)
+    go through :func:`sharding.sharded` over 2 devices without being shard_map operands or results:
+    jax 0.11 segfaults compiling such a shard_map (bench/repro_shard_map_crash.py)."""
+    _run(_ZERO_ELEMENT_SCRIPT, "ZERO ELEMENT OK")
 
 
 _PROCESS_SCRIPT = textwrap.dedent("""
