@@ -12,6 +12,9 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
+import pytest
+
 _SCRIPT = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
@@ -132,6 +135,53 @@ def test_tensor_parallel_equals_one_device():
     """dp=2 x tp=2 (spec and greedy) and dp=1 x tp=4 (spec, checkify on) == one device; the
     demo runs with --devices 2 --tensor-parallel 2."""
     _run(_TP_SCRIPT, "TENSOR PARALLEL OK")
+
+
+def _two_device_layouts_give_one_device_tokens() -> None:
+    """dp2 x tp1 and dp1 x tp2 == one device (greedy tokens), greedy and spec, on the ``jspec
+    demo`` model (f32) and flags; every allocator balanced after the run."""
+    from jspec.apps.demo import _build_models, _parser
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.state import make_engine_config
+
+    target, params, draft_model, draft = _build_models(_parser().parse_args([]))
+    rng = np.random.default_rng(0)
+    lens = rng.integers(4, 41, 8)
+    prompts = [rng.integers(0, target.config.vocab_size, int(n)).tolist() for n in lens]
+
+    def run(dp: int, tp: int, spec: bool) -> list[list[int]]:
+        ecfg = make_engine_config(
+            target,
+            page_size=16,
+            topk=4,
+            num_steps=3,
+            num_draft_tokens=8,
+            context_len=128,
+            max_running_requests=4,
+            max_prompt_len=int(lens.max()),
+            tensor_parallel=tp,
+        )
+        models = (draft_model, draft) if spec else ()
+        out, stats = Engine(ecfg, target, params, *models, num_devices=dp).generate(prompts, 24)
+        assert stats.leak_check.startswith(f"ok: {dp} x"), (dp, tp, spec, stats.leak_check)
+        return out
+
+    reference = run(1, 1, spec=False)
+    assert run(1, 1, spec=True) == reference
+    for dp, tp in ((2, 1), (1, 2)):
+        for spec in (False, True):
+            assert run(dp, tp, spec) == reference, (dp, tp, spec)
+
+
+@pytest.mark.gpu
+def test_two_gpus_give_one_gpu_tokens():
+    """On a machine with 2+ GPUs (``JSPEC_TEST_GPU=1``): both 2-GPU layouts, greedy and spec,
+    give the one-GPU tokens (issue 24: jax 0.11.2 crashed compiling every 2-device layout)."""
+    import jax
+
+    if sum(d.platform == "gpu" for d in jax.devices()) < 2:
+        pytest.skip("needs 2 GPUs")
+    _two_device_layouts_give_one_device_tokens()
 
 
 _ZERO_ELEMENT_SCRIPT = textwrap.dedent("""
