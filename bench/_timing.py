@@ -53,11 +53,12 @@ _OPCODE = re.compile(r"\s([a-z][\w\-]*)\(")
 _PLUMBING = frozenset({"parameter", "constant", "broadcast", "iota", "bitcast"})
 
 
-def trace_gpu_events(thunk: Callable[[], Any]) -> list[StreamEvent] | None:
-    """Run ``thunk()`` once under the JAX profiler; the events on its GPU stream lines.
+def trace_gpu_planes(thunk: Callable[[], Any]) -> dict[str, list[StreamEvent]] | None:
+    """Run ``thunk()`` once under the JAX profiler; the events on its GPU stream lines, per GPU.
 
-    Every event on a ``/device:GPU*`` plane, line named ``Stream*`` (kernels and device
-    copies), as ``(name, hlo_op, duration_ns)``. None when the trace has no GPU events (CPU).
+    ``{plane name ("/device:GPU:0", ...): events}``: every event on a ``/device:GPU*`` plane, line
+    named ``Stream*`` (kernels and device copies), as ``(name, hlo_op, duration_ns)``. None when
+    the trace has no GPU events (CPU).
     """
     import glob
     import tempfile
@@ -71,17 +72,24 @@ def trace_gpu_events(thunk: Callable[[], Any]) -> list[StreamEvent] | None:
         if not paths:
             return None
         data = ProfileData.from_file(paths[0])
-        events: list[StreamEvent] = []
+        planes: dict[str, list[StreamEvent]] = {}
         for plane in data.planes:
             if not plane.name.startswith("/device:GPU"):
                 continue
+            events = planes.setdefault(plane.name, [])
             for line in plane.lines:
                 if not line.name.startswith("Stream"):
                     continue
                 for event in line.events:
                     hlo_op = dict(event.stats).get("hlo_op", "")
                     events.append((event.name, str(hlo_op), float(event.duration_ns)))
-    return events or None
+    return {name: events for name, events in planes.items() if events} or None
+
+
+def trace_gpu_events(thunk: Callable[[], Any]) -> list[StreamEvent] | None:
+    """:func:`trace_gpu_planes`' events of every GPU in one list (None on CPU)."""
+    planes = trace_gpu_planes(thunk)
+    return None if planes is None else [e for events in planes.values() for e in events]
 
 
 def profile_kernel_us(thunk: Callable[[], Any], num_calls: int) -> float | None:

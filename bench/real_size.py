@@ -331,8 +331,21 @@ def _device_split(engine, prompts) -> tuple[dict[str, float] | None, str, float]
         return profile_split_us(step, make_args, _classify), "default", jit_ms
 
 
-def make_engine(g: Geometry, target, params, draft, dparams, mode: str, batches, attn: str):
-    """One engine per mode over every batch bucket (one prefill compile, steps per bucket)."""
+def make_engine(
+    g: Geometry,
+    target,
+    params,
+    draft,
+    dparams,
+    mode: str,
+    batches,
+    attn: str,
+    *,
+    num_devices: int = 1,
+    tensor_parallel: int = 1,
+):
+    """One engine per mode over every batch bucket (one prefill compile, steps per bucket);
+    ``batches`` are per data-parallel shard, each of ``tensor_parallel`` devices."""
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
@@ -349,10 +362,11 @@ def make_engine(g: Geometry, target, params, draft, dparams, mode: str, batches,
         batch_buckets=tuple(sorted(set(batches))),
         prefill_batch=min(top, 16),
         attention_impl=attn,
+        tensor_parallel=tensor_parallel,
     )
     if mode == "spec":
-        return Engine(ecfg, target, params, draft, dparams)
-    return Engine(ecfg, target, params)
+        return Engine(ecfg, target, params, draft, dparams, num_devices=num_devices)
+    return Engine(ecfg, target, params, num_devices=num_devices)
 
 
 def _reset(engine) -> None:

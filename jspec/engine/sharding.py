@@ -28,10 +28,12 @@ Compiled wrappers are cached per ``(body, ecfg, target, draft, D)``.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -88,7 +90,10 @@ def state_specs(state: Any, tensor_parallel: int) -> Any:
     Every leaf is split on ``dp``; with tensor parallelism the KV pools
     (``[D, layers, slots, kv_heads, head_dim]``) are also split on their head axis.
     """
-    specs = jax.tree.map(lambda _: P(DP_AXIS), state)
+    # NOTE: zero-element leaves (``draft_hidden: [M, 0]`` without a draft) are replicated: a
+    # jitted function's zero-element outputs come out replicated whatever their spec, so any
+    # other placement would change the state's input shardings after one call (a recompile).
+    specs = jax.tree.map(lambda x: P() if _is_empty(x) else P(DP_AXIS), state)
     if tensor_parallel == 1:
         return specs
     heads = P(DP_AXIS, None, None, TP_AXIS)
@@ -105,6 +110,56 @@ def _squeeze(tree: Any) -> Any:
 
 def _unsqueeze(tree: Any) -> Any:
     return jax.tree.map(lambda x: x[None], tree)
+
+
+# NOTE: jax 0.11's Shardy partitioner (CPU and GPU alike) segfaults compiling a jitted
+# ``shard_map`` over >= 2 devices with a zero-element operand beside any other operand (in
+# ``sdy::ManualComputationUnusedInputsPattern``; jax 0.10 compiles it; minimal reproduction:
+# bench/repro_shard_map_crash.py). The greedy engine's state carries ``draft_hidden: [M, 0]``, so
+# its every prefill / step / release over 2+ devices died there. Hence no zero-element array
+# crosses the shard_map boundary, in or out: :class:`_Holes` puts None (spec None) in their place
+# and rebuilds them as zeros, inside at their per-shard shape, outside (the state's) at their
+# global shape. They hold no data, so nothing is lost.
+def _is_empty(x: Any) -> bool:
+    return math.prod(x.shape) == 0
+
+
+class _Holes:
+    """The zero-element leaves of a pytree whose PartitionSpecs (a pytree prefix) are ``specs``.
+
+    ``strip(tree)`` puts None in their place (``self.specs``: the specs likewise, one per leaf);
+    ``fill(hollow)`` puts back zeros of their per-shard shape (inside the shard_map) or, with
+    ``local=False``, of their global shape (outside it).
+    """
+
+    def __init__(self, tree: Any, specs: Any, mesh: Mesh) -> None:
+        leaves, self.treedef = jax.tree.flatten(tree)
+        spec_leaves, spec_def = jax.tree.flatten(specs, is_leaf=lambda s: isinstance(s, P))
+        subtrees = spec_def.flatten_up_to(tree)
+        per_leaf = [s for s, sub in zip(spec_leaves, subtrees) for _ in jax.tree.leaves(sub)]
+        self.mesh = mesh
+        self.holes = {
+            i: (x.shape, x.dtype, spec)
+            for i, (x, spec) in enumerate(zip(leaves, per_leaf, strict=True))
+            if _is_empty(x)
+        }
+        self.specs = self.treedef.unflatten(
+            [None if i in self.holes else s for i, s in enumerate(per_leaf)]
+        )
+
+    def strip(self, tree: Any) -> Any:
+        leaves = self.treedef.flatten_up_to(tree)
+        return self.treedef.unflatten(
+            [None if i in self.holes else x for i, x in enumerate(leaves)]
+        )
+
+    def fill(self, hollow: Any, local: bool = True) -> Any:
+        leaves = self.treedef.flatten_up_to(hollow)
+        for i, (shape, dtype, spec) in self.holes.items():
+            if local:
+                shape = NamedSharding(self.mesh, spec).shard_shape(shape)
+            leaves[i] = jnp.zeros(shape, dtype)
+        return self.treedef.unflatten(leaves)
 
 
 @functools.cache
@@ -154,18 +209,32 @@ def sharded(
 
     def fn(params, draft_params, state, *args):
         st_specs = state_specs(state, tp)
+        operands = (params, draft_params, state, *args)
         in_specs = (
             param_specs(target, params, tp),
             param_specs(draft, draft_params, tp),
             st_specs,
         ) + (P(DP_AXIS),) * len(args)
-        out_specs = (st_specs, P(DP_AXIS))
-        if with_checkify:
-            out_specs = (out_specs, P(DP_AXIS))
+        # The new state has the input state's leaves, shapes and specs (the bodies' contract).
+        ins, st = _Holes(operands, in_specs, mesh), _Holes(state, st_specs, mesh)
+
+        def hollow_body(*hollow):
+            outs = per_shard(*ins.fill(hollow))
+            (new_state, out), err = outs if with_checkify else (outs, ())
+            if any(_is_empty(x) for x in jax.tree.leaves((out, err))):
+                raise ValueError(f"{body=}: a zero-element output can't leave the shard_map")
+            return (st.strip(new_state), out), err
+
         mapped = jax.shard_map(
-            per_shard, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+            hollow_body,
+            mesh=mesh,
+            in_specs=ins.specs,
+            out_specs=((st.specs, P(DP_AXIS)), P(DP_AXIS)),
+            check_vma=False,
         )
-        return mapped(params, draft_params, state, *args)
+        (new_state, out), err = mapped(*ins.strip(operands))
+        outs = (st.fill(new_state, local=False), out)
+        return (outs, err) if with_checkify else outs
 
     return jax.jit(fn, donate_argnums=(2,), compiler_options=options)
 

@@ -1,5 +1,6 @@
 """Data-parallel shards and tensor-parallel heads (shard_map over 4 host devices) give the
-one-device outputs.
+one-device outputs; zero-element state leaves stay out of the shard_map (jax 0.11's crash,
+bench/repro_shard_map_crash.py).
 
 XLA's host device count must be set before JAX starts, so the checks run in subprocesses.
 """
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-import jax
+import numpy as np
 import pytest
 
 _SCRIPT = textwrap.dedent("""
@@ -130,17 +131,104 @@ def test_four_shards_equal_one_device():
     _run(_SCRIPT, "MULTIDEVICE OK")
 
 
-@pytest.mark.xfail(
-    tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 11),
-    reason="jax 0.11.2's XLA:CPU crashes (SIGSEGV in backend_compile_and_load) compiling the "
-    "greedy engine's prefill over 2 host devices (dp=2, tp 1 or 2; spec compiles): seen on "
-    "the GPU machine 2026-11-24, not in jspec code; passes on jax 0.10.2 (CI)",
-    strict=False,
-)
 def test_tensor_parallel_equals_one_device():
     """dp=2 x tp=2 (spec and greedy) and dp=1 x tp=4 (spec, checkify on) == one device; the
     demo runs with --devices 2 --tensor-parallel 2."""
     _run(_TP_SCRIPT, "TENSOR PARALLEL OK")
+
+
+def _two_device_layouts_give_one_device_tokens() -> None:
+    """dp2 x tp1 and dp1 x tp2 == one device (greedy tokens), greedy and spec, on the ``jspec
+    demo`` model (f32) and flags; every allocator balanced after the run."""
+    from jspec.apps.demo import _build_models, _parser
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.state import make_engine_config
+
+    target, params, draft_model, draft = _build_models(_parser().parse_args([]))
+    rng = np.random.default_rng(0)
+    lens = rng.integers(4, 41, 8)
+    prompts = [rng.integers(0, target.config.vocab_size, int(n)).tolist() for n in lens]
+
+    def run(dp: int, tp: int, spec: bool) -> list[list[int]]:
+        ecfg = make_engine_config(
+            target,
+            page_size=16,
+            topk=4,
+            num_steps=3,
+            num_draft_tokens=8,
+            context_len=128,
+            max_running_requests=4,
+            max_prompt_len=int(lens.max()),
+            tensor_parallel=tp,
+        )
+        models = (draft_model, draft) if spec else ()
+        out, stats = Engine(ecfg, target, params, *models, num_devices=dp).generate(prompts, 24)
+        assert stats.leak_check.startswith(f"ok: {dp} x"), (dp, tp, spec, stats.leak_check)
+        return out
+
+    reference = run(1, 1, spec=False)
+    assert run(1, 1, spec=True) == reference
+    for dp, tp in ((2, 1), (1, 2)):
+        for spec in (False, True):
+            assert run(dp, tp, spec) == reference, (dp, tp, spec)
+
+
+@pytest.mark.gpu
+def test_two_gpus_give_one_gpu_tokens():
+    """On a machine with 2+ GPUs (``JSPEC_TEST_GPU=1``): both 2-GPU layouts, greedy and spec,
+    give the one-GPU tokens (issue 24: jax 0.11.2 crashed compiling every 2-device layout)."""
+    import jax
+
+    if sum(d.platform == "gpu" for d in jax.devices()) < 2:
+        pytest.skip("needs 2 GPUs")
+    _two_device_layouts_give_one_device_tokens()
+
+
+_ZERO_ELEMENT_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import re
+    from typing import NamedTuple
+    import jax
+    import jax.numpy as jnp
+    from jspec.engine import sharding
+
+    class Cfg(NamedTuple):
+        tensor_parallel: int = 1
+
+    def body(ecfg, target, params, draft, draft_params, state, slot_idx, empty_arg):
+        # The greedy state's pattern: a zero-element leaf (draft_hidden [M, 0]) carried through.
+        assert state["hidden"].shape == (4, 0) and empty_arg.shape == (0, 3), state
+        assert params["empty"].shape == (0,)
+        x = state["x"].at[slot_idx].add(params["w"])
+        return dict(state, x=x), x.sum()
+
+    state = {{"x": jnp.zeros((2, 4)), "hidden": jnp.zeros((2, 4, 0), jnp.bfloat16)}}
+    state = sharding.stack_states([{{k: v[d] for k, v in state.items()}} for d in range(2)], 2)
+    params = {{"w": jnp.ones(()), "empty": jnp.zeros((0,))}}
+    args = (jnp.array([[1], [2]]), jnp.zeros((2, 0, 3)))
+    for checkify in (False, True):
+        fn = sharding.sharded(body, Cfg(), None, None, 2, checkify)
+        text = fn.lower(params, None, state, *args).as_text()
+        edges = [line for line in text.splitlines()
+                 if "sdy.manual_computation" in line or "sdy.return" in line]
+        assert edges and not any(re.search(r"tensor<(?:[0-9]+x)*0x", e) for e in edges), edges
+        outs = fn(params, None, state, *args)
+        state, out = outs[0] if checkify else outs
+        assert state["hidden"].shape == (2, 4, 0) and state["hidden"].dtype == jnp.bfloat16
+        assert out.tolist() == [1.0 + checkify] * 2, out
+        if checkify:
+            assert sharding.first_error(outs[1], 2) is None
+    print("ZERO ELEMENT OK")
+""")
+
+
+def test_zero_element_state_leaves_stay_out_of_shard_map():
+    """A zero-element state leaf, param and argument (the greedy engine's ``draft_hidden [M, 0]``)
+    go through :func:`sharding.sharded` over 2 devices without being shard_map operands or results:
+    jax 0.11 segfaults compiling such a shard_map (bench/repro_shard_map_crash.py)."""
+    _run(_ZERO_ELEMENT_SCRIPT, "ZERO ELEMENT OK")
 
 
 _PROCESS_SCRIPT = textwrap.dedent("""
