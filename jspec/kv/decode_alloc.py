@@ -27,7 +27,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jspec import probes
+from jspec import _index, probes
 from jspec._pytree import pytree_dataclass, replace
 from jspec.config import SpecConfig, ceil_div, ceil_to_multiple
 from jspec.kv.allocator import PagedAllocator, alloc, alloc_extend, free
@@ -132,6 +132,39 @@ def _static_validate_decode(
         probes.static_check_shape(getattr(reqs, name), (batch,), f"reqs.{name}")
 
 
+def _rows_ok(reqs: ReqKVState, req_to_token: jax.Array, what: str) -> jax.Array:
+    """bool[]: every valid request has its own real row and ``0 <= committed <= allocated <= R``.
+
+    A row outside ``[1, rows)`` (jnp indexing would clamp or wrap it onto another request's
+    row; row 0 is the padding row) or held by two valid requests would make the caller take
+    pages for a row it cannot write, or free another request's pages. Probes name the entry.
+    """
+    num_rows, width = req_to_token.shape
+    valid = reqs.valid.astype(bool)
+    rows = reqs.req_pool_indices.astype(jnp.int32)
+    committed, allocated = reqs.committed_lens, reqs.allocated_lens
+    bad_row = _index.out_of_range(rows, valid, 1, num_rows)
+    twice = _index.repeated(rows, valid, num_rows)
+    bad_len = valid & ((committed < 0) | (committed > allocated) | (allocated > width))
+    if probes.probes_on():
+        for bad, msg in (
+            (bad_row, f"row {{value}} outside [1, {num_rows})"),
+            (twice, "row {value} held by two valid requests"),
+        ):
+            at, value = _index.first_bad(bad, rows)
+            probes.assert_async(~jnp.any(bad), f"{what}: request {{at}}: {msg}", at=at, value=value)
+        at, value = _index.first_bad(bad_len, committed)
+        probes.assert_async(
+            ~jnp.any(bad_len),
+            f"{what}: request {{at}}: need 0 <= committed_len={{value}} <= allocated_len={{alloc}}"
+            f" <= {width}",
+            at=at,
+            value=value,
+            alloc=allocated[at],
+        )
+    return ~jnp.any(bad_row | twice | bad_len)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "impl", "interpret", "max_new_slots"))
 def prepare_for_decode(
     allocator: PagedAllocator,
@@ -157,8 +190,10 @@ def prepare_for_decode(
 
     Returns:
       ``(allocator, req_to_token, reqs, ok)``. ``ok`` (bool[]) is False when pages are short,
-      ``need > max_new_slots`` or some ``nxt > R``; then all three states are returned
-      unchanged.
+      ``need > max_new_slots``, some ``nxt > R``, or a valid request's row is outside
+      ``[1, rows)`` or shared with another valid request, or its lengths break
+      ``0 <= committed <= allocated <= R``; then all three states are returned unchanged
+      (probes name the request when on).
 
     Raises:
       ValueError (trace time): ``ceil_P(context_len + reserve) > R``, naming both widths.
@@ -169,11 +204,7 @@ def prepare_for_decode(
     valid = reqs.valid.astype(bool)
     if max_new_slots is None:
         max_new_slots = _max_new_slots_default(valid.shape[0], cfg)
-    probes.assert_async(
-        lambda: jnp.all(~valid | (reqs.committed_lens <= reqs.allocated_lens)),
-        "prepare_for_decode: kv_committed_len > kv_allocated_len at row {row}",
-        row=lambda: jnp.argmax(valid & (reqs.committed_lens > reqs.allocated_lens)),
-    )
+    rows_ok = _rows_ok(reqs, req_to_token, "prepare_for_decode")
     cur, nxt, _ = page_aligned_decode_alloc_lens(
         reqs.committed_lens,
         reqs.allocated_lens,
@@ -191,7 +222,8 @@ def prepare_for_decode(
     )
     # Rows that must not grow (padding, or everything when a row would overflow) ask for 0.
     prefix = jnp.where(valid, cur, 0)
-    seq = jnp.where(valid & width_ok, nxt, prefix)
+    grow_ok = width_ok & rows_ok
+    seq = jnp.where(valid & grow_ok, nxt, prefix)
     need = jnp.sum(seq - prefix)
     if p == 1:
         allocator, slot_ids, ok = alloc(allocator, need, max_slots=max_new_slots)
@@ -206,7 +238,7 @@ def prepare_for_decode(
             impl=impl,
             interpret=interpret,
         )
-    ok = ok & width_ok
+    ok = ok & grow_ok
     # On failure nothing was taken from the allocator; write nothing either.
     end = jnp.where(ok, seq, prefix)
     req_to_token = assign_req_to_token_pool(
