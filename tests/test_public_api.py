@@ -178,7 +178,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_new_slots: 'int | None' = None) -> 'tuple[PagedAllocator, jax.Array, "
         "ReqKVState, jax.Array]'",
         "release_kv_cache": "def(allocator: 'PagedAllocator', req_to_token: 'jax.Array', reqs: 'ReqKVState', "
-        "finished: 'jax.Array') -> 'tuple[PagedAllocator, ReqKVState]'",
+        "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
         "set_kv_buffer": "def(pool: 'KVPool', layer: 'int', slot_ids: 'jax.Array', k: 'jax.Array', "
         "v: 'jax.Array') -> 'KVPool'",
     },

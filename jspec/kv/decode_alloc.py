@@ -23,6 +23,7 @@ Requests are a padded batch (static ``B``) in :class:`ReqKVState`; padding rows 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -270,10 +271,15 @@ def commit_kv_lens(reqs: ReqKVState, accept_lens: jax.Array) -> ReqKVState:
     )
 
 
-@jax.jit
+@functools.partial(jax.jit, static_argnames=("return_ok",))
 def release_kv_cache(
-    allocator: PagedAllocator, req_to_token: jax.Array, reqs: ReqKVState, finished: jax.Array
-) -> tuple[PagedAllocator, ReqKVState]:
+    allocator: PagedAllocator,
+    req_to_token: jax.Array,
+    reqs: ReqKVState,
+    finished: jax.Array,
+    *,
+    return_ok: bool = False,
+) -> Any:
     """Free the whole row ``[0, allocated)`` of finished requests and mark them padding.
 
     sglang frees the committed part via the tree/chunk cache and the over-allocated tail
@@ -283,30 +289,42 @@ def release_kv_cache(
     ``unique(pages)`` in ascending order, prepended (or staged when ``need_sort``) -- exactly
     :func:`jspec.kv.allocator.free` on the representatives.
 
+    All or nothing: unless every valid request has its own row in ``[1, rows)`` and lengths
+    ``0 <= committed <= allocated <= R``, and every page to free is a live page (not page 0,
+    in range, not already free), nothing is released (``ok=False``, both states unchanged;
+    probes name the request or page when on).
+
     Args:
       allocator: the allocator.
       req_to_token: i32[rows, R].
       reqs: the batch.
       finished: bool[B]; only valid rows are released.
+      return_ok: static; also return the ``ok`` flag.
 
     Returns:
-      ``(allocator, reqs)``: finished rows become padding (``valid=False``, lengths 0,
-      ``req_pool_indices=0``). The caller frees the req_to_token rows themselves (use the old
-      ``reqs.req_pool_indices``).
+      ``(allocator, reqs)``, or ``(allocator, reqs, ok: bool[])`` with ``return_ok``: finished
+      rows become padding (``valid=False``, lengths 0, ``req_pool_indices=0``). The caller
+      frees the req_to_token rows themselves (use the old ``reqs.req_pool_indices``).
     """
     p = allocator.page_size
     width = req_to_token.shape[1]
-    done = finished.astype(bool) & reqs.valid
+    rows_ok = _rows_ok(reqs, req_to_token, "release_kv_cache")
+    done = finished.astype(bool) & reqs.valid & rows_ok
     pos = jnp.arange(ceil_div(width, p), dtype=jnp.int32)[None, :] * p  # page starts
     live = done[:, None] & (pos < reqs.allocated_lens[:, None])  # bool[B, W/P]
     rows = jnp.where(done, reqs.req_pool_indices, PAD_ROW)
     slot_ids = req_to_token.reshape(-1)[(rows[:, None] * width + jnp.minimum(pos, width - 1))]
-    allocator = free(allocator, slot_ids.reshape(-1), valid=live.reshape(-1))
+    new_allocator, free_ok = free(
+        allocator, slot_ids.reshape(-1), valid=live.reshape(-1), return_ok=True
+    )
+    ok = rows_ok & free_ok
+    done = done & ok
     zeros = jnp.zeros_like(reqs.committed_lens)
-    reqs = ReqKVState(
+    new_reqs = ReqKVState(
         committed_lens=jnp.where(done, zeros, reqs.committed_lens),
         allocated_lens=jnp.where(done, zeros, reqs.allocated_lens),
         req_pool_indices=jnp.where(done, PAD_ROW, reqs.req_pool_indices),
         valid=reqs.valid & ~done,
     )
-    return allocator, reqs
+    new_allocator = jax.tree.map(lambda x, y: jnp.where(ok, x, y), new_allocator, allocator)
+    return (new_allocator, new_reqs, ok) if return_ok else (new_allocator, new_reqs)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import chex
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jspec import probes
 from jspec.config import SpecConfig
 from jspec.kv import allocator as A
 from jspec.kv import decode_alloc as D
+from jspec.kv import integrity as I
 
 CFG = SpecConfig(
     page_size=4,
@@ -78,3 +80,62 @@ def test_prepare_for_decode_probe_names_the_row() -> None:
     reqs = _reqs([0, 0], [0, 0], [7, 0], [True, False])
     with pytest.raises(probes.ProbeError, match=r"prepare_for_decode: .*row 7"):
         probes.checked(D.prepare_for_decode)(a, r2t, reqs, cfg=CFG)
+
+
+# ---- release_kv_cache: all or nothing ------------------------------------------------------------
+def _two_requests():
+    """Row 1: slots 4..15 (pages 1, 2, 3); row 2: slots 16..19 (page 4); 28 pages free."""
+    a = A.init_allocator(CFG.num_pages, CFG.page_size)
+    a, slots, ok = A.alloc(a, 16, max_slots=16)
+    assert bool(ok)
+    r2t = jnp.zeros((CFG.num_req_rows, CFG.req_to_token_width), jnp.int32)
+    r2t = r2t.at[1, :12].set(slots[:12]).at[2, :4].set(slots[12:])
+    return a, r2t, _reqs([12, 4], [12, 4], [1, 2], [True, True])
+
+
+def _owned(r2t, reqs):
+    return I.owned_page_mask(
+        r2t,
+        reqs.req_pool_indices,
+        reqs.allocated_lens,
+        num_pages=CFG.num_pages,
+        page_size=CFG.page_size,
+        valid=reqs.valid,
+    )
+
+
+@pytest.mark.parametrize("row", [-1, 3, 0], ids=["minus1_wraps_to_last_row", "past_end", "pad"])
+def test_release_kv_cache_bad_row_frees_nothing(row) -> None:
+    a, r2t, reqs = _two_requests()
+    bad = D.ReqKVState(
+        committed_lens=reqs.committed_lens,
+        allocated_lens=reqs.allocated_lens,
+        req_pool_indices=_i32([1, row]),
+        valid=reqs.valid,
+    )
+    a2, reqs2, ok = D.release_kv_cache(a, r2t, bad, jnp.array([False, True]), return_ok=True)
+    assert not bool(ok)
+    chex.assert_trees_all_equal((a2, reqs2), (a, bad))
+    I.check_integrity(a2, _owned(r2t, reqs))  # row 1 still owns pages 1..3, row 2 page 4
+
+
+def test_release_kv_cache_one_page_already_free_loses_nothing() -> None:
+    """Pages 1, 2, 3 with page 2 already free: released whole or not at all (was: marked
+    released while pages 1 and 3 were lost)."""
+    a, r2t, reqs = _two_requests()
+    a = A.free_page_ids(a, _i32([2]))
+    a2, reqs2, ok = D.release_kv_cache(a, r2t, reqs, jnp.array([True, False]), return_ok=True)
+    assert not bool(ok)
+    chex.assert_trees_all_equal((a2, reqs2), (a, reqs))
+    a3, reqs3 = D.release_kv_cache(a, r2t, reqs, jnp.array([True, False]))  # default return
+    chex.assert_trees_all_equal((a3, reqs3), (a, reqs))
+    with pytest.raises(probes.ProbeError, match="double free of page 2"):
+        probes.checked(D.release_kv_cache)(a, r2t, reqs, jnp.array([True, False]))
+
+
+def test_release_kv_cache_good_release_still_works() -> None:
+    a, r2t, reqs = _two_requests()
+    a2, reqs2, ok = D.release_kv_cache(a, r2t, reqs, jnp.array([True, False]), return_ok=True)
+    assert bool(ok) and int(a2.num_free) == 31
+    assert np.asarray(reqs2.valid).tolist() == [False, True]
+    I.check_integrity(a2, _owned(r2t, reqs2))
