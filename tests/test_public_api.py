@@ -108,6 +108,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "static_check": "def(cond: 'bool', msg: 'str') -> 'None'",
         "static_check_dtype": "def(x: 'Any', dtypes: 'Any', name: 'str') -> 'None'",
         "static_check_int": "def(value: 'Any', name: 'str', *, low: 'int' = 1) -> 'None'",
+        "static_check_int_arg": "def(value: 'Any', name: 'str') -> 'None'",
         "static_check_power_of_2": "def(value: 'Any', name: 'str') -> 'None'",
         "static_check_shape": "def(x: 'Any', shape: 'tuple[int, ...]', name: 'str') -> 'None'",
     },

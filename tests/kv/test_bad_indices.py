@@ -139,3 +139,29 @@ def test_release_kv_cache_good_release_still_works() -> None:
     assert bool(ok) and int(a2.num_free) == 31
     assert np.asarray(reqs2.valid).tolist() == [False, True]
     I.check_integrity(a2, _owned(r2t, reqs2))
+
+
+# ---- loose types: a float / bool / wide int count, accept lengths, draft layout ------------------
+@pytest.mark.parametrize(
+    "num_slots,match",
+    [
+        (4.9, r"num_slots=4.9 must be an integer"),
+        (np.float32(8.0), r"num_slots=.*must be an integer"),
+        (True, r"num_slots=True must be an integer, not a bool"),
+        (np.int64(2**32 + 4), r"num_slots=4294967300 does not fit int32"),
+        (2**31, r"num_slots=2147483648 does not fit int32"),
+        (jnp.asarray(8.0), r"num_slots=.*integer"),
+    ],
+    ids=["float", "np_float", "bool", "np_int64_wraps", "py_int_wraps", "float_array"],
+)
+def test_alloc_loose_count_is_a_value_error(num_slots, match) -> None:
+    """Was: 4.9 truncated to 4 and 2**32 + 4 wrapped to 4 (one page handed out)."""
+    a = A.init_allocator(4, 4)
+    with pytest.raises(ValueError, match=match):
+        A.alloc(a, num_slots, max_slots=8)
+    from jspec.kv import req_to_token as T
+
+    with pytest.raises(ValueError, match=match.replace("num_slots", "num")):
+        T.alloc_req_rows(T.init_req_rows(CFG), num_slots, max_rows=2)
+    _, slots, ok = A.alloc(a, np.int64(4), max_slots=8)  # an in-range NumPy int is fine
+    assert bool(ok) and np.asarray(slots)[:4].tolist() == [4, 5, 6, 7]
