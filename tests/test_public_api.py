@@ -142,7 +142,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "available_size": "def(a: 'PagedAllocator') -> 'jax.Array'",
         "check_integrity": "def(a: 'PagedAllocator', owned_mask: 'jax.Array | None' = None, *, "
         "what: 'str' = '') -> 'None'",
-        "commit_kv_lens": "def(reqs: 'ReqKVState', accept_lens: 'jax.Array') -> 'ReqKVState'",
+        "commit_kv_lens": "def(reqs: 'ReqKVState', accept_lens: 'jax.Array', *, "
+        "return_ok: 'bool' = False) -> 'Any'",
         "free": "def(a: 'PagedAllocator', slot_ids: 'jax.Array', *, "
         "valid: 'jax.Array | None' = None, return_ok: 'bool' = False) -> 'Any'",
         "free_page_ids": "def(a: 'PagedAllocator', page_ids: 'jax.Array', *, "

@@ -249,26 +249,44 @@ def prepare_for_decode(
     return allocator, req_to_token, reqs, ok
 
 
-@jax.jit
-def commit_kv_lens(reqs: ReqKVState, accept_lens: jax.Array) -> ReqKVState:
+@functools.partial(jax.jit, static_argnames=("return_ok",))
+def commit_kv_lens(reqs: ReqKVState, accept_lens: jax.Array, *, return_ok: bool = False) -> Any:
     """Result processing: ``kv_committed_len += accept_len`` on live rows (SPEC.md §2 step 7).
+
+    All or nothing: a valid row with ``accept_len < 0`` or ``committed + accept_len >
+    allocated`` (KV past the row's pages) commits nothing (``ok=False``, ``reqs`` unchanged; a
+    probe names the row when on).
 
     Args:
       reqs: the batch; accept_lens: i32[B] accepted tokens incl. the bonus.
+      return_ok: static; also return the ``ok`` flag.
+
+    Returns:
+      The new ``reqs``, or ``(reqs, ok: bool[])`` with ``return_ok``.
     """
-    probes.assert_async(
-        lambda: jnp.all(~reqs.valid | (reqs.committed_lens + accept_lens <= reqs.allocated_lens)),
-        "commit_kv_lens: committed + accept_len exceeds kv_allocated_len at row {row}",
-        row=lambda: jnp.argmax(
-            reqs.valid & (reqs.committed_lens + accept_lens > reqs.allocated_lens)
-        ),
+    probes.static_check_shape(accept_lens, reqs.valid.shape, "accept_lens")
+    probes.static_check(
+        jnp.issubdtype(accept_lens.dtype, jnp.integer),
+        f"accept_lens.dtype={accept_lens.dtype} must be an integer dtype",
     )
-    return replace(
+    accept_lens = accept_lens.astype(jnp.int32)
+    valid = reqs.valid.astype(bool)
+    bad = valid & ((accept_lens < 0) | (reqs.committed_lens + accept_lens > reqs.allocated_lens))
+    probes.assert_async(
+        lambda: ~jnp.any(bad),
+        "commit_kv_lens: accept_len {n} at row {row} is negative or takes committed past "
+        "kv_allocated_len",
+        row=lambda: jnp.argmax(bad),
+        n=lambda: accept_lens[jnp.argmax(bad)],
+    )
+    ok = ~jnp.any(bad)
+    new = replace(
         reqs,
         committed_lens=jnp.where(
-            reqs.valid, reqs.committed_lens + accept_lens, reqs.committed_lens
+            valid & ok, reqs.committed_lens + accept_lens, reqs.committed_lens
         ),
     )
+    return (new, ok) if return_ok else new
 
 
 @functools.partial(jax.jit, static_argnames=("return_ok",))

@@ -165,3 +165,15 @@ def test_alloc_loose_count_is_a_value_error(num_slots, match) -> None:
         T.alloc_req_rows(T.init_req_rows(CFG), num_slots, max_rows=2)
     _, slots, ok = A.alloc(a, np.int64(4), max_slots=8)  # an in-range NumPy int is fine
     assert bool(ok) and np.asarray(slots)[:4].tolist() == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("accept", [[5, 0], [-1, 0]], ids=["past_allocation", "negative"])
+def test_commit_kv_lens_bad_accept_commits_nothing(accept) -> None:
+    reqs = _reqs([4, 0], [8, 0], [1, 0], [True, False])
+    new, ok = D.commit_kv_lens(reqs, _i32(accept), return_ok=True)
+    assert not bool(ok)
+    chex.assert_trees_all_equal(new, reqs)
+    with pytest.raises(probes.ProbeError, match=r"commit_kv_lens: accept_len -?\d+ at row 0"):
+        probes.checked(D.commit_kv_lens)(reqs, _i32(accept))
+    new, ok = D.commit_kv_lens(reqs, _i32([4, 0]), return_ok=True)
+    assert bool(ok) and np.asarray(new.committed_lens).tolist() == [8, 0]
