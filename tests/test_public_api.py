@@ -240,7 +240,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
         "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
         "impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
-        "interpret: 'bool | None' = None) -> 'tuple[KVPool, jax.Array, jax.Array]'",
+        "interpret: 'bool | None' = None, return_ok: 'bool' = False) -> 'Any'",
         "select_top_k_tokens": "def(step: 'int', topk_p: 'jax.Array', topk_index: 'jax.Array', hidden: 'jax.Array', "
         "scores: 'jax.Array | None', *, topk: 'int', "
         "vocab_size: 'int | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "

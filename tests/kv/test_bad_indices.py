@@ -177,3 +177,48 @@ def test_commit_kv_lens_bad_accept_commits_nothing(accept) -> None:
         probes.checked(D.commit_kv_lens)(reqs, _i32(accept))
     new, ok = D.commit_kv_lens(reqs, _i32([4, 0]), return_ok=True)
     assert bool(ok) and np.asarray(new.committed_lens).tolist() == [8, 0]
+
+
+def _draft_setup():
+    """A draft pool whose slot s holds s; row 1 maps positions to slots 4.., row 2 to 72.."""
+    from jspec.kv.pool import KVPool, init_kv_pool
+
+    pool = init_kv_pool(CFG)
+    ids = jnp.arange(pool.num_slots, dtype=jnp.float32)[None, :, None, None]
+    pool = KVPool(k=pool.k + ids, v=pool.v - ids, page_size=pool.page_size)
+    width = CFG.req_to_token_width
+    r2t = jnp.zeros((CFG.num_req_rows, width), jnp.int32)
+    r2t = r2t.at[1].set(jnp.arange(4, 4 + width, dtype=jnp.int32))
+    r2t = r2t.at[2].set(jnp.arange(72, 72 + width, dtype=jnp.int32) % pool.num_slots)
+    return pool, r2t
+
+
+@pytest.mark.parametrize(
+    "rows,lens",
+    [([2, 1], [5, -3]), ([2, 5], [5, 5]), ([2, 1], [5, 50])],
+    ids=["negative_len", "row_past_end", "footprint_past_row"],
+)
+def test_prepare_for_draft_bad_row_is_a_no_op(rows, lens) -> None:
+    """Was: a negative length read the previous row and copied another request's KV."""
+    from jspec.tree.layout import prepare_for_draft
+
+    pool, r2t = _draft_setup()
+    kw = {"topk": 2, "num_steps": 3, "page_size": 4, "impl": "xla", "move_impl": "xla"}
+    before = jax_copy(pool)
+    out, loc, _, ok = prepare_for_draft(pool, r2t, _i32(rows), _i32(lens), return_ok=True, **kw)
+    assert not bool(ok) and not np.asarray(loc).any()
+    chex.assert_trees_all_equal(out, before)
+
+
+def test_prepare_for_draft_page_size_must_be_the_pools() -> None:
+    from jspec.tree.layout import prepare_for_draft
+
+    pool, r2t = _draft_setup()
+    with pytest.raises(ValueError, match=r"page_size=2 must be the draft pool's page_size=4"):
+        prepare_for_draft(pool, r2t, _i32([1]), _i32([5]), topk=2, num_steps=3, page_size=2)
+
+
+def jax_copy(tree):
+    import jax
+
+    return jax.tree.map(jnp.copy, tree)
