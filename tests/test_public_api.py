@@ -198,7 +198,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
         "mode: 'TreeMaskMode' = <TreeMaskMode.FULL_MASK: 0>, "
         "max_seq_len: 'int | None' = None, fill_prefix_mask: 'bool' = True, "
-        "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'BuildTreeOutput'",
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
+        "probe_valid_tree: 'bool' = True) -> 'BuildTreeOutput'",
         "compact_accept_to_front": "def(predict: 'jax.Array', hidden: 'jax.Array | None', accept_index: 'jax.Array', *, "
         "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array | None]'",
         "draft_out_cache_loc": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
