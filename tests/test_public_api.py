@@ -339,7 +339,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "prompt_ids: 'jax.Array', prompt_lens: 'jax.Array') -> 'tuple[EngineState, "
         "PrefillOutput]'",
         "release": "def(ecfg: 'EngineConfig', state: 'EngineState', slot_idx: 'jax.Array', "
-        "finished: 'jax.Array') -> 'EngineState'",
+        "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
         "spec_decode_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
         "live: 'jax.Array') -> 'tuple[EngineState, SpecStepOutput]'",

@@ -9,7 +9,8 @@ One decode step for a padded bucket of batch slots (``slot_idx: i32[Bb]``, ``liv
     x' = argmax(logits); L' = L + 1
 
 Padding entries allocate nothing, read the padding row 0 and write slot 0. The step is a no-op
-(``ok`` False) when the pages are short.
+(``ok`` False) when the pages are short or a live entry names a slot out of range, twice or not
+live (``jspec.engine.guards``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
+from jspec.engine import guards
 from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, row_slot_ids
 from jspec.engine.model_calls import run_target, target_logits
 from jspec.engine.state import (
@@ -52,6 +54,7 @@ def greedy_step_body(
     check_engine_models(ecfg, target)
     spec = ecfg.spec
     bb = slot_idx.shape[0]
+    live = live & (ok_in := guards.validate_step_slots(state, slot_idx, live, "greedy_step"))
     seq = gather_slots(state.committed_lens, slot_idx, live)
     rpi = gather_slots(state.req_pool_indices, slot_idx, live)
     tokens = gather_slots(state.bonus_tokens, slot_idx, live)
@@ -59,6 +62,7 @@ def greedy_step_body(
     allocator, slots, ok = alloc_decode(
         state.allocator, seq + 1, last_loc, valid=live, impl=ecfg.kernel_impl
     )
+    ok = ok & ok_in
 
     def run(state: EngineState):
         r2t = assign_req_to_token_pool(

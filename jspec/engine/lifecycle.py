@@ -14,11 +14,13 @@ marks a padding entry):
    ``topk_p/topk_index`` (target ids) and ``draft_hidden``.
 
 If the rows or pages are short, nothing changes and ``ok`` is False (the scheduler retries the
-prompt after other requests finish).
+prompt after other requests finish). A prompt into a slot out of range, live or named twice,
+longer than the padding or holding an id outside the vocabulary changes nothing either (``ok``
+False; ``jspec.engine.guards``).
 
 Release frees each finished request's pages ``row[0:allocated_len]`` (page-aligned segment,
 sglang ``free_segment``: jspec has no prefix cache, so the committed part is freed too) and its
-row, and clears its batch slot.
+row, and clears its batch slot; all or nothing (``release(..., return_ok=True)`` gives the flag).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 
 from jspec._pytree import replace
 from jspec.config import ceil_to_multiple
+from jspec.engine import guards
 from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, row_slot_ids
 from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
 from jspec.engine.state import (
@@ -62,7 +65,10 @@ def prefill_body(
     check_engine_models(ecfg, target, draft)
     spec = ecfg.spec
     bp, lp = prompt_ids.shape
-    valid = prompt_lens > 0
+    ok_in = guards.validate_prefill(
+        state, slot_idx, prompt_ids, prompt_lens, vocab_size=target.vocab_size
+    )
+    valid = (prompt_lens > 0) & ok_in
     lens = jnp.where(valid, prompt_lens, 0).astype(jnp.int32)
     zeros = jnp.zeros((bp,), jnp.int32)
     req_rows, rows, ok_rows = alloc_req_rows(
@@ -78,7 +84,7 @@ def prefill_body(
         max_new_slots=bp * ceil_to_multiple(lp, spec.page_size),
         impl=ecfg.kernel_impl,
     )
-    ok = ok_rows & ok_alloc
+    ok = ok_rows & ok_alloc & ok_in
 
     def run(state: EngineState):
         r2t = assign_req_to_token_pool(
@@ -186,32 +192,55 @@ def release_body(
     state: EngineState,
     slot_idx: jax.Array,
     finished: jax.Array,
-) -> tuple[EngineState, tuple]:
-    """The unjitted release (the engines' shared body signature; the models are unused)."""
+) -> tuple[EngineState, jax.Array]:
+    """The unjitted release (the engines' shared body signature; the models are unused).
+
+    Returns ``(state, ok: bool[])``; all or nothing (``ok`` False: state unchanged)."""
     del target, params, draft, draft_params
+    ok_in = guards.validate_step_slots(state, slot_idx, finished, "release", "finished")
+    finished = finished & ok_in
     rpi = gather_slots(state.req_pool_indices, slot_idx, finished)
     reqs = gather_req_kv_state(state, slot_idx, finished)
-    allocator, _ = release_kv_cache(state.allocator, state.req_to_token, reqs, finished)
-    req_rows = free_req_rows(state.req_rows, rpi, valid=finished)
+    allocator, _, ok_kv = release_kv_cache(
+        state.allocator, state.req_to_token, reqs, finished, return_ok=True
+    )
+    req_rows, ok_rows = free_req_rows(state.req_rows, rpi, valid=finished, return_ok=True)
+    ok = ok_in & ok_kv & ok_rows
+    finished = finished & ok
     zero = jnp.zeros(slot_idx.shape, jnp.int32)
-    return replace(
+    new = replace(
         state,
-        allocator=allocator,
-        req_rows=req_rows,
+        allocator=jax.tree.map(lambda x, y: jnp.where(ok, x, y), allocator, state.allocator),
+        req_rows=jax.tree.map(lambda x, y: jnp.where(ok, x, y), req_rows, state.req_rows),
         committed_lens=scatter_slots(state.committed_lens, slot_idx, finished, zero),
         allocated_lens=scatter_slots(state.allocated_lens, slot_idx, finished, zero),
         req_pool_indices=scatter_slots(state.req_pool_indices, slot_idx, finished, zero),
         live=scatter_slots(state.live, slot_idx, finished, jnp.zeros(slot_idx.shape, bool)),
-    ), ()
+    )
+    return new, ok
 
 
-@functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("ecfg", "return_ok"), donate_argnames=("state",))
 def release(
-    ecfg: EngineConfig, state: EngineState, slot_idx: jax.Array, finished: jax.Array
-) -> EngineState:
+    ecfg: EngineConfig,
+    state: EngineState,
+    slot_idx: jax.Array,
+    finished: jax.Array,
+    *,
+    return_ok: bool = False,
+) -> Any:
     """Free the pages and rows of the finished requests and clear their batch slots.
+
+    All or nothing: if a finished entry names a slot out of range, twice or not live
+    (``jspec.engine.guards``), or its pages / row are not the allocator's to take back, nothing
+    is released (``ok`` False, the state unchanged; a probe names it when on).
 
     Args:
       slot_idx: i32[Bb] batch slots; finished: bool[Bb] which of them to release.
+      return_ok: static; also return the ``ok`` flag.
+
+    Returns:
+      The state, or ``(state, ok: bool[])`` with ``return_ok``.
     """
-    return release_body(ecfg, None, None, None, None, state, slot_idx, finished)[0]
+    state, ok = release_body(ecfg, None, None, None, None, state, slot_idx, finished)
+    return (state, ok) if return_ok else state
