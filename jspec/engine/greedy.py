@@ -79,7 +79,9 @@ def greedy_step_body(
             passes=(AttnPass(row_slot_ids(r2t, rpi, width), causal_mask(seq, 1, width)),),
         )
         pool, hidden, _ = run_target(ecfg, target, params, state.target_pool, tokens, seq, plan)
-        nxt = jnp.argmax(target_logits(target, params, hidden), -1).astype(jnp.int32)
+        logits = target_logits(target, params, hidden)
+        guards.probe_target_logits(logits, live, "greedy_step")
+        nxt = jnp.argmax(logits, -1).astype(jnp.int32)
         new = replace(
             state,
             allocator=allocator,

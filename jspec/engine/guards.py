@@ -25,8 +25,11 @@ import jax.numpy as jnp
 
 from jspec import _index, probes
 from jspec.engine.state import EngineState
+from jspec.engine.step_types import VerifyResult
 
 __all__ = [
+    "probe_target_logits",
+    "probe_verify_logits",
     "validate_prefill",
     "validate_step_slots",
 ]
@@ -139,3 +142,20 @@ def validate_prefill(
         f"token id {{value}} outside the vocabulary [0, vocab_size={vocab_size})",
     )
     return slots_ok & ~jnp.any(too_long) & ~jnp.any(bad_id)
+
+
+def probe_target_logits(logits: jax.Array, live: jax.Array, what: str) -> None:
+    """Probe: no NaN in the target logits f32[Bb, V] of the live rows (bool[Bb]).
+
+    A NaN ``lm_head`` would otherwise decode token 0 (the argmax of NaN) forever. Probes off:
+    nothing traced.
+    """
+    probes.detect_nan(logits, f"{what}: target logits", where=live[:, None])
+
+
+def probe_verify_logits(x: Any) -> None:
+    """:func:`probe_target_logits` on a speculative step's phase output when it is the verify
+    result (f32[Bb*N, V], the live rows' N nodes); any other phase output is left alone."""
+    if isinstance(x, VerifyResult):
+        n = x.logits.shape[0] // x.batch.live.shape[0]
+        probe_target_logits(x.logits, jnp.repeat(x.batch.live, n), "spec_decode_step")

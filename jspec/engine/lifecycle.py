@@ -103,8 +103,9 @@ def prefill_body(
         )
         hidden = hidden.reshape(bp, lp, -1)
         last = jnp.clip(lens - 1, 0, lp - 1)
-        first = jnp.argmax(target_logits(target, params, hidden[jnp.arange(bp), last]), -1)
-        first = first.astype(jnp.int32)
+        logits = target_logits(target, params, hidden[jnp.arange(bp), last])
+        guards.probe_target_logits(logits, valid, "prefill")
+        first = jnp.argmax(logits, -1).astype(jnp.int32)
         new = replace(
             state,
             allocator=allocator,

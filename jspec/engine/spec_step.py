@@ -323,6 +323,7 @@ def spec_step_body(
     x = replace(x, batch=replace(x.batch, ok=x.batch.ok & ok_in))  # bad slots: a skipped step
     for _, phase in PHASES:
         x = phase(ecfg, target, params, draft, draft_params, x)
+        guards.probe_verify_logits(x)  # with probes on: NaN target logits of live rows
     return phase_commit(ecfg, state, x)
 
 

@@ -7,6 +7,8 @@ One tiny engine config (M = 2 slots, P = 4) shared by every test, so each step c
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from engine_helpers import DRAFT, TARGET, TINY, tiny_model
 
 from jspec import probes
+from jspec._pytree import replace
 from jspec.engine import (
     greedy_step,
     init_engine_state,
@@ -242,3 +245,49 @@ def test_static_mistakes_name_the_field() -> None:
     ids, lens = _prompt_batch(PROMPTS)
     with pytest.raises(ValueError, match=r"prefill: prompt_ids.dtype=float32"):
         prefill(ECFG, TARGET, params, DRAFT, dparams, st, _i32([0, 1]), ids.astype(float), lens)
+
+
+# ---- NaN target logits: a probe in prefill, greedy and the spec step ----------------------------------
+def _nan_head(params):
+    """NaN target logits, the draft untouched (EAGLE-1 shares embed and lm_head, not the norm)."""
+    return replace(params, final_norm=params.final_norm * jnp.nan)
+
+
+@functools.cache
+def _good_states():
+    return snapshot(greedy_state()), snapshot(spec_state())
+
+
+def test_nan_target_logits_are_named_by_a_probe() -> None:
+    """Was: a NaN lm_head decoded token 0 forever under --checkify (no probe on the logits)."""
+    params, dparams = tiny_model()
+    bad = _nan_head(params)
+    greedy_st, spec_st = (jax.tree.map(jnp.asarray, s) for s in _good_states())
+    live = {"slot_idx": _i32([0, 1]), "live": jnp.asarray([True, True])}
+    with pytest.raises(probes.ProbeError, match=r"greedy_step: target logits: \d+ NaN"):
+        _checked(greedy_step, ecfg=ECFG, target=TARGET, params=bad, state=greedy_st, **live)
+    with pytest.raises(probes.ProbeError, match=r"spec_decode_step: target logits: \d+ NaN"):
+        _checked(
+            spec_decode_step, ecfg=ECFG, target=TARGET, params=bad, draft=DRAFT,
+            draft_params=dparams, state=spec_st, **live,
+        )  # fmt: skip
+    ids, lens = _prompt_batch(PROMPTS)
+    with pytest.raises(probes.ProbeError, match=r"prefill: target logits: \d+ NaN"):
+        _checked(
+            prefill, ecfg=ECFG, target=TARGET, params=bad, draft=None, draft_params=None,
+            state=init_engine_state(ECFG), slot_idx=_i32([0, 1]), prompt_ids=ids, prompt_lens=lens,
+        )  # fmt: skip
+
+
+def test_logit_probes_off_add_nothing() -> None:
+    """Probes off: the greedy step's program has no check (the guards' probes trace nothing)."""
+    params, _ = tiny_model()
+    st = jax.tree.map(jnp.asarray, _good_states()[0])
+
+    def step(p, s):
+        return greedy_step(ECFG, TARGET, p, s, _i32([0, 1]), jnp.asarray([True, True]))
+
+    assert not probes.probes_on()
+    assert "check" not in str(jax.make_jaxpr(step)(params, st))
+    with probes.probes_enabled():
+        assert "check" in str(jax.make_jaxpr(step)(params, st))
