@@ -122,7 +122,9 @@ def sharded(
     ``num_devices`` is the number of data-parallel shards; each uses ``ecfg.tensor_parallel``
     devices. With ``with_checkify`` the per-shard body runs under ``checkify.checkify`` (the
     probe error classes of :mod:`jspec.probes`) and ``f`` returns ``(outs, errors)`` where
-    ``errors`` is the checkify error stacked per shard (see :func:`first_error`).
+    ``errors`` is the checkify error stacked per shard (see :func:`first_error`), and the
+    state is not donated: after a fired probe the caller still holds the state the call
+    started from (a debug run inspects it; without checkify the state is donated).
     ``compiler_options``: XLA options for this function's compiles, as hashable ``(name,
     value)`` pairs (``EngineConfig.gemm_compiler_options``).
     """
@@ -148,8 +150,9 @@ def sharded(
             )
             return out, _unsqueeze(err)
 
+    donate = () if with_checkify else (2,)  # see the docstring: keep the state on a probe
     if num_devices * tp == 1:
-        return jax.jit(per_shard, donate_argnums=(2,), compiler_options=options)
+        return jax.jit(per_shard, donate_argnums=donate, compiler_options=options)
     mesh = make_mesh(num_devices, tp)
 
     def fn(params, draft_params, state, *args):
@@ -167,7 +170,7 @@ def sharded(
         )
         return mapped(params, draft_params, state, *args)
 
-    return jax.jit(fn, donate_argnums=(2,), compiler_options=options)
+    return jax.jit(fn, donate_argnums=donate, compiler_options=options)
 
 
 def first_error(errors: Any, num_devices: int) -> str | None:
