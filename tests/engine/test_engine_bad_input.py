@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 
+import engine_helpers as helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from engine_helpers import DRAFT, TARGET, TINY, tiny_model
+from engine_helpers import DRAFT, TARGET, TINY, snapshot, tiny_model
 
 from jspec import probes
 from jspec._pytree import replace
@@ -25,7 +26,6 @@ from jspec.engine import (
     release,
     spec_decode_step,
 )
-from jspec.kv.integrity import check_integrity, check_req_rows_integrity, owned_page_mask
 
 ECFG = make_engine_config(
     TINY,
@@ -54,37 +54,12 @@ def _prompt_batch(prompts):
     return jnp.asarray(ids), _i32([len(p) for p in prompts])
 
 
-def snapshot(state):
-    """A host copy (the steps donate the state)."""
-    return jax.tree.map(np.array, state)
-
-
 def assert_same_state(before, after) -> None:
-    """Bit-identical but for the pools' padding page (slots 0..P-1, a write sink)."""
-
-    def same(path, b, a):
-        name = jax.tree_util.keystr(path)
-        if name.startswith((".target_pool", ".draft_pool")):
-            b, a = b[:, PAGE:], np.asarray(a)[:, PAGE:]
-        np.testing.assert_array_equal(np.asarray(a), b, err_msg=name)
-
-    jax.tree_util.tree_map_with_path(same, before, after)
+    helpers.assert_same_state(before, after, PAGE)
 
 
 def check_state(state, what: str = "") -> None:
-    """Allocator and request-row integrity against the live slots' rows."""
-    spec = ECFG.spec
-    live = np.asarray(state.live)
-    owned = owned_page_mask(
-        state.req_to_token,
-        state.req_pool_indices,
-        state.allocated_lens,
-        num_pages=spec.num_pages,
-        page_size=spec.page_size,
-        valid=state.live,
-    )
-    check_integrity(state.allocator, owned, what=what)
-    check_req_rows_integrity(state.req_rows, np.asarray(state.req_pool_indices)[live], what=what)
+    helpers.check_engine_state(ECFG, state, what)
 
 
 def spec_state():
