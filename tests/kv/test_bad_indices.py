@@ -222,3 +222,22 @@ def jax_copy(tree):
     import jax
 
     return jax.tree.map(jnp.copy, tree)
+
+
+def test_free_group_end_reports_a_refused_group() -> None:
+    """Issue 22 (release paths atomic or ok=False): a group naming a page already free frees
+    nothing, and ``end(return_ok=True)`` says so (was: the refusal was silent)."""
+    from jspec.kv.free_group import FreeGroup
+
+    a = A.alloc(A.init_allocator(4, 4), 8, max_slots=8)[0]  # pages 1, 2
+    group = FreeGroup()
+    group.begin()
+    group.add(_i32([4, 5]))  # page 1
+    group.add(_i32([12]))  # page 3: already free
+    a2, ok = group.end(a, return_ok=True)
+    assert not bool(ok)
+    chex.assert_trees_all_equal(a2, a)
+    group.begin()
+    group.add(_i32([4, 8]))
+    a3, ok = group.end(a, return_ok=True)
+    assert bool(ok) and int(a3.num_free) == 4
