@@ -22,12 +22,20 @@ def out_of_range(idx: jax.Array, valid: jax.Array, low: int, high: int) -> jax.A
     return valid & ((idx < low) | (idx >= high))
 
 
+# Batches up to this many entries compare every pair (one fusible elementwise + reduce, no
+# scatter: the step guards run every decode step); larger ones count in a size-long histogram.
+PAIRWISE_MAX = 256
+
+
 def repeated(idx: jax.Array, valid: jax.Array, size: int) -> jax.Array:
     """bool[B]: valid entries whose ``idx`` (in ``[0, size)``) another valid entry also holds.
 
     Entries outside ``[0, size)`` never count (check them with :func:`out_of_range`).
     """
     live = valid & (idx >= 0) & (idx < size)
+    if idx.shape[0] <= PAIRWISE_MAX:
+        same = (idx[:, None] == idx[None, :]) & live[:, None] & live[None, :]
+        return jnp.sum(same.astype(jnp.int32), axis=1) > 1  # self + another
     # NOTE: dead entries go to bucket ``size`` (dropped); a negative index would wrap.
     bucket = jnp.where(live, idx, size)
     counts = jnp.zeros((size + 1,), jnp.int32).at[bucket].add(1, mode="drop")

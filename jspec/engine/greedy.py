@@ -54,7 +54,8 @@ def greedy_step_body(
     check_engine_models(ecfg, target)
     spec = ecfg.spec
     bb = slot_idx.shape[0]
-    live = live & (ok_in := guards.validate_step_slots(state, slot_idx, live, "greedy_step"))
+    ok_in = guards.validate_step_slots(state, slot_idx, live, "greedy_step")
+    live = live & ok_in
     seq = gather_slots(state.committed_lens, slot_idx, live)
     rpi = gather_slots(state.req_pool_indices, slot_idx, live)
     tokens = gather_slots(state.bonus_tokens, slot_idx, live)
