@@ -38,11 +38,29 @@ def _big_copies(hlo: str, min_bytes: int, ops: str = "copy|copy-start") -> list[
     return out
 
 
-def probe(engine, name: str, body, args, pool_bytes: int) -> None:
+def _mem() -> str:
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return ", ".join(
+        f"{k} {stats.get(k, 0) / 2**30:.2f} GiB" for k in ("bytes_in_use", "peak_bytes_in_use")
+    )
+
+
+def probe(engine, name: str, body, args, pool_bytes: int, run: bool = False) -> None:
     from jspec.engine import sharding
 
     fn = sharding.sharded(body, engine.ecfg, engine.target, engine.draft_model, 1)
     host = [np.asarray(a)[None] for a in args]
+    if run:  # execute once: were the state's buffers donated (deleted), what did memory do?
+        before = jax.tree.leaves(engine.state)
+        print(f"  {name} run: before {_mem()}", flush=True)
+        try:
+            engine.state, out = fn(engine.params, engine.draft, engine.state, *host)
+            jax.block_until_ready(out)
+            donated = sum(x.is_deleted() for x in before)
+            print(f"  {name} run: after {_mem()}; donated {donated}/{len(before)}", flush=True)
+        except Exception as e:  # noqa: BLE001 - report and keep going
+            print(f"  {name} run FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        return
     compiled = fn.lower(engine.params, engine.draft, engine.state, *host).compile()
     ma = compiled.memory_analysis()
     fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes")
@@ -65,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mem-fraction", type=float, default=None, help="size as serving does")
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--max-running", type=int, default=16)
+    parser.add_argument("--run", action="store_true", help="execute each call once instead")
     args = parser.parse_args(argv)
     from jspec.engine.greedy import greedy_step_body
     from jspec.engine.lifecycle import prefill_chunk_body
@@ -102,9 +121,12 @@ def main(argv: list[str] | None = None) -> None:
         chunk = (np.full(1, m, np.int32), np.zeros((1, 2048), np.int32), np.zeros(1, np.int32))
         chunk += (np.zeros(1, np.int32), np.zeros(1, bool), np.zeros(1, np.int32))
         step = (np.full(m, m, np.int32), np.zeros(m, bool))
-        probe(engine, "prefill_chunk", prefill_chunk_body, chunk, pool)
-        probe(engine, "spec_step", _spec_body, step, pool)
+        print(f"  engine made: {_mem() if args.run else ''}", flush=True)
+        probe(engine, "prefill_chunk", prefill_chunk_body, chunk, pool, args.run)
+        probe(engine, "spec_step", _spec_body, step, pool, args.run)
         del engine
+        if args.run:
+            break  # a greedy engine beside the spec one would not fit
         greedy = Engine(ecfg, target, params)
         probe(greedy, "greedy_step", greedy_step_body, step, pool)
         del greedy

@@ -372,12 +372,7 @@ def make_engine(
 def _reset(engine) -> None:
     """A fresh engine state (all pages and rows free): ``_steady_state`` admits without
     releasing."""
-    from jspec.engine import sharding
-    from jspec.engine.state import init_engine_state
-
-    d, ecfg = engine.num_devices, engine.ecfg
-    states = [init_engine_state(ecfg, engine.draft_model) for _ in range(d)]
-    engine.state = sharding.stack_states(states, d, ecfg.tensor_parallel)
+    engine.reset()
 
 
 def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict) -> dict:

@@ -57,6 +57,7 @@ __all__ = [
     "static_check",
     "static_check_dtype",
     "static_check_int",
+    "static_check_int_arg",
     "static_check_power_of_2",
     "static_check_shape",
 ]
@@ -313,6 +314,36 @@ def static_check_int(value: Any, name: str, *, low: int = 1) -> None:
     """Trace-time check: ``value`` is a Python int ``>= low`` (``ValueError`` naming ``name``)."""
     if not (isinstance(value, int) and value >= low):
         raise ValueError(f"{name}={value!r} must be an int >= {low}")
+
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def static_check_int_arg(value: Any, name: str) -> None:
+    """Trace-time check of an integer argument that may also be traced (a count, a size).
+
+    A Python / NumPy int must fit int32 (the jit boundary would wrap ``2**32 + 4`` to 4); a
+    float or a bool is refused (it would truncate ``4.9`` to 4); an array (NumPy or JAX,
+    concrete or traced) must have an integer dtype, and a NumPy array's values must fit int32.
+
+    Raises:
+      ValueError naming ``name``.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}={value!r} must be an integer, not a bool")
+    if isinstance(value, (int, np.integer)):
+        if not _INT32_MIN <= int(value) <= _INT32_MAX:
+            raise ValueError(f"{name}={int(value)} does not fit int32")
+        return
+    if isinstance(value, (float, complex, np.floating, np.complexfloating)):
+        raise ValueError(f"{name}={value!r} must be an integer (a float would be truncated)")
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"{name}={value!r}: must be an integer or an integer array")
+    if isinstance(value, np.ndarray) and value.size:
+        lo, hi = int(value.min()), int(value.max())
+        if lo < _INT32_MIN or hi > _INT32_MAX:
+            raise ValueError(f"{name} holds {lo if lo < _INT32_MIN else hi}: does not fit int32")
 
 
 def static_check_power_of_2(value: Any, name: str) -> None:

@@ -109,6 +109,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "static_check": "def(cond: 'bool', msg: 'str') -> 'None'",
         "static_check_dtype": "def(x: 'Any', dtypes: 'Any', name: 'str') -> 'None'",
         "static_check_int": "def(value: 'Any', name: 'str', *, low: 'int' = 1) -> 'None'",
+        "static_check_int_arg": "def(value: 'Any', name: 'str') -> 'None'",
         "static_check_power_of_2": "def(value: 'Any', name: 'str') -> 'None'",
         "static_check_shape": "def(x: 'Any', shape: 'tuple[int, ...]', name: 'str') -> 'None'",
     },
@@ -142,7 +143,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "available_size": "def(a: 'PagedAllocator') -> 'jax.Array'",
         "check_integrity": "def(a: 'PagedAllocator', owned_mask: 'jax.Array | None' = None, *, "
         "what: 'str' = '') -> 'None'",
-        "commit_kv_lens": "def(reqs: 'ReqKVState', accept_lens: 'jax.Array') -> 'ReqKVState'",
+        "commit_kv_lens": "def(reqs: 'ReqKVState', accept_lens: 'jax.Array', *, "
+        "return_ok: 'bool' = False) -> 'Any'",
         "free": "def(a: 'PagedAllocator', slot_ids: 'jax.Array', *, "
         "valid: 'jax.Array | None' = None, return_ok: 'bool' = False) -> 'Any'",
         "free_page_ids": "def(a: 'PagedAllocator', page_ids: 'jax.Array', *, "
@@ -179,7 +181,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_new_slots: 'int | None' = None) -> 'tuple[PagedAllocator, jax.Array, "
         "ReqKVState, jax.Array]'",
         "release_kv_cache": "def(allocator: 'PagedAllocator', req_to_token: 'jax.Array', reqs: 'ReqKVState', "
-        "finished: 'jax.Array') -> 'tuple[PagedAllocator, ReqKVState]'",
+        "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
         "set_kv_buffer": "def(pool: 'KVPool', layer: 'int', slot_ids: 'jax.Array', k: 'jax.Array', "
         "v: 'jax.Array') -> 'KVPool'",
     },
@@ -197,7 +199,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
         "mode: 'TreeMaskMode' = <TreeMaskMode.FULL_MASK: 0>, "
         "max_seq_len: 'int | None' = None, fill_prefix_mask: 'bool' = True, "
-        "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'BuildTreeOutput'",
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
+        "probe_valid_tree: 'bool' = True) -> 'BuildTreeOutput'",
         "compact_accept_to_front": "def(predict: 'jax.Array', hidden: 'jax.Array | None', accept_index: 'jax.Array', *, "
         "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array | None]'",
         "draft_out_cache_loc": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
@@ -238,8 +241,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "prepare_for_draft": "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
         "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
         "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
-        "impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
-        "interpret: 'bool | None' = None) -> 'tuple[KVPool, jax.Array, jax.Array]'",
+        "impl: 'str' = 'xla', move_impl: 'str' = 'auto', interpret: 'bool | None' = None, "
+        "return_ok: 'bool' = False) -> 'Any'",
         "select_top_k_tokens": "def(step: 'int', topk_p: 'jax.Array', topk_index: 'jax.Array', hidden: 'jax.Array', "
         "scores: 'jax.Array | None', *, topk: 'int', "
         "vocab_size: 'int | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "
@@ -365,7 +368,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "token_ids: 'jax.Array', chunk_lens: 'jax.Array', starts: 'jax.Array', "
         "is_last: 'jax.Array', next_ids: 'jax.Array') -> 'tuple[EngineState, PrefillOutput]'",
         "release": "def(ecfg: 'EngineConfig', state: 'EngineState', slot_idx: 'jax.Array', "
-        "finished: 'jax.Array') -> 'EngineState'",
+        "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
         "spec_decode_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
         "live: 'jax.Array') -> 'tuple[EngineState, SpecStepOutput]'",

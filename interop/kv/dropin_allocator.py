@@ -16,7 +16,9 @@ and staged pages (a double free); ``free_segment`` page representatives ``free_i
 equal to ``unique(free_index // P)`` (a malformed page block).
 
 Differences from sglang: a ``num_new_pages`` hint must equal the exact count (ValueError; sglang
-trusts it); a failed need_sort allocation follows :mod:`jspec.kv.allocator` (input state returned
+trusts it); outside debug mode a free naming a bad page (already free, page 0, out of range)
+frees its good pages and skips the bad ones (sglang lists the bad page twice, a corrupt free
+list; jspec alone would reject the call whole and lose the good pages); a failed need_sort allocation follows :mod:`jspec.kv.allocator` (input state returned
 unchanged; sglang keeps the merge it did first); ``staged_pages`` is one tensor (sglang: one per free call, same pages in the same order).
 
 Static capacities (``max_slots``, ``max_new_slots``, free-list input lengths) are rounded up to a
@@ -221,21 +223,50 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
     # ---- free (groups, segments and debug checks: SglangAllocatorAPI) -----------------------
     def _free_now(self, free_index: torch.Tensor) -> None:
         slots, valid = _padded(free_index, "free_index")
-        self._apply_free(_kv_alloc().free, slots, valid, "free", free_index)
+        pages = free_index.reshape(-1).to(torch.int64).cpu() // self.page_size
+        self._apply_free(_kv_alloc().free, slots, valid, "free", free_index, pages)
 
     def _free_page_ids_now(self, page_ids: torch.Tensor) -> None:
-        pages, valid = _padded(page_ids, "page_ids")
-        self._apply_free(_kv_alloc().free_page_ids, pages, valid, "free_page_ids", page_ids)
+        ids, valid = _padded(page_ids, "page_ids")
+        pages = page_ids.reshape(-1).to(torch.int64).cpu()
+        self._apply_free(_kv_alloc().free_page_ids, ids, valid, "free_page_ids", page_ids, pages)
 
-    def _apply_free(self, fn: Any, ids: Any, valid: Any, what: str, given: torch.Tensor) -> None:
+    def _apply_free(
+        self, fn: Any, ids: Any, valid: Any, what: str, given: torch.Tensor, pages: torch.Tensor
+    ) -> None:
         """jspec rejects a bad free whole (state unchanged, ``ok=False``) where sglang would put a
-        page on the free list twice; debug mode raises what sglang's debug check raises then."""
+        page on the free list twice; debug mode raises what sglang's debug check raises then.
+
+        Outside debug mode the good pages of a rejected free are freed again on their own (the
+        bad ones skipped: :meth:`_freeable`), so a live page named beside a bad one is not lost.
+        """
         self.state, ok = run_jspec(fn, self.state, ids, valid=valid, return_ok=True)
+        if bool(ok):
+            return
         if self.debug_mode:
-            assert bool(ok), (
+            raise AssertionError(
                 f"double free: {what}({given.tolist()}) names a page already free, page 0 or "
                 f"a page outside [1, {self.num_pages}]"
             )
+        keep = self._freeable(pages)
+        if keep.any():
+            cap = int(valid.shape[0])
+            mask = torch.zeros(cap, dtype=torch.bool)
+            mask[: keep.numel()] = keep
+            self.state = run_jspec(fn, self.state, ids, valid=to_jax_default(mask, "valid"))
+
+    def _freeable(self, pages: torch.Tensor) -> torch.Tensor:
+        """bool[n]: entries naming a live page in ``[1, num_pages]``, not free or staged, first
+        occurrence of each page only (repeats of a freed page are no double free)."""
+        free = self.get_all_free_pages().cpu()
+        ok = (pages >= 1) & (pages <= self.num_pages) & ~torch.isin(pages, free)
+        first = torch.zeros_like(ok)
+        seen: set[int] = set()
+        for i, page in enumerate(pages.tolist()):
+            if ok[i] and page not in seen:
+                seen.add(page)
+                first[i] = True
+        return first
 
 
 def get_last_loc(

@@ -15,7 +15,10 @@ dtypes (int64 indices).
   indices) or a path is deeper than ``spec_steps``, the request set is rebuilt by
   :mod:`interop.tree.reference_build_tree`, sglang's kernel rules, so the drop-in matches sglang
   on every input sglang accepts. Wider ``top_scores_index`` / ``parent_list`` are read as sglang
-  reads them (row prefix / flat offsets).
+  reads them (row prefix / flat offsets). With probes on, the invalid-tree probe follows
+  sglang's definition (a parent token selected nowhere: the node sglang drops with "WARNING:
+  invalid eagle tree"), not jspec's stricter one: a descending selection sglang builds
+  normally passes.
 
 jspec modules are looked up at call time (``jspec.tree.verify.verify_tree_greedy`` etc.), so a
 test can monkeypatch an op and see the drop-in use the patched version.
@@ -134,11 +137,25 @@ def _jspec_build(
         max_seq_len=max_len,
         impl=impl,
         interpret=interpret,
+        probe_valid_tree=False,  # sglang's rule instead: _probe_sglang_tree
     )
     steps = to_torch(out.positions).cpu().to(torch.int64).reshape(bs, n) - seq_lens.cpu()[:, None]
     if not bool(to_torch(out.is_valid).all()) or int(steps.max()) > spec_steps:
         return None
     return out, _jspec_tree_cells(build, out, mode, seq_lens, n), steps
+
+
+def _probe_sglang_tree(parent_list: torch.Tensor, sel: torch.Tensor, topk: int, n: int) -> None:
+    """With jspec's probes on: AssertionError naming the first node sglang leaves unlinked."""
+    if not _mod("jspec.probes").probes_on():
+        return
+    bad = _ref_build.unlinked_nodes(parent_list.cpu(), sel.cpu(), topk, n)
+    if bad:
+        b, node = bad[0]
+        raise AssertionError(
+            f"build_tree_kernel_efficient: invalid eagle tree: request {b} node {node} has no "
+            "selected parent (sglang: 'Detected a token with no parent token selected')"
+        )
 
 
 def build_tree_kernel_efficient(
@@ -169,6 +186,7 @@ def build_tree_kernel_efficient(
             f"num_verify_tokens-1={n - 1})"
         )
     sel = top_scores_index[:, : n - 1]  # the prefix sglang's kernel reads
+    _probe_sglang_tree(parent_list, sel, topk, n)
     built = _jspec_build(
         (bonus_tokens, parent_list, sel, draft_tokens, seq_lens),
         topk=topk,

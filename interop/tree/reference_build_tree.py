@@ -62,6 +62,24 @@ def _parent_of(
     return False, next((cp for cp in range(n - 1) if sel[cp] == token), None)
 
 
+def unlinked_nodes(
+    parent_list: torch.Tensor, selected_index: torch.Tensor, topk: int, n: int
+) -> list[tuple[int, int]]:
+    """``(request, node)`` of every node sglang's kernel leaves unlinked, printing "WARNING:
+    invalid eagle tree" (its parent token is not selected anywhere in the row): sglang's
+    definition of an invalid tree. Descending, cyclic and self-parent selections are linked."""
+    flat = parent_list.contiguous().reshape(-1).tolist()
+    stride = parent_list.shape[1] if parent_list.dim() > 1 else parent_list.shape[0]
+    out = []
+    for b in range(selected_index.shape[0]):
+        sel = [int(x) for x in selected_index[b, : n - 1]]
+        for i in range(1, n):
+            is_root, cp = _parent_of(sel, i - 1, flat, b * stride, topk, n)
+            if not is_root and cp is None:
+                out.append((b, i))
+    return out
+
+
 def sglang_tree(
     parent_list: torch.Tensor, selected_index: torch.Tensor, topk: int, depth: int, n: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

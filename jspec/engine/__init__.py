@@ -15,6 +15,7 @@ Module map:
   spec_step.py   the jitted EAGLE tree speculative decode step, as phases
   draft_phases.py  the step's draft side: draft attention passes, draft loop, draft extend
   inputs.py      host-side validation of requests (before any compile)
+  guards.py      traced input guards of the public steps (slots, token ids; ok=False + probes)
   scheduler.py   Engine: continuous batching host loop, leak checks
   sharding.py    data / tensor parallel shards with shard_map
   reference.py   dense no-cache greedy oracle (over any TargetModel)
@@ -29,7 +30,7 @@ The way in, one shard, your own loop::
     state, out = prefill(ecfg, target, tparams, draft, dparams, state, slot_idx, ids, lens)
     # (or prefill_chunk(..., token_ids, chunk_lens, starts, is_last, next_ids) chunk by chunk)
     state, out = spec_decode_step(ecfg, target, tparams, draft, dparams, state, slot_idx, live)
-    state = release(ecfg, state, slot_idx, finished)
+    state = release(ecfg, state, slot_idx, finished)  # return_ok=True: (state, ok)
 
 or the continuous-batching loop: ``Engine(ecfg, target, tparams, draft, dparams).generate(...)``.
 """

@@ -9,8 +9,9 @@ One decode step for a padded bucket of batch slots (``slot_idx: i32[Bb]``, ``liv
     x' = argmax(logits); L' = L + 1
 
 Padding entries allocate nothing, read the padding row 0 and write slot 0. The step is a no-op
-(``ok`` False) when the pages are short: every entry then becomes padding (no ``lax.cond``, so
-the donated pool is updated in place rather than copied for a skip branch).
+(``ok`` False) when the pages are short or a live entry names a slot out of range, twice or not
+live (``jspec.engine.guards``): every entry then becomes padding (no ``lax.cond``, so the donated
+pool is updated in place rather than copied for a skip branch).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 from jspec._pytree import replace
 from jspec.attention_meta.metadata import AttentionMetadata, row_page_table
 from jspec.config import ceil_div
+from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
 from jspec.engine.model_calls import run_target, target_logits
 from jspec.engine.state import (
@@ -54,6 +56,8 @@ def greedy_step_body(
     del draft, draft_params
     check_engine_models(ecfg, target)
     spec = ecfg.spec
+    ok_in = guards.validate_step_slots(state, slot_idx, live, "greedy_step")
+    live = live & ok_in
     seq = gather_slots(state.committed_lens, slot_idx, live)
     rpi = gather_slots(state.req_pool_indices, slot_idx, live)
     tokens = gather_slots(state.bonus_tokens, slot_idx, live)
@@ -61,6 +65,7 @@ def greedy_step_body(
     allocator, slots, ok = alloc_decode(
         state.allocator, seq + 1, last_loc, valid=live, impl=ecfg.kernel_impl
     )
+    ok = ok & ok_in
     live = live & ok
     seq, rpi = jnp.where(live, seq, 0), jnp.where(live, rpi, 0)
     r2t = assign_req_to_token_pool(
@@ -79,8 +84,9 @@ def greedy_step_body(
     )
     plan = AttnPlan(write_slot_ids=jnp.where(live, slots, 0), passes=(meta,))
     pool, hidden, _ = run_target(ecfg, target, params, state.target_pool, tokens, seq, plan)
-    nxt = jnp.argmax(target_logits(target, params, hidden), -1).astype(jnp.int32)
-    nxt = jnp.where(live, nxt, 0)
+    logits = target_logits(target, params, hidden)
+    guards.probe_target_logits(logits, live, "greedy_step")
+    nxt = jnp.where(live, jnp.argmax(logits, -1).astype(jnp.int32), 0)
     state = replace(
         state,
         allocator=allocator,

@@ -19,8 +19,9 @@ entry), so a call's activations are bounded by the chunk, not the prompt. Per en
 Between chunks the slot holds the request (row, ``committed_lens = start``) but is not live:
 decode steps skip it, so long prompts interleave with running decodes.
 
-If the rows or pages are short, or an entry does not continue its slot (a later chunk whose
-slot holds no prefilling request at ``start``), nothing changes and ``ok`` is False (the
+If the rows or pages are short, an entry names a bad slot or token id (``jspec.engine.guards``),
+or an entry does not continue its slot (a later chunk whose slot holds no prefilling request at
+``start``), nothing changes and ``ok`` is False (the
 scheduler retries after other requests finish). No ``lax.cond``: a failed call runs the forward
 over padding (writes go to the padding page), so the donated pools are updated in place.
 
@@ -40,6 +41,7 @@ import jax.numpy as jnp
 from jspec._pytree import replace
 from jspec.attention_meta.metadata import AttentionMetadata, row_page_table
 from jspec.config import ceil_div, ceil_to_multiple
+from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
 from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
 from jspec.engine.state import (
@@ -84,7 +86,15 @@ def prefill_chunk_body(
     spec = ecfg.spec
     p = spec.page_size
     bp, cq = token_ids.shape
-    valid = chunk_lens > 0
+    ok_in = guards.validate_prefill(
+        state,
+        slot_idx,
+        token_ids,
+        chunk_lens,
+        vocab_size=target.vocab_size,
+        first=starts == 0,
+    )
+    valid = (chunk_lens > 0) & ok_in
     lens = jnp.where(valid, chunk_lens, 0).astype(jnp.int32)
     starts = jnp.where(valid, starts, 0).astype(jnp.int32)
     is_last = valid & is_last
@@ -116,7 +126,7 @@ def prefill_chunk_body(
         valid=valid,
         impl=ecfg.kernel_impl,
     )
-    ok = ok_rows & ok_alloc & ok_cont
+    ok = ok_rows & ok_alloc & ok_cont & ok_in
     # Failed call: every entry is padding (row 0, nothing written but the padding page).
     valid, is_last = valid & ok, is_last & ok
     lens, starts = jnp.where(valid, lens, 0), jnp.where(valid, starts, 0)
@@ -152,8 +162,9 @@ def prefill_chunk_body(
     )
     last = jnp.clip(lens - 1, 0, cq - 1)
     hidden_last = hidden.reshape(bp, cq, -1)[jnp.arange(bp), last]
-    first = jnp.argmax(target_logits(target, params, hidden_last), -1).astype(jnp.int32)
-    first = jnp.where(is_last, first, 0)
+    logits = target_logits(target, params, hidden_last)
+    guards.probe_target_logits(logits, is_last, "prefill")
+    first = jnp.where(is_last, jnp.argmax(logits, -1).astype(jnp.int32), 0)
     new = replace(
         state,
         allocator=allocator,
@@ -315,32 +326,58 @@ def release_body(
     state: EngineState,
     slot_idx: jax.Array,
     finished: jax.Array,
-) -> tuple[EngineState, tuple]:
-    """The unjitted release (the engines' shared body signature; the models are unused)."""
+) -> tuple[EngineState, jax.Array]:
+    """The unjitted release (the engines' shared body signature; the models are unused).
+
+    A finished entry's slot may be live or prefilling (between chunks, e.g. a preempted
+    request). Returns ``(state, ok: bool[])``; all or nothing (``ok`` False: state unchanged)."""
     del target, params, draft, draft_params
+    ok_in = guards.validate_step_slots(
+        state, slot_idx, finished, "release", "finished", want="held"
+    )
+    finished = finished & ok_in
     rpi = gather_slots(state.req_pool_indices, slot_idx, finished)
     reqs = gather_req_kv_state(state, slot_idx, finished)
-    allocator, _ = release_kv_cache(state.allocator, state.req_to_token, reqs, finished)
-    req_rows = free_req_rows(state.req_rows, rpi, valid=finished)
+    allocator, _, ok_kv = release_kv_cache(
+        state.allocator, state.req_to_token, reqs, finished, return_ok=True
+    )
+    req_rows, ok_rows = free_req_rows(state.req_rows, rpi, valid=finished, return_ok=True)
+    ok = ok_in & ok_kv & ok_rows
+    finished = finished & ok
     zero = jnp.zeros(slot_idx.shape, jnp.int32)
-    return replace(
+    new = replace(
         state,
-        allocator=allocator,
-        req_rows=req_rows,
+        allocator=_select(ok, allocator, state.allocator),
+        req_rows=_select(ok, req_rows, state.req_rows),
         committed_lens=scatter_slots(state.committed_lens, slot_idx, finished, zero),
         allocated_lens=scatter_slots(state.allocated_lens, slot_idx, finished, zero),
         req_pool_indices=scatter_slots(state.req_pool_indices, slot_idx, finished, zero),
         live=scatter_slots(state.live, slot_idx, finished, jnp.zeros(slot_idx.shape, bool)),
-    ), ()
+    )
+    return new, ok
 
 
-@functools.partial(jax.jit, static_argnames=("ecfg",), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("ecfg", "return_ok"), donate_argnames=("state",))
 def release(
-    ecfg: EngineConfig, state: EngineState, slot_idx: jax.Array, finished: jax.Array
-) -> EngineState:
+    ecfg: EngineConfig,
+    state: EngineState,
+    slot_idx: jax.Array,
+    finished: jax.Array,
+    *,
+    return_ok: bool = False,
+) -> Any:
     """Free the pages and rows of the finished requests and clear their batch slots.
+
+    All or nothing: if a finished entry names a slot out of range, twice or holding no request
+    (``jspec.engine.guards``), or its pages / row are not the allocator's to take back, nothing
+    is released (``ok`` False, the state unchanged; a probe names it when on).
 
     Args:
       slot_idx: i32[Bb] batch slots; finished: bool[Bb] which of them to release.
+      return_ok: static; also return the ``ok`` flag.
+
+    Returns:
+      The state, or ``(state, ok: bool[])`` with ``return_ok``.
     """
-    return release_body(ecfg, None, None, None, None, state, slot_idx, finished)[0]
+    state, ok = release_body(ecfg, None, None, None, None, state, slot_idx, finished)
+    return (state, ok) if return_ok else state

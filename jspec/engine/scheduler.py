@@ -140,13 +140,19 @@ class Engine:
         ``jspec.probes.probes_enabled()``); a fired probe raises ``jspec.probes.ProbeError``.
         Also on, whatever this flag says, whenever probes are on at call time
         (``JSPEC_ENABLE_ASYNC_ASSERT=1`` or inside ``probes_enabled()``): probes are always
-        functionalized, never left as bare ``checkify.check`` under ``jit``.
+        functionalized, never left as bare ``checkify.check`` under ``jit``. Checkified calls
+        do not donate the state, so after a ``ProbeError`` :attr:`state` is the state the
+        failing call started from, intact for inspection.
       max_rounds: decode rounds one dispatch may run on the device
         (:mod:`jspec.engine.rounds`: EOS and max_new_tokens checked there): this many while no
         request waits for admission or prefill, else 1 (new requests join at the next round).
       admission: ``"reserve"`` (admit while the requests' lifetime pages fit: never preempts)
         or ``"optimistic"`` (admit while the pages held now fit; preempt the newest request and
         prefill it again later when a decode step finds the pages short). See the module doc.
+
+    A :meth:`generate` that ends by an exception (a fired probe, Ctrl-C, a ``progress``
+    callback raising) leaves :attr:`state` as it was (its requests still live, for inspection);
+    the next :meth:`generate` starts with :meth:`reset`, which frees everything.
     """
 
     def __init__(
@@ -184,12 +190,26 @@ class Engine:
         tp = ecfg.tensor_parallel
         self.params = sharding.replicate(target, target_params, num_devices, tp)
         self.draft = sharding.replicate(draft, draft_params, num_devices, tp)
-        self.state: EngineState = sharding.stack_states(
-            [init_engine_state(ecfg, draft) for _ in range(num_devices)], num_devices, tp
+        self.state: EngineState = sharding.init_states(
+            lambda: init_engine_state(ecfg, draft), num_devices, tp
         )
         self.checkify = checkify
         self._step_body = _spec_body if self.mode == "spec" else greedy_step_body
         self._fns: dict[tuple, Any] = {}
+        self._needs_reset = False  # a generate() ended by an exception
+
+    def reset(self) -> None:
+        """Free every page, row and batch slot: a fresh state (the KV pools zeroed).
+
+        What :meth:`generate` runs first after a run that ended by an exception. The old state
+        is dropped before the new one is built (no second copy of the pools)."""
+        self.state = None
+        self.state = sharding.init_states(
+            lambda: init_engine_state(self.ecfg, self.draft_model),
+            self.num_devices,
+            self.ecfg.tensor_parallel,
+        )
+        self._needs_reset = False
 
     # ---- jitted calls ----------------------------------------------------------------------------
     @property
@@ -229,7 +249,7 @@ class Engine:
         if checked:
             out, errors = out
             msg = sharding.first_error(errors, self.num_devices)
-            if msg is not None:
+            if msg is not None:  # NOTE: self.state is the (undonated) state the call started from
                 raise probes.ProbeError(msg)
         self.state, result = out
         return _tree_to_host(result)
@@ -282,7 +302,13 @@ class Engine:
         return np.asarray(list(ids) or [-1], np.int32)
 
     def _call_release(self, slot_idx, finished):
-        self._call(release_body, 0, slot_idx, finished)
+        ok = self._call(release_body, 0, slot_idx, finished)
+        if not np.all(ok):
+            raise RuntimeError(
+                f"release refused on shard(s) {np.flatnonzero(~np.asarray(ok)).tolist()} "
+                f"(slots {np.asarray(slot_idx)[np.asarray(finished)].tolist()}): a slot not "
+                "live, given twice, or pages / rows not the allocator's (state unchanged)"
+            )
 
     def warmup(self) -> None:
         """Compile prefill (every chunk bucket), release and the decode step of every batch
@@ -325,7 +351,12 @@ class Engine:
         Returns:
           (outputs, stats): outputs[i] = generated tokens of prompt i (truncated at
           max_new_tokens, or after the EOS token).
+
+        If the run ends by an exception (a fired probe, Ctrl-C, ``progress`` raising), the
+        state is left as it was for inspection and the next call starts with :meth:`reset`.
         """
+        if self._needs_reset:
+            self.reset()
         ecfg, spec = self.ecfg, self.ecfg.spec
         prompts, max_new, arrivals = validate_requests(
             prompts,
@@ -344,6 +375,7 @@ class Engine:
                     f"prompt {i}: needs up to {self.lifetime_pages(reqs[-1])} "
                     f"pages, the pool has num_pages={spec.num_pages}"
                 )
+        self._needs_reset = True  # until the run ends normally (an exception leaves it set)
         stats = RunStats(mode=self.mode, num_requests=n)
         total_tokens = sum(max_new)
         d, m = self.num_devices, spec.max_running_requests
@@ -381,6 +413,7 @@ class Engine:
         stats.ttft_s = [r.ttft_s for r in reqs]
         stats.num_preemptions = sum(r.num_preemptions for r in reqs)
         stats.leak_check = self.check_leaks()
+        self._needs_reset = False
         return [r.output for r in reqs], stats
 
     # ---- admission and prefill -------------------------------------------------------------------

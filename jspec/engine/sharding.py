@@ -177,7 +177,9 @@ def sharded(
     ``num_devices`` is the number of data-parallel shards; each uses ``ecfg.tensor_parallel``
     devices. With ``with_checkify`` the per-shard body runs under ``checkify.checkify`` (the
     probe error classes of :mod:`jspec.probes`) and ``f`` returns ``(outs, errors)`` where
-    ``errors`` is the checkify error stacked per shard (see :func:`first_error`).
+    ``errors`` is the checkify error stacked per shard (see :func:`first_error`), and the
+    state is not donated: after a fired probe the caller still holds the state the call
+    started from (a debug run inspects it; without checkify the state is donated).
     ``compiler_options``: XLA options for this function's compiles, as hashable ``(name,
     value)`` pairs (``EngineConfig.gemm_compiler_options``).
     """
@@ -203,8 +205,9 @@ def sharded(
             )
             return out, _unsqueeze(err)
 
+    donate = () if with_checkify else (2,)  # see the docstring: keep the state on a probe
     if num_devices * tp == 1:
-        return jax.jit(per_shard, donate_argnums=(2,), compiler_options=options)
+        return jax.jit(per_shard, donate_argnums=donate, compiler_options=options)
     mesh = make_mesh(num_devices, tp)
 
     def fn(params, draft_params, state, *args):
@@ -236,7 +239,7 @@ def sharded(
         outs = (st.fill(new_state, local=False), out)
         return (outs, err) if with_checkify else outs
 
-    return jax.jit(fn, donate_argnums=(2,), compiler_options=options)
+    return jax.jit(fn, donate_argnums=donate, compiler_options=options)
 
 
 def first_error(errors: Any, num_devices: int) -> str | None:
@@ -252,6 +255,31 @@ def first_error(errors: Any, num_devices: int) -> str | None:
 def _place(tree: Any, specs: Any, mesh: Mesh) -> Any:
     """``device_put`` of ``tree`` by ``specs`` (PartitionSpecs, a pytree prefix of ``tree``)."""
     return jax.device_put(tree, jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs))
+
+
+def init_states(make_state: Callable[[], Any], num_devices: int, tensor_parallel: int = 1) -> Any:
+    """``num_devices`` fresh per-shard states (all alike: ``make_state()``, pure jnp) stacked on
+    a leading axis, built inside one jit straight into their placement by :func:`state_specs`.
+
+    NOTE: building the per-shard states first and stacking them (:func:`stack_states`) holds
+    both copies at once: with pools sized to most of device memory
+    (``mem_fraction_static``) that is twice the pool, and the allocator was left fragmented
+    enough that the first step failed to allocate (H200, bench/RESULTS.md). Here each device
+    writes its shard of the pools once.
+    """
+
+    def build() -> Any:
+        one = make_state()
+        return jax.tree.map(
+            lambda x: jax.numpy.broadcast_to(x[None], (num_devices,) + x.shape), one
+        )
+
+    if num_devices * tensor_parallel == 1:
+        return jax.jit(build)()
+    mesh = make_mesh(num_devices, tensor_parallel)
+    specs = state_specs(jax.eval_shape(build), tensor_parallel)
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
+    return jax.jit(build, out_shardings=shardings)()
 
 
 def stack_states(states: list[Any], num_devices: int, tensor_parallel: int = 1) -> Any:

@@ -27,8 +27,9 @@ their params beside them, ``jspec.engine.model_calls``); the draft side (attenti
 3 and 8) is ``jspec.engine.draft_phases``; the phases hand each other the typed
 dataclasses of ``jspec.engine.step_types``. The step is one ``jax.jit`` (state donated) per
 batch bucket; padding entries are invalid rows
-(row 0, slot 0, no allocation). If step 1 finds the pages short, every entry becomes padding
-and the step changes no state (``ok`` False). Output: :class:`SpecStepOutput`.
+(row 0, slot 0, no allocation). If step 1 finds the pages short, or a live entry names a slot
+out of range, twice or not live (``jspec.engine.guards``), every entry becomes padding and the
+step changes no state (``ok`` False). Output: :class:`SpecStepOutput`.
 
 Draft vocab and features: the draft's top-K over its own vocab is mapped to target ids at once
 (``draft.to_target_ids``), so tree tokens are target ids everywhere. The target forwards of
@@ -53,6 +54,7 @@ import jax.numpy as jnp
 from jspec._pytree import replace
 from jspec.attention_meta.metadata import AttentionMetadata, row_page_table
 from jspec.config import ceil_div
+from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
 from jspec.engine.draft_phases import draft_decode_passes, phase_draft, phase_extend
 from jspec.engine.model_calls import run_target, target_logits
@@ -318,9 +320,12 @@ def spec_step_body(
 ) -> tuple[EngineState, SpecStepOutput]:
     """The unjitted step (what :func:`spec_decode_step` jits and the sharded engine maps)."""
     check_engine_models(ecfg, target, draft)
-    x = phase_prepare(ecfg, target, params, draft, draft_params, state, slot_idx, live)
+    ok_in = guards.validate_step_slots(state, slot_idx, live, "spec_decode_step")
+    x = phase_prepare(ecfg, target, params, draft, draft_params, state, slot_idx, live & ok_in)
+    x = replace(x, batch=replace(x.batch, ok=x.batch.ok & ok_in))  # bad slots: a skipped step
     for _, phase in PHASES:
         x = phase(ecfg, target, params, draft, draft_params, x)
+        guards.probe_verify_logits(x)  # with probes on: NaN target logits of live rows
     return phase_commit(ecfg, state, x)
 
 

@@ -84,6 +84,29 @@ def _static_validate(
         probes.static_check_dtype(x, jnp.int32, name)
 
 
+def draft_rows_ok(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    valid: jax.Array,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+) -> jax.Array:
+    """bool[]: every valid request has a row in ``[0, rows)`` and ``0 <= L`` with the draft
+    footprint ``base + K*nnp*P`` inside the row.
+
+    Else a gather would clamp or wrap onto another row (a negative ``L`` reads the previous
+    row, a footprint past the width the next one) and the hole copies would move another
+    request's KV; :func:`draft_cache_loc` then treats every row as padding.
+    """
+    rows, width = req_to_token.shape
+    footprint = draft_footprint(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
+    bad = (req_pool_indices < 0) | (req_pool_indices >= rows) | (seq_lens < 0)
+    return ~jnp.any(valid & (bad | (footprint > width)))
+
+
 def _probe_positions(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
@@ -318,7 +341,9 @@ def draft_cache_loc(
       req_to_token: i32[rows, R] token position -> KV slot id per request row; row 0 is padding.
       req_pool_indices: i32[B] request rows (padding rows: 0).
       seq_lens: i32[B] committed KV-ready prefix length ``L`` (the tree root sits at ``L``).
-      valid: bool[B] live requests; None means all. Padding rows read nothing.
+      valid: bool[B] live requests; None means all. Padding rows read nothing. If a valid
+        row fails :func:`draft_rows_ok` (row out of range, negative ``L``, footprint past the
+        row), every row is treated as padding (a probe names the value when on).
       topk, num_steps, page_size: static ``K``, ``S``, ``P``.
       max_pairs: static capacity of the pair buffers (see :func:`max_prefix_tail_pairs`);
         pairs past it are dropped (a probe fires). 0 asks for ``out_cache_loc`` only: no pairs
@@ -347,6 +372,16 @@ def draft_cache_loc(
     probes.static_check_shape(valid, req_pool_indices.shape, "valid")
     valid = valid.astype(bool)
     _probe_positions(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        valid,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+    )
+    # A bad row (draft_rows_ok) makes every row padding: slot 0, no pairs.
+    valid = valid & draft_rows_ok(
         req_to_token,
         req_pool_indices,
         seq_lens,

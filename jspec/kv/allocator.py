@@ -129,7 +129,6 @@ def available_size(a: PagedAllocator) -> jax.Array:
 
 
 # ---- allocation ---------------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("max_slots",))
 def alloc(
     a: PagedAllocator, num_slots: jax.Array, *, max_slots: int
 ) -> tuple[PagedAllocator, jax.Array, jax.Array]:
@@ -138,7 +137,8 @@ def alloc(
     Args:
       a: allocator state.
       num_slots: i32[]; a multiple of ``page_size`` in ``[0, max_slots]`` (else ``ok=False``;
-        a probe names an unaligned size when probes are on).
+        a probe names an unaligned size when probes are on). A float, a bool or an int that
+        does not fit int32 is a ``ValueError`` (it would truncate or wrap at the jit boundary).
       max_slots: static capacity of the returned ``slot_ids`` (Python int >= 0).
 
     Returns:
@@ -146,6 +146,14 @@ def alloc(
       ``num_slots`` (sglang returns int64; int32 here). ``ok`` is False (state unchanged, slot_ids
       all 0) when pages are short, ``num_slots`` is unaligned, negative or ``> max_slots``.
     """
+    probes.static_check_int_arg(num_slots, "num_slots")
+    return _alloc(a, num_slots, max_slots=max_slots)
+
+
+@functools.partial(jax.jit, static_argnames=("max_slots",))
+def _alloc(
+    a: PagedAllocator, num_slots: jax.Array, *, max_slots: int
+) -> tuple[PagedAllocator, jax.Array, jax.Array]:
     _fl.check_capacity(max_slots, "max_slots")
     p = a.page_size
     num_slots = jnp.asarray(num_slots, jnp.int32)

@@ -23,11 +23,12 @@ Requests are a padded batch (static ``B``) in :class:`ReqKVState`; padding rows 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jspec import probes
+from jspec import _index, probes
 from jspec._pytree import pytree_dataclass, replace
 from jspec.config import SpecConfig, ceil_div, ceil_to_multiple
 from jspec.kv.allocator import PagedAllocator, alloc, alloc_extend, free
@@ -132,6 +133,39 @@ def _static_validate_decode(
         probes.static_check_shape(getattr(reqs, name), (batch,), f"reqs.{name}")
 
 
+def _rows_ok(reqs: ReqKVState, req_to_token: jax.Array, what: str) -> jax.Array:
+    """bool[]: every valid request has its own real row and ``0 <= committed <= allocated <= R``.
+
+    A row outside ``[1, rows)`` (jnp indexing would clamp or wrap it onto another request's
+    row; row 0 is the padding row) or held by two valid requests would make the caller take
+    pages for a row it cannot write, or free another request's pages. Probes name the entry.
+    """
+    num_rows, width = req_to_token.shape
+    valid = reqs.valid.astype(bool)
+    rows = reqs.req_pool_indices.astype(jnp.int32)
+    committed, allocated = reqs.committed_lens, reqs.allocated_lens
+    bad_row = _index.out_of_range(rows, valid, 1, num_rows)
+    twice = _index.repeated(rows, valid, num_rows)
+    bad_len = valid & ((committed < 0) | (committed > allocated) | (allocated > width))
+    if probes.probes_on():
+        for bad, msg in (
+            (bad_row, f"row {{value}} outside [1, {num_rows})"),
+            (twice, "row {value} held by two valid requests"),
+        ):
+            at, value = _index.first_bad(bad, rows)
+            probes.assert_async(~jnp.any(bad), f"{what}: request {{at}}: {msg}", at=at, value=value)
+        at, value = _index.first_bad(bad_len, committed)
+        probes.assert_async(
+            ~jnp.any(bad_len),
+            f"{what}: request {{at}}: need 0 <= committed_len={{value}} <= allocated_len={{alloc}}"
+            f" <= {width}",
+            at=at,
+            value=value,
+            alloc=allocated[at],
+        )
+    return ~jnp.any(bad_row | twice | bad_len)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "impl", "interpret", "max_new_slots"))
 def prepare_for_decode(
     allocator: PagedAllocator,
@@ -157,8 +191,10 @@ def prepare_for_decode(
 
     Returns:
       ``(allocator, req_to_token, reqs, ok)``. ``ok`` (bool[]) is False when pages are short,
-      ``need > max_new_slots`` or some ``nxt > R``; then all three states are returned
-      unchanged.
+      ``need > max_new_slots``, some ``nxt > R``, or a valid request's row is outside
+      ``[1, rows)`` or shared with another valid request, or its lengths break
+      ``0 <= committed <= allocated <= R``; then all three states are returned unchanged
+      (probes name the request when on).
 
     Raises:
       ValueError (trace time): ``ceil_P(context_len + reserve) > R``, naming both widths.
@@ -169,11 +205,7 @@ def prepare_for_decode(
     valid = reqs.valid.astype(bool)
     if max_new_slots is None:
         max_new_slots = _max_new_slots_default(valid.shape[0], cfg)
-    probes.assert_async(
-        lambda: jnp.all(~valid | (reqs.committed_lens <= reqs.allocated_lens)),
-        "prepare_for_decode: kv_committed_len > kv_allocated_len at row {row}",
-        row=lambda: jnp.argmax(valid & (reqs.committed_lens > reqs.allocated_lens)),
-    )
+    rows_ok = _rows_ok(reqs, req_to_token, "prepare_for_decode")
     cur, nxt, _ = page_aligned_decode_alloc_lens(
         reqs.committed_lens,
         reqs.allocated_lens,
@@ -191,7 +223,8 @@ def prepare_for_decode(
     )
     # Rows that must not grow (padding, or everything when a row would overflow) ask for 0.
     prefix = jnp.where(valid, cur, 0)
-    seq = jnp.where(valid & width_ok, nxt, prefix)
+    grow_ok = width_ok & rows_ok
+    seq = jnp.where(valid & grow_ok, nxt, prefix)
     need = jnp.sum(seq - prefix)
     if p == 1:
         allocator, slot_ids, ok = alloc(allocator, need, max_slots=max_new_slots)
@@ -206,7 +239,7 @@ def prepare_for_decode(
             impl=impl,
             interpret=interpret,
         )
-    ok = ok & width_ok
+    ok = ok & grow_ok
     # On failure nothing was taken from the allocator; write nothing either.
     end = jnp.where(ok, seq, prefix)
     req_to_token = assign_req_to_token_pool(
@@ -216,32 +249,55 @@ def prepare_for_decode(
     return allocator, req_to_token, reqs, ok
 
 
-@jax.jit
-def commit_kv_lens(reqs: ReqKVState, accept_lens: jax.Array) -> ReqKVState:
+@functools.partial(jax.jit, static_argnames=("return_ok",))
+def commit_kv_lens(reqs: ReqKVState, accept_lens: jax.Array, *, return_ok: bool = False) -> Any:
     """Result processing: ``kv_committed_len += accept_len`` on live rows (SPEC.md §2 step 7).
+
+    All or nothing: a valid row with ``accept_len < 0`` or ``committed + accept_len >
+    allocated`` (KV past the row's pages) commits nothing (``ok=False``, ``reqs`` unchanged; a
+    probe names the row when on).
 
     Args:
       reqs: the batch; accept_lens: i32[B] accepted tokens incl. the bonus.
+      return_ok: static; also return the ``ok`` flag.
+
+    Returns:
+      The new ``reqs``, or ``(reqs, ok: bool[])`` with ``return_ok``.
     """
-    probes.assert_async(
-        lambda: jnp.all(~reqs.valid | (reqs.committed_lens + accept_lens <= reqs.allocated_lens)),
-        "commit_kv_lens: committed + accept_len exceeds kv_allocated_len at row {row}",
-        row=lambda: jnp.argmax(
-            reqs.valid & (reqs.committed_lens + accept_lens > reqs.allocated_lens)
-        ),
+    probes.static_check_shape(accept_lens, reqs.valid.shape, "accept_lens")
+    probes.static_check(
+        jnp.issubdtype(accept_lens.dtype, jnp.integer),
+        f"accept_lens.dtype={accept_lens.dtype} must be an integer dtype",
     )
-    return replace(
+    accept_lens = accept_lens.astype(jnp.int32)
+    valid = reqs.valid.astype(bool)
+    bad = valid & ((accept_lens < 0) | (reqs.committed_lens + accept_lens > reqs.allocated_lens))
+    probes.assert_async(
+        lambda: ~jnp.any(bad),
+        "commit_kv_lens: accept_len {n} at row {row} is negative or takes committed past "
+        "kv_allocated_len",
+        row=lambda: jnp.argmax(bad),
+        n=lambda: accept_lens[jnp.argmax(bad)],
+    )
+    ok = ~jnp.any(bad)
+    new = replace(
         reqs,
         committed_lens=jnp.where(
-            reqs.valid, reqs.committed_lens + accept_lens, reqs.committed_lens
+            valid & ok, reqs.committed_lens + accept_lens, reqs.committed_lens
         ),
     )
+    return (new, ok) if return_ok else new
 
 
-@jax.jit
+@functools.partial(jax.jit, static_argnames=("return_ok",))
 def release_kv_cache(
-    allocator: PagedAllocator, req_to_token: jax.Array, reqs: ReqKVState, finished: jax.Array
-) -> tuple[PagedAllocator, ReqKVState]:
+    allocator: PagedAllocator,
+    req_to_token: jax.Array,
+    reqs: ReqKVState,
+    finished: jax.Array,
+    *,
+    return_ok: bool = False,
+) -> Any:
     """Free the whole row ``[0, allocated)`` of finished requests and mark them padding.
 
     sglang frees the committed part via the tree/chunk cache and the over-allocated tail
@@ -251,30 +307,42 @@ def release_kv_cache(
     ``unique(pages)`` in ascending order, prepended (or staged when ``need_sort``) -- exactly
     :func:`jspec.kv.allocator.free` on the representatives.
 
+    All or nothing: unless every valid request has its own row in ``[1, rows)`` and lengths
+    ``0 <= committed <= allocated <= R``, and every page to free is a live page (not page 0,
+    in range, not already free), nothing is released (``ok=False``, both states unchanged;
+    probes name the request or page when on).
+
     Args:
       allocator: the allocator.
       req_to_token: i32[rows, R].
       reqs: the batch.
       finished: bool[B]; only valid rows are released.
+      return_ok: static; also return the ``ok`` flag.
 
     Returns:
-      ``(allocator, reqs)``: finished rows become padding (``valid=False``, lengths 0,
-      ``req_pool_indices=0``). The caller frees the req_to_token rows themselves (use the old
-      ``reqs.req_pool_indices``).
+      ``(allocator, reqs)``, or ``(allocator, reqs, ok: bool[])`` with ``return_ok``: finished
+      rows become padding (``valid=False``, lengths 0, ``req_pool_indices=0``). The caller
+      frees the req_to_token rows themselves (use the old ``reqs.req_pool_indices``).
     """
     p = allocator.page_size
     width = req_to_token.shape[1]
-    done = finished.astype(bool) & reqs.valid
+    rows_ok = _rows_ok(reqs, req_to_token, "release_kv_cache")
+    done = finished.astype(bool) & reqs.valid & rows_ok
     pos = jnp.arange(ceil_div(width, p), dtype=jnp.int32)[None, :] * p  # page starts
     live = done[:, None] & (pos < reqs.allocated_lens[:, None])  # bool[B, W/P]
     rows = jnp.where(done, reqs.req_pool_indices, PAD_ROW)
     slot_ids = req_to_token.reshape(-1)[(rows[:, None] * width + jnp.minimum(pos, width - 1))]
-    allocator = free(allocator, slot_ids.reshape(-1), valid=live.reshape(-1))
+    new_allocator, free_ok = free(
+        allocator, slot_ids.reshape(-1), valid=live.reshape(-1), return_ok=True
+    )
+    ok = rows_ok & free_ok
+    done = done & ok
     zeros = jnp.zeros_like(reqs.committed_lens)
-    reqs = ReqKVState(
+    new_reqs = ReqKVState(
         committed_lens=jnp.where(done, zeros, reqs.committed_lens),
         allocated_lens=jnp.where(done, zeros, reqs.allocated_lens),
         req_pool_indices=jnp.where(done, PAD_ROW, reqs.req_pool_indices),
         valid=reqs.valid & ~done,
     )
-    return allocator, reqs
+    new_allocator = jax.tree.map(lambda x, y: jnp.where(ok, x, y), new_allocator, allocator)
+    return (new_allocator, new_reqs, ok) if return_ok else (new_allocator, new_reqs)

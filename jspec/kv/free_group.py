@@ -56,13 +56,17 @@ class FreeGroup:
             else jnp.asarray(valid, bool).reshape(-1)
         )
 
-    def end(self, a: PagedAllocator) -> PagedAllocator:
-        """Close the group and free everything added, in one :func:`free` call."""
+    def end(self, a: PagedAllocator, *, return_ok: bool = False) -> Any:
+        """Close the group and free everything added, in one :func:`free` call.
+
+        All or nothing, as :func:`free`: one bad slot (page 0, out of range, already free)
+        frees nothing. ``return_ok=True`` returns ``(a', ok: bool[])`` so the caller sees it.
+        """
         if not self._active:
             raise RuntimeError("free_group_end without free_group_begin")
         self._active = False
         slot_ids, valid = self._slot_ids, self._valid
         self._slot_ids, self._valid = [], []
         if not slot_ids:
-            return a
-        return free(a, jnp.concatenate(slot_ids), valid=jnp.concatenate(valid))
+            return (a, jnp.asarray(True)) if return_ok else a
+        return free(a, jnp.concatenate(slot_ids), valid=jnp.concatenate(valid), return_ok=return_ok)

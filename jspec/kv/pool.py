@@ -24,6 +24,7 @@ from jspec import probes
 from jspec._pytree import pytree_dataclass, replace, static_field
 from jspec.config import SpecConfig
 from jspec.kernels import move_kv_cache as _move
+from jspec.sentinels import PAD_SLOT_ID
 
 __all__ = [
     "KVPool",
@@ -120,7 +121,9 @@ def set_kv_buffer(
 
     Returns:
       The pool with ``k[layer, slot_ids] = k`` and ``v[layer, slot_ids] = v`` (duplicate slot
-      ids: which write wins is undefined, as in sglang).
+      ids: which write wins is undefined, as in sglang). A slot outside ``[0, num_slots)``
+      (negative ones included: they do not wrap) writes no real slot: dropped when ``T > 1``,
+      routed to the padding slot ``PAD_SLOT_ID`` (a write sink) when ``T == 1``.
     """
     _check_layer(pool, layer, "set_kv_buffer")
     slot_ids = _check_slot_ids(slot_ids, "slot_ids")
@@ -132,16 +135,20 @@ def set_kv_buffer(
         # One row (a decode step): XLA rewrites a one-row scatter into a dynamic-update-slice
         # guarded by an index-range reduction and a select, two extra launches per layer and
         # pool (measured on the H200: an 8B decode layer 127.6 -> 123.5 us, bench/RESULTS.md).
-        # The slot is promised in range (the probe above), so the bare update is the same
-        # write; a negative id wraps as jnp indexing does.
+        # The slot is first routed into range on the scalar (an out-of-range one to the padding
+        # slot: dynamic_update_slice would clamp it onto the last real slot, another request's
+        # KV), so the bare update stays one launch and never writes a real slot by mistake.
         slot = slot_ids[0]
-        slot = jnp.where(slot < 0, slot + pool.num_slots, slot)
+        slot = jnp.where((slot >= 0) & (slot < pool.num_slots), slot, PAD_SLOT_ID)
         start = (jnp.int32(layer), slot, jnp.int32(0), jnp.int32(0))
         new_k = jax.lax.dynamic_update_slice(pool.k, k.astype(pool.dtype)[None], start)
         new_v = jax.lax.dynamic_update_slice(pool.v, v.astype(pool.dtype)[None], start)
         return replace(pool, k=new_k, v=new_v)
-    new_k = pool.k.at[layer, slot_ids].set(k.astype(pool.dtype), mode="promise_in_bounds")
-    new_v = pool.v.at[layer, slot_ids].set(v.astype(pool.dtype), mode="promise_in_bounds")
+    # NOTE: negative ids are sent past the end first (jnp would wrap them onto real slots);
+    # "drop" then skips every out-of-range row (the same XLA scatter as "promise_in_bounds").
+    slot_ids = jnp.where(slot_ids < 0, pool.num_slots, slot_ids)
+    new_k = pool.k.at[layer, slot_ids].set(k.astype(pool.dtype), mode="drop")
+    new_v = pool.v.at[layer, slot_ids].set(v.astype(pool.dtype), mode="drop")
     return replace(pool, k=new_k, v=new_v)
 
 
@@ -154,12 +161,17 @@ def get_kv(pool: KVPool, layer: int, slot_ids: jax.Array) -> tuple[jax.Array, ja
       slot_ids: i32[T] token slots. Probe: in ``[0, num_slots)``.
 
     Returns:
-      ``(k, v)``, each dtype[T, num_kv_heads, head_dim].
+      ``(k, v)``, each dtype[T, num_kv_heads, head_dim]. A slot outside ``[0, num_slots)``
+      (negative ones included) reads NaN (JAX's fill for inexact dtypes), never a real slot.
     """
     _check_layer(pool, layer, "get_kv")
     slot_ids = _check_slot_ids(slot_ids, "slot_ids")
     probes.detect_oob(slot_ids, 0, pool.num_slots, "get_kv: slot_ids out of range")
-    return pool.k[layer, slot_ids], pool.v[layer, slot_ids]
+    slot_ids = jnp.where(slot_ids < 0, pool.num_slots, slot_ids)  # never wrap
+    return (
+        pool.k.at[layer, slot_ids].get(mode="fill"),
+        pool.v.at[layer, slot_ids].get(mode="fill"),
+    )
 
 
 @functools.partial(

@@ -162,16 +162,25 @@ def init_req_rows(cfg: SpecConfig) -> ReqRowAllocator:
     )
 
 
-@functools.partial(jax.jit, static_argnames=("max_rows",))
 def alloc_req_rows(
     r: ReqRowAllocator, num: jax.Array, *, max_rows: int
 ) -> tuple[ReqRowAllocator, jax.Array, jax.Array]:
     """sglang ``ReqToTokenPool.alloc(need)``: pop ``num`` rows from the front.
 
+    ``num``: i32[]; a float, a bool or an int that does not fit int32 is a ``ValueError``.
+
     Returns:
       ``(r', rows i32[max_rows] (PAD_ROW past num), ok)``; ``ok=False`` (``num > num_free`` or
       ``num > max_rows`` or ``num < 0``) leaves the state unchanged and rows all ``PAD_ROW``.
     """
+    probes.static_check_int_arg(num, "num")
+    return _alloc_req_rows(r, num, max_rows=max_rows)
+
+
+@functools.partial(jax.jit, static_argnames=("max_rows",))
+def _alloc_req_rows(
+    r: ReqRowAllocator, num: jax.Array, *, max_rows: int
+) -> tuple[ReqRowAllocator, jax.Array, jax.Array]:
     probes.static_check(max_rows >= 0, f"max_rows={max_rows} must be >= 0")
     cap = r.free_rows.shape[0]
     num = jnp.asarray(num, jnp.int32)

@@ -174,6 +174,7 @@ def _full_mask(
         "fill_prefix_mask",
         "impl",
         "interpret",
+        "probe_valid_tree",
     ),
 )
 def build_tree_kernel_efficient(
@@ -191,6 +192,7 @@ def build_tree_kernel_efficient(
     fill_prefix_mask: bool = True,
     impl: str = "xla",
     interpret: bool | None = None,
+    probe_valid_tree: bool = True,
 ) -> BuildTreeOutput:
     """Build the verify tree of every request (sglang ``build_tree_kernel_efficient``).
 
@@ -206,6 +208,9 @@ def build_tree_kernel_efficient(
       max_seq_len: static bound on ``L_b`` (FULL_MASK only; probed with probes on).
       fill_prefix_mask: static; FULL_MASK prefix columns True (sglang's ``fill_(True)``) or False.
       impl: ``"xla"`` or ``"pallas"`` (one program per request). interpret: Pallas interpret.
+      probe_valid_tree: static; with probes on, probe jspec's valid tree (every node's parent
+        selected earlier in node order: ``is_valid``). The sglang drop-in turns it off and
+        probes sglang's own rule instead (``interop.tree.dropin``).
 
     Returns:
       :class:`BuildTreeOutput`. int64 in sglang, int32 here.
@@ -256,13 +261,14 @@ def build_tree_kernel_efficient(
         impl=impl,
         interpret=interpret,
     )
-    probes.assert_async(
-        lambda: jnp.all(is_valid),
-        "build_tree_kernel_efficient: invalid eagle tree: request {request} node {node} has no "
-        "selected parent",
-        request=lambda: jnp.argmin(is_valid),
-        node=lambda: first_invalid[jnp.argmin(is_valid)],
-    )
+    if probe_valid_tree:
+        probes.assert_async(
+            lambda: jnp.all(is_valid),
+            "build_tree_kernel_efficient: invalid eagle tree: request {request} node {node} has no "
+            "selected parent",
+            request=lambda: jnp.argmin(is_valid),
+            node=lambda: first_invalid[jnp.argmin(is_valid)],
+        )
     if mode == TreeMaskMode.FULL_MASK:
         tree_mask = _full_mask(mask, seq_lens, max_seq_len, fill_prefix_mask)
     else:

@@ -28,11 +28,13 @@ padding rows read nothing, produce slot 0 and no copy pairs. Slot ids are int32.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jspec.kernels.draft_cache_loc import draft_cache_loc, max_prefix_tail_pairs
+from jspec import probes
+from jspec.kernels.draft_cache_loc import draft_cache_loc, draft_rows_ok, max_prefix_tail_pairs
 from jspec.kv.pool import KVPool, move_kv_cache
 
 __all__ = [
@@ -198,15 +200,32 @@ def prepare_for_draft(
     impl: str = "xla",
     move_impl: str = "auto",
     interpret: bool | None = None,
-) -> tuple[KVPool, jax.Array, jax.Array]:
+    return_ok: bool = False,
+) -> Any:
     """sglang ``prepare_for_draft`` (V2): layout, hole duplication and positions, one launch.
+
+    ``page_size`` must be the draft pool's (``ValueError`` naming both otherwise). A valid
+    request with a row out of range, a negative length or a draft footprint past the row
+    (:func:`jspec.kernels.draft_cache_loc.draft_rows_ok`) makes the whole call a no-op:
+    ``ok=False``, the pool unchanged, ``out_cache_loc`` all padding slot 0 (a probe names the
+    value when on).
+
+    Args:
+      return_ok: static; also return the ``ok`` flag. Others: as :func:`draft_out_cache_loc`
+        and :func:`duplicate_prefix_tail_to_draft_branches`.
 
     Returns:
       draft_pool: with the prefix tails duplicated (unchanged when K == 1 or P == 1; donated
         to ``move_kv_cache`` otherwise).
       out_cache_loc: i32[B, K, S] as :func:`draft_out_cache_loc`.
       positions: i32[B*K] as :func:`draft_positions`.
+      ok: bool[] (only with ``return_ok``).
     """
+    probes.static_check(
+        page_size == draft_pool.page_size,
+        f"prepare_for_draft: page_size={page_size!r} must be the draft pool's "
+        f"page_size={draft_pool.page_size}",
+    )
     holey = topk > 1 and page_size > 1
     if max_pairs is None:
         max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], topk=topk, page_size=page_size)
@@ -224,4 +243,17 @@ def prepare_for_draft(
     )
     if holey:
         draft_pool = move_kv_cache(draft_pool, tgt, src, impl=move_impl, interpret=interpret)
-    return draft_pool, out_cache_loc, draft_positions(seq_lens, topk=topk)
+    out = (draft_pool, out_cache_loc, draft_positions(seq_lens, topk=topk))
+    if not return_ok:
+        return out
+    live = jnp.ones(req_pool_indices.shape, bool) if valid is None else valid.astype(bool)
+    ok = draft_rows_ok(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        live,
+        topk=topk,
+        num_steps=num_steps,
+        page_size=page_size,
+    )
+    return out + (ok,)

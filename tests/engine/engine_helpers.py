@@ -79,3 +79,44 @@ def tiny_engine(ecfg, spec: bool = True, **kwargs):
     if spec:
         return Engine(ecfg, TARGET, params, DRAFT, draft, **kwargs)
     return Engine(ecfg, TARGET, params, **kwargs)
+
+
+def snapshot(state):
+    """A host copy of an engine state (the steps donate theirs)."""
+    import jax
+
+    return jax.tree.map(np.array, state)
+
+
+def assert_same_state(before, after, page_size: int) -> None:
+    """Bit-identical but for the pools' padding page (slots ``0..P-1``, the write sink of padding
+    entries)."""
+    import jax
+
+    def same(path, b, a):
+        name = jax.tree_util.keystr(path)
+        a = np.asarray(a)
+        if name.startswith((".target_pool", ".draft_pool")):
+            b, a = b[:, page_size:], a[:, page_size:]
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+    jax.tree_util.tree_map_with_path(same, before, after)
+
+
+def check_engine_state(ecfg, state, what: str = "") -> None:
+    """``jspec.kv.integrity`` on one shard's state: pages (no leak, no page both owned and free)
+    and request rows (free + live == all), against the live slots."""
+    from jspec.kv.integrity import check_integrity, check_req_rows_integrity, owned_page_mask
+
+    spec = ecfg.spec
+    live = np.asarray(state.live)
+    owned = owned_page_mask(
+        state.req_to_token,
+        state.req_pool_indices,
+        state.allocated_lens,
+        num_pages=spec.num_pages,
+        page_size=spec.page_size,
+        valid=state.live,
+    )
+    check_integrity(state.allocator, owned, what=what)
+    check_req_rows_integrity(state.req_rows, np.asarray(state.req_pool_indices)[live], what=what)

@@ -143,3 +143,20 @@ def test_need_sort_staging_and_merge(cls):
     assert a.num_staged_pages == 2 and a.get_all_free_pages().tolist() == [6, 1, 4]
     assert a.alloc(4).tolist() == [2, 3, 8, 9]  # short: merged and sorted first
     assert a.staged_pages == [] and a.free_pages.tolist() == [6]
+
+
+@pytest.mark.parametrize("need_sort", [False, True], ids=["prepend", "need_sort"])
+def test_dropin_non_debug_bad_free_keeps_the_live_pages(need_sort):
+    """Issue 22: outside debug mode ``free([already_free, live])`` was rejected whole by jspec,
+    so the live page was lost (a leak). sglang frees it (and lists the other page twice); the
+    drop-in frees the live pages and skips the bad ones (page 0, out of range, already free,
+    named twice), so no page is lost and none is listed twice."""
+    a = _make(api.PagedTokenToKVPoolAllocator, need_sort=need_sort)
+    row = a.alloc(12)  # pages 1, 2, 3
+    a.free(row[:4])  # page 1 back
+    a.free(torch.cat([row[:1], row[4:5]]))  # page 1 (already free) + page 2 (live)
+    pages = a.get_all_free_pages().tolist()
+    assert sorted(pages) == [1, 2, 4, 5, 6, 7, 8] and len(set(pages)) == len(pages)
+    a.free_page_ids(_t([3, 3, 0, 9, 1]))  # page 3 twice, page 0, out of range, free page 1
+    pages = a.get_all_free_pages().tolist()
+    assert sorted(pages) == list(range(1, 9)) and a.available_size() == 8 * 4

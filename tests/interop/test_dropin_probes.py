@@ -81,3 +81,22 @@ def test_every_registry_op_runs_with_probes_on(name):
     with probes.probes_enabled():
         (row,) = compare.run_compare([CASE], [op], ["xla"], seed=7, progress=False)
     assert row["status"] == "ok", compare.report([row])
+
+
+@pytest.mark.parametrize(
+    "parents,sel,nxt",
+    [
+        ([-1, 0, 1, 2, 3], [2, 0], [2, -1, 1]),  # a descending chain: node 1's parent is node 2
+        ([-1, 0, 1, 2, 3], [6, 2, 0], [3, -1, 1, 2]),  # the deepest descending chain (S=3)
+    ],
+    ids=["valid_chain", "max_valid_depth"],
+)
+def test_trees_sglang_builds_pass_under_probes(parents, sel, nxt):
+    """Issue 22: probes on rejected descending selections sglang builds normally (jspec's own
+    stricter rule); under the drop-in the probe follows sglang's definition."""
+    n = len(sel) + 1
+    args = (_t([7]), _t([parents]), _t([sel]), _t([sel]), _t([5]), 5, 2, 3, n)
+    with probes.probes_enabled():
+        out = api.build_tree_kernel_efficient(*args)
+    assert out[3].tolist() == [nxt]
+    assert out[3].tolist() == api.build_tree_kernel_efficient(*args)[3].tolist()  # probes off

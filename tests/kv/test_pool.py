@@ -74,10 +74,10 @@ def test_set_kv_buffer_writes_only_given_slots():
     np.testing.assert_array_equal(np.asarray(out.v), want_v)
 
 
-@pytest.mark.parametrize("slot", [5, CFG.num_slots - 1, 0, -3], ids=["mid", "last", "pad", "neg"])
+@pytest.mark.parametrize("slot", [5, CFG.num_slots - 1, 0], ids=["mid", "last", "pad"])
 def test_set_kv_buffer_one_row_is_the_scatter(slot):
     """A decode row takes a bare dynamic-update-slice; it writes what the scatter writes
-    (the last slot, the padding page, a negative id wrapped as jnp indexing wraps it)."""
+    (the last slot, the padding page)."""
     rng = np.random.default_rng(7)
     k, v = _rows(rng, 1)
     one = set_kv_buffer(
@@ -89,6 +89,48 @@ def test_set_kv_buffer_one_row_is_the_scatter(slot):
     np.testing.assert_array_equal(np.asarray(one.k), np.asarray(want_k))
     np.testing.assert_array_equal(np.asarray(one.v), np.asarray(want_v))
     assert np.asarray(one.k)[2, slot].tolist() == k[0].tolist()
+
+
+@pytest.mark.parametrize("num_rows", [1, 3], ids=["one_row", "rows"])
+@pytest.mark.parametrize(
+    "slot", [CFG.num_slots, CFG.num_slots + 3, -1, -3], ids=["end", "past", "minus1", "neg"]
+)
+def test_set_kv_buffer_out_of_range_writes_no_real_slot(slot, num_rows):
+    """Issue 22: an out-of-range (or negative) slot wrote the last real slot (another request's
+    KV; the one-row dynamic-update-slice clamps) or wrapped; now it writes no real slot (rows:
+    dropped; one row: routed to the padding page, a write sink), the other rows as given."""
+    rng = np.random.default_rng(3)
+    k, v = _rows(rng, num_rows)
+    slots = np.array([slot, 9, 5][:num_rows], np.int32)
+    pool = init_kv_pool(CFG, fill=POISON)
+    out = set_kv_buffer(pool, 1, jnp.asarray(slots), jnp.asarray(k), jnp.asarray(v))
+    want_k = np.full(out.k.shape, POISON, np.float32)
+    want_v = want_k.copy()
+    want_k[1, slots[1:]], want_v[1, slots[1:]] = k[1:], v[1:]
+    real = slice(CFG.page_size, None)  # every slot but the padding page
+    np.testing.assert_array_equal(np.asarray(out.k)[:, real], want_k[:, real])
+    np.testing.assert_array_equal(np.asarray(out.v)[:, real], want_v[:, real])
+
+
+def test_set_kv_buffer_one_row_stays_a_bare_update():
+    """The range routing is scalar work: the one-row write is still a dynamic-update-slice per
+    buffer, no scatter (pool.py's NOTE)."""
+    rows = jnp.zeros((1, CFG.num_kv_heads, CFG.head_dim))
+    fn = jax.jit(lambda p, s: set_kv_buffer(p, 1, s, rows, rows))
+    hlo = fn.lower(init_kv_pool(CFG), jnp.asarray([3], jnp.int32)).compile().as_text()
+    assert "scatter" not in hlo and hlo.count("dynamic-update-slice(") == 2
+
+
+def test_get_kv_out_of_range_reads_no_real_slot():
+    """Issue 22: get_kv clamped an out-of-range slot onto the last real slot; now NaN."""
+    rng = np.random.default_rng(4)
+    k, v = _rows(rng, 2)
+    pool = set_kv_buffer(
+        init_kv_pool(CFG), 0, jnp.asarray([CFG.num_slots - 1, 5]), jnp.asarray(k), jnp.asarray(v)
+    )
+    gk, gv = get_kv(pool, 0, jnp.asarray([CFG.num_slots, -1, 5], jnp.int32))
+    assert np.isnan(np.asarray(gk)[:2]).all() and np.isnan(np.asarray(gv)[:2]).all()
+    np.testing.assert_array_equal(np.asarray(gk)[2], k[1])
 
 
 def test_set_kv_buffer_casts_and_get_kv_roundtrip():

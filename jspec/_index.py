@@ -1,0 +1,48 @@
+"""Index checks shared by every public entry that takes a slot, row or page index.
+
+A traced index can be out of range, negative, repeated or point at a dead entry; jnp indexing
+would clamp or wrap it onto a real entry (another request's row, pages or KV). These helpers
+compute, per entry of a padded batch, whether it is bad; callers fold ``~any(bad)`` into their
+``ok`` flag and return the state unchanged when it is False::
+
+    idx    [ 3  9  3  -1  0 ]      valid [1 1 1 1 0]    range [0, 8)
+    out_of_range -> [0 1 0 1 0]    repeated -> [1 0 1 0 0]   (invalid entries never count)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["first_bad", "out_of_range", "repeated"]
+
+
+def out_of_range(idx: jax.Array, valid: jax.Array, low: int, high: int) -> jax.Array:
+    """bool[B]: valid entries with ``idx`` outside ``[low, high)``."""
+    return valid & ((idx < low) | (idx >= high))
+
+
+# Batches up to this many entries compare every pair (one fusible elementwise + reduce, no
+# scatter: the step guards run every decode step); larger ones count in a size-long histogram.
+PAIRWISE_MAX = 256
+
+
+def repeated(idx: jax.Array, valid: jax.Array, size: int) -> jax.Array:
+    """bool[B]: valid entries whose ``idx`` (in ``[0, size)``) another valid entry also holds.
+
+    Entries outside ``[0, size)`` never count (check them with :func:`out_of_range`).
+    """
+    live = valid & (idx >= 0) & (idx < size)
+    if idx.shape[0] <= PAIRWISE_MAX:
+        same = (idx[:, None] == idx[None, :]) & live[:, None] & live[None, :]
+        return jnp.sum(same.astype(jnp.int32), axis=1) > 1  # self + another
+    # NOTE: dead entries go to bucket ``size`` (dropped); a negative index would wrap.
+    bucket = jnp.where(live, idx, size)
+    counts = jnp.zeros((size + 1,), jnp.int32).at[bucket].add(1, mode="drop")
+    return live & (counts[bucket] > 1)
+
+
+def first_bad(bad: jax.Array, values: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(entry, value) of the first True in ``bad`` (entry 0 if none): a probe's message."""
+    at = jnp.argmax(bad)
+    return at, values[at]

@@ -1,0 +1,268 @@
+"""Bad slots and token ids through the public step API (issue 22): ``ok=False`` with the state
+bit-identical (only the padding page, the write sink of padding entries, may change), a probe
+naming the entry when probes are on, and ``check_integrity`` after every call.
+
+One tiny engine config (M = 2 slots, P = 4) shared by every test, so each step compiles once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import engine_helpers as helpers
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from engine_helpers import DRAFT, TARGET, TINY, snapshot, tiny_model
+
+from jspec import probes
+from jspec._pytree import replace
+from jspec.engine import (
+    greedy_step,
+    init_engine_state,
+    make_engine_config,
+    prefill,
+    release,
+    spec_decode_step,
+)
+
+ECFG = make_engine_config(
+    TINY,
+    page_size=4,
+    topk=2,
+    num_steps=2,
+    num_draft_tokens=4,
+    context_len=32,
+    max_running_requests=2,
+    max_prompt_len=8,
+    batch_buckets=(2,),
+    prefill_batch=2,
+)
+PAGE = ECFG.spec.page_size
+PROMPTS = ([1, 2, 3, 4, 5], [7, 8, 9])
+
+
+def _i32(xs):
+    return jnp.asarray(xs, jnp.int32)
+
+
+def _prompt_batch(prompts):
+    ids = np.zeros((len(prompts), ECFG.max_prompt_len), np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = p
+    return jnp.asarray(ids), _i32([len(p) for p in prompts])
+
+
+def assert_same_state(before, after) -> None:
+    helpers.assert_same_state(before, after, PAGE)
+
+
+def check_state(state, what: str = "") -> None:
+    helpers.check_engine_state(ECFG, state, what)
+
+
+def spec_state():
+    """Both slots live (prompts of 5 and 3 tokens), with a draft."""
+    params, dparams = tiny_model()
+    ids, lens = _prompt_batch(PROMPTS)
+    st, out = prefill(
+        ECFG,
+        TARGET,
+        params,
+        DRAFT,
+        dparams,
+        init_engine_state(ECFG, DRAFT),
+        _i32([0, 1]),
+        ids,
+        lens,
+    )
+    assert bool(out.ok)
+    return st
+
+
+def greedy_state(slots=(0, 1)):
+    params, _ = tiny_model()
+    ids, lens = _prompt_batch(PROMPTS[: len(slots)] + ((),) * (2 - len(slots)))
+    slot_idx = _i32(list(slots) + [2] * (2 - len(slots)))
+    st, out = prefill(
+        ECFG, TARGET, params, None, None, init_engine_state(ECFG), slot_idx, ids, lens
+    )
+    assert bool(out.ok)
+    return st
+
+
+def spec_step(st, slots, live):
+    params, dparams = tiny_model()
+    return spec_decode_step(
+        ECFG, TARGET, params, DRAFT, dparams, st, _i32(slots), jnp.asarray(live)
+    )
+
+
+def greedy(st, slots, live):
+    params, _ = tiny_model()
+    return greedy_step(ECFG, TARGET, params, st, _i32(slots), jnp.asarray(live))
+
+
+# ---- release ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "slots,finished",
+    [([5, 0], [True, False]), ([-1, 0], [True, False]), ([1, 1], [True, True])],
+    ids=["slot_past_end", "slot_minus1", "slot_twice"],
+)
+def test_release_bad_slot_releases_nothing(slots, finished) -> None:
+    """Was: release([5]) with M = 2 freed slot 1's pages while slot 1 stayed live on them."""
+    st = spec_state()
+    before = snapshot(st)
+    st, ok = release(ECFG, st, _i32(slots), jnp.asarray(finished), return_ok=True)
+    assert not bool(ok)
+    assert_same_state(before, st)
+    check_state(st, "after a refused release")
+    st, ok = release(ECFG, st, _i32([1, 0]), jnp.asarray([True, True]), return_ok=True)
+    assert bool(ok) and not np.asarray(st.live).any()
+    check_state(st, "after a good release")
+    st, ok = release(ECFG, st, _i32([1, 0]), jnp.asarray([True, False]), return_ok=True)
+    assert not bool(ok)  # slot 1 is no longer live: a second release is refused
+    assert int(st.allocator.num_free) == ECFG.spec.num_pages
+
+
+# ---- decode steps ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "slots,live",
+    [([0, 0], [True, True]), ([0, 7], [True, True]), ([0, 1], [True, True])],
+    ids=["slot_twice", "slot_past_end", "never_prefilled"],
+)
+@pytest.mark.parametrize("mode", ["spec", "greedy"])
+def test_step_bad_slot_changes_nothing(mode, slots, live) -> None:
+    """Was: a duplicate slot leaked 8 pages; a never-prefilled live slot wrote the padding row."""
+    st = spec_state() if mode == "spec" else greedy_state(slots=(0,))
+    if mode == "spec" and slots == [0, 1]:
+        st = release(ECFG, st, _i32([1, 0]), jnp.asarray([True, False]))  # slot 1 never again
+    before = snapshot(st)
+    st, out = (spec_step if mode == "spec" else greedy)(st, slots, live)
+    assert not bool(out.ok)
+    assert_same_state(before, st)
+    check_state(st, f"after a refused {mode} step")
+    st, out = (spec_step if mode == "spec" else greedy)(st, [0, 2], [True, False])
+    assert bool(out.ok)  # the padding entry (slot M, not live) is fine
+    check_state(st, f"after a good {mode} step")
+
+
+# ---- prefill -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "slots,prompts",
+    [
+        ([0, 2], ([1, 2], ())),  # slot 0 is live
+        ([3, 2], ([1, 2], ())),  # out of range
+        ([-1, 2], ([1, 2], ())),
+        ([0, 0], ([1, 2], [3])),  # a free slot twice (both free: rows are not short)
+        ([1, 2], ([1, 999], ())),  # out of vocab (was clamped to 63)
+        ([1, 2], ([-5, 2], ())),  # negative id (was clamped to 59)
+    ],
+    ids=["live_slot", "slot_past_end", "slot_minus1", "slot_twice", "id_999", "id_minus5"],
+)
+def test_prefill_bad_input_changes_nothing(slots, prompts) -> None:
+    params, dparams = tiny_model()
+    st = spec_state()
+    free = [1, 0] if slots == [0, 0] else [1, 2]  # slot 1 free (and slot 0 for "twice")
+    st = release(ECFG, st, _i32(free), jnp.asarray([True, free[1] == 0]))
+    before = snapshot(st)
+    ids, lens = _prompt_batch(prompts)
+    st, out = prefill(ECFG, TARGET, params, DRAFT, dparams, st, _i32(slots), ids, lens)
+    assert not bool(out.ok) and not np.asarray(out.first_tokens).any()
+    assert_same_state(before, st)
+    check_state(st, "after a refused prefill")
+
+
+def test_prefill_prompt_len_past_the_padding_changes_nothing() -> None:
+    params, dparams = tiny_model()
+    st = init_engine_state(ECFG, DRAFT)
+    before = snapshot(st)
+    ids, _ = _prompt_batch(PROMPTS)
+    st, out = prefill(ECFG, TARGET, params, DRAFT, dparams, st, _i32([0, 1]), ids, _i32([9, 3]))
+    assert not bool(out.ok)
+    assert_same_state(before, st)
+
+
+# ---- probes name the entry ----------------------------------------------------------------------------
+def _checked(fn, **kw):
+    """``fn`` (a public step) under probes.checked, every argument by keyword."""
+    return probes.checked(fn)(**kw)
+
+
+def test_probes_name_the_bad_entry() -> None:
+    params, dparams = tiny_model()
+    st = spec_state()
+    models = {"ecfg": ECFG, "target": TARGET, "params": params}
+    spec_kw = {**models, "draft": DRAFT, "draft_params": dparams, "state": st}
+    with pytest.raises(probes.ProbeError, match=r"spec_decode_step: entry 0: slot 0 given twice"):
+        _checked(spec_decode_step, **spec_kw, slot_idx=_i32([0, 0]), live=jnp.asarray([1, 1], bool))
+    with pytest.raises(probes.ProbeError, match=r"release: entry 0: slot 5 outside \[0, "):
+        _checked(
+            release, ecfg=ECFG, state=st, slot_idx=_i32([5, 0]), finished=jnp.asarray([1, 0], bool)
+        )
+    ids, lens = _prompt_batch(([1, 999], ()))
+    with pytest.raises(probes.ProbeError, match=r"prefill: entry 0: slot 0 is already live"):
+        _checked(prefill, **spec_kw, slot_idx=_i32([0, 2]), prompt_ids=ids, prompt_lens=lens)
+    st = release(ECFG, st, _i32([1, 0]), jnp.asarray([True, False]))
+    spec_kw["state"] = st
+    with pytest.raises(probes.ProbeError, match=r"prefill: entry 0: token id 999 outside"):
+        _checked(prefill, **spec_kw, slot_idx=_i32([1, 2]), prompt_ids=ids, prompt_lens=lens)
+    with pytest.raises(probes.ProbeError, match=r"spec_decode_step: entry 1: slot 1 is not live"):
+        _checked(spec_decode_step, **spec_kw, slot_idx=_i32([0, 1]), live=jnp.asarray([1, 1], bool))
+
+
+def test_static_mistakes_name_the_field() -> None:
+    st = spec_state()
+    with pytest.raises(ValueError, match=r"release: finished.shape=\(3,\) must be"):
+        release(ECFG, st, _i32([0, 1]), jnp.ones(3, bool))
+    params, dparams = tiny_model()
+    ids, lens = _prompt_batch(PROMPTS)
+    with pytest.raises(ValueError, match=r"prefill: prompt_ids.dtype=float32"):
+        prefill(ECFG, TARGET, params, DRAFT, dparams, st, _i32([0, 1]), ids.astype(float), lens)
+
+
+# ---- NaN target logits: a probe in prefill, greedy and the spec step ----------------------------------
+def _nan_head(params):
+    """NaN target logits, the draft untouched (EAGLE-1 shares embed and lm_head, not the norm)."""
+    return replace(params, final_norm=params.final_norm * jnp.nan)
+
+
+@functools.cache
+def _good_states():
+    return snapshot(greedy_state()), snapshot(spec_state())
+
+
+def test_nan_target_logits_are_named_by_a_probe() -> None:
+    """Was: a NaN lm_head decoded token 0 forever under --checkify (no probe on the logits)."""
+    params, dparams = tiny_model()
+    bad = _nan_head(params)
+    greedy_st, spec_st = (jax.tree.map(jnp.asarray, s) for s in _good_states())
+    live = {"slot_idx": _i32([0, 1]), "live": jnp.asarray([True, True])}
+    with pytest.raises(probes.ProbeError, match=r"greedy_step: target logits: \d+ NaN"):
+        _checked(greedy_step, ecfg=ECFG, target=TARGET, params=bad, state=greedy_st, **live)
+    with pytest.raises(probes.ProbeError, match=r"spec_decode_step: target logits: \d+ NaN"):
+        _checked(
+            spec_decode_step, ecfg=ECFG, target=TARGET, params=bad, draft=DRAFT,
+            draft_params=dparams, state=spec_st, **live,
+        )  # fmt: skip
+    ids, lens = _prompt_batch(PROMPTS)
+    with pytest.raises(probes.ProbeError, match=r"prefill: target logits: \d+ NaN"):
+        _checked(
+            prefill, ecfg=ECFG, target=TARGET, params=bad, draft=None, draft_params=None,
+            state=init_engine_state(ECFG), slot_idx=_i32([0, 1]), prompt_ids=ids, prompt_lens=lens,
+        )  # fmt: skip
+
+
+def test_logit_probes_off_add_nothing() -> None:
+    """Probes off: the greedy step's program has no check (the guards' probes trace nothing)."""
+    params, _ = tiny_model()
+    st = jax.tree.map(jnp.asarray, _good_states()[0])
+
+    def step(p, s):
+        return greedy_step(ECFG, TARGET, p, s, _i32([0, 1]), jnp.asarray([True, True]))
+
+    assert not probes.probes_on()
+    assert "check" not in str(jax.make_jaxpr(step)(params, st))
+    with probes.probes_enabled():
+        assert "check" in str(jax.make_jaxpr(step)(params, st))
