@@ -46,9 +46,9 @@ def _mem() -> str:
 
 
 def probe(engine, name: str, body, args, pool_bytes: int, run: bool = False) -> None:
-    from jspec.engine import sharding
-
-    fn = sharding.sharded(body, engine.ecfg, engine.target, engine.draft_model, 1)
+    # The engine's own jitted call (its GEMM compile options included: cuBLAS at >= 64 tokens).
+    tokens = args[1].size if name.startswith("prefill") else engine._step_tokens(args[0].size)
+    fn = engine._fn(body, tokens)
     host = [np.asarray(a)[None] for a in args]
     if run:  # execute once: were the state's buffers donated (deleted), what did memory do?
         before = jax.tree.leaves(engine.state)
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--max-running", type=int, default=16)
     parser.add_argument("--run", action="store_true", help="execute each call once instead")
+    parser.add_argument("--greedy", action="store_true", help="a greedy engine (no draft)")
     args = parser.parse_args(argv)
     from jspec.engine.greedy import greedy_step_body
     from jspec.engine.lifecycle import prefill_chunk_body
@@ -109,20 +110,33 @@ def main(argv: list[str] | None = None) -> None:
             batch_buckets=(args.max_running,),
             num_pages=pages,
             mem_fraction_static=args.mem_fraction,
-            draft=draft,
+            draft=None if args.greedy else draft,
             chunked_prefill_size=2048,
             prefill_buckets=(2048,),
             attention_impl=attn,
         )
-        engine = Engine(ecfg, target, params, draft, dparams)
+        if args.greedy:
+            engine = Engine(ecfg, target, params)
+        else:
+            engine = Engine(ecfg, target, params, draft, dparams)
         pool = sum(x.nbytes for x in jax.tree.leaves(engine.state.target_pool))
         print(f"attention {attn} ({ecfg.attention_kernel_impl}): pool {pool / 2**30:.2f} GiB")
         m = args.max_running
         chunk = (np.full(1, m, np.int32), np.zeros((1, 2048), np.int32), np.zeros(1, np.int32))
         chunk += (np.zeros(1, np.int32), np.zeros(1, bool), np.zeros(1, np.int32))
         step = (np.full(m, m, np.int32), np.zeros(m, bool))
-        print(f"  engine made: {_mem() if args.run else ''}", flush=True)
+        big = [x for x in jax.tree.leaves(engine.state) if x.nbytes > 1 << 28]
+        ptrs = [x.unsafe_buffer_pointer() for x in big]
+        print(
+            f"  engine made: {_mem()}; pool leaves {[x.shape for x in big]} at {ptrs}"
+            f" ({len(set(ptrs))} distinct)",
+            flush=True,
+        )
         probe(engine, "prefill_chunk", prefill_chunk_body, chunk, pool, args.run)
+        if args.greedy:
+            probe(engine, "greedy_step", greedy_step_body, step, pool, args.run)
+            del engine
+            continue
         probe(engine, "spec_step", _spec_body, step, pool, args.run)
         del engine
         if args.run:

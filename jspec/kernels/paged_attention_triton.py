@@ -63,16 +63,20 @@ MAX_DECODE_ROWS = 64
 # 1k-2k keys, 32 for the 80-key draft pass B).
 MIN_BLOCK_N, MAX_BLOCK_N = 32, 128
 DEFAULT_NUM_WARPS = 4
-# Software pipelining depth: 2 for the 16-row tiles of decode (the loads of the next block
-# overlap this one's dots); 1 for larger tiles (measured on the H200 with the slot-list kernel:
-# verify prefix 32 x 4 rows 473 -> 220 us with 1 stage; decode 16 rows 94 us with 2, 103 with 1).
-DEFAULT_NUM_STAGES_SMALL_M, DEFAULT_NUM_STAGES = 2, 1
+# Software pipelining depth of decode-shaped passes: 2 (measured on the H200 with this kernel,
+# 2026-11-26, bench/RESULTS.md: verify bs64 x 8k keys, 32-row tiles: 648 us with 1 stage,
+# 542 us with 2 (3.96 TB/s), 545 with 3; decode 16-row tiles: 2 as good as any).
+DEFAULT_NUM_STAGES_SMALL_M, DEFAULT_NUM_STAGES = 2, 2
 # NOTE: a K / V address needs a page id loaded first, so Triton's pipeliner (triton 3.6) splits
 # the depth between the two loads: num_stages 2-4 fetch K / V one block ahead of the dots (the
 # page ids two), 5 two blocks ahead (seen in the sm_90 TTGIR: async_wait num=0 vs num=3).
 # Causal prefill chunks (FlashAttention-2 on Hopper: wgmma tiles of 128 rows over 2 warpgroups).
-PREFILL_BLOCK_M, PREFILL_BLOCK_N = 128, 64
-PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 8, 3
+# Measured on the H200 (2026-11-26, bench.paged_attention --sweep, 8192 queries x 8192 keys,
+# 32/8 heads x 128, bf16): 128 x 64 tiles, 3 stages 1601 us; 128 x 128 tiles, 5 stages (K / V
+# fetched two blocks ahead, see the NOTE above) 1206 us = 57% of the matmul rate (cuDNN's dense
+# causal kernel on the same problem: 915 us).
+PREFILL_BLOCK_M, PREFILL_BLOCK_N = 128, 128
+PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 8, 5
 # Splits of the keys: enough programs to fill the GPU, each split at least MIN_SPLIT_BLOCKS
 # key blocks of the page table's width.
 TARGET_PROGRAMS = 4 * NUM_SMS
@@ -311,8 +315,8 @@ def launch_plan(
       pool_dtype: the pool's dtype (f32: IEEE dots); causal: the pass's.
       block_m, block_n, num_splits, num_warps, num_stages: None: the defaults below.
 
-    Defaults: prefill-shaped passes (:func:`is_prefill_shaped`) 128 x 64 tiles, 8 warps,
-    3 stages, no split unless the grid is under one wave; decode-shaped passes ``block_m =
+    Defaults: prefill-shaped passes (:func:`is_prefill_shaped`) 128 x 128 tiles, 8 warps,
+    5 stages, no split unless the grid is under one wave; decode-shaped passes ``block_m =
     min(64, next_pow2(Qp * G))``, ``block_n`` from ``C * P`` (:data:`MIN_BLOCK_N`), splits so
     that about :data:`TARGET_PROGRAMS` programs run (none where the grid is half full and the
     loop short: :data:`SPLIT_FULL_GRID_MIN_BLOCKS`). Tiles are at least 16 (``tl.dot``).

@@ -188,7 +188,7 @@ def test_launch_plan():
     # prefill chunk: 128-row tiles (32 queries x 4 heads), 8 warps, no split.
     grid, meta, opts = _plan(1, 8192, 8192, causal=True)
     assert meta["BLOCK_M"] == 128 and meta["ROW_BLOCKS"] == 256 and grid == (256 * 8, 1)
-    assert opts == {"num_warps": 8, "num_stages": 3}
+    assert opts == {"num_warps": 8, "num_stages": 5} and meta["BLOCK_N"] == 128
     # a causal pass with few rows takes the decode plan; f32 pools take IEEE dots.
     assert _plan(2, 4, 1024, causal=True)[1]["BLOCK_M"] == 16
     assert pat.launch_plan(1, 1, 4, 2, 32, 4, 16, 0, jnp.float32, causal=False)[1]["IEEE"]
