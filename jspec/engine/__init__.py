@@ -13,6 +13,8 @@ Module map:
   spec_step.py   the jitted EAGLE tree speculative decode step, as phases
   draft_phases.py  the step's draft side: draft attention passes, draft loop, draft extend
   inputs.py      host-side validation of requests (before any compile)
+  sampling_params.py  SamplingParams: per-request temperature / top-k / top-p / min-p / seed
+  sampling.py    SamplingBatch and the steps' sampled branches (exact, reproducible)
   scheduler.py   Engine: continuous batching host loop, leak checks
   sharding.py    data / tensor parallel shards with shard_map
   reference.py   dense no-cache greedy oracle (over any TargetModel)
@@ -28,7 +30,9 @@ The way in, one shard, your own loop::
     state, out = spec_decode_step(ecfg, target, tparams, draft, dparams, state, slot_idx, live)
     state = release(ecfg, state, slot_idx, finished)
 
-or the continuous-batching loop: ``Engine(ecfg, target, tparams, draft, dparams).generate(...)``.
+or the continuous-batching loop: ``Engine(ecfg, target, tparams, draft, dparams).generate(...)``,
+sampled per request with ``generate(..., sampling=SamplingParams(temperature=0.8, top_p=0.9,
+seed=1))`` (the step functions take the batch's ``SamplingBatch`` as ``sampling=``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from jspec.engine.greedy import greedy_step
 from jspec.engine.inputs import InputError, validate_requests
 from jspec.engine.lifecycle import prefill, release
 from jspec.engine.protocol import AttnFn, DraftModel, TargetModel
+from jspec.engine.sampling import SamplingBatch
+from jspec.engine.sampling_params import SamplingParams
 from jspec.engine.scheduler import Engine, Request, RunStats
 from jspec.engine.spec_step import spec_decode_step
 from jspec.engine.state import EngineConfig, EngineState, init_engine_state, make_engine_config
@@ -53,6 +59,8 @@ __all__ = [
     "PrefillOutput",
     "Request",
     "RunStats",
+    "SamplingBatch",
+    "SamplingParams",
     "SpecStepOutput",
     "TargetModel",
     "greedy_step",

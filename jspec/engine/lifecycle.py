@@ -7,7 +7,8 @@ marks a padding entry):
 2. ``alloc_extend(prefix=0, seq=prompt_len, last_loc=-1)`` gives its slots, written into
    ``row[0:prompt_len]`` by ``assign_req_to_token_pool``;
 3. the target runs the prompt (KV into the target pool at those slots, causal attention read
-   back through the row) and emits the first token ``x[n]`` (greedy);
+   back through the row) and emits the first token ``x[n]`` (greedy, or sampled given a
+   ``sampling`` batch: ``jspec.engine.sampling``);
 4. with a draft: the draft runs positions ``0..n-1`` on the shifted ids ``x[1..n]`` and the
    target's feature (EAGLE-1: the final hidden; EAGLE-3: the aux of ``draft.capture_layers``),
    writing the draft pool at the same slots; its last row gives the first tree level
@@ -33,6 +34,7 @@ from jspec._pytree import replace
 from jspec.config import ceil_to_multiple
 from jspec.engine.attention import AttnPass, AttnPlan, causal_mask, row_slot_ids
 from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
+from jspec.engine.sampling import SamplingBatch, sample_plain
 from jspec.engine.state import (
     EngineConfig,
     EngineState,
@@ -57,6 +59,7 @@ def prefill_body(
     slot_idx: jax.Array,
     prompt_ids: jax.Array,
     prompt_lens: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, PrefillOutput]:
     """The unjitted prefill (what :func:`prefill` jits and the sharded engine maps)."""
     check_engine_models(ecfg, target, draft)
@@ -97,8 +100,11 @@ def prefill_body(
         )
         hidden = hidden.reshape(bp, lp, -1)
         last = jnp.clip(lens - 1, 0, lp - 1)
-        first = jnp.argmax(target_logits(target, params, hidden[jnp.arange(bp), last]), -1)
-        first = first.astype(jnp.int32)
+        logits = target_logits(target, params, hidden[jnp.arange(bp), last])
+        if sampling is None:
+            first = jnp.argmax(logits, -1).astype(jnp.int32)
+        else:  # the first new token sits at position prompt_len
+            first = sample_plain(logits, sampling, lens, tp_axis=ecfg.tp_axis)
         new = replace(
             state,
             allocator=allocator,
@@ -156,6 +162,7 @@ def prefill(
     slot_idx: jax.Array,
     prompt_ids: jax.Array,
     prompt_lens: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, PrefillOutput]:
     """Admit up to ``Bp`` prompts into free batch slots of one shard.
 
@@ -168,12 +175,23 @@ def prefill(
       prompt_ids: i32[Bp, max_prompt_len] token ids in [0, target.vocab_size) (padding: any
         valid id).
       prompt_lens: i32[Bp]; 0 marks a padding entry.
+      sampling: None (the first token is the argmax) or the prompts' sampling parameters
+        (:class:`jspec.engine.sampling.SamplingBatch`, rows as ``slot_idx``).
 
     Returns:
       (state, :class:`PrefillOutput`).
     """
     return prefill_body(
-        ecfg, target, params, draft, draft_params, state, slot_idx, prompt_ids, prompt_lens
+        ecfg,
+        target,
+        params,
+        draft,
+        draft_params,
+        state,
+        slot_idx,
+        prompt_ids,
+        prompt_lens,
+        sampling,
     )
 
 

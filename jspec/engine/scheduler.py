@@ -38,6 +38,12 @@ from jspec.engine import sharding
 from jspec.engine.greedy import greedy_step_body
 from jspec.engine.inputs import validate_requests
 from jspec.engine.lifecycle import prefill_body, release_body
+from jspec.engine.sampling_params import (
+    GREEDY,
+    SamplingParams,
+    normalize_sampling,
+    pack_sampling,
+)
 from jspec.engine.state import (
     EngineConfig,
     EngineState,
@@ -46,6 +52,7 @@ from jspec.engine.state import (
 )
 from jspec.kv.allocator import available_size
 from jspec.kv.integrity import check_integrity, owned_page_mask
+from jspec.tree.sampling import LossyThresholds
 
 
 @dataclasses.dataclass
@@ -56,6 +63,7 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     arrival_step: int = 0
+    sampling: SamplingParams = GREEDY  # resolved (a sampled request has its seed)
     output: list[int] = dataclasses.field(default_factory=list)
     accept_lens: list[int] = dataclasses.field(default_factory=list)
     shard: int = -1
@@ -78,6 +86,8 @@ class RunStats:
     step_s: list[float] = dataclasses.field(default_factory=list)  # each decode step's wall
     request_accept_lens: list[list[int]] = dataclasses.field(default_factory=list)
     leak_check: str = ""
+    # each request's sampling parameters as used (seeds drawn for those that had none)
+    sampling: list[SamplingParams] = dataclasses.field(default_factory=list)
 
     @property
     def mean_accept_len(self) -> float:
@@ -106,6 +116,9 @@ class Engine:
         Also on, whatever this flag says, whenever probes are on at call time
         (``JSPEC_ENABLE_ASYNC_ASSERT=1`` or inside ``probes_enabled()``): probes are always
         functionalized, never left as bare ``checkify.check`` under ``jit``.
+      lossy_thresholds: sglang's ``threshold_single`` / ``threshold_acc`` for sampled
+        requests (``jspec.tree.sampling.LossyThresholds``): CHANGES THE OUTPUT DISTRIBUTION
+        (accepts more drafts than exact sampling). None (default): exact.
     """
 
     def __init__(
@@ -120,6 +133,7 @@ class Engine:
         eos_token_id: int | Sequence[int] | None = None,
         check_every_step: bool = False,
         checkify: bool = False,
+        lossy_thresholds: LossyThresholds | None = None,
     ) -> None:
         from jspec.engine.inputs import check_count
 
@@ -140,6 +154,7 @@ class Engine:
             [init_engine_state(ecfg, draft) for _ in range(num_devices)], num_devices, tp
         )
         self.checkify = checkify
+        self.lossy_thresholds = lossy_thresholds
         self._step_body = _spec_body if self.mode == "spec" else greedy_step_body
         self._fns: dict[tuple, Any] = {}
 
@@ -175,9 +190,8 @@ class Engine:
         # argument (~0.3 ms each on the GPU host, measured), which the host loop paid every step.
         # One device_put of the host arguments (one batched transfer, not one per argument).
         checked = self._checked
-        out = self._fn(body, num_tokens)(
-            self.params, self.draft, self.state, *jax.device_put([np.asarray(a) for a in args])
-        )
+        host = [jax.tree.map(np.asarray, a) for a in args if a is not None]
+        out = self._fn(body, num_tokens)(self.params, self.draft, self.state, *jax.device_put(host))
         if checked:
             out, errors = out
             msg = sharding.first_error(errors, self.num_devices)
@@ -186,30 +200,52 @@ class Engine:
         self.state, result = out
         return _tree_to_host(result)
 
-    def _call_prefill(self, slot_idx, prompt_ids, prompt_lens):
+    def _call_prefill(self, slot_idx, prompt_ids, prompt_lens, sampling=None):
         num_tokens = prompt_ids.shape[-2] * prompt_ids.shape[-1]
-        out = self._call(prefill_body, num_tokens, slot_idx, prompt_ids, prompt_lens)
+        out = self._call(prefill_body, num_tokens, slot_idx, prompt_ids, prompt_lens, sampling)
         return out.first_tokens, out.ok
 
-    def _call_step(self, slot_idx, live):
-        return self._call(self._step_body, self._step_tokens(slot_idx.shape[-1]), slot_idx, live)
+    def _call_step(self, slot_idx, live, sampling=None):
+        num_tokens = self._step_tokens(slot_idx.shape[-1])
+        return self._call(self._step_body, num_tokens, slot_idx, live, sampling)
+
+    def _sampling_batch(self, requests: list[list[Request]], width: int):
+        """The :class:`jspec.engine.sampling.SamplingBatch` of ``requests[shard][entry]``
+        padded to ``width`` entries, or None when none of them samples (the greedy path)."""
+        if all(r.sampling.is_greedy for shard in requests for r in shard):
+            return None
+        padded = [[r.sampling for r in shard] + [None] * (width - len(shard)) for shard in requests]
+        return pack_sampling(padded, self.lossy_thresholds)
 
     def _call_release(self, slot_idx, finished):
         self._call(release_body, 0, slot_idx, finished)
 
-    def warmup(self) -> None:
-        """Compile prefill, release and the decode step of every bucket (all-padding inputs)."""
+    def warmup(self, sampling: SamplingParams | None = None) -> None:
+        """Compile prefill, release and the decode step of every bucket (all-padding inputs);
+        with a sampled ``sampling``, also the sampled prefill and steps its filters need."""
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
         bp, lp = self.ecfg.prefill_batch, self.ecfg.max_prompt_len
-        self._call_prefill(
-            np.full((d, bp), m, np.int32),
-            np.zeros((d, bp, lp), np.int32),
-            np.zeros((d, bp), np.int32),
-        )
-        for bucket in self.ecfg.batch_buckets:
-            idx = np.full((d, bucket), m, np.int32)
-            self._call_step(idx, np.zeros((d, bucket), bool))
-            self._call_release(idx, np.zeros((d, bucket), bool))
+        variants = [None]
+        if sampling is not None and not sampling.is_greedy:
+            variants.append(dataclasses.replace(sampling, seed=0))
+        for params in variants:
+
+            def batch(width, params=params):
+                if params is None:
+                    return None
+                return pack_sampling([[params] * width] * d, self.lossy_thresholds)
+
+            self._call_prefill(
+                np.full((d, bp), m, np.int32),
+                np.zeros((d, bp, lp), np.int32),
+                np.zeros((d, bp), np.int32),
+                batch(bp),
+            )
+            for bucket in self.ecfg.batch_buckets:
+                idx = np.full((d, bucket), m, np.int32)
+                self._call_step(idx, np.zeros((d, bucket), bool), batch(bucket))
+                if params is None:
+                    self._call_release(idx, np.zeros((d, bucket), bool))
 
     # ---- the loop -------------------------------------------------------------------------------
     def generate(
@@ -219,8 +255,9 @@ class Engine:
         *,
         arrivals: Sequence[int] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
     ) -> tuple[list[list[int]], RunStats]:
-        """Generate greedily for every prompt with continuous batching.
+        """Generate for every prompt (greedy, or sampled per request) with continuous batching.
 
         Every input is checked on the host first (``jspec.engine.inputs.validate_requests``:
         ``InputError`` naming the prompt and field), before anything compiles.
@@ -231,6 +268,10 @@ class Engine:
             max_new_tokens`` must be <= context_len.
           arrivals: decode-step index at which each request arrives (default all 0).
           progress: ``progress(tokens_done, tokens_total)`` after every step.
+          sampling: None (all greedy), one :class:`SamplingParams` for all, or one per
+            request (None entries greedy). A request's tokens depend only on its prompt and
+            its parameters (seed included), not on the batch it shares, its slot or the device
+            layout; a seed left None is drawn at random (``stats.sampling`` has it).
 
         Returns:
           (outputs, stats): outputs[i] = generated tokens of prompt i (truncated at
@@ -246,15 +287,16 @@ class Engine:
             arrivals=arrivals,
         )
         n = len(prompts)
+        params = normalize_sampling(sampling, n)
         reqs = []
         for i, prompt in enumerate(prompts):
-            reqs.append(Request(i, prompt, max_new[i], arrivals[i]))
+            reqs.append(Request(i, prompt, max_new[i], arrivals[i], params[i]))
             if self.lifetime_pages(reqs[-1]) > spec.num_pages:
                 raise ValueError(
                     f"prompt {i}: needs up to {self.lifetime_pages(reqs[-1])} "
                     f"pages, the pool has num_pages={spec.num_pages}"
                 )
-        stats = RunStats(mode=self.mode, num_requests=n)
+        stats = RunStats(mode=self.mode, num_requests=n, sampling=params)
         total_tokens = sum(max_new)
         d, m = self.num_devices, spec.max_running_requests
         pending = collections.deque(sorted(reqs, key=lambda r: (r.arrival_step, r.rid)))
@@ -325,7 +367,8 @@ class Engine:
                     slot_idx[s, i] = free_slots[s][i]
                     prompt_ids[s, i, : len(req.prompt)] = req.prompt
                     prompt_lens[s, i] = len(req.prompt)
-            first, ok = self._call_prefill(slot_idx, prompt_ids, prompt_lens)
+            sampling = self._sampling_batch(batch, bp)
+            first, ok = self._call_prefill(slot_idx, prompt_ids, prompt_lens, sampling)
             for s in range(d):
                 if not batch[s]:
                     continue
@@ -374,7 +417,8 @@ class Engine:
 
     def _decode_step(self, running: list[dict], stats: RunStats) -> None:
         slot_idx, live, order = self._bucket_arrays(running)
-        out = self._call_step(slot_idx, live)
+        requests = [[running[s][slot] for slot in slots] for s, slots in enumerate(order)]
+        out = self._call_step(slot_idx, live, self._sampling_batch(requests, slot_idx.shape[-1]))
         ok = out.ok
         if not np.all(ok):
             raise RuntimeError(
