@@ -117,7 +117,7 @@ def judge(samples: Iterable[tuple[int, ...]], law: dict, label: str = "") -> Ver
     counts = collections.Counter(samples)
     n = sum(counts.values())
     outside = sum(c for k, c in counts.items() if law.get(k, 0.0) <= 0)
-    keys = sorted(law)
+    keys = sorted(k for k, p in law.items() if p > 0)
     obs = np.array([counts.get(k, 0) for k in keys], np.float64)
     exp = np.array([law[k] for k in keys], np.float64) * n
     big = exp >= MIN_EXPECTED
