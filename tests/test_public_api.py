@@ -186,6 +186,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "BuildTreeOutput": "class(tree_mask: 'jax.Array', positions: 'jax.Array', retrive_index: 'jax.Array', "
         "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
         "draft_tokens: 'jax.Array', is_valid: 'jax.Array') -> None",
+        "LossyThresholds": "class(threshold_single: 'float' = 1.0, threshold_acc: 'float' = 1.0) -> None",
         "TreeMaskMode": "enum(FULL_MASK=0, QLEN_ONLY=1, QLEN_ONLY_BITPACKING=2)",
         "accept_kv_move_pairs": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
         "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', accept_index: 'jax.Array', "
@@ -239,16 +240,24 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
         "impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
         "interpret: 'bool | None' = None) -> 'tuple[KVPool, jax.Array, jax.Array]'",
+        "sample_from_probs": "def(probs: 'jax.Array', coins: 'jax.Array') -> 'jax.Array'",
+        "seed_words": "def(seed: 'int') -> 'tuple[int, int]'",
         "select_top_k_tokens": "def(step: 'int', topk_p: 'jax.Array', topk_index: 'jax.Array', hidden: 'jax.Array', "
         "scores: 'jax.Array | None', *, topk: 'int', "
         "vocab_size: 'int | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "
         "tuple[jax.Array, jax.Array, jax.Array]]'",
         "target_probs_from_logits": "def(logits: 'jax.Array', temperatures: 'jax.Array', "
-        "top_ks: 'jax.Array | None' = None, top_ps: 'jax.Array | None' = None) -> 'jax.Array'",
+        "top_ks: 'jax.Array | None' = None, top_ps: 'jax.Array | None' = None, "
+        "min_ps: 'jax.Array | None' = None) -> 'jax.Array'",
         "topk_probs": "def(logits: 'jax.Array', topk: 'int', *, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None, block_rows: 'int | None' = None, "
         "num_warps: 'int | None' = None, "
         "block_cols: 'int | None' = None) -> 'tuple[jax.Array, jax.Array]'",
+        "tree_sampling_verify": "def(candidates: 'jax.Array', retrive_index: 'jax.Array', "
+        "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
+        "coins: 'jax.Array', final_coins: 'jax.Array', target_probs: 'jax.Array', *, "
+        "num_spec_steps: 'int', lossy: 'LossyThresholds | None' = None, "
+        "predicts_init: 'int' = 0) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
         "tree_speculative_sampling_target_only": "def(candidates: 'jax.Array', retrive_index: 'jax.Array', "
         "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
         "uniform_samples: 'jax.Array', uniform_samples_for_final_sampling: 'jax.Array', "
@@ -256,6 +265,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "threshold_single: 'float | jax.Array' = 1.0, "
         "threshold_acc: 'float | jax.Array' = 1.0, deterministic: 'bool' = True, "
         "predicts_init: 'int' = 0) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
+        "uniform_coins": "def(seeds: 'jax.Array', stream: 'int', positions: 'jax.Array', "
+        "num_nodes: 'int | None' = None) -> 'jax.Array'",
         "verify_out_cache_loc": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
         "seq_lens: 'jax.Array', *, num_draft_tokens: 'int', "
         "valid: 'jax.Array | None' = None) -> 'jax.Array'",
@@ -298,7 +309,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "Engine": "class(ecfg: 'EngineConfig', target: 'Any', target_params: 'Any', "
         "draft: 'Any' = None, draft_params: 'Any' = None, *, num_devices: 'int' = 1, "
         "eos_token_id: 'int | Sequence[int] | None' = None, "
-        "check_every_step: 'bool' = False, checkify: 'bool' = False) -> 'None'",
+        "check_every_step: 'bool' = False, checkify: 'bool' = False, "
+        "lossy_thresholds: 'LossyThresholds | None' = None) -> 'None'",
         "EngineConfig": "class(spec: 'SpecConfig', max_prompt_len: 'int', batch_buckets: 'tuple[int, ...]', "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
         "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
@@ -312,17 +324,26 @@ RECORDED: dict[str, dict[str, str]] = {
         "InputError": "exception(ValueError)",
         "PrefillOutput": "class(first_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "Request": "class(rid: 'int', prompt: 'list[int]', max_new_tokens: 'int', "
-        "arrival_step: 'int' = 0, output: 'list[int]' = <factory>, "
+        "arrival_step: 'int' = 0, "
+        "sampling: 'SamplingParams' = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, "
+        "min_p=0.0, seed=None), output: 'list[int]' = <factory>, "
         "accept_lens: 'list[int]' = <factory>, shard: 'int' = -1, slot: 'int' = -1) -> None",
         "RunStats": "class(mode: 'str', num_requests: 'int' = 0, num_tokens: 'int' = 0, "
         "num_decode_steps: 'int' = 0, prefill_s: 'float' = 0.0, decode_s: 'float' = 0.0, "
         "wall_s: 'float' = 0.0, accept_lens: 'list[int]' = <factory>, "
         "batch_sizes: 'list[int]' = <factory>, step_s: 'list[float]' = <factory>, "
-        "request_accept_lens: 'list[list[int]]' = <factory>, leak_check: 'str' = '') -> None",
+        "request_accept_lens: 'list[list[int]]' = <factory>, leak_check: 'str' = '', "
+        "sampling: 'list[SamplingParams]' = <factory>) -> None",
+        "SamplingBatch": "class(temperature: 'jax.Array', seed: 'jax.Array', "
+        "top_k: 'jax.Array | None' = None, top_p: 'jax.Array | None' = None, "
+        "min_p: 'jax.Array | None' = None, lossy: 'LossyThresholds | None' = None) -> None",
+        "SamplingParams": "class(temperature: 'float' = 0.0, top_k: 'int' = 0, top_p: 'float' = 1.0, "
+        "min_p: 'float' = 0.0, seed: 'int | None' = None) -> None",
         "SpecStepOutput": "class(accept_tokens: 'jax.Array', accept_lens: 'jax.Array', ok: 'jax.Array') -> None",
         "TargetModel": "class(*args, **kwargs)",
         "greedy_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', state: 'EngineState', "
-        "slot_idx: 'jax.Array', live: 'jax.Array') -> 'tuple[EngineState, GreedyStepOutput]'",
+        "slot_idx: 'jax.Array', live: 'jax.Array', "
+        "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, GreedyStepOutput]'",
         "init_engine_state": "def(ecfg: 'EngineConfig', draft: 'Any' = None) -> 'EngineState'",
         "make_engine_config": "def(target: 'Any', *, page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
         "num_draft_tokens: 'int' = 8, context_len: 'int' = 256, "
@@ -333,13 +354,14 @@ RECORDED: dict[str, dict[str, str]] = {
         "gemm_impl: 'str' = 'auto') -> 'EngineConfig'",
         "prefill": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
-        "prompt_ids: 'jax.Array', prompt_lens: 'jax.Array') -> 'tuple[EngineState, "
-        "PrefillOutput]'",
+        "prompt_ids: 'jax.Array', prompt_lens: 'jax.Array', "
+        "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, PrefillOutput]'",
         "release": "def(ecfg: 'EngineConfig', state: 'EngineState', slot_idx: 'jax.Array', "
         "finished: 'jax.Array') -> 'EngineState'",
         "spec_decode_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
-        "live: 'jax.Array') -> 'tuple[EngineState, SpecStepOutput]'",
+        "live: 'jax.Array', sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, "
+        "SpecStepOutput]'",
         "validate_requests": "def(prompts: 'Sequence[Sequence[int]]', max_new_tokens: 'int | Sequence[int]', *, "
         "vocab_size: 'int', max_prompt_len: 'int', context_len: 'int', "
         "arrivals: 'Sequence[int] | None' = None) -> 'tuple[list[list[int]], list[int], "
