@@ -147,10 +147,12 @@ def pack_sampling(params: Sequence[Any], lossy: LossyThresholds | None = None) -
     def field(get, dtype) -> np.ndarray:
         return np.asarray([get(p) for p in flat], dtype).reshape(shape)
 
+    sampled = [p for p in flat if not p.is_greedy]
+    if any(p.seed is None for p in sampled):  # a fresh seed per step would not replay
+        raise InputError("a sampled entry has no seed: pack SamplingParams.resolved() values")
     seeds = np.asarray(
         [seed_words(p.seed if p.seed is not None else 0) for p in flat], np.uint32
     ).reshape(shape + (2,))
-    sampled = [p for p in flat if not p.is_greedy]
     return SamplingBatch(
         temperature=field(lambda p: p.temperature, np.float32),
         seed=seeds,

@@ -86,6 +86,8 @@ def test_pack_sampling_shapes_and_static_presence():
     assert pack_sampling([b, SamplingParams(top_k=3)]).top_k is None
     lossy = LossyThresholds(threshold_acc=0.5)
     assert pack_sampling([b], lossy).lossy == lossy
+    with pytest.raises(InputError, match="a sampled entry has no seed"):
+        pack_sampling([SamplingParams(temperature=1.0)])
 
 
 def test_lossy_thresholds_validate():
