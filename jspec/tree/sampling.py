@@ -115,10 +115,22 @@ def sample_from_probs(probs: jax.Array, coins: jax.Array) -> jax.Array:
 
 
 def _sibling_walk(
-    candidates, retrive_index, next_token, next_sibling, coins, final_coins, target_probs,
-    *, num_spec_steps, t_single, t_acc, exact, predicts_init,
-):  # fmt: skip
-    """The walk of the module docstring; ``exact`` False is sglang 0.5.23's kernel."""
+    candidates: jax.Array,
+    retrive_index: jax.Array,
+    next_token: jax.Array,
+    next_sibling: jax.Array,
+    coins: jax.Array,
+    final_coins: jax.Array,
+    target_probs: jax.Array,
+    *,
+    num_spec_steps: int,
+    t_single: float | jax.Array,
+    t_acc: float | jax.Array,
+    exact: bool,
+    predicts_init: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The walk of the module docstring (shapes as :func:`tree_sampling_verify`); ``exact``
+    False is sglang 0.5.23's kernel (:func:`tree_speculative_sampling_target_only`)."""
     bsz, n = candidates.shape
     v = target_probs.shape[-1]
     probes.static_check_shape(target_probs, (bsz, n, v), "target_probs")
