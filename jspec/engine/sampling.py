@@ -144,7 +144,12 @@ def sample_tree(
             num_spec_steps=num_spec_steps,
             lossy=sampling.lossy,
         )
-        predict, accept_index, num = (
-            _from_tp_rank0(x, tp_axis) for x in (predict, accept_index, num)
-        )
+        if tp_axis is not None:  # one all-reduce for the three outputs
+            sizes = (predict.size, accept_index.size)
+            flat = _from_tp_rank0(
+                jnp.concatenate([predict, accept_index.reshape(-1), num]), tp_axis
+            )
+            predict = flat[: sizes[0]]
+            accept_index = flat[sizes[0] : sizes[0] + sizes[1]].reshape(accept_index.shape)
+            num = flat[sizes[0] + sizes[1] :]
     return predict, (num + 1).astype(jnp.int32), accept_index
