@@ -312,7 +312,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     if not sampling.is_greedy:
         print(
-            f"sampled ({describe_sampling(sampling)} + i): plain {gs_stats.tokens_per_s:.1f} tokens/s, "
+            f"sampled ({describe_sampling(sampling)} + i): "
+            f"plain {gs_stats.tokens_per_s:.1f} tokens/s, "
             f"spec {ss_stats.tokens_per_s:.1f} tokens/s (speedup "
             f"x{ss_stats.tokens_per_s / max(gs_stats.tokens_per_s, 1e-9):.2f}), mean acceptance "
             f"length {ss_stats.mean_accept_len:.2f} tokens/step/request"

@@ -4,8 +4,9 @@
 the logits ``table[p % period, x]`` for the next token (a Markov chain whose rows change with
 the position), so the law of the first emitted tokens after a prompt is a product of processed
 rows: :func:`exact_joint` computes it in float64 with the independent numpy processing oracle
-``tests/tree/sampling_stats.processed_np`` (sort-based). It still writes its KV through ``attn_fn`` (the engine's
-pools and allocator run as for a real model); the attention output is unused.
+``tests/tree/sampling_stats.processed_np`` (sort-based). It still writes its KV through
+``attn_fn`` (the engine's pools and allocator run as for a real model); the attention output is
+unused.
 
 :class:`TableDraft` proposes from its own table over a draft vocabulary mapped to target ids by
 ``d2t`` (which may map two draft ids to one target id: duplicate siblings in the tree). Its
