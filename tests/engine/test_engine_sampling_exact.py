@@ -31,6 +31,7 @@ from jspec.engine import Engine, SamplingParams, make_engine_config
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tree"))
 from mutants import apply_mutant  # noqa: E402
 from sampling_stats import judge, top_p_margin  # noqa: E402
+from test_sampling_exact import skip_unless_slow  # noqa: E402
 
 V, PERIOD, PROMPT, NUM_TOKENS = 6, 3, [1, 2], 3
 N_CI = int(os.environ.get("JSPEC_SAMPLING_N", 20_000))
@@ -136,15 +137,17 @@ def test_plain_engine_sampling_is_exact():
 @pytest.mark.parametrize(
     "topk,steps,draft_tokens", [(1, 3, 4), (2, 3, 6), (4, 4, 10)], ids=["chain", "topk2", "topk4"]
 )
-def test_spec_engine_sampling_is_exact_large_n(topk, steps, draft_tokens):
+def test_spec_engine_sampling_is_exact_large_n(topk, steps, draft_tokens, request):
+    skip_unless_slow(request)
     engine = make_engine(topk=topk, steps=steps, draft_tokens=draft_tokens)
     assert_exact(engine, N_SLOW, f"spec topk{topk} depth{steps} ", seed_offset=10**9)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["temperature_twice", "child_row", "coin_reused"])
-def test_mutant_fails_through_the_engine(name, monkeypatch):
+def test_mutant_fails_through_the_engine(name, monkeypatch, request):
     """Mutants swapped into the engine (fresh compiles) fail the same judgement."""
+    skip_unless_slow(request)
     from jspec.engine import sharding
 
     apply_mutant(name, monkeypatch)

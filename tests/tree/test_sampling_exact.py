@@ -241,8 +241,15 @@ def test_sampled_tree_step_is_exact():
     assert not bad, bad
 
 
+def skip_unless_slow(request) -> None:
+    """The project's slow convention: slow tests run only under ``-m slow``."""
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("large n: run with -m slow")
+
+
 @pytest.mark.slow
-def test_sampled_tree_step_is_exact_large_n():
+def test_sampled_tree_step_is_exact_large_n(request):
+    skip_unless_slow(request)
     verdicts = _verdicts(run_sampled_step(ALL_CASES, N_SLOW, seed_offset=10**9), "slow ")
     bad = [str(v) for v in verdicts if not v.ok]
     assert not bad, bad
