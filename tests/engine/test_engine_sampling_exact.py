@@ -12,7 +12,7 @@ the first 1, 2 and 3 emitted tokens is judged by chi-square (fail at p < 1e-6), 
 greedy requests must give the argmax chain.
 
 CI: the spec engine at topk 4 / depth 4 (10 tree nodes) and the plain sampled engine,
-``n = 2e4`` per set. Slow: topk 1 and 2 trees at ``n = 1e5``, and mutants through the engine.
+``n = 2e4`` per set; and the toy Llama (context-dependent law, exact by dense enumeration). Slow: topk 1 and 2 trees at ``n = 1e5``, and mutants through the engine.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from jspec.engine import Engine, SamplingParams, make_engine_config
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tree"))
 from mutants import apply_mutant  # noqa: E402
-from sampling_stats import judge, top_p_margin  # noqa: E402
+from sampling_stats import judge, processed_np, top_p_margin  # noqa: E402
 from test_sampling_exact import skip_unless_slow  # noqa: E402
 
 V, PERIOD, PROMPT, NUM_TOKENS = 6, 3, [1, 2], 3
@@ -158,3 +158,68 @@ def test_mutant_fails_through_the_engine(name, monkeypatch, request):
     finally:
         sharding.sharded.cache_clear()
     assert not all(v.ok for v in verdicts), f"mutant {name} survived"
+
+
+def test_spec_engine_sampling_is_exact_with_a_context_dependent_model():
+    """The toy Llama (vocab 8, f32): its law depends on the whole context through attention, so
+    the sampled paths' KV bookkeeping (accepted non-first siblings moved into place, the draft
+    extend over them) is part of what is judged. Exact law: the dense no-cache forward over all
+    73 prefixes (f32 logits; T 1.6, no cut that rounding could decide)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jspec.engine.reference import _dense_attn_fn
+    from jspec.models import LlamaConfig, LlamaTarget, toy_eagle1, toy_llama_params
+
+    cfg = LlamaConfig(
+        vocab_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+    )
+    target = LlamaTarget(cfg)
+    params = toy_llama_params(target, 0, residual_scale=1.5)
+    draft, dparams = toy_eagle1(target, params, 1, hidden_mix=1.0)
+    prompt, params_t = [3, 1, 6], dict(temperature=1.6)
+
+    @jax.jit
+    def next_logits(ids, length):
+        pos = jnp.arange(ids.shape[0], dtype=jnp.int32)
+        _, hidden, _ = target.forward(params, None, ids, pos, _dense_attn_fn(length))
+        return target.logits(params, hidden[length - 1][None])[0]
+
+    def law_after(seq):
+        ids = np.zeros(8, np.int32)
+        ids[: len(seq)] = seq
+        return processed_np(np.asarray(next_logits(jnp.asarray(ids), len(seq))), **params_t)
+
+    law = {}
+    q1 = law_after(prompt)
+    for a in range(8):
+        q2 = law_after(prompt + [a])
+        for b in range(8):
+            q3 = law_after(prompt + [a, b])
+            for c in range(8):
+                law[(a, b, c)] = q1[a] * q2[b] * q3[c]
+    ecfg = make_engine_config(
+        target,
+        page_size=4,
+        topk=4,
+        num_steps=3,
+        num_draft_tokens=8,
+        context_len=16,
+        max_running_requests=1024,
+        max_prompt_len=len(prompt),
+        batch_buckets=(1024,),
+        prefill_batch=1024,
+    )
+    engine = Engine(ecfg, target, params, draft, dparams)
+    n = N_CI
+    sampling = [SamplingParams(**params_t, seed=i) for i in range(n)]
+    out, stats = engine.generate([prompt] * n, NUM_TOKENS, sampling=sampling)
+    assert stats.mean_accept_len > 1.2, stats.mean_accept_len  # the tree really accepts
+    verdict = judge([tuple(o[:3]) for o in out], law, "spec toy-llama T1.6 first 3")
+    assert verdict.ok, verdict
