@@ -3,8 +3,15 @@
 """Real-size speed (issue 13): an 8B (and 1B) Llama geometry, greedy vs spec, against floors.
 
     python -m bench.real_size [--quick] [--geometry 8b,1b] [--batches 1,16,64]
-                              [--attention-impl auto|triton|xla] [--png step_vs_batch.png]
-                              [--out real_size.md]
+                              [--modes greedy,spec,spec-t1] [--attention-impl auto|triton|xla]
+                              [--png step_vs_batch.png] [--out real_size.md]
+
+Modes: ``greedy`` / ``spec`` (temperature 0), and sampled runs of either engine named
+``<engine>-t<T>[-p<top_p>][-k<top_k>]``, e.g. ``spec-t1``, ``greedy-t1``, ``spec-t0.6-p0.9``
+(request i seeded i). For a sampled mode, ``sampling ms`` is the device time of the ops under
+``jspec.engine.sampling.SAMPLING_SCOPE`` (processing, coins, the walk / draw), ``sampling %``
+its share of the step's device time, and ``vs T0 device %`` the step's device time against the
+same engine's temperature-0 row at that batch size (the budget: <= 5% at bs 1 and 64).
 
 The target is a ``jspec.models.LlamaTarget`` with random bf16 weights made on the device
 (``jax.random``; :func:`make_params`: ``toy_llama_params``'s permutation LM head, so greedy
@@ -58,6 +65,7 @@ COLUMNS = (
     "geometry",
     "mode",
     "bs",
+    "sampling",
     "attn",
     "precision",
     "step ms (wall)",
@@ -77,6 +85,9 @@ COLUMNS = (
     "bookkeeping ms",
     "unattributed ms",
     "bookkeeping %",
+    "sampling ms",
+    "sampling %",
+    "vs T0 device %",
     "split cmd buffers",
     "note",
 )
@@ -281,6 +292,10 @@ def floors(g: Geometry, params, dparams, mode: str, bs: int, bw_tbs: float, tflo
 
 
 def _classify(op_name: str) -> str:
+    from jspec.engine.sampling import SAMPLING_SCOPE
+
+    if SAMPLING_SCOPE in op_name.split("/"):
+        return "sampling"
     if "paged_attention" in op_name:
         return "attention"
     if op_name.startswith("@gemm_fusion"):
@@ -298,17 +313,46 @@ def _classify(op_name: str) -> str:
 SPLIT_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
 
 
-def _device_split(engine, prompts) -> tuple[dict[str, float] | None, str, float]:
+def _sampled_steady_state(engine, prompts, sampling):
+    """bench.e2e's ``_steady_state`` with sampled requests: (state, slot_idx, live, the
+    bucket's SamplingBatch with its shard axis) of shard 0."""
+    import collections
+
+    from jspec.engine.scheduler import Request, RunStats
+
+    spec = engine.ecfg.spec
+    pending = collections.deque(
+        Request(i, p, NEW, sampling=s) for i, (p, s) in enumerate(zip(prompts, sampling))
+    )
+    running = [{}]
+    free_slots = [list(range(spec.max_running_requests))]
+    engine._admit(0, pending, running, free_slots)
+    stats = RunStats(mode=engine.mode)
+    for _ in range(2):
+        engine._decode_step(running, stats)
+    slot_idx, live, order = engine._bucket_arrays(running)
+    batch = engine._sampling_batch([[running[0][s] for s in order[0]]], slot_idx.shape[-1])
+    batch = jax.tree.map(jnp.asarray, batch)
+    return engine._shard_state(0), jnp.asarray(slot_idx[0]), jnp.asarray(live[0]), batch
+
+
+def _device_split(engine, prompts, sampling=None) -> tuple[dict[str, float] | None, str, float]:
     """(device split of one steady-state step, its command-buffer setting, the jitted step's
-    median wall ms alone: dispatch + launch gaps, no host loop)."""
+    median wall ms alone: dispatch + launch gaps, no host loop); ``sampling``: one
+    ``SamplingParams`` per prompt (a sampled step) or None."""
     from bench.e2e import _copy, _median_ms, _op_key, _steady_state
 
-    state, slot_idx, live = _steady_state(engine, prompts, NEW)
+    extra = ()
+    if sampling is None:
+        state, slot_idx, live = _steady_state(engine, prompts, NEW)
+    else:
+        state, slot_idx, live, batch = _sampled_steady_state(engine, prompts, sampling)
+        extra = (batch,)
     stacked = jax.tree.map(lambda x: x[None], state)
     step = engine._step_for(int(slot_idx.shape[-1]))
 
     def make_args():
-        return (engine.params, engine.draft, _copy(stacked), slot_idx[None], live[None])
+        return (engine.params, engine.draft, _copy(stacked), slot_idx[None], live[None]) + extra
 
     jit_ms = _median_ms(step, make_args, 10)
     try:
@@ -329,6 +373,29 @@ def _device_split(engine, prompts) -> tuple[dict[str, float] | None, str, float]
     except Exception as e:  # noqa: BLE001 - an XLA that rejects the option: split as compiled
         print(f"split with command buffers off failed ({type(e).__name__}: {e})", flush=True)
         return profile_split_us(step, make_args, _classify), "default", jit_ms
+
+
+def parse_mode(mode: str):
+    """``"spec-t1-p0.9"`` -> ``("spec", SamplingParams(temperature=1, top_p=0.9))``;
+    ``"greedy"`` / ``"spec"`` -> (mode, None)."""
+    from jspec.engine.sampling_params import SamplingParams
+
+    base, *knobs = mode.split("-")
+    if base not in ("greedy", "spec"):
+        raise ValueError(f"mode {mode!r}: the engine must be greedy or spec")
+    if not knobs:
+        return base, None
+    names = {"t": "temperature", "p": "top_p", "k": "top_k", "m": "min_p"}
+    values = {names[k[0]]: (int if k[0] == "k" else float)(k[1:]) for k in knobs}
+    return base, SamplingParams(**values)
+
+
+def sampling_label(sampling) -> str:
+    if sampling is None:
+        return "T0"
+    from jspec.apps._cli import describe_sampling
+
+    return describe_sampling(sampling).rsplit(", seed", 1)[0].replace(" ", "")
 
 
 def make_engine(
@@ -375,13 +442,17 @@ def _reset(engine) -> None:
     engine.reset()
 
 
-def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict) -> dict:
+def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict, sampling=None) -> dict:
     rng = np.random.default_rng(bs)
     prompt_len = min(PROMPT, g.vocab)
     # Prompts from the draft's hot ids: the permutation keeps the chain there.
     prompts = [rng.integers(0, g.draft_vocab, prompt_len).tolist() for _ in range(bs)]
-    engine.generate(prompts, 2)  # compile this bucket's step / release (prefill: first call)
-    out, stats = engine.generate(prompts, NEW)
+    per_request = None
+    if sampling is not None:  # request i seeded i: the same tokens on every run
+        per_request = [dataclasses.replace(sampling, seed=i) for i in range(bs)]
+    # Compile this bucket's step / release (prefill: first call).
+    engine.generate(prompts, 2, sampling=per_request)
+    out, stats = engine.generate(prompts, NEW, sampling=per_request)
     steps = max(stats.num_decode_steps, 1)
     tokens = sum(stats.accept_lens) if mode == "spec" else sum(stats.batch_sizes)
     row = {
@@ -390,11 +461,11 @@ def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict) -> dict:
         "tok/s": tokens / stats.decode_s,
         "accept len": stats.mean_accept_len if mode == "spec" else 1.0,
     }
-    outputs[(g.name, mode, bs)] = out
-    if mode == "spec" and (g.name, "greedy", bs) in outputs:
+    outputs[(g.name, mode if sampling is None else f"{mode}~{sampling}", bs)] = out
+    if mode == "spec" and sampling is None and (g.name, "greedy", bs) in outputs:
         greedy = outputs[(g.name, "greedy", bs)]
         row["same as greedy"] = f"{sum(a == b for a, b in zip(out, greedy))}/{len(out)}"
-    split, cmd, row["step ms (jit)"] = _device_split(engine, prompts)
+    split, cmd, row["step ms (jit)"] = _device_split(engine, prompts, per_request)
     _reset(engine)  # the split's steady state left this batch's requests admitted
     if split is not None:
         total = split["total"]
@@ -403,6 +474,9 @@ def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict) -> dict:
             row[f"{cls} ms"] = sum(v for k, v in split.items() if k.startswith(cls)) / 1e3
         row["unattributed ms"] = split.get(UNATTRIBUTED, 0.0) / 1e3
         row["bookkeeping %"] = 100.0 * row["bookkeeping ms"] * 1e3 / total
+        if sampling is not None:
+            row["sampling ms"] = split.get("sampling", 0.0) / 1e3
+            row["sampling %"] = 100.0 * split.get("sampling", 0.0) / total
         row["split cmd buffers"] = cmd
     return row
 
@@ -467,7 +541,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--quick", action="store_true", help="tiny geometry (CPU smoke)")
     parser.add_argument("--geometry", default="8b,1b")
     parser.add_argument("--batches", default="1,16,64")
-    parser.add_argument("--modes", default="greedy,spec")
+    parser.add_argument(
+        "--modes",
+        default="greedy,spec,spec-t1",
+        help="greedy, spec, and sampled <engine>-t<T>[-p<top_p>][-k<top_k>] (e.g. spec-t1)",
+    )
     parser.add_argument("--attention-impl", default="auto")
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
@@ -475,6 +553,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     geos = ["quick"] if args.quick else [x for x in args.geometry.split(",") if x]
     batches = [1, 2] if args.quick else [int(b) for b in args.batches.split(",")]
     modes = [m for m in args.modes.split(",") if m]
+    parsed = {m: parse_mode(m) for m in modes}  # a bad mode fails before anything runs
     bw, tflops = copy_bandwidth_tbs(), matmul_tflops()
     header = (
         f"real_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} "
@@ -496,22 +575,36 @@ def main(argv: list[str] | None = None) -> list[dict]:
             flush=True,
         )
         engines = {
-            m: make_engine(g, target, params, draft, dparams, m, batches, args.attention_impl)
-            for m in modes
+            base: make_engine(g, target, params, draft, dparams, base, batches, args.attention_impl)
+            for base in sorted({base for base, _ in parsed.values()})
         }
         for bs in batches:
             for mode in modes:
+                base, sampling = parsed[mode]
                 row = {
                     "geometry": name,
                     "mode": mode,
                     "bs": bs,
+                    "sampling": sampling_label(sampling),
                     "attn": args.attention_impl,
                     "precision": "by dtype",
                 }
-                row.update(floors(g, params, dparams, mode, bs, bw, tflops))
+                row.update(floors(g, params, dparams, base, bs, bw, tflops))
                 t0 = time.perf_counter()
                 try:
-                    row.update(run_config(g, engines[mode], mode, bs, outputs))
+                    row.update(run_config(g, engines[base], base, bs, outputs, sampling))
+                    t0_row = next(
+                        (
+                            r
+                            for r in rows
+                            if (r["geometry"], r["mode"], r["bs"]) == (name, base, bs)
+                        ),
+                        None,
+                    )
+                    if sampling is not None and t0_row and "step ms (device)" in t0_row:
+                        if "step ms (device)" in row:
+                            ratio = row["step ms (device)"] / t0_row["step ms (device)"]
+                            row["vs T0 device %"] = 100.0 * (ratio - 1.0)
                     for key in ("device", "wall"):
                         if f"step ms ({key})" in row:
                             row[f"x floor ({key})"] = row[f"step ms ({key})"] / row["floor ms"]

@@ -189,6 +189,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "BuildTreeOutput": "class(tree_mask: 'jax.Array', positions: 'jax.Array', retrive_index: 'jax.Array', "
         "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
         "draft_tokens: 'jax.Array', is_valid: 'jax.Array') -> None",
+        "LossyThresholds": "class(threshold_single: 'float' = 1.0, threshold_acc: 'float' = 1.0) -> None",
         "TreeMaskMode": "enum(FULL_MASK=0, QLEN_ONLY=1, QLEN_ONLY_BITPACKING=2)",
         "accept_kv_move_pairs": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
         "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', accept_index: 'jax.Array', "
@@ -243,16 +244,24 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
         "impl: 'str' = 'xla', move_impl: 'str' = 'auto', interpret: 'bool | None' = None, "
         "return_ok: 'bool' = False) -> 'Any'",
+        "sample_from_probs": "def(probs: 'jax.Array', coins: 'jax.Array') -> 'jax.Array'",
+        "seed_words": "def(seed: 'int') -> 'tuple[int, int]'",
         "select_top_k_tokens": "def(step: 'int', topk_p: 'jax.Array', topk_index: 'jax.Array', hidden: 'jax.Array', "
         "scores: 'jax.Array | None', *, topk: 'int', "
         "vocab_size: 'int | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "
         "tuple[jax.Array, jax.Array, jax.Array]]'",
         "target_probs_from_logits": "def(logits: 'jax.Array', temperatures: 'jax.Array', "
-        "top_ks: 'jax.Array | None' = None, top_ps: 'jax.Array | None' = None) -> 'jax.Array'",
+        "top_ks: 'jax.Array | None' = None, top_ps: 'jax.Array | None' = None, "
+        "min_ps: 'jax.Array | None' = None) -> 'jax.Array'",
         "topk_probs": "def(logits: 'jax.Array', topk: 'int', *, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None, block_rows: 'int | None' = None, "
         "num_warps: 'int | None' = None, "
         "block_cols: 'int | None' = None) -> 'tuple[jax.Array, jax.Array]'",
+        "tree_sampling_verify": "def(candidates: 'jax.Array', retrive_index: 'jax.Array', "
+        "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
+        "coins: 'jax.Array', final_coins: 'jax.Array', target_probs: 'jax.Array', *, "
+        "num_spec_steps: 'int', lossy: 'LossyThresholds | None' = None, "
+        "predicts_init: 'int' = 0) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
         "tree_speculative_sampling_target_only": "def(candidates: 'jax.Array', retrive_index: 'jax.Array', "
         "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', "
         "uniform_samples: 'jax.Array', uniform_samples_for_final_sampling: 'jax.Array', "
@@ -260,6 +269,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "threshold_single: 'float | jax.Array' = 1.0, "
         "threshold_acc: 'float | jax.Array' = 1.0, deterministic: 'bool' = True, "
         "predicts_init: 'int' = 0) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
+        "uniform_coins": "def(seeds: 'jax.Array', stream: 'int', positions: 'jax.Array', "
+        "num_nodes: 'int | None' = None) -> 'jax.Array'",
         "verify_out_cache_loc": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
         "seq_lens: 'jax.Array', *, num_draft_tokens: 'int', "
         "valid: 'jax.Array | None' = None) -> 'jax.Array'",
@@ -312,7 +323,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "draft: 'Any' = None, draft_params: 'Any' = None, *, num_devices: 'int' = 1, "
         "eos_token_id: 'int | Sequence[int] | None' = None, "
         "check_every_step: 'bool' = False, checkify: 'bool' = False, "
-        "admission: 'str' = 'reserve', max_rounds: 'int' = 8) -> 'None'",
+        "admission: 'str' = 'reserve', max_rounds: 'int' = 8, "
+        "lossy_thresholds: 'LossyThresholds | None' = None) -> 'None'",
         "EngineConfig": "class(spec: 'SpecConfig', max_prompt_len: 'int', batch_buckets: 'tuple[int, ...]', "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
         "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
@@ -329,7 +341,9 @@ RECORDED: dict[str, dict[str, str]] = {
         "PagedAttentionBackend": "class(impl: 'str' = 'xla') -> None",
         "PrefillOutput": "class(first_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "Request": "class(rid: 'int', prompt: 'list[int]', max_new_tokens: 'int', "
-        "arrival_step: 'int' = 0, output: 'list[int]' = <factory>, "
+        "arrival_step: 'int' = 0, "
+        "sampling: 'SamplingParams' = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, "
+        "min_p=0.0, seed=None), output: 'list[int]' = <factory>, "
         "accept_lens: 'list[int]' = <factory>, shard: 'int' = -1, slot: 'int' = -1, "
         "prefill_ids: 'list[int]' = <factory>, prefilled: 'int' = 0, "
         "admitted_at: 'int' = -1, ttft_s: 'float' = -1.0, num_preemptions: 'int' = 0) -> None",
@@ -339,11 +353,18 @@ RECORDED: dict[str, dict[str, str]] = {
         "batch_sizes: 'list[int]' = <factory>, step_s: 'list[float]' = <factory>, "
         "request_accept_lens: 'list[list[int]]' = <factory>, "
         "ttft_s: 'list[float]' = <factory>, num_prefill_calls: 'int' = 0, "
-        "num_preemptions: 'int' = 0, leak_check: 'str' = '') -> None",
+        "num_preemptions: 'int' = 0, leak_check: 'str' = '', "
+        "sampling: 'list[SamplingParams]' = <factory>) -> None",
+        "SamplingBatch": "class(temperature: 'jax.Array', seed: 'jax.Array', "
+        "top_k: 'jax.Array | None' = None, top_p: 'jax.Array | None' = None, "
+        "min_p: 'jax.Array | None' = None, lossy: 'LossyThresholds | None' = None) -> None",
+        "SamplingParams": "class(temperature: 'float' = 0.0, top_k: 'int' = 0, top_p: 'float' = 1.0, "
+        "min_p: 'float' = 0.0, seed: 'int | None' = None) -> None",
         "SpecStepOutput": "class(accept_tokens: 'jax.Array', accept_lens: 'jax.Array', ok: 'jax.Array') -> None",
         "TargetModel": "class(*args, **kwargs)",
         "greedy_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', state: 'EngineState', "
-        "slot_idx: 'jax.Array', live: 'jax.Array') -> 'tuple[EngineState, GreedyStepOutput]'",
+        "slot_idx: 'jax.Array', live: 'jax.Array', "
+        "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, GreedyStepOutput]'",
         "init_engine_state": "def(ecfg: 'EngineConfig', draft: 'Any' = None) -> 'EngineState'",
         "kv_bytes_per_token": "def(target: 'Any', draft: 'Any' = None) -> 'int'",
         "make_engine_config": "def(target: 'Any', *, page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
@@ -361,17 +382,19 @@ RECORDED: dict[str, dict[str, str]] = {
         "workspace_bytes: 'int' = 0) -> 'int'",
         "prefill": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
-        "prompt_ids: 'jax.Array', prompt_lens: 'jax.Array') -> 'tuple[EngineState, "
-        "PrefillOutput]'",
+        "prompt_ids: 'jax.Array', prompt_lens: 'jax.Array', "
+        "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, PrefillOutput]'",
         "prefill_chunk": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
         "token_ids: 'jax.Array', chunk_lens: 'jax.Array', starts: 'jax.Array', "
-        "is_last: 'jax.Array', next_ids: 'jax.Array') -> 'tuple[EngineState, PrefillOutput]'",
+        "is_last: 'jax.Array', next_ids: 'jax.Array', "
+        "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, PrefillOutput]'",
         "release": "def(ecfg: 'EngineConfig', state: 'EngineState', slot_idx: 'jax.Array', "
         "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
         "spec_decode_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
-        "live: 'jax.Array') -> 'tuple[EngineState, SpecStepOutput]'",
+        "live: 'jax.Array', sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, "
+        "SpecStepOutput]'",
         "validate_requests": "def(prompts: 'Sequence[Sequence[int]]', max_new_tokens: 'int | Sequence[int]', *, "
         "vocab_size: 'int', max_prompt_len: 'int', context_len: 'int', "
         "arrivals: 'Sequence[int] | None' = None) -> 'tuple[list[list[int]], list[int], "

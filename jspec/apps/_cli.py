@@ -1,7 +1,7 @@
 """Host-side helpers shared by the ``jspec`` commands (``demo``, ``generate``): the spec and
-resource flags' checks (with their documented bounds), the device setup, the context and memory
-checks, and the one-line error exit. Everything here runs before a weight is read or anything
-compiles."""
+resource flags' checks (with their documented bounds), the sampling flags, the device setup, the
+context and memory checks, and the one-line error exit. Everything here runs before a weight is
+read or anything compiles."""
 
 from __future__ import annotations
 
@@ -172,3 +172,46 @@ def engine_config_from_args(
     except ValueError as e:
         raise InputError(str(e)) from None
     return ecfg
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, *, temperature: float = 0.0) -> None:
+    """``--temperature --top-k --top-p --min-p --seed`` (``jspec.engine.SamplingParams``)."""
+    g = parser.add_argument_group(
+        "sampling (exact: the tokens follow the processed target distribution, any draft)"
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=temperature,
+        help=f"0 = greedy (default {temperature:g})",
+    )
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely (0 = off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="keep p >= min_p * max p (0 = off)")
+
+
+def sampling_from_args(args: argparse.Namespace, seed: int | None) -> Any:
+    """The flags' ``SamplingParams`` (``InputError`` naming the bad field, before any build or
+    compile). A prompts file's line may override any field: ``SamplingParams.from_dict(line,
+    base=sampling_from_args(args, seed))``."""
+    from jspec.engine.sampling_params import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=seed,
+    )
+
+
+def describe_sampling(sampling: Any) -> str:
+    """``"T 0.8, top-p 0.9, seed 7"``: a sampled run's parameters that are on."""
+    parts = [f"T {sampling.temperature:g}"]
+    if sampling.top_k:
+        parts.append(f"top-k {sampling.top_k}")
+    if sampling.top_p < 1:
+        parts.append(f"top-p {sampling.top_p:g}")
+    if sampling.min_p:
+        parts.append(f"min-p {sampling.min_p:g}")
+    return ", ".join(parts + [f"seed {sampling.seed}"])

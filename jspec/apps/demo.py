@@ -5,9 +5,12 @@ Builds a small Llama target (:class:`jspec.models.LlamaTarget` with the toy init
 in seconds, or loads checkpoint directories through :mod:`jspec.models`, runs
 the same prompts through plain greedy decoding and through the jitted speculative step with
 continuous batching, and prints tokens/s for both, the mean acceptance length, the lossless
-check (spec tokens == greedy tokens, asserted) and the allocator balance (leak check).
+check (spec tokens == greedy tokens, asserted) and the allocator balance (leak check). Then,
+unless ``--temperature 0``, a sampled run of both (default T 1; request i seeded ``--seed +
+i``): tokens/s and the acceptance length when sampling.
 
     python -m jspec.cli demo [--page-size 16 --topk 4 --steps 3 --draft-tokens 8]
+                             [--temperature 1 --top-k 0 --top-p 1 --min-p 0 --seed 0]
                              [--checkify] [--devices N] [--tensor-parallel T] ...
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -24,11 +28,14 @@ import numpy as np
 from jspec.apps._cli import (
     ATTENTION_IMPL_CHOICES,
     IMPL_CHOICES,
+    add_sampling_args,
     check_context,
     check_run_memory,
     check_spec_args,
+    describe_sampling,
     engine_config_from_args,
     run_cli,
+    sampling_from_args,
     setup_devices,
 )
 
@@ -64,7 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--staggered", action="store_true", help="requests arrive over time (continuous batching)"
     )
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the toy model, the prompts and the sampled run (request i: seed + i)",
+    )
     g = p.add_argument_group("model")
     g.add_argument("--vocab-size", type=int, default=512)
     g.add_argument("--hidden-size", type=int, default=128)
@@ -116,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
         "uses devices x tensor-parallel devices in all",
     )
     g.add_argument("--no-progress", action="store_true")
+    add_sampling_args(p, temperature=1.0)
     return p
 
 
@@ -212,6 +225,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
     check_count("--num-prompts", args.num_prompts)
     if args.num_prompts > MAX_NUM_PROMPTS:
         raise InputError(f"--num-prompts={args.num_prompts} must be <= {MAX_NUM_PROMPTS}")
+    check_count("--seed", args.seed, 0)
+    sampling = sampling_from_args(args, args.seed)
+    sampled = [dataclasses.replace(sampling, seed=args.seed + i) for i in range(args.num_prompts)]
+    sampling_from_args(args, args.seed + args.num_prompts - 1)  # the last seed fits too
     setup_devices(args.devices, args.tensor_parallel)
 
     import jax
@@ -265,9 +282,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
         f"{args.max_new_tokens} new tokens each, <= {args.max_running} running per device"
     )
 
-    def run(engine: Engine, label: str):
+    def run(engine: Engine, label: str, sampling=None):
         bar = _Progress(label, not args.no_progress)
-        out, stats = engine.generate(prompts, args.max_new_tokens, arrivals=arrivals, progress=bar)
+        out, stats = engine.generate(
+            prompts, args.max_new_tokens, arrivals=arrivals, progress=bar, sampling=sampling
+        )
         bar.close()
         return out, stats
 
@@ -281,8 +300,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         spec_engine = Engine(
             ecfg, target, params, draft_model, draft, num_devices=args.devices, checkify=checkify
         )
-        greedy.warmup()
-        spec_engine.warmup()
+        greedy.warmup(sampling)
+        spec_engine.warmup(sampling)
         print(
             f"  compiled prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
             f"[{time.perf_counter() - t0:.1f} s]"
@@ -290,6 +309,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
         try:
             ref, g_stats = run(greedy, "greedy")
             out, s_stats = run(spec_engine, "spec")
+            if not sampling.is_greedy:
+                _, gs_stats = run(greedy, "plain~", sampled)
+                _, ss_stats = run(spec_engine, "spec~", sampled)
         except probes.ProbeError as e:
             fired = str(e)
     if fired is not None:
@@ -315,6 +337,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
         f"lossless check: {'PASS' if lossless else 'FAIL'} (spec tokens == plain greedy "
         f"tokens for all {len(prompts)} prompts)"
     )
+    if not sampling.is_greedy:
+        print(
+            f"sampled ({describe_sampling(sampling)} + i): "
+            f"plain {gs_stats.tokens_per_s:.1f} tokens/s, "
+            f"spec {ss_stats.tokens_per_s:.1f} tokens/s (speedup "
+            f"x{ss_stats.tokens_per_s / max(gs_stats.tokens_per_s, 1e-9):.2f}), mean acceptance "
+            f"length {ss_stats.mean_accept_len:.2f} tokens/step/request"
+        )
     print(f"allocator balance: spec {s_stats.leak_check}; greedy {g_stats.leak_check}")
     if checkify:
         print("checkify: all probes on, none fired")

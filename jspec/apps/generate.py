@@ -2,11 +2,20 @@
 
     jspec generate --model DIR [--draft DIR] (--prompt TEXT | --prompt-ids "1 2 3")
                    --max-new-tokens N [--json] [--no-progress] [spec flags of jspec demo]
+                   [--temperature T --top-k K --top-p P --min-p M --seed S]
 
-Without ``--draft`` it decodes greedily; with it, EAGLE tree speculative decoding (lossless:
-the same tokens). It prints the text (or the ids), tokens/s and, for spec, the mean acceptance
-length; with ``--json`` the last stdout line is one JSON object (``token_ids``, ``mode``,
-``mean_accept_len``, ``tokens_per_s``, ...). Progress (loading, compiling) goes to stderr.
+Without ``--draft`` it decodes plainly; with it, EAGLE tree speculative decoding (lossless:
+greedy gives the same tokens, sampling the same distribution). ``--temperature 0`` (default) is
+greedy; above 0 it samples (top-k, top-p, min-p applied once to the target's distribution),
+reproducibly from ``--seed`` (drawn at random when not given, and reported). It prints the text
+(or the ids), tokens/s and, for spec, the mean acceptance length; with ``--json`` the last
+stdout line is one JSON object (``token_ids``, ``mode``, ``sampling`` (the parameters used,
+seed included), ``mean_accept_len``, ``tokens_per_s``, ...). Progress (loading, compiling) goes
+to stderr.
+
+Many prompts from a file (not built yet): each line's sampling fields override the flags,
+``SamplingParams.from_dict(line, base=sampling_from_args(args, args.seed))``
+(``jspec.apps._cli``), validated before anything compiles.
 
 Models come from ``jspec.models`` (a Hugging Face Llama-family directory, an EAGLE-3 or EAGLE-1
 head directory); :func:`main` takes a ``loader`` hook so that any models following
@@ -28,11 +37,14 @@ from typing import Any
 from jspec.apps._cli import (
     ATTENTION_IMPL_CHOICES,
     IMPL_CHOICES,
+    add_sampling_args,
     check_context,
     check_run_memory,
     check_spec_args,
+    describe_sampling,
     engine_config_from_args,
     run_cli,
+    sampling_from_args,
     setup_devices,
 )
 from jspec.engine.inputs import InputError, check_count, validate_requests
@@ -88,6 +100,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--devices", type=int, default=1, help="data-parallel shards")
     g.add_argument("--tensor-parallel", type=int, default=1, help="devices per shard")
     g.add_argument("--checkify", action="store_true", help="all probes on")
+    add_sampling_args(p)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampling seed in [0, 2**64) (default: drawn at random, reported in the output)",
+    )
     return p
 
 
@@ -185,6 +204,7 @@ def main(argv: Sequence[str] | None = None, *, loader: Loader | None = None) -> 
 def _main(argv: Sequence[str] | None, loader: Loader) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
     check_spec_args(args)
+    sampling = sampling_from_args(args, args.seed).resolved()
     prompt_ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
     if args.prompt is not None:
         if not args.prompt:
@@ -235,6 +255,7 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
             prompt_ids,
             say,
             eos=[] if args.ignore_eos else _eos_ids(args.model, target),
+            sampling=sampling,
         )
     except ProbeError as e:
         print(f"jspec generate: a probe fired: {e}", file=sys.stderr)
@@ -242,8 +263,9 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
     text = tokenizer.decode(out) if tokenizer is not None else None
     mode = "spec" if draft is not None else "greedy"
     print(text if text is not None else " ".join(str(t) for t in out))
+    how = "greedy" if sampling.is_greedy else describe_sampling(sampling)
     print(
-        f"{stats.num_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s ({mode}, "
+        f"{stats.num_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s ({mode}, {how}, "
         f"{stats.num_decode_steps} decode steps, {stats.wall_s:.2f} s)"
     )
     if mode == "spec":
@@ -257,6 +279,7 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
                 {
                     "token_ids": out,
                     "mode": mode,
+                    "sampling": sampling.to_dict(),
                     "text": text,
                     "mean_accept_len": stats.mean_accept_len if mode == "spec" else 1.0,
                     "tokens_per_s": stats.tokens_per_s,
@@ -304,8 +327,10 @@ def generate_ids(
     say: Callable[[str], None],
     *,
     eos: Sequence[int] = (),
+    sampling: Any = None,
 ) -> tuple[list[int], Any]:
-    """Validate, build the engine, compile (with progress) and generate for one prompt."""
+    """Validate, build the engine, compile (with progress) and generate for one prompt
+    (``sampling``: its ``jspec.engine.SamplingParams``, None = greedy)."""
     from jspec import probes
     from jspec.engine.scheduler import Engine
 
@@ -330,7 +355,7 @@ def generate_ids(
             f"compiling prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
             f"(context {context_len}, page size {ecfg.spec.page_size}) ..."
         )
-        engine.warmup()
+        engine.warmup(sampling)
         say(f"compiled [{time.perf_counter() - t0:.1f} s]; generating {max_new} tokens")
-        outs, stats = engine.generate([list(prompt_ids)], max_new)
+        outs, stats = engine.generate([list(prompt_ids)], max_new, sampling=[sampling])
     return outs[0], stats

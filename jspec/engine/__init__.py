@@ -16,6 +16,8 @@ Module map:
   draft_phases.py  the step's draft side: draft attention passes, draft loop, draft extend
   inputs.py      host-side validation of requests (before any compile)
   guards.py      traced input guards of the public steps (slots, token ids; ok=False + probes)
+  sampling_params.py  SamplingParams: per-request temperature / top-k / top-p / min-p / seed
+  sampling.py    SamplingBatch and the steps' sampled branches (exact, reproducible)
   scheduler.py   Engine: continuous batching host loop, leak checks
   sharding.py    data / tensor parallel shards with shard_map
   reference.py   dense no-cache greedy oracle (over any TargetModel)
@@ -32,7 +34,9 @@ The way in, one shard, your own loop::
     state, out = spec_decode_step(ecfg, target, tparams, draft, dparams, state, slot_idx, live)
     state = release(ecfg, state, slot_idx, finished)  # return_ok=True: (state, ok)
 
-or the continuous-batching loop: ``Engine(ecfg, target, tparams, draft, dparams).generate(...)``.
+or the continuous-batching loop: ``Engine(ecfg, target, tparams, draft, dparams).generate(...)``,
+sampled per request with ``generate(..., sampling=SamplingParams(temperature=0.8, top_p=0.9,
+seed=1))`` (the step functions take the batch's ``SamplingBatch`` as ``sampling=``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from jspec.engine.inputs import InputError, validate_requests
 from jspec.engine.lifecycle import prefill, prefill_chunk, release
 from jspec.engine.memory import kv_bytes_per_token, num_pages_for_memory
 from jspec.engine.protocol import AttnFn, DraftModel, TargetModel
+from jspec.engine.sampling import SamplingBatch
+from jspec.engine.sampling_params import SamplingParams
 from jspec.engine.scheduler import Engine, Request, RunStats
 from jspec.engine.spec_step import spec_decode_step
 from jspec.engine.state import EngineConfig, EngineState, init_engine_state, make_engine_config
@@ -62,6 +68,8 @@ __all__ = [
     "PrefillOutput",
     "Request",
     "RunStats",
+    "SamplingBatch",
+    "SamplingParams",
     "SpecStepOutput",
     "TargetModel",
     "greedy_step",

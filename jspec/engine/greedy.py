@@ -8,7 +8,8 @@ One decode step for a padded bucket of batch slots (``slot_idx: i32[Bb]``, ``liv
     target forward on x at position L: K/V -> slot, attention over row[0..L]
     x' = argmax(logits); L' = L + 1
 
-Padding entries allocate nothing, read the padding row 0 and write slot 0. The step is a no-op
+Given a ``sampling`` batch, ``x'`` is sampled instead (``jspec.engine.sampling``). Padding
+entries allocate nothing, read the padding row 0 and write slot 0. The step is a no-op
 (``ok`` False) when the pages are short or a live entry names a slot out of range, twice or not
 live (``jspec.engine.guards``): every entry then becomes padding (no ``lax.cond``, so the donated
 pool is updated in place rather than copied for a skip branch).
@@ -28,6 +29,7 @@ from jspec.config import ceil_div
 from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
 from jspec.engine.model_calls import run_target, target_logits
+from jspec.engine.sampling import SamplingBatch, sample_plain
 from jspec.engine.state import (
     EngineConfig,
     EngineState,
@@ -50,6 +52,7 @@ def greedy_step_body(
     state: EngineState,
     slot_idx: jax.Array,
     live: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, GreedyStepOutput]:
     """The unjitted step (what :func:`greedy_step` jits and the sharded engine maps); the draft
     arguments are ignored (the engines share one body signature)."""
@@ -86,7 +89,11 @@ def greedy_step_body(
     pool, hidden, _ = run_target(ecfg, target, params, state.target_pool, tokens, seq, plan)
     logits = target_logits(target, params, hidden)
     guards.probe_target_logits(logits, live, "greedy_step")
-    nxt = jnp.where(live, jnp.argmax(logits, -1).astype(jnp.int32), 0)
+    if sampling is None:
+        nxt = jnp.argmax(logits, -1).astype(jnp.int32)
+    else:  # the token after x (at L) sits at position L + 1
+        nxt = sample_plain(logits, sampling, seq + 1, tp_axis=ecfg.tp_axis)
+    nxt = jnp.where(live, nxt, 0)
     state = replace(
         state,
         allocator=allocator,
@@ -107,16 +114,19 @@ def greedy_step(
     state: EngineState,
     slot_idx: jax.Array,
     live: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, GreedyStepOutput]:
-    """One plain greedy decode step over a padded bucket of one shard.
+    """One plain greedy (or sampled) decode step over a padded bucket of one shard.
 
     Args:
       ecfg: static engine config (``spec.topk`` etc. unused).
       target: static target model (``jspec.engine.protocol.TargetModel``); params: its weights.
       state: engine state (donated).
       slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
+      sampling: None (argmax) or the entries' sampling parameters
+        (:class:`jspec.engine.sampling.SamplingBatch`, rows as ``slot_idx``).
 
     Returns:
       (state, :class:`GreedyStepOutput`).
     """
-    return greedy_step_body(ecfg, target, params, None, None, state, slot_idx, live)
+    return greedy_step_body(ecfg, target, params, None, None, state, slot_idx, live, sampling)

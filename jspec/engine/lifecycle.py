@@ -13,7 +13,8 @@ entry), so a call's activations are bounded by the chunk, not the prompt. Per en
                    with a draft: the draft runs the same positions on the shifted ids
                    x[p+1] (``next_ids`` for the chunk's last position, the first generated
                    token for the prompt's) and the target's feature, into the draft pool
-    last chunk:    the first token x[n] (greedy argmax) becomes the slot's bonus token, the
+    last chunk:    the first token x[n] (greedy argmax, or sampled given a ``sampling``
+                   batch: ``jspec.engine.sampling``) becomes the slot's bonus token, the
                    draft's last row its first tree level; the slot goes live (decodable)
 
 Between chunks the slot holds the request (row, ``committed_lens = start``) but is not live:
@@ -44,6 +45,7 @@ from jspec.config import ceil_div, ceil_to_multiple
 from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
 from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
+from jspec.engine.sampling import SamplingBatch, sample_plain
 from jspec.engine.state import (
     EngineConfig,
     EngineState,
@@ -80,6 +82,7 @@ def prefill_chunk_body(
     starts: jax.Array,
     is_last: jax.Array,
     next_ids: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, PrefillOutput]:
     """The unjitted chunk prefill (what :func:`prefill_chunk` jits and the engine maps)."""
     check_engine_models(ecfg, target, draft)
@@ -164,7 +167,11 @@ def prefill_chunk_body(
     hidden_last = hidden.reshape(bp, cq, -1)[jnp.arange(bp), last]
     logits = target_logits(target, params, hidden_last)
     guards.probe_target_logits(logits, is_last, "prefill")
-    first = jnp.where(is_last, jnp.argmax(logits, -1).astype(jnp.int32), 0)
+    if sampling is None:
+        first = jnp.argmax(logits, -1).astype(jnp.int32)
+    else:  # the first new token sits at position prompt_len (= ends on the last chunk)
+        first = sample_plain(logits, sampling, ends, tp_axis=ecfg.tp_axis)
+    first = jnp.where(is_last, first, 0)
     new = replace(
         state,
         allocator=allocator,
@@ -219,6 +226,7 @@ def prefill_chunk(
     starts: jax.Array,
     is_last: jax.Array,
     next_ids: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, PrefillOutput]:
     """Prefill one chunk of up to ``Bp`` prompts into batch slots of one shard (module doc).
 
@@ -235,6 +243,8 @@ def prefill_chunk(
       starts: i32[Bp] prompt tokens prefilled by earlier chunks (0: the first chunk).
       is_last: bool[Bp] the chunk ends the prompt (emit the first token, go live).
       next_ids: i32[Bp] the prompt id after the chunk (read by the draft when not ``is_last``).
+      sampling: None (the first token is the argmax) or the entries' sampling parameters
+        (:class:`jspec.engine.sampling.SamplingBatch`, rows as ``slot_idx``).
 
     Returns:
       (state, :class:`PrefillOutput`): ``first_tokens`` for ``is_last`` entries (0 otherwise).
@@ -252,6 +262,7 @@ def prefill_chunk(
         starts,
         is_last,
         next_ids,
+        sampling,
     )
 
 
@@ -265,6 +276,7 @@ def prefill_body(
     slot_idx: jax.Array,
     prompt_ids: jax.Array,
     prompt_lens: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, PrefillOutput]:
     """Whole prompts as one chunk each (:func:`prefill_chunk_body` with ``start = 0``)."""
     bp = prompt_ids.shape[0]
@@ -282,6 +294,7 @@ def prefill_body(
         zeros,
         prompt_lens > 0,
         zeros,
+        sampling,
     )
 
 
@@ -296,6 +309,7 @@ def prefill(
     slot_idx: jax.Array,
     prompt_ids: jax.Array,
     prompt_lens: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, PrefillOutput]:
     """Admit up to ``Bp`` whole prompts into free batch slots of one shard (one chunk each;
     :func:`prefill_chunk` for longer prompts).
@@ -308,12 +322,23 @@ def prefill(
       slot_idx: i32[Bp] batch slot per prompt (any value for padding entries).
       prompt_ids: i32[Bp, Lp] token ids in [0, target.vocab_size) (padding: any valid id).
       prompt_lens: i32[Bp]; 0 marks a padding entry.
+      sampling: None (the first token is the argmax) or the prompts' sampling parameters
+        (:class:`jspec.engine.sampling.SamplingBatch`, rows as ``slot_idx``).
 
     Returns:
       (state, :class:`PrefillOutput`).
     """
     return prefill_body(
-        ecfg, target, params, draft, draft_params, state, slot_idx, prompt_ids, prompt_lens
+        ecfg,
+        target,
+        params,
+        draft,
+        draft_params,
+        state,
+        slot_idx,
+        prompt_ids,
+        prompt_lens,
+        sampling,
     )
 
 

@@ -68,18 +68,33 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
     ``jspec.engine.sharding.sharded`` keys on it)::
 
         body(ecfg, target, params, draft, draft_params, state, slot_idx, live, budget,
-             eos_ids, num_rounds) -> (state, RoundsOutput)
+             eos_ids, num_rounds, sampling=None) -> (state, RoundsOutput)
 
     Args (of the returned body):
       slot_idx: i32[Bb]; live: bool[Bb] (as the step's).
       budget: i32[Bb] tokens each entry may still emit (its max_new_tokens left).
       eos_ids: i32[E] stop tokens (-1 pads).
       num_rounds: i32[] rounds to run at most (``<= max_rounds``, the static capacity).
+      sampling: None or the entries' ``jspec.engine.sampling.SamplingBatch`` (each round's
+        coins come from the request's seed and positions, so rounds need no fresh key).
     """
     if not isinstance(max_rounds, int) or max_rounds < 1:
         raise ValueError(f"max_rounds={max_rounds!r} must be an int >= 1")
 
-    def body(ecfg, target, params, draft, draft_params, state, slot_idx, live, budget, eos_ids, n):
+    def body(
+        ecfg,
+        target,
+        params,
+        draft,
+        draft_params,
+        state,
+        slot_idx,
+        live,
+        budget,
+        eos_ids,
+        n,
+        sampling=None,
+    ):
         width = _tokens_per_step(ecfg, step_body)
         bb = slot_idx.shape[0]
         tokens0 = jnp.zeros((max_rounds, bb, width), jnp.int32)
@@ -92,7 +107,8 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
 
         def step(carry):
             st, r, alive, left, tokens, lens, _ = carry
-            st, out = step_body(ecfg, target, params, draft, draft_params, st, slot_idx, alive)
+            args = (ecfg, target, params, draft, draft_params, st, slot_idx, alive)
+            st, out = step_body(*args) if sampling is None else step_body(*args, sampling)
             ok = jnp.asarray(out.ok)
             toks, emitted = _emitted(out, alive)
             emitted = jnp.where(ok, emitted, 0)

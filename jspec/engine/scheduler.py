@@ -45,6 +45,12 @@ from jspec.engine import sharding
 from jspec.engine.greedy import greedy_step_body
 from jspec.engine.inputs import validate_requests
 from jspec.engine.lifecycle import prefill_chunk_body, release_body
+from jspec.engine.sampling_params import (
+    GREEDY,
+    SamplingParams,
+    normalize_sampling,
+    pack_sampling,
+)
 from jspec.engine.state import (
     EngineConfig,
     EngineState,
@@ -53,6 +59,7 @@ from jspec.engine.state import (
 )
 from jspec.kv.allocator import available_size
 from jspec.kv.integrity import check_integrity, owned_page_mask
+from jspec.tree.sampling import LossyThresholds
 
 ADMISSIONS = ("reserve", "optimistic")
 
@@ -65,6 +72,7 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     arrival_step: int = 0
+    sampling: SamplingParams = GREEDY  # resolved (a sampled request has its seed)
     output: list[int] = dataclasses.field(default_factory=list)
     accept_lens: list[int] = dataclasses.field(default_factory=list)
     shard: int = -1
@@ -97,6 +105,8 @@ class RunStats:
     num_prefill_calls: int = 0
     num_preemptions: int = 0
     leak_check: str = ""
+    # each request's sampling parameters as used (seeds drawn for those that had none)
+    sampling: list[SamplingParams] = dataclasses.field(default_factory=list)
 
     @property
     def mean_accept_len(self) -> float:
@@ -149,6 +159,9 @@ class Engine:
       admission: ``"reserve"`` (admit while the requests' lifetime pages fit: never preempts)
         or ``"optimistic"`` (admit while the pages held now fit; preempt the newest request and
         prefill it again later when a decode step finds the pages short). See the module doc.
+      lossy_thresholds: sglang's ``threshold_single`` / ``threshold_acc`` for sampled
+        requests (``jspec.tree.sampling.LossyThresholds``): CHANGES THE OUTPUT DISTRIBUTION
+        (accepts more drafts than exact sampling). None (default): exact.
 
     A :meth:`generate` that ends by an exception (a fired probe, Ctrl-C, a ``progress``
     callback raising) leaves :attr:`state` as it was (its requests still live, for inspection);
@@ -169,6 +182,7 @@ class Engine:
         checkify: bool = False,
         admission: str = "reserve",
         max_rounds: int = 8,
+        lossy_thresholds: LossyThresholds | None = None,
     ) -> None:
         from jspec.engine.inputs import check_count
 
@@ -194,6 +208,7 @@ class Engine:
             lambda: init_engine_state(ecfg, draft), num_devices, tp
         )
         self.checkify = checkify
+        self.lossy_thresholds = lossy_thresholds
         self._step_body = _spec_body if self.mode == "spec" else greedy_step_body
         self._fns: dict[tuple, Any] = {}
         self._needs_reset = False  # a generate() ended by an exception
@@ -243,9 +258,8 @@ class Engine:
         # argument (~0.3 ms each on the GPU host, measured), which the host loop paid every step.
         # One device_put of the host arguments (one batched transfer, not one per argument).
         checked = self._checked
-        out = self._fn(body, num_tokens)(
-            self.params, self.draft, self.state, *jax.device_put([np.asarray(a) for a in args])
-        )
+        host = [jax.tree.map(np.asarray, a) for a in args if a is not None]
+        out = self._fn(body, num_tokens)(self.params, self.draft, self.state, *jax.device_put(host))
         if checked:
             out, errors = out
             msg = sharding.first_error(errors, self.num_devices)
@@ -255,10 +269,17 @@ class Engine:
         return _tree_to_host(result)
 
     def _call_prefill(
-        self, slot_idx, token_ids, chunk_lens, starts=None, is_last=None, next_ids=None
+        self,
+        slot_idx,
+        token_ids,
+        chunk_lens,
+        starts=None,
+        is_last=None,
+        next_ids=None,
+        sampling=None,
     ):
         """One prefill call (``[D, Bp]`` entries of ``[D, Bp, Cq]`` tokens); by default every
-        entry is a whole prompt (start 0, last chunk)."""
+        entry is a whole prompt (start 0, last chunk); ``sampling``: a SamplingBatch or None."""
         starts = np.zeros_like(chunk_lens) if starts is None else starts
         is_last = (chunk_lens > 0) if is_last is None else is_last
         next_ids = np.zeros_like(chunk_lens) if next_ids is None else next_ids
@@ -272,13 +293,23 @@ class Engine:
             starts,
             is_last,
             next_ids,
+            sampling,
         )
         return out.first_tokens, out.ok
 
-    def _call_step(self, slot_idx, live):
-        return self._call(self._step_body, self._step_tokens(slot_idx.shape[-1]), slot_idx, live)
+    def _call_step(self, slot_idx, live, sampling=None):
+        num_tokens = self._step_tokens(slot_idx.shape[-1])
+        return self._call(self._step_body, num_tokens, slot_idx, live, sampling)
 
-    def _call_rounds(self, slot_idx, live, budget, num_rounds: int):
+    def _sampling_batch(self, requests: list[list[Request]], width: int):
+        """The :class:`jspec.engine.sampling.SamplingBatch` of ``requests[shard][entry]``
+        padded to ``width`` entries, or None when none of them samples (the greedy path)."""
+        if all(r.sampling.is_greedy for shard in requests for r in shard):
+            return None
+        padded = [[r.sampling for r in shard] + [None] * (width - len(shard)) for shard in requests]
+        return pack_sampling(padded, self.lossy_thresholds)
+
+    def _call_rounds(self, slot_idx, live, budget, num_rounds: int, sampling=None):
         """Up to ``num_rounds`` decode rounds in one dispatch (:mod:`jspec.engine.rounds`)."""
         from jspec.engine.rounds import rounds_body
 
@@ -293,6 +324,7 @@ class Engine:
             budget,
             np.broadcast_to(eos, (d, eos.size)),
             np.full((d,), num_rounds, np.int32),
+            sampling,
         )
 
     def _eos_array(self) -> np.ndarray:
@@ -310,22 +342,35 @@ class Engine:
                 "live, given twice, or pages / rows not the allocator's (state unchanged)"
             )
 
-    def warmup(self) -> None:
-        """Compile prefill (every chunk bucket), release and the decode step of every batch
-        bucket (all-padding inputs: no state changes)."""
+    def warmup(self, sampling: SamplingParams | None = None) -> None:
+        """Compile prefill (every chunk bucket), release and the decode rounds of every batch
+        bucket (all-padding inputs: no state changes); with a sampled ``sampling``, also the
+        sampled prefill and rounds its filters need."""
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
         bp = self.ecfg.prefill_batch
-        for cq in self.ecfg.prefill_chunk_buckets:
-            self._call_prefill(
-                np.full((d, bp), m, np.int32),
-                np.zeros((d, bp, cq), np.int32),
-                np.zeros((d, bp), np.int32),
-            )
-        for bucket in self.ecfg.batch_buckets:
-            idx = np.full((d, bucket), m, np.int32)
-            none = np.zeros((d, bucket), bool)
-            self._call_rounds(idx, none, np.zeros((d, bucket), np.int32), 1)
-            self._call_release(idx, none)
+        variants = [None]
+        if sampling is not None and not sampling.is_greedy:
+            variants.append(dataclasses.replace(sampling, seed=0))
+        for params in variants:
+
+            def batch(width, params=params):
+                if params is None:
+                    return None
+                return pack_sampling([[params] * width] * d, self.lossy_thresholds)
+
+            for cq in self.ecfg.prefill_chunk_buckets:
+                self._call_prefill(
+                    np.full((d, bp), m, np.int32),
+                    np.zeros((d, bp, cq), np.int32),
+                    np.zeros((d, bp), np.int32),
+                    sampling=batch(bp),
+                )
+            for bucket in self.ecfg.batch_buckets:
+                idx = np.full((d, bucket), m, np.int32)
+                none = np.zeros((d, bucket), bool)
+                self._call_rounds(idx, none, np.zeros((d, bucket), np.int32), 1, batch(bucket))
+                if params is None:
+                    self._call_release(idx, none)
 
     # ---- the loop -------------------------------------------------------------------------------
     def generate(
@@ -335,8 +380,9 @@ class Engine:
         *,
         arrivals: Sequence[int] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
     ) -> tuple[list[list[int]], RunStats]:
-        """Generate greedily for every prompt with continuous batching.
+        """Generate for every prompt (greedy, or sampled per request) with continuous batching.
 
         Every input is checked on the host first (``jspec.engine.inputs.validate_requests``:
         ``InputError`` naming the prompt and field), before anything compiles.
@@ -347,6 +393,11 @@ class Engine:
             max_new_tokens`` must be <= context_len.
           arrivals: loop iteration at which each request arrives (default all 0).
           progress: ``progress(tokens_done, tokens_total)`` after every iteration.
+          sampling: None (all greedy), one :class:`SamplingParams` for all, or one per
+            request (None entries greedy). A request's tokens depend only on its prompt and
+            its parameters (seed included), not on the batch it shares, its slot or the device
+            layout (a request preempted under ``"optimistic"`` admission keeps its law, not
+            necessarily its tokens); a seed left None is drawn at random (``stats.sampling``).
 
         Returns:
           (outputs, stats): outputs[i] = generated tokens of prompt i (truncated at
@@ -367,16 +418,19 @@ class Engine:
             arrivals=arrivals,
         )
         n = len(prompts)
+        params = normalize_sampling(sampling, n)
         reqs = []
         for i, prompt in enumerate(prompts):
-            reqs.append(Request(i, prompt, max_new[i], arrivals[i], prefill_ids=list(prompt)))
+            reqs.append(
+                Request(i, prompt, max_new[i], arrivals[i], params[i], prefill_ids=list(prompt))
+            )
             if self.lifetime_pages(reqs[-1]) > spec.num_pages:
                 raise ValueError(
                     f"prompt {i}: needs up to {self.lifetime_pages(reqs[-1])} "
                     f"pages, the pool has num_pages={spec.num_pages}"
                 )
         self._needs_reset = True  # until the run ends normally (an exception leaves it set)
-        stats = RunStats(mode=self.mode, num_requests=n)
+        stats = RunStats(mode=self.mode, num_requests=n, sampling=params)
         total_tokens = sum(max_new)
         d, m = self.num_devices, spec.max_running_requests
         loop = _Loop(
@@ -498,7 +552,10 @@ class Engine:
                 token_ids[s, i, :c] = ids[a : a + c]
                 is_last[s, i] = a + c == len(ids)
                 next_ids[s, i] = ids[a + c] if a + c < len(ids) else 0
-        first, ok = self._call_prefill(slot_idx, token_ids, lens, starts, is_last, next_ids)
+        sampling = self._sampling_batch(batch, bp)
+        first, ok = self._call_prefill(
+            slot_idx, token_ids, lens, starts, is_last, next_ids, sampling
+        )
         stats.num_prefill_calls += 1
         for s in range(d):
             if not batch[s]:
@@ -577,8 +634,10 @@ class Engine:
                 for i, slot in enumerate(slots):
                     req = running[s][slot]
                     budget[s, i] = max(req.max_new_tokens - len(req.output), 1)
+            requests = [[running[s][slot] for slot in slots] for s, slots in enumerate(order)]
+            sampling = self._sampling_batch(requests, slot_idx.shape[-1])
             t0 = time.perf_counter()
-            out = self._call_rounds(slot_idx, live, budget, rounds)
+            out = self._call_rounds(slot_idx, live, budget, rounds, sampling)
             wall = time.perf_counter() - t0
             num = np.asarray(out.num_rounds).reshape(-1)
             stuck = [s for s in range(self.num_devices) if num[s] == 0 and not out.ok[s]]

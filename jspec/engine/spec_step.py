@@ -39,6 +39,9 @@ later forwards (the draft loop) its own hidden ``[T, Hd]``.
 
 Losslessness: every emitted token is the target's argmax given the prefix and the accepted
 path, i.e. exactly plain greedy decoding; the draft only decides how many are emitted per step.
+Given a ``sampling`` batch, phase 6 is the exact sampled tree verification instead
+(``jspec.engine.sampling``): the emitted tokens have the law of sampling the processed target
+distribution autoregressively, whatever the draft.
 In bf16, verify (N queries, prefix + tree passes) and plain decode (1 query) are numerically
 different computations of the same logits and may flip a near-tied argmax: test in f32.
 """
@@ -58,6 +61,7 @@ from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
 from jspec.engine.draft_phases import draft_decode_passes, phase_draft, phase_extend
 from jspec.engine.model_calls import run_target, target_logits
+from jspec.engine.sampling import SamplingBatch, sample_tree
 from jspec.engine.state import (
     EngineConfig,
     EngineState,
@@ -221,23 +225,40 @@ def phase_verify(
 
 
 def phase_accept(
-    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, res: VerifyResult
+    ecfg: EngineConfig,
+    target: Any,
+    params: Any,
+    draft: Any,
+    draft_params: Any,
+    res: VerifyResult,
+    sampling: SamplingBatch | None = None,
 ) -> AcceptResult:
-    """6-7: greedy tree verification; K>1: move accepted target KV, compact to the front."""
+    """6-7: tree verification (greedy, or sampled given ``sampling``:
+    ``jspec.engine.sampling.sample_tree``); K>1: move accepted target KV, compact to the front."""
     del target, params, draft, draft_params
     spec, reqs, tree, live = ecfg.spec, res.batch.reqs, res.tree, res.batch.live
     k, s, n = spec.topk, spec.num_steps, spec.num_draft_tokens
     batch = live.shape[0]
     # accept_index width: the deepest possible path + 1 (S+1 unless the tree is shallower).
-    predict, accept_lens, accept_index = eagle_sample_greedy(
-        res.logits,
-        tree.draft_tokens.reshape(batch, n),
-        tree.retrive_index,
-        tree.retrive_next_token,
-        tree.retrive_next_sibling,
-        num_spec_steps=min(s, n - 1) + 1,
-        impl=ecfg.kernel_impl,
-    )
+    if sampling is not None:
+        predict, accept_lens, accept_index = sample_tree(
+            res.logits,
+            tree,
+            reqs.committed_lens,
+            sampling,
+            num_spec_steps=min(s, n - 1) + 1,
+            tp_axis=ecfg.tp_axis,
+        )
+    else:
+        predict, accept_lens, accept_index = eagle_sample_greedy(
+            res.logits,
+            tree.draft_tokens.reshape(batch, n),
+            tree.retrive_index,
+            tree.retrive_next_token,
+            tree.retrive_next_sibling,
+            num_spec_steps=min(s, n - 1) + 1,
+            impl=ecfg.kernel_impl,
+        )
     accept_lens = jnp.where(live, accept_lens, 0).astype(jnp.int32)
     accept_tokens = jnp.where(accept_index >= 0, predict[jnp.maximum(accept_index, 0)], 0)
     accept_tokens = jnp.where(live[:, None], accept_tokens, 0).astype(jnp.int32)
@@ -317,6 +338,7 @@ def spec_step_body(
     state: EngineState,
     slot_idx: jax.Array,
     live: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, SpecStepOutput]:
     """The unjitted step (what :func:`spec_decode_step` jits and the sharded engine maps)."""
     check_engine_models(ecfg, target, draft)
@@ -324,6 +346,8 @@ def spec_step_body(
     x = phase_prepare(ecfg, target, params, draft, draft_params, state, slot_idx, live & ok_in)
     x = replace(x, batch=replace(x.batch, ok=x.batch.ok & ok_in))  # bad slots: a skipped step
     for _, phase in PHASES:
+        if phase is phase_accept and sampling is not None:
+            phase = functools.partial(phase_accept, sampling=sampling)
         x = phase(ecfg, target, params, draft, draft_params, x)
         guards.probe_verify_logits(x)  # with probes on: NaN target logits of live rows
     return phase_commit(ecfg, state, x)
@@ -339,6 +363,7 @@ def spec_decode_step(
     state: EngineState,
     slot_idx: jax.Array,
     live: jax.Array,
+    sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, SpecStepOutput]:
     """One speculative decode step over a padded bucket of one shard (module docstring).
 
@@ -348,8 +373,13 @@ def spec_decode_step(
         weights.
       state: engine state (donated), from ``init_engine_state(ecfg, draft)`` and prefill.
       slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
+      sampling: None (greedy: every token the target's argmax) or the entries' sampling
+        parameters (:class:`jspec.engine.sampling.SamplingBatch`, rows as ``slot_idx``):
+        exact sampled tree verification (:mod:`jspec.tree.sampling`).
 
     Returns:
       (state, :class:`SpecStepOutput`).
     """
-    return spec_step_body(ecfg, target, params, draft, draft_params, state, slot_idx, live)
+    return spec_step_body(
+        ecfg, target, params, draft, draft_params, state, slot_idx, live, sampling
+    )

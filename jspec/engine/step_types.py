@@ -127,7 +127,7 @@ class AcceptResult:
     buffers: StepBuffers
     batch: StepBatch
     verify_loc: jax.Array  # i32[Bb*N]
-    # i32[Bb*N]: the target's argmax per node, accepted path first
+    # i32[Bb*N]: the token after each accepted node (argmax or sampled), accepted path first
     predict: jax.Array
     # dtype[Bb*N, Hd]: target_feature in the same order
     target_feature: jax.Array
@@ -170,7 +170,7 @@ class SpecStepOutput:
 class GreedyStepOutput:
     """What one plain greedy step emitted."""
 
-    # i32[Bb]: the next token of each entry (0 on padding entries)
+    # i32[Bb]: the next token of each entry, greedy or sampled (0 on padding entries)
     next_tokens: jax.Array
     # bool[]: False when the pages were short (the step changed no state)
     ok: jax.Array
@@ -180,7 +180,7 @@ class GreedyStepOutput:
 class PrefillOutput:
     """What one prefill (admission) call emitted."""
 
-    # i32[Bp]: the greedy token after each prompt (0 on padding entries)
+    # i32[Bp]: the first token after each prompt, greedy or sampled (0 on padding entries)
     first_tokens: jax.Array
     # bool[]: False when the rows or pages were short (the call changed no state)
     ok: jax.Array

@@ -3,8 +3,9 @@
 The step in order: :func:`topk_probs` (draft top-k proposal), :func:`select_top_k_tokens` and
 :func:`organize_draft_results` (tree expansion), :func:`prepare_for_draft` (holey draft slot
 layout), :func:`build_tree_kernel_efficient` (verify-tree metadata), :func:`verify_tree_greedy`
-/ :func:`tree_speculative_sampling_target_only` (accept path), then the accept bookkeeping
-(:func:`move_accept_tokens_to_target_kvcache`, ...). Every op takes arrays plus keyword geometry
+/ :func:`tree_sampling_verify` (accept path; for exact sampling :func:`target_probs_from_logits`
+gives the processed distribution, :func:`uniform_coins` reproducible coins), then the accept
+bookkeeping (:func:`move_accept_tokens_to_target_kvcache`, ...). Every op takes arrays plus keyword geometry
 (``topk=``, ``num_steps=``, ``num_draft_tokens=``, ``page_size=``); ``impl=`` picks the kernel.
 """
 
@@ -31,7 +32,14 @@ from jspec.tree.layout import (
     prefix_tail_copy_pairs,
     prepare_for_draft,
 )
-from jspec.tree.sampling import target_probs_from_logits, tree_speculative_sampling_target_only
+from jspec.tree.sampling import (
+    LossyThresholds,
+    sample_from_probs,
+    target_probs_from_logits,
+    tree_sampling_verify,
+    tree_speculative_sampling_target_only,
+)
+from jspec.tree.sampling_keys import seed_words, uniform_coins
 from jspec.tree.select import organize_draft_results, select_top_k_tokens
 from jspec.tree.verify import (
     compact_accept_to_front,
@@ -43,6 +51,7 @@ from jspec.tree.verify import (
 
 __all__ = [
     "BuildTreeOutput",
+    "LossyThresholds",
     "TreeMaskMode",
     "accept_kv_move_pairs",
     "build_tree_kernel_efficient",
@@ -60,10 +69,14 @@ __all__ = [
     "organize_draft_results",
     "prefix_tail_copy_pairs",
     "prepare_for_draft",
+    "sample_from_probs",
+    "seed_words",
     "select_top_k_tokens",
     "target_probs_from_logits",
     "topk_probs",
+    "tree_sampling_verify",
     "tree_speculative_sampling_target_only",
+    "uniform_coins",
     "verify_out_cache_loc",
     "verify_tree_greedy",
 ]

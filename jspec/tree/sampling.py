@@ -1,33 +1,50 @@
-"""Non-greedy tree verification: ``tree_speculative_sampling_target_only`` (SPEC.md §8.2).
+"""Sampled tree verification: the target-only sibling walk (SPEC.md §8.2), exact for any draft.
 
-Target-only speculative sampling over the draft tree (sgl_kernel's FlashInfer-derived kernel;
-draft probabilities are all zero). Per request, with ``q_r = target_probs[b, r]`` the target
-distribution after node r::
+Target-only speculative sampling over the draft tree (sgl_kernel's FlashInfer-derived
+``tree_speculative_sampling_target_only``; draft probabilities are not used). Per request, with
+``q_r`` the processed target distribution after node ``r`` (:mod:`jspec.tree.sampling_probs`)::
 
-    prob_acc = 0; coin = coins[b, 0]; last = root
-    at each depth (<= S): walk the children of `last` in sibling order:
-        prob_acc += q_last[token(c)]
-        accept c if  coin <= prob_acc / max(threshold_acc, 1e-9)  or  q_last[token(c)] >= threshold_single
+    removed = {}; prob_acc = 0; coin = coins[b, 0]; last = root
+    at each depth (<= S): walk the children c of `last` in sibling order:
+        q_c = q_last[token(c)] - (q_last[token(c)] if token(c) in removed else 0)
+        prob_acc += q_c
+        accept c if  q_c > 0  and  (coin < prob_acc / threshold_acc  or  q_c >= threshold_single)
             -> predicts[last] = token(c); accept_index[b, ++n] = retrive_index[b, c]
-               prob_acc = 0; coin = coins[b, c]; last = c
-        else: mark token(c) rejected at row `last` (draft_probs[last, token] = q_last[token])
-    final: residual = relu(q_last - draft_probs_last)  (= q_last with the rejected children's
-           tokens zeroed; nothing is subtracted when every depth accepted)
-           predicts[last] = first v with cumsum(residual)[v] > coin_final * sum(residual)
-                            and residual[v] > 0, else V-1            (FlashInfer's rule)
+               removed = {}; prob_acc = 0; coin = coins[b, c]; last = c
+        else: removed += {token(c)}
+    bonus: predicts[last] = a draw with coin_final from relu(q_last - removed)
+           (= q_last without the rejected children's tokens)
 
-With ``threshold_single = threshold_acc = 1`` and distinct sibling tokens this is exact
-sampling from ``q``: one coin walks the siblings' CDF; past it, the residual is ``q`` renormalised
-without them. Implementation: vectorised jnp over the batch, a static-trip ``fori_loop`` of
-``N`` node visits (like the greedy reference), deterministic (``deterministic`` is accepted for
-API parity). ``predicts`` entries never written keep ``predicts_init`` (sglang: undefined).
+**Why it is exact** (thresholds 1, the default). At ``last`` the coin is fresh (it was never
+used to decide anything the tree depends on: :mod:`jspec.tree.sampling_keys`). The children's
+distinct tokens own disjoint half-open intervals ``[a, a + q_c)`` of ``[0, 1)``, so child ``c``
+is accepted with probability exactly ``q_last[token(c)]`` and, given that, the walk continues
+at ``c`` with a fresh coin, i.e. the next token is drawn from ``q_c``. With probability
+``1 - sum q_c`` none is accepted, and the bonus is drawn from ``q_last`` conditioned on not
+being a child's token, which is the residual renormalised. Together: the emitted token after
+``last`` has law ``q_last``, whatever the tree; by induction over depth the emitted sequence has
+the law of sampling ``q`` autoregressively, for ANY draft (the draft only decides how many
+tokens a step emits). The tests prove it by chi-square against the exact joint law
+(tests/tree/test_sampling_exact.py, tests/engine/test_engine_sampling_exact.py).
 
-NOTE: newer upstream sgl_kernel changed the (0, 0)-threshold behaviour (zero-probability
-candidates are no longer accepted); this follows the SPEC (sglang 0.5.23 / §13.3 golden).
+Three departures from sglang 0.5.23's kernel (:func:`tree_speculative_sampling_target_only`
+keeps that kernel's semantics for interop parity; the engine calls :func:`tree_sampling_verify`):
+
+* half-open ``coin < prob_acc``, and ``q_c > 0`` required (sglang #35798): with ``<=``, a
+  zero-probability candidate walked with ``prob_acc == coin`` (e.g. the first sibling and a
+  coin of 0) was accepted: a token the target forbids (top-k / top-p cut, -inf logit);
+* a sibling whose token an earlier sibling already had (duplicate siblings: a non-injective
+  draft-to-target vocab map, a custom draft) counts ``q = 0``: sglang added its probability
+  again, double-counting the token's mass (a bias the tests show, see ``_MUTANTS`` there);
+* the lossy thresholds are only reachable through an explicit :class:`LossyThresholds`.
+
+Implementation: vectorised jnp over the batch, ``N`` node visits (each node is visited at most
+once), unrolled (no device loop); deterministic.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -35,9 +52,217 @@ import jax.numpy as jnp
 
 from jspec import probes
 from jspec.sentinels import NOT_ACCEPTED
+from jspec.tree.sampling_probs import target_probs_from_logits
+
+__all__ = [
+    "LossyThresholds",
+    "sample_from_probs",
+    "target_probs_from_logits",
+    "tree_sampling_verify",
+    "tree_speculative_sampling_target_only",
+]
 
 # FlashInfer caps threshold_acc away from 0 (division).
 _MIN_THRESHOLD_ACC = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class LossyThresholds:
+    """sglang's ``threshold_single`` / ``threshold_acc``: **changes the output distribution**.
+
+    A candidate is accepted when its probability reaches ``threshold_single`` or the coin falls
+    below ``prob_acc / threshold_acc``; values below 1 accept more (faster, no longer the target's
+    distribution). Exact sampling has no thresholds: pass ``lossy=None``.
+    """
+
+    threshold_single: float = 1.0
+    threshold_acc: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("threshold_single", "threshold_acc"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name}={value!r} must be a float in [0, 1]")
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value} must be in [0, 1]")
+
+
+def _inverse_cdf(weights: jax.Array, coins: jax.Array) -> jax.Array:
+    """i32[B]: the first ``v`` with ``cumsum(weights)[v] > coin * sum(weights)`` and
+    ``weights[v] > 0`` (FlashInfer's rule; ``weights: f32[B, V] >= 0``, ``coins: f32[B]`` in
+    ``[0, 1)``); ``V - 1`` when no entry qualifies (an all-zero row)."""
+    v = weights.shape[-1]
+    u = coins.astype(jnp.float32) * jnp.sum(weights, axis=-1)
+    hit = (jnp.cumsum(weights, axis=-1) > u[:, None]) & (weights > 0)
+    return jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), v - 1).astype(jnp.int32)
+
+
+@jax.jit
+def sample_from_probs(probs: jax.Array, coins: jax.Array) -> jax.Array:
+    """Plain sampling by inverse CDF: one token per row of ``probs``.
+
+    Args:
+      probs: f32[B, V] distributions (e.g. ``target_probs_from_logits(...)[:, 0]``).
+      coins: f32[B] uniform coins in ``[0, 1)`` (:func:`jspec.tree.sampling_keys.uniform_coins`).
+
+    Returns:
+      i32[B]: token ``v`` with probability ``probs[b, v]``; never a zero-probability token
+      (a row with no positive entry gives its argmax).
+    """
+    probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
+    ok = jnp.any(probs > 0, axis=-1)
+    return jnp.where(ok, _inverse_cdf(probs, coins), jnp.argmax(probs, axis=-1)).astype(jnp.int32)
+
+
+def _sibling_walk(
+    candidates: jax.Array,
+    retrive_index: jax.Array,
+    next_token: jax.Array,
+    next_sibling: jax.Array,
+    coins: jax.Array,
+    final_coins: jax.Array,
+    target_probs: jax.Array,
+    *,
+    num_spec_steps: int,
+    t_single: float | jax.Array,
+    t_acc: float | jax.Array,
+    exact: bool,
+    predicts_init: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The walk of the module docstring (shapes as :func:`tree_sampling_verify`); ``exact``
+    False is sglang 0.5.23's kernel (:func:`tree_speculative_sampling_target_only`)."""
+    bsz, n = candidates.shape
+    v = target_probs.shape[-1]
+    probes.static_check_shape(target_probs, (bsz, n, v), "target_probs")
+    probes.static_check_shape(coins, (bsz, n), "uniform_samples")
+    probes.static_check_shape(final_coins, (bsz,), "uniform_samples_for_final_sampling")
+    probes.static_check(
+        isinstance(num_spec_steps, int) and num_spec_steps >= 1,
+        f"num_spec_steps={num_spec_steps!r} must be an int >= 1 (S+1)",
+    )
+    probes.detect_nan(target_probs, "tree sampling: target_probs")
+    probes.detect_oob(candidates, 0, v, "tree sampling: candidates vs vocab")
+    candidates, retrive_index, next_token, next_sibling = (
+        x.astype(jnp.int32) for x in (candidates, retrive_index, next_token, next_sibling)
+    )
+    target_probs = target_probs.astype(jnp.float32)
+    coins = coins.astype(jnp.float32)
+    t_single = jnp.asarray(t_single, jnp.float32)
+    t_acc = jnp.maximum(jnp.asarray(t_acc, jnp.float32), _MIN_THRESHOLD_ACC)
+    max_depth = num_spec_steps - 1
+    rows = jnp.arange(bsz)
+    nodes = jnp.arange(n)
+    steps = jnp.arange(num_spec_steps)
+
+    def at(x, i):
+        return x[rows, jnp.clip(i, 0, n - 1)]
+
+    # Per request: cur (node being walked), last (last accepted node), depth (of cur), num
+    # (accepted), done, prob_acc, coin, rejected (bool[B, N]: children of `last` rejected so
+    # far), pred / written (predicts by local node), acc (accept_index).
+    cur, last, depth, num = next_token[:, 0], rows * 0, rows * 0 + 1, rows * 0
+    done = jnp.full((bsz,), max_depth == 0)
+    prob_acc, coin = jnp.zeros((bsz,), jnp.float32), coins[:, 0]
+    rejected = jnp.zeros((bsz, n), bool)
+    pred, written = jnp.zeros((bsz, n), jnp.int32), jnp.zeros((bsz, n), bool)
+    acc = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32).at[:, 0].set(retrive_index[:, 0])
+    for _ in range(n):  # each node is visited at most once: N visits suffice
+        cur_ok = ~done & (cur >= 0) & (cur < n)
+        token = at(candidates, cur)
+        q_tok = target_probs[rows, jnp.clip(last, 0, n - 1), jnp.clip(token, 0, v - 1)]
+        if exact:
+            seen = jnp.any(rejected & (candidates == token[:, None]), axis=-1)
+            q_tok = jnp.where(seen, 0.0, q_tok)
+            prob_acc = jnp.where(cur_ok, prob_acc + q_tok, prob_acc)
+            hit = (coin < prob_acc / t_acc) | (q_tok >= t_single)
+            match = cur_ok & (q_tok > 0) & hit
+        else:
+            prob_acc = jnp.where(cur_ok, prob_acc + q_tok, prob_acc)
+            match = cur_ok & ((coin <= prob_acc / t_acc) | (q_tok >= t_single))
+        onehot_last = nodes[None, :] == last[:, None]
+        pred = jnp.where(match[:, None] & onehot_last, token[:, None], pred)
+        written = written | (match[:, None] & onehot_last)
+        num = num + match
+        put = match[:, None] & (steps[None, :] == num[:, None])
+        acc = jnp.where(put, at(retrive_index, cur)[:, None], acc)
+        onehot_cur = nodes[None, :] == cur[:, None]
+        rejected = jnp.where(
+            match[:, None], False, rejected | ((cur_ok & ~match)[:, None] & onehot_cur)
+        )
+        prob_acc = jnp.where(match, 0.0, prob_acc)
+        coin = jnp.where(match, at(coins, cur), coin)
+        last = jnp.where(match, cur, last)
+        depth = depth + match
+        cur = jnp.where(match, at(next_token, cur), jnp.where(cur_ok, at(next_sibling, cur), cur))
+        done = done | ~cur_ok | (match & (depth > max_depth))
+    # Bonus: a draw from relu(q_last - removed) = q_last without the rejected children's tokens.
+    q_last = jnp.maximum(target_probs[rows, last], 0.0)  # (B, V)
+    rej_tokens = jnp.where(rejected, candidates, v)  # v = out of range (dropped)
+    removed = jnp.zeros((bsz, v), bool).at[rows[:, None], rej_tokens].set(True, mode="drop")
+    residual = jnp.where(removed, 0.0, q_last)
+    if exact:  # NOTE: rounding can leave no mass (coin ~ 1 walked past every token): q_last
+        residual = jnp.where(jnp.any(residual > 0, axis=-1, keepdims=True), residual, q_last)
+    sampled = _inverse_cdf(residual, final_coins)
+    onehot_last = nodes[None, :] == last[:, None]
+    pred = jnp.where(onehot_last, sampled[:, None], pred)
+    written = written | onehot_last
+    total = bsz * n
+    dest = jnp.where(written, retrive_index, total)
+    predicts = (
+        jnp.full((total,), predicts_init, jnp.int32)
+        .at[dest.reshape(-1)]
+        .set(pred.reshape(-1), mode="drop")
+    )
+    return predicts, acc, num.astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("num_spec_steps", "lossy", "predicts_init"))
+def tree_sampling_verify(
+    candidates: jax.Array,
+    retrive_index: jax.Array,
+    retrive_next_token: jax.Array,
+    retrive_next_sibling: jax.Array,
+    coins: jax.Array,
+    final_coins: jax.Array,
+    target_probs: jax.Array,
+    *,
+    num_spec_steps: int,
+    lossy: LossyThresholds | None = None,
+    predicts_init: int = 0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Exact sampled tree verification (module docstring): the engine's sampled accept.
+
+    Args:
+      candidates: i32[B, N] tree tokens (node 0 the root); retrive_index: i32[B, N] global node
+        ids; retrive_next_token, retrive_next_sibling: i32[B, N] local links (-1 = none).
+      coins: f32[B, N] in ``[0, 1)``: column c is the coin used among c's children.
+      final_coins: f32[B] in ``[0, 1)``: the bonus draw's coin.
+      target_probs: f32[B, N, V] processed target distribution after each node (local order).
+      num_spec_steps: static ``max depth + 1`` (``accept_index`` width).
+      lossy: static; None (default) is exact. :class:`LossyThresholds` changes the
+        distribution.
+      predicts_init: static value of never-written ``predicts`` entries.
+
+    Returns:
+      ``(predicts i32[B*N], accept_index i32[B, S+1] (-1 padded), accept_token_num i32[B])``
+      as :func:`jspec.tree.verify.verify_tree_greedy`: ``predicts[g]`` is the token emitted
+      after accepted node ``g`` (the bonus after the last).
+    """
+    lossy = lossy or LossyThresholds()
+    return _sibling_walk(
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        coins,
+        final_coins,
+        target_probs,
+        num_spec_steps=num_spec_steps,
+        t_single=lossy.threshold_single,
+        t_acc=lossy.threshold_acc,
+        exact=True,
+        predicts_init=predicts_init,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("num_spec_steps", "deterministic", "predicts_init"))
@@ -56,7 +281,12 @@ def tree_speculative_sampling_target_only(
     deterministic: bool = True,
     predicts_init: int = 0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Sampling-based tree verification (sgl_kernel ``tree_speculative_sampling_target_only``).
+    """sgl_kernel ``tree_speculative_sampling_target_only`` as of sglang 0.5.23 (interop parity).
+
+    The walk of the module docstring with that kernel's rules: ``coin <= prob_acc /
+    threshold_acc``, no positive-probability requirement, duplicate siblings counted again, the
+    bonus ``V - 1`` when the residual is empty. Not exact (module docstring); the engine uses
+    :func:`tree_sampling_verify`.
 
     Args:
       candidates: i32[B, N] draft tokens; retrive_index: i32[B, N] global node ids;
@@ -73,150 +303,17 @@ def tree_speculative_sampling_target_only(
       ``(predicts i32[B*N], accept_index i32[B, S+1] (-1 padded), accept_token_num i32[B])``.
     """
     del deterministic
-    bsz, n = candidates.shape
-    v = target_probs.shape[-1]
-    probes.static_check_shape(target_probs, (bsz, n, v), "target_probs")
-    probes.static_check_shape(uniform_samples, (bsz, n), "uniform_samples")
-    probes.static_check_shape(
-        uniform_samples_for_final_sampling, (bsz,), "uniform_samples_for_final_sampling"
+    return _sibling_walk(
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        uniform_samples,
+        uniform_samples_for_final_sampling,
+        target_probs,
+        num_spec_steps=num_spec_steps,
+        t_single=threshold_single,
+        t_acc=threshold_acc,
+        exact=False,
+        predicts_init=predicts_init,
     )
-    probes.static_check(
-        isinstance(num_spec_steps, int) and num_spec_steps >= 1,
-        f"num_spec_steps={num_spec_steps!r} must be an int >= 1 (S+1)",
-    )
-    probes.detect_nan(target_probs, "tree_speculative_sampling_target_only: target_probs")
-    probes.detect_oob(
-        candidates, 0, v, "tree_speculative_sampling_target_only: candidates vs vocab"
-    )
-    candidates, retrive_index, next_token, next_sibling = (
-        x.astype(jnp.int32)
-        for x in (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
-    )
-    target_probs = target_probs.astype(jnp.float32)
-    coins = uniform_samples.astype(jnp.float32)
-    t_single = jnp.asarray(threshold_single, jnp.float32)
-    t_acc = jnp.maximum(jnp.asarray(threshold_acc, jnp.float32), _MIN_THRESHOLD_ACC)
-    max_depth = num_spec_steps - 1
-    rows = jnp.arange(bsz)
-    nodes = jnp.arange(n)
-
-    def at(x, i):
-        return x[rows, jnp.clip(i, 0, n - 1)]
-
-    def body(_, state):
-        cur, last, depth, num, done, prob_acc, coin, rejected, pred, written, acc = state
-        cur_ok = ~done & (cur >= 0) & (cur < n)
-        token = at(candidates, cur)
-        q_tok = target_probs[rows, jnp.clip(last, 0, n - 1), jnp.clip(token, 0, v - 1)]
-        prob_acc = jnp.where(cur_ok, prob_acc + q_tok, prob_acc)
-        match = cur_ok & ((coin <= prob_acc / t_acc) | (q_tok >= t_single))
-        reject = cur_ok & ~match
-        onehot_last = nodes[None, :] == last[:, None]
-        pred = jnp.where(match[:, None] & onehot_last, token[:, None], pred)
-        written = written | (match[:, None] & onehot_last)
-        num = num + match
-        acc = jnp.where(
-            match[:, None] & (jnp.arange(num_spec_steps)[None, :] == num[:, None]),
-            at(retrive_index, cur)[:, None],
-            acc,
-        )
-        # Rejected children of the current row (reset when a child is accepted).
-        onehot_cur = nodes[None, :] == cur[:, None]
-        rejected = jnp.where(match[:, None], False, rejected | (reject[:, None] & onehot_cur))
-        prob_acc = jnp.where(match, 0.0, prob_acc)
-        coin = jnp.where(match, at(coins, cur), coin)
-        last = jnp.where(match, cur, last)
-        depth = depth + match
-        cur = jnp.where(match, at(next_token, cur), jnp.where(cur_ok, at(next_sibling, cur), cur))
-        done = done | ~cur_ok | (match & (depth > max_depth))
-        return cur, last, depth, num, done, prob_acc, coin, rejected, pred, written, acc
-
-    zeros = jnp.zeros((bsz,), jnp.int32)
-    acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32)
-    acc0 = acc0.at[:, 0].set(retrive_index[:, 0])
-    state = (
-        next_token[:, 0],
-        zeros,
-        zeros + 1,
-        zeros,
-        jnp.full((bsz,), max_depth == 0),
-        jnp.zeros((bsz,), jnp.float32),
-        coins[:, 0],
-        jnp.zeros((bsz, n), bool),
-        jnp.zeros((bsz, n), jnp.int32),
-        jnp.zeros((bsz, n), bool),
-        acc0,
-    )
-    state = jax.lax.fori_loop(0, n, body, state)
-    _, last, _, num, _, _, _, rejected, pred, written, acc = state
-    # Final sample from relu(q_last - draft_probs_last): rejected tokens' mass removed.
-    q_last = target_probs[rows, last]  # (B, V)
-    rej_tokens = jnp.where(rejected, candidates, v)  # v = out of range (dropped)
-    removed = jnp.zeros((bsz, v), bool).at[rows[:, None], rej_tokens].set(True, mode="drop")
-    residual = jnp.where(removed, 0.0, jnp.maximum(q_last, 0.0))
-    u = uniform_samples_for_final_sampling.astype(jnp.float32) * jnp.sum(residual, axis=-1)
-    hit = (jnp.cumsum(residual, axis=-1) > u[:, None]) & (residual > 0)
-    sampled = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), v - 1).astype(jnp.int32)
-    onehot_last = nodes[None, :] == last[:, None]
-    pred = jnp.where(onehot_last, sampled[:, None], pred)
-    written = written | onehot_last
-    total = bsz * n
-    dest = jnp.where(written, retrive_index, total)
-    predicts = (
-        jnp.full((total,), predicts_init, jnp.int32)
-        .at[dest.reshape(-1)]
-        .set(pred.reshape(-1), mode="drop")
-    )
-    return predicts, acc, num.astype(jnp.int32)
-
-
-def _renorm(probs: jax.Array, keep: jax.Array) -> jax.Array:
-    kept = jnp.where(keep, probs, 0.0)
-    return kept / jnp.sum(kept, axis=-1, keepdims=True)
-
-
-@jax.jit
-def target_probs_from_logits(
-    logits: jax.Array,
-    temperatures: jax.Array,
-    top_ks: jax.Array | None = None,
-    top_ps: jax.Array | None = None,
-) -> jax.Array:
-    """``softmax(logits / T)`` then optional top-k / top-p renormalisation (per request).
-
-    Args:
-      logits: f32[B, N, V] or f32[B*N, V] target logits (node-major per request).
-      temperatures: f32[B] (or [B, 1]).
-      top_ks: i32[B] or None; ``k <= 0`` or ``k >= V`` keeps everything.
-      top_ps: f32[B] or None; keeps the smallest top set whose mass reaches ``p``.
-
-    Returns:
-      f32[B, N, V]. Ties: every token whose probability equals the k-th largest (or the
-      top-p cut-off) is kept (FlashInfer's pivot rule keeps ties the same way).
-    """
-    temps = temperatures.reshape(-1).astype(jnp.float32)
-    b = temps.shape[0]
-    v = logits.shape[-1]
-    logits = logits.astype(jnp.float32).reshape(b, -1, v)
-    probes.detect_nan(logits, "target_probs_from_logits: target logits")
-    probs = jax.nn.softmax(logits / temps[:, None, None], axis=-1)
-    probes.detect_nan(probs, "target_probs_from_logits: target_probs after softmax")
-    if top_ks is not None or top_ps is not None:
-        desc = -jnp.sort(-probs, axis=-1)
-    if top_ks is not None:
-        k = top_ks.reshape(-1).astype(jnp.int32)
-        active = (k > 0) & (k < v)
-        kth = jnp.take_along_axis(desc, jnp.clip(k - 1, 0, v - 1)[:, None, None], axis=-1)
-        probs = jnp.where(active[:, None, None], _renorm(probs, probs >= kth), probs)
-        probes.detect_nan(probs, "target_probs_from_logits: target_probs after top-k")
-        desc = -jnp.sort(-probs, axis=-1)
-    if top_ps is not None:
-        p = top_ps.reshape(-1).astype(jnp.float32)[:, None, None]
-        cum = jnp.cumsum(desc, axis=-1)
-        # Cut-off: the first sorted position whose cumulative mass reaches p.
-        cut = jnp.argmax(cum >= p, axis=-1)
-        cut = jnp.where(jnp.any(cum >= p, axis=-1), cut, v - 1)
-        pivot = jnp.take_along_axis(desc, cut[..., None], axis=-1)
-        probs = jnp.where(p < 1.0, _renorm(probs, probs >= pivot), probs)
-        probes.detect_nan(probs, "target_probs_from_logits: target_probs after top-p")
-    return probs

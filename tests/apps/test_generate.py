@@ -103,3 +103,52 @@ def test_parse_prompt_ids():
     assert parse_prompt_ids("1 2,3") == [1, 2, 3]
     with pytest.raises(InputError):
         parse_prompt_ids("1.5")
+
+
+SAMPLED = ["--temperature", "0.9", "--top-p", "0.95", "--top-k", "20", "--seed", "31"]
+
+
+def test_sampled_generate_is_reproducible_and_reports_its_parameters(capsys):
+    """Same seed, same tokens (plain and spec each); the JSON carries the parameters used; an
+    unseeded run reports the seed it drew, and replaying that seed gives its tokens."""
+    runs = {}
+    for label, extra in (("plain", []), ("spec", ["--draft", "toy", "--no-progress"])):
+        outs = []
+        for _ in range(2):
+            code, out, err = _run(FLAGS + SAMPLED + extra, capsys)
+            assert code == 0, err
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        assert outs[0]["token_ids"] == outs[1]["token_ids"]
+        assert outs[0]["sampling"] == {
+            "temperature": 0.9,
+            "top_k": 20,
+            "top_p": 0.95,
+            "min_p": 0.0,
+            "seed": 31,
+        }
+        runs[label] = outs[0]
+    assert "T 0.9, top-k 20, top-p 0.95, seed 31" in out
+    params, _ = tiny_model()
+    assert runs["plain"]["token_ids"] != dense_greedy_generate(TARGET, params, PROMPT, 12)
+    code, out, err = _run(FLAGS + ["--temperature", "1.0"], capsys)
+    drawn = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and isinstance(drawn["sampling"]["seed"], int)
+    code, out, err = _run(
+        FLAGS + ["--temperature", "1.0", "--seed", str(drawn["sampling"]["seed"])], capsys
+    )
+    assert json.loads(out.strip().splitlines()[-1])["token_ids"] == drawn["token_ids"]
+
+
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        pytest.param(["--temperature", "-1"], r"temperature=-1.0 must be >= 0", id="temperature"),
+        pytest.param(["--top-p", "0"], r"top_p=0.0 must be in \(0, 1\]", id="top_p_zero"),
+        pytest.param(["--top-p", "1.5"], r"top_p=1.5 must be in \(0, 1\]", id="top_p_big"),
+        pytest.param(["--top-k", "-3"], r"top_k=-3 must be >= 0", id="top_k"),
+        pytest.param(["--min-p", "2"], r"min_p=2.0 must be in \[0, 1\]", id="min_p"),
+        pytest.param(["--seed", "-5"], r"seed=-5 must be in \[0, 2\*\*64\)", id="seed"),
+    ],
+)
+def test_bad_sampling_flags_one_line_exit_2(flags, match, capsys):
+    test_bad_input_one_line_exit_2(flags, match, capsys)

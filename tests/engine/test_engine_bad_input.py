@@ -202,7 +202,10 @@ def test_probes_name_the_bad_entry() -> None:
             release, ecfg=ECFG, state=st, slot_idx=_i32([5, 0]), finished=jnp.asarray([1, 0], bool)
         )
     ids, lens = _prompt_batch(([1, 999], ()))
-    with pytest.raises(probes.ProbeError, match=r"prefill: entry 0: slot 0 is not free \(live, or holding a request\)"):
+    with pytest.raises(
+        probes.ProbeError,
+        match=r"prefill: entry 0: slot 0 is not free \(live, or holding a request\)",
+    ):
         _checked(prefill, **spec_kw, slot_idx=_i32([0, 2]), prompt_ids=ids, prompt_lens=lens)
     st = release(ECFG, st, _i32([1, 0]), jnp.asarray([True, False]))
     spec_kw["state"] = st

@@ -37,6 +37,9 @@ def test_demo_checkify_tiny(capsys):
     assert "allocator balance: spec ok" in out
     mean = float(out.split("mean acceptance length:")[1].split()[0])
     assert mean > 1.5, out
+    # The sampled run (default T 1, request i seeded 0 + i): plain and spec, both checkified.
+    sampled = out.split("sampled (T 1, seed 0 + i): ")[1].splitlines()[0]
+    assert "mean acceptance length" in sampled and float(sampled.split()[-2]) >= 1.0, out
 
 
 def test_checkify_engine_reports_a_fired_probe():

@@ -1,0 +1,118 @@
+"""The processed target distribution (temperature, top-k, min-p, top-p) against a sort-based
+float64 oracle, the sort-free threshold search, and plain inverse-CDF sampling."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sampling_stats import judge, processed_np, top_p_margin
+
+from jspec import probes
+from jspec.tree.sampling import sample_from_probs
+from jspec.tree.sampling_probs import kth_largest, mass_pivot, target_probs_from_logits
+
+
+def _rows(rng, num, v, ties=False, forbid=0.0):
+    logits = rng.normal(0, 2.0, (num, v)).astype(np.float32)
+    if ties:  # exact ties, at the top and in the middle
+        logits[:, 1] = logits[:, 0]
+        logits[:, v // 2 : v // 2 + 3] = logits[:, v // 2 : v // 2 + 1]
+    if forbid:
+        mask = rng.random((num, v)) < forbid
+        mask[np.arange(num), np.argmax(logits, -1)] = False
+        logits = np.where(mask, -np.inf, logits).astype(np.float32)
+    return logits
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("v", [2, 7, 64, 1000])
+def test_matches_sort_based_oracle(v, ties):
+    rng = np.random.default_rng(v + ties)
+    b, n = 16, 3
+    logits = _rows(rng, b * n, v, ties=ties, forbid=0.1)
+    temps = rng.choice([0.0, 0.3, 1.0, 1.7], b).astype(np.float32)
+    top_ks = rng.choice([0, 1, 2, 5, v, v + 3], b).astype(np.int32)
+    top_ps = rng.choice([1.0, 0.95, 0.6, 0.2], b).astype(np.float32)
+    min_ps = rng.choice([0.0, 0.01, 0.3], b).astype(np.float32)
+    got = np.asarray(
+        target_probs_from_logits(
+            jnp.asarray(logits),
+            jnp.asarray(temps),
+            jnp.asarray(top_ks),
+            jnp.asarray(top_ps),
+            jnp.asarray(min_ps),
+        )
+    ).reshape(b * n, v)
+    checked = 0
+    for r in range(b * n):
+        params = dict(
+            temperature=float(temps[r // n]),
+            top_k=int(top_ks[r // n]),
+            top_p=float(top_ps[r // n]),
+            min_p=float(min_ps[r // n]),
+        )
+        if top_p_margin(logits[r], **params) < 1e-5:
+            continue  # a cut decided by rounding: f32 and f64 may both be right
+        want = processed_np(logits[r], **params)
+        np.testing.assert_array_equal(got[r] > 0, want > 0, err_msg=f"row {r} {params}")
+        np.testing.assert_allclose(got[r], want, rtol=2e-5, atol=1e-7, err_msg=str(params))
+        checked += 1
+    assert checked > 0.8 * b * n
+
+
+def test_greedy_rows_are_one_hot_first_argmax():
+    logits = jnp.asarray([[1.0, 3.0, 3.0, -jnp.inf], [0.0, 0.0, 0.0, 0.0]])
+    got = target_probs_from_logits(
+        logits, jnp.zeros(2), jnp.asarray([1, 2]), jnp.asarray([0.5, 0.5])
+    )
+    np.testing.assert_array_equal(got[:, 0], [[0, 1, 0, 0], [1, 0, 0, 0]])
+
+
+def test_absent_filters_compile_nothing_extra():
+    logits = jnp.ones((2, 5))
+    plain = target_probs_from_logits(logits, jnp.ones(2))
+    filtered = target_probs_from_logits(
+        logits, jnp.ones(2), jnp.zeros(2, jnp.int32), jnp.ones(2), jnp.zeros(2)
+    )
+    np.testing.assert_allclose(plain, filtered)
+    np.testing.assert_allclose(plain, 0.2)
+
+
+def test_threshold_search_is_exact_with_ties_and_zeros():
+    rng = np.random.default_rng(1)
+    for v in (1, 2, 3, 17, 300):
+        p = rng.dirichlet(np.full(v, 0.5), 40).astype(np.float32)
+        p[:10, : v // 2] = 0.0
+        p[10:20, : (v + 1) // 2] = p[10:20, :1]  # ties
+        k = rng.integers(1, v + 1, 40).astype(np.int32)
+        got = np.asarray(kth_largest(jnp.asarray(p), jnp.asarray(k)))
+        want = np.array([np.sort(row)[::-1][kk - 1] for row, kk in zip(p, k)])
+        np.testing.assert_array_equal(got, want)
+        target = (rng.uniform(1e-3, 1.0, 40) * p.sum(-1)).astype(np.float32)
+        got = np.asarray(mass_pivot(jnp.asarray(p), jnp.asarray(target)))
+        for row, t, g in zip(p, target, got):
+            mass = lambda x: row[row >= x].sum(dtype=np.float32)  # noqa: E731
+            assert g in row and mass(g) >= t
+            above = row[row > g]
+            assert above.size == 0 or mass(above.min()) < t
+
+
+def test_nan_logits_probe():
+    logits = jnp.asarray([[0.0, jnp.nan]])
+    with pytest.raises(probes.ProbeError, match="target logits"):
+        probes.checked(target_probs_from_logits)(logits, jnp.ones(1))
+
+
+def test_sample_from_probs_law_and_support():
+    probs = np.array([0.5, 0.0, 0.125, 0.25, 0.0, 0.125], np.float32)
+    n = 40_000
+    coins = np.random.default_rng(0).random(n).astype(np.float32)
+    got = np.asarray(sample_from_probs(jnp.asarray(np.tile(probs, (n, 1))), jnp.asarray(coins)))
+    verdict = judge([(int(t),) for t in got], {(i,): float(p) for i, p in enumerate(probs)})
+    assert verdict.ok, verdict
+    edge = sample_from_probs(
+        jnp.asarray([[0.0, 0.5, 0.5], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]),
+        jnp.asarray([0.0, 0.3, 1 - 2**-24]),
+    )
+    assert edge.tolist() == [1, 0, 1]  # coin 0: never a zero-probability token
