@@ -206,9 +206,10 @@ def _steady_state(engine, prompts, max_new: int):
     return engine._shard_state(0), jnp.asarray(slot_idx[0]), jnp.asarray(live[0])
 
 
-def admit_all(engine, prompts, max_new: int, stats=None):
+def admit_all(engine, prompts, max_new: int, stats=None, sampling=None):
     """The engine's host loop up to "every prompt is live": admission and prefill rounds (no
-    decode step); returns the loop bookkeeping (``jspec.engine.scheduler._Loop``)."""
+    decode step); returns the loop bookkeeping (``jspec.engine.scheduler._Loop``).
+    ``sampling``: one resolved (seeded) ``SamplingParams`` per prompt, or None (greedy)."""
     import collections
     import time
 
@@ -217,7 +218,14 @@ def admit_all(engine, prompts, max_new: int, stats=None):
     d, m = engine.num_devices, engine.ecfg.spec.max_running_requests
     loop = _Loop(
         pending=collections.deque(
-            Request(i, list(p), max_new, prefill_ids=list(p)) for i, p in enumerate(prompts)
+            Request(
+                i,
+                list(p),
+                max_new,
+                prefill_ids=list(p),
+                **({} if sampling is None else {"sampling": sampling[i]}),
+            )
+            for i, p in enumerate(prompts)
         ),
         prefilling=[[] for _ in range(d)],
         running=[{} for _ in range(d)],

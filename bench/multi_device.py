@@ -195,19 +195,18 @@ def step_device_ms(engine, prompts: list, new_tokens: int) -> float | None:
     """Device ms of one decode step of ``prompts`` on the busiest GPU (module docstring), or
     None on CPU. Admits them, runs one untimed step, traces ``PROFILED_STEPS`` steps, then gives
     the engine a fresh state."""
-    from jspec.engine.scheduler import Request, RunStats
+    from bench.e2e import admit_all
+    from jspec.engine.scheduler import RunStats
 
-    d, m = engine.num_devices, engine.ecfg.spec.max_running_requests
-    pending = collections.deque(Request(i, p, new_tokens) for i, p in enumerate(prompts))
-    running: list[dict] = [{} for _ in range(d)]
-    engine._admit(0, pending, running, [list(range(m)) for _ in range(d)])
-    assert not pending, "the batch did not fit the engine"
+    loop = admit_all(engine, prompts, new_tokens)
     stats = RunStats(mode=engine.mode)
-    engine._decode_step(running, stats)
+    engine._decode_step(loop, stats)  # one dispatch (up to Engine.max_rounds rounds), untimed
+
+    before = stats.num_decode_steps
 
     def steps():
-        for _ in range(PROFILED_STEPS):
-            engine._decode_step(running, stats)
+        while stats.num_decode_steps - before < PROFILED_STEPS and any(loop.running):
+            engine._decode_step(loop, stats)
         return engine.state
 
     try:
@@ -216,7 +215,8 @@ def step_device_ms(engine, prompts: list, new_tokens: int) -> float | None:
         real_size._reset(engine)
     if planes is None:
         return None
-    return max(sum(d for *_, d in events) for events in planes.values()) / PROFILED_STEPS / 1e6
+    rounds = max(stats.num_decode_steps - before, 1)
+    return max(sum(d for *_, d in events) for events in planes.values()) / rounds / 1e6
 
 
 def run_config(engine, prompts: list, new_tokens: int, outputs: dict, key: tuple) -> dict:

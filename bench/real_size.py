@@ -36,8 +36,8 @@ from the hot ids, 64 new tokens, page 16, topk 4, steps 3, 8 draft tokens. Per (
 * tokens/s (decode), acceptance, and for spec how many requests' tokens equal greedy's.
 
 Engine API used: ``jspec.engine.state.make_engine_config``, ``jspec.engine.scheduler.Engine``
-(``generate``, ``_step_for``, and bench.e2e's ``_steady_state``: ``_admit``, ``_decode_step``,
-``_bucket_arrays``, ``_shard_state``), ``RunStats`` fields.
+(``generate``, ``_step_for``, and bench.e2e's ``_steady_state`` / ``admit_all``: ``_admit``,
+``_prefill_round``, ``_decode_step``, ``_bucket_arrays``, ``_shard_state``), ``RunStats`` fields.
 """
 
 from __future__ import annotations
@@ -316,20 +316,14 @@ SPLIT_COMPILER_OPTIONS = {"xla_gpu_enable_command_buffer": ""}
 def _sampled_steady_state(engine, prompts, sampling):
     """bench.e2e's ``_steady_state`` with sampled requests: (state, slot_idx, live, the
     bucket's SamplingBatch with its shard axis) of shard 0."""
-    import collections
+    from bench.e2e import admit_all
+    from jspec.engine.scheduler import RunStats
 
-    from jspec.engine.scheduler import Request, RunStats
-
-    spec = engine.ecfg.spec
-    pending = collections.deque(
-        Request(i, p, NEW, sampling=s) for i, (p, s) in enumerate(zip(prompts, sampling))
-    )
-    running = [{}]
-    free_slots = [list(range(spec.max_running_requests))]
-    engine._admit(0, pending, running, free_slots)
+    loop = admit_all(engine, prompts, NEW, sampling=sampling)
     stats = RunStats(mode=engine.mode)
     for _ in range(2):
-        engine._decode_step(running, stats)
+        engine._decode_step(loop, stats)
+    running = loop.running
     slot_idx, live, order = engine._bucket_arrays(running)
     batch = engine._sampling_batch([[running[0][s] for s in order[0]]], slot_idx.shape[-1])
     batch = jax.tree.map(jnp.asarray, batch)

@@ -96,6 +96,9 @@ class TableDraft:
         pool = _touch_pool(pool, attn_fn, token_ids.shape[0], self.head_dim)
         return pool, _one_hot_index(index, self.hidden_size)
 
+    def combine_hidden_states(self, params, feature):
+        return feature
+
     def logits(self, params, target_params, hidden):
         del target_params
         return params["table"][jnp.argmax(hidden, -1)]

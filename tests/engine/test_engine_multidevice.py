@@ -140,11 +140,13 @@ def test_tensor_parallel_equals_one_device():
 def _two_device_layouts_give_one_device_tokens() -> None:
     """dp2 x tp1 and dp1 x tp2 == one device (greedy tokens), greedy and spec, on the ``jspec
     demo`` model (f32) and flags; every allocator balanced after the run."""
-    from jspec.apps.demo import _build_models, _parser
+    from jspec.apps.demo import _build_models, _parser, _plan_models
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
-    target, params, draft_model, draft = _build_models(_parser().parse_args([]))
+    args = _parser().parse_args([])
+    target, _, _ = _plan_models(args)
+    params, draft_model, draft = _build_models(args, target)
     rng = np.random.default_rng(0)
     lens = rng.integers(4, 41, 8)
     prompts = [rng.integers(0, target.config.vocab_size, int(n)).tolist() for n in lens]

@@ -76,7 +76,7 @@ def test_greedy_only_batches_skip_the_sampled_step():
     out, _ = engine.generate(tiny_prompts(), MAX_NEW, sampling=[None, SamplingParams()] * 2)
     assert out == [list(o) for o in greedy_baseline()]
     # One trace per jitted call (prefill, step, release): the sampled variants never traced.
-    assert {key[0].__name__ for key in engine._fns} >= {"prefill_body", "release_body"}
+    assert {key[0].__name__ for key in engine._fns} >= {"prefill_chunk_body", "release_body"}
     assert all(fn._cache_size() == 1 for fn in engine._fns.values())
 
 
