@@ -323,7 +323,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "draft: 'Any' = None, draft_params: 'Any' = None, *, num_devices: 'int' = 1, "
         "eos_token_id: 'int | Sequence[int] | None' = None, "
         "check_every_step: 'bool' = False, checkify: 'bool' = False, "
-        "admission: 'str' = 'reserve', max_rounds: 'int' = 8, "
+        "admission: 'str' = 'reserve', max_rounds: 'int' = 8, adaptive: 'bool' = True, "
         "lossy_thresholds: 'LossyThresholds | None' = None) -> 'None'",
         "EngineConfig": "class(spec: 'SpecConfig', max_prompt_len: 'int', batch_buckets: 'tuple[int, ...]', "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
@@ -354,12 +354,18 @@ RECORDED: dict[str, dict[str, str]] = {
         "request_accept_lens: 'list[list[int]]' = <factory>, "
         "ttft_s: 'list[float]' = <factory>, num_prefill_calls: 'int' = 0, "
         "num_preemptions: 'int' = 0, leak_check: 'str' = '', "
-        "sampling: 'list[SamplingParams]' = <factory>) -> None",
+        "sampling: 'list[SamplingParams]' = <factory>, policy: 'list[tuple[str, "
+        "int]]' = <factory>) -> None",
         "SamplingBatch": "class(temperature: 'jax.Array', seed: 'jax.Array', "
         "top_k: 'jax.Array | None' = None, top_p: 'jax.Array | None' = None, "
         "min_p: 'jax.Array | None' = None, lossy: 'LossyThresholds | None' = None) -> None",
         "SamplingParams": "class(temperature: 'float' = 0.0, top_k: 'int' = 0, top_p: 'float' = 1.0, "
         "min_p: 'float' = 0.0, seed: 'int | None' = None) -> None",
+        "SpecPolicy": "class(alpha: 'float' = 0.3, warmup: 'int' = 2, try_plain_below: 'float' = 2.0, "
+        "probe_every: 'int' = 8, accept_len: 'float | None' = None, "
+        "t_spec: 'float | None' = None, t_plain: 'float | None' = None, "
+        "spec_dispatches: 'int' = 0, plain_dispatches: 'int' = 0, "
+        "plain_streak: 'int' = 0) -> None",
         "SpecStepOutput": "class(accept_tokens: 'jax.Array', accept_lens: 'jax.Array', ok: 'jax.Array') -> None",
         "TargetModel": "class(*args, **kwargs)",
         "greedy_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', state: 'EngineState', "

@@ -11,6 +11,8 @@ Module map:
   state.py       EngineConfig, EngineState (allocator, req_to_token, pools, per-slot carry)
   step_types.py  the typed values passed between step phases, and the steps' outputs
   lifecycle.py   chunked prefill (admission) and release of requests
+  rounds.py      several decode rounds per dispatch (a device-side loop, EOS / budget on device)
+  plain_step.py  a spec engine's plain step (target alone, the draft kept current: adaptive)
   greedy.py      plain greedy decode step (the lossless baseline)
   spec_step.py   the jitted EAGLE tree speculative decode step, as phases
   draft_phases.py  the step's draft side: draft attention passes, draft loop, draft extend
@@ -49,7 +51,7 @@ from jspec.engine.memory import kv_bytes_per_token, num_pages_for_memory
 from jspec.engine.protocol import AttnFn, DraftModel, TargetModel
 from jspec.engine.sampling import SamplingBatch
 from jspec.engine.sampling_params import SamplingParams
-from jspec.engine.scheduler import Engine, Request, RunStats
+from jspec.engine.scheduler import Engine, Request, RunStats, SpecPolicy
 from jspec.engine.spec_step import spec_decode_step
 from jspec.engine.state import EngineConfig, EngineState, init_engine_state, make_engine_config
 from jspec.engine.step_types import GreedyStepOutput, PrefillOutput, SpecStepOutput
@@ -70,6 +72,7 @@ __all__ = [
     "RunStats",
     "SamplingBatch",
     "SamplingParams",
+    "SpecPolicy",
     "SpecStepOutput",
     "TargetModel",
     "greedy_step",

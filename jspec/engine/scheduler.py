@@ -107,6 +107,8 @@ class RunStats:
     leak_check: str = ""
     # each request's sampling parameters as used (seeds drawn for those that had none)
     sampling: list[SamplingParams] = dataclasses.field(default_factory=list)
+    # adaptive speculation: (kind "spec" | "plain", rounds) of each decode dispatch
+    policy: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
     @property
     def mean_accept_len(self) -> float:
@@ -116,6 +118,74 @@ class RunStats:
     @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclasses.dataclass
+class SpecPolicy:
+    """When a spec engine speculates (``Engine(adaptive=True)``): per dispatch, spec rounds
+    unless the measured gain of speculating is below 1::
+
+        gain = accept_len * t_plain / t_spec      (tokens per second, spec over plain)
+
+    ``accept_len``: mean tokens per request per spec round; ``t_spec`` / ``t_plain``: wall
+    time per round of each kind (exponential averages, weight ``alpha`` for the newest). The
+    first ``warmup`` spec dispatches only measure; a plain dispatch is tried once when the
+    acceptance is below ``try_plain_below`` (to learn ``t_plain``); while plain, one spec
+    dispatch in every ``probe_every`` re-measures the acceptance (a draft that starts matching
+    is noticed). The first dispatch of each kind is not timed (it may have compiled).
+    Host-side only: the device steps are the same either way.
+    """
+
+    alpha: float = 0.3
+    warmup: int = 2
+    try_plain_below: float = 2.0
+    probe_every: int = 8
+    accept_len: float | None = None
+    t_spec: float | None = None
+    t_plain: float | None = None
+    spec_dispatches: int = 0
+    plain_dispatches: int = 0
+    plain_streak: int = 0
+
+    def _avg(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.alpha) * old + self.alpha * new
+
+    @property
+    def gain(self) -> float | None:
+        """Tokens per second of speculating over not (None until both kinds were timed)."""
+        if self.accept_len is None or self.t_spec is None or self.t_plain is None:
+            return None
+        return self.accept_len * self.t_plain / self.t_spec
+
+    def choose(self) -> str:
+        """``"spec"`` or ``"plain"`` for the next dispatch."""
+        if self.spec_dispatches < self.warmup or self.accept_len is None:
+            return "spec"
+        if self.t_plain is None:
+            if self.plain_dispatches >= 2:  # timed twice and still unknown: never learns
+                return "spec"
+            return "plain" if self.accept_len < self.try_plain_below else "spec"
+        if self.gain >= 1.0:
+            return "spec"
+        return "spec" if self.plain_streak >= self.probe_every else "plain"
+
+    def observe(self, plain: bool, rounds: int, wall: float, accept_len: float) -> None:
+        """One dispatch's outcome: ``rounds`` rounds in ``wall`` seconds, ``accept_len`` tokens
+        per request per round."""
+        if rounds <= 0:
+            return
+        per_round = wall / rounds
+        if plain:
+            if self.plain_dispatches:  # NOTE: the first may have compiled the plain step
+                self.t_plain = self._avg(self.t_plain, per_round)
+            self.plain_dispatches += 1
+            self.plain_streak += 1
+            return
+        if self.spec_dispatches:
+            self.t_spec = self._avg(self.t_spec, per_round)
+        self.accept_len = self._avg(self.accept_len, accept_len)
+        self.spec_dispatches += 1
+        self.plain_streak = 0
 
 
 @dataclasses.dataclass
@@ -159,6 +229,11 @@ class Engine:
       admission: ``"reserve"`` (admit while the requests' lifetime pages fit: never preempts)
         or ``"optimistic"`` (admit while the pages held now fit; preempt the newest request and
         prefill it again later when a decode step finds the pages short). See the module doc.
+      adaptive: a spec engine decodes with plain steps (the target alone; the draft keeps its
+        KV and proposals current: :mod:`jspec.engine.plain_step`) whenever speculation does not
+        pay: the measured acceptance length times the plain round's wall time, over the spec
+        round's, below 1 (:class:`SpecPolicy`). Tokens are the target's either way (lossless);
+        the decisions are in ``RunStats.policy``. Off: every round speculates.
       lossy_thresholds: sglang's ``threshold_single`` / ``threshold_acc`` for sampled
         requests (``jspec.tree.sampling.LossyThresholds``): CHANGES THE OUTPUT DISTRIBUTION
         (accepts more drafts than exact sampling). None (default): exact.
@@ -182,6 +257,7 @@ class Engine:
         checkify: bool = False,
         admission: str = "reserve",
         max_rounds: int = 8,
+        adaptive: bool = True,
         lossy_thresholds: LossyThresholds | None = None,
     ) -> None:
         from jspec.engine.inputs import check_count
@@ -209,6 +285,7 @@ class Engine:
         )
         self.checkify = checkify
         self.lossy_thresholds = lossy_thresholds
+        self.policy = SpecPolicy() if adaptive and draft is not None else None
         self._step_body = _spec_body if self.mode == "spec" else greedy_step_body
         self._fns: dict[tuple, Any] = {}
         self._needs_reset = False  # a generate() ended by an exception
@@ -309,16 +386,21 @@ class Engine:
         padded = [[r.sampling for r in shard] + [None] * (width - len(shard)) for shard in requests]
         return pack_sampling(padded, self.lossy_thresholds)
 
-    def _call_rounds(self, slot_idx, live, budget, num_rounds: int, sampling=None):
-        """Up to ``num_rounds`` decode rounds in one dispatch (:mod:`jspec.engine.rounds`)."""
+    def _call_rounds(
+        self, slot_idx, live, budget, num_rounds: int, sampling=None, plain: bool = False
+    ):
+        """Up to ``num_rounds`` decode rounds in one dispatch (:mod:`jspec.engine.rounds`);
+        ``plain``: the spec engine's plain step (:mod:`jspec.engine.plain_step`)."""
+        from jspec.engine.plain_step import plain_step_body
         from jspec.engine.rounds import rounds_body
 
         d = self.num_devices
         eos = self._eos_array()
-        body = rounds_body(self._step_body, self.max_rounds)
+        body = rounds_body(plain_step_body if plain else self._step_body, self.max_rounds)
+        tokens = slot_idx.shape[-1] if plain else self._step_tokens(slot_idx.shape[-1])
         return self._call(
             body,
-            self._step_tokens(slot_idx.shape[-1]),
+            tokens,
             slot_idx,
             live,
             budget,
@@ -368,7 +450,10 @@ class Engine:
             for bucket in self.ecfg.batch_buckets:
                 idx = np.full((d, bucket), m, np.int32)
                 none = np.zeros((d, bucket), bool)
-                self._call_rounds(idx, none, np.zeros((d, bucket), np.int32), 1, batch(bucket))
+                zeros = np.zeros((d, bucket), np.int32)
+                self._call_rounds(idx, none, zeros, 1, batch(bucket))
+                if self.policy is not None:  # the plain step adaptive speculation may take
+                    self._call_rounds(idx, none, zeros, 1, batch(bucket), plain=True)
                 if params is None:
                     self._call_release(idx, none)
 
@@ -636,8 +721,9 @@ class Engine:
                     budget[s, i] = max(req.max_new_tokens - len(req.output), 1)
             requests = [[running[s][slot] for slot in slots] for s, slots in enumerate(order)]
             sampling = self._sampling_batch(requests, slot_idx.shape[-1])
+            plain = self.policy is not None and self.policy.choose() == "plain"
             t0 = time.perf_counter()
-            out = self._call_rounds(slot_idx, live, budget, rounds, sampling)
+            out = self._call_rounds(slot_idx, live, budget, rounds, sampling, plain)
             wall = time.perf_counter() - t0
             num = np.asarray(out.num_rounds).reshape(-1)
             stuck = [s for s in range(self.num_devices) if num[s] == 0 and not out.ok[s]]
@@ -651,13 +737,21 @@ class Engine:
                 self._preempt(loop, s, max(victims, key=lambda r: r.admitted_at))
             if num.max() > 0 or not any(running):
                 break
-        self._take_rounds(out, order, running, stats, wall)
+        emitted = self._take_rounds(out, order, running, stats, wall, plain)
+        if self.policy is not None:
+            num = int(np.asarray(out.num_rounds).max())
+            self.policy.observe(plain, num, wall, emitted)
+            stats.policy.append(("plain" if plain else "spec", num))
 
-    def _take_rounds(self, out, order, running, stats: RunStats, wall: float) -> None:
-        """Append every round's tokens to its requests (one host pass per dispatch)."""
+    def _take_rounds(
+        self, out, order, running, stats: RunStats, wall: float, plain: bool = False
+    ) -> float:
+        """Append every round's tokens to its requests (one host pass per dispatch); returns
+        the mean tokens per request per round (the dispatch's acceptance length)."""
         num = np.asarray(out.num_rounds).reshape(-1)
         # NOTE: .tolist() once, not int() per element (per-step host time at bs 64).
         tokens, lens = out.tokens.tolist(), out.lens.tolist()  # [D][R][Bb][W], [D][R][Bb]
+        emitted: list[int] = []
         for r in range(int(num.max())):
             stats.num_decode_steps += 1
             stats.step_s.append(wall / max(int(num.max()), 1))
@@ -671,9 +765,11 @@ class Engine:
                         continue  # stopped in an earlier round (EOS / budget)
                     req = slot in running[s] and running[s][slot]
                     req.output.extend(tokens[s][r][i][:n_acc])
-                    if self.mode == "spec":
+                    emitted.append(n_acc)
+                    if self.mode == "spec" and not plain:
                         req.accept_lens.append(n_acc)
                         stats.accept_lens.append(n_acc)
+        return float(np.mean(emitted)) if emitted else 0.0
 
     def _finished(self, req: Request) -> bool:
         eos = self.eos_token_id
