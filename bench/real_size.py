@@ -78,6 +78,7 @@ COLUMNS = (
     "x floor (wall)",
     "tok/s",
     "accept len",
+    "plain rounds %",
     "same as greedy",
     "target ms",
     "draft ms",
@@ -455,6 +456,9 @@ def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict, sampling=
         "tok/s": tokens / stats.decode_s,
         "accept len": stats.mean_accept_len if mode == "spec" else 1.0,
     }
+    if stats.policy:  # adaptive speculation: the share of rounds decoded plainly
+        total = sum(n for _, n in stats.policy)
+        row["plain rounds %"] = 100.0 * sum(n for k, n in stats.policy if k == "plain") / total
     outputs[(g.name, mode if sampling is None else f"{mode}~{sampling}", bs)] = out
     if mode == "spec" and sampling is None and (g.name, "greedy", bs) in outputs:
         greedy = outputs[(g.name, "greedy", bs)]
@@ -541,9 +545,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="greedy, spec, and sampled <engine>-t<T>[-p<top_p>][-k<top_k>] (e.g. spec-t1)",
     )
     parser.add_argument("--attention-impl", default="auto")
+    parser.add_argument(
+        "--draft",
+        choices=("matched", "shuffled"),
+        default="matched",
+        help="shuffled: the head's LM-head columns permuted, a head that does not match the "
+        "target (acceptance ~1: adaptive speculation decodes plainly)",
+    )
+    parser.add_argument("--new", type=int, default=64, help="new tokens per request")
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
+    globals()["NEW"] = args.new  # the module's NEW is read by its helpers
     geos = ["quick"] if args.quick else [x for x in args.geometry.split(",") if x]
     batches = [1, 2] if args.quick else [int(b) for b in args.batches.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -553,6 +566,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"real_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} "
         f"TFLOP/s; page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
         f"prompts {PROMPT}, {NEW} new tokens; attention {args.attention_impl}; "
+        f"draft head {args.draft}; "
         "LlamaTarget + matched EAGLE-3 head, bf16 (precision by dtype)"
     )
     print(header, flush=True)
@@ -563,6 +577,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         target = make_target(g)
         t0 = time.perf_counter()
         params, draft, dparams = make_params(g, target)
+        if args.draft == "shuffled":  # a head that does not match: its LM head permuted
+            perm = jax.random.permutation(jax.random.PRNGKey(7), dparams.lm_head.shape[1])
+            dparams = dataclasses.replace(dparams, lm_head=dparams.lm_head[:, perm])
         print(
             f"{name}: target {_nbytes(params) / 1e9:.2f} GB, draft {_nbytes(dparams) / 1e9:.2f}"
             f" GB made in {time.perf_counter() - t0:.1f} s",
@@ -572,6 +589,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             base: make_engine(g, target, params, draft, dparams, base, batches, args.attention_impl)
             for base in sorted({base for base, _ in parsed.values()})
         }
+        for engine in engines.values():  # every bucket's prefill / rounds (plain too) / release
+            engine.warmup()
         for bs in batches:
             for mode in modes:
                 base, sampling = parsed[mode]
