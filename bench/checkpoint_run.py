@@ -20,7 +20,8 @@
 
 Measured per run: ``bytes on disk`` / ``write s`` of the directories the run loads (target;
 spec: target + head; the write times the ``save_*`` calls: device-to-host copies, transposes,
-file writes), ``load s`` and ``compile s`` from ``jspec generate``'s progress lines,
+file writes), ``load s`` and ``compile s`` (cold: ``--no-compilation-cache``) from
+``jspec generate``'s progress lines,
 ``process wall s`` (the whole subprocess: imports, load, compile, decode), ``tok/s`` and
 ``accept len`` from its JSON line, and whether spec's tokens equal greedy's (else how many
 leading tokens agree). Exit status 1 when a subprocess fails (its stderr tail is printed).
@@ -132,6 +133,7 @@ def run_generate(model: Path, draft: Path | None, prompt: list[int], max_new: in
         argv += ["--draft", str(draft), "--page-size", str(PAGE), "--topk", str(TOPK)]
         argv += ["--steps", str(STEPS), "--draft-tokens", str(DRAFT_TOKENS)]
     argv += ["--prompt-ids", " ".join(map(str, prompt)), "--max-new-tokens", str(max_new)]
+    argv += ["--no-compilation-cache"]  # compile s: a cold compile, whatever ran before
     label = "jspec generate" + (" --draft" if draft is not None else "")
     proc, wall, error = _child(label, [*argv, "--json", "--ignore-eos"])
     row: dict = {"process wall s": wall, "error": error}

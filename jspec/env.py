@@ -16,3 +16,10 @@ def _env_bool(name: str, default: bool = False) -> bool:
 ENABLE_ASYNC_ASSERT: bool = _env_bool("JSPEC_ENABLE_ASYNC_ASSERT")
 # Tests: run kernels compiled for the GPU instead of Pallas interpret mode.
 TEST_GPU: bool = _env_bool("JSPEC_TEST_GPU")
+# The jspec commands' persistent XLA compilation cache (jspec.apps.compile_cache): a directory,
+# or "0" / "off" for none; unset: the user cache dir below.
+COMPILATION_CACHE: str | None = os.environ.get("JSPEC_COMPILATION_CACHE") or None
+# The user cache dir (XDG base directories): $XDG_CACHE_HOME, else ~/.cache.
+USER_CACHE_DIR: str = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+    os.path.expanduser("~"), ".cache"
+)

@@ -21,6 +21,7 @@ MAX_HOST_DEVICES = 64
 # the same): tests/apps/test_cli_input.py holds them equal.
 IMPL_CHOICES = ("auto", "xla", "pallas")
 ATTENTION_IMPL_CHOICES = ("auto", "xla", "triton")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: the shell's status of a Ctrl-C
 
 
 def force_host_devices(num: int) -> None:
@@ -79,7 +80,7 @@ def check_spec_args(args: argparse.Namespace) -> None:
         "max_new_tokens",
         "max_running",
     ):
-        if hasattr(args, flag):
+        if getattr(args, flag, None) is not None:  # None: not given (a flag not required)
             check_count("--" + flag.replace("_", "-"), getattr(args, flag))
     for flag, bound, why in (
         ("steps", MAX_NUM_STEPS, "the draft loop is unrolled: compile time grows with it"),
@@ -119,7 +120,8 @@ def check_run_memory(
 
 def run_cli(main_fn, prog: str, argv: Sequence[str] | None) -> int:
     """Run a CLI ``main``: bad input (``InputError``, a config ``ValueError`` raised before
-    the first compile) becomes one line ``prog: error: ...`` on stderr and exit status 2."""
+    the first compile) becomes one line ``prog: error: ...`` on stderr and exit status 2; a
+    Ctrl-C that ``main`` leaves unhandled, ``prog: interrupted`` and exit status 130."""
     from jspec.engine.inputs import InputError
 
     try:
@@ -128,6 +130,9 @@ def run_cli(main_fn, prog: str, argv: Sequence[str] | None) -> int:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         print(f"{prog}: error: {'; '.join(lines)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def engine_config_from_args(

@@ -1,21 +1,26 @@
 """``jspec generate``: text (or token ids) in, text out, from checkpoint directories.
 
     jspec generate --model DIR [--draft DIR] (--prompt TEXT | --prompt-ids "1 2 3")
-                   --max-new-tokens N [--json] [--no-progress] [spec flags of jspec demo]
+                   --max-new-tokens N [--chat] [--json] [--no-progress] [spec flags of jspec demo]
                    [--temperature T --top-k K --top-p P --min-p M --seed S]
+    jspec generate --model DIR [--draft DIR] --prompts-file FILE|- [--max-new-tokens N]
+                   [--max-running N] [--chat] [...]
 
 Without ``--draft`` it decodes plainly; with it, EAGLE tree speculative decoding (lossless:
 greedy gives the same tokens, sampling the same distribution). ``--temperature 0`` (default) is
 greedy; above 0 it samples (top-k, top-p, min-p applied once to the target's distribution),
-reproducibly from ``--seed`` (drawn at random when not given, and reported). It prints the text
-(or the ids), tokens/s and, for spec, the mean acceptance length; with ``--json`` the last
-stdout line is one JSON object (``token_ids``, ``mode``, ``sampling`` (the parameters used,
-seed included), ``mean_accept_len``, ``tokens_per_s``, ...). Progress (loading, compiling) goes
-to stderr.
+reproducibly from ``--seed`` (drawn at random when not given, and reported). One prompt: it
+streams the text (or the ids) to stdout as tokens are accepted, then prints tokens/s, and for
+spec the mean acceptance length; with ``--json`` the last stdout line is one JSON object
+(``token_ids``, ``mode``, ``sampling`` (the parameters used, seed included),
+``mean_accept_len``, ``tokens_per_s``, ``decode_tokens_per_s``, ``ttft_s``, ...). Progress
+(loading, compiling) goes to stderr.
 
-Many prompts from a file (not built yet): each line's sampling fields override the flags,
-``SamplingParams.from_dict(line, base=sampling_from_args(args, args.seed))``
-(``jspec.apps._cli``), validated before anything compiles.
+``--prompts-file`` (JSON lines, ``-`` = stdin; :mod:`jspec.apps.prompts_file`) runs every
+line as one request through the engine's continuous batching (``--max-running`` at once) and
+prints one JSON line per request in input order (:mod:`jspec.apps.serving`). ``--chat`` wraps
+each text prompt as one user message in the tokenizer's chat template. Compiles are kept in a
+persistent cache (:mod:`jspec.apps.compile_cache`; ``--no-compilation-cache``).
 
 Models come from ``jspec.models`` (a Hugging Face Llama-family directory, an EAGLE-3 or EAGLE-1
 head directory); :func:`main` takes a ``loader`` hook so that any models following
@@ -25,8 +30,6 @@ head directory); :func:`main` takes a ``loader`` hook so that any models followi
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import re
 import sys
@@ -41,12 +44,21 @@ from jspec.apps._cli import (
     check_context,
     check_run_memory,
     check_spec_args,
-    describe_sampling,
     engine_config_from_args,
     run_cli,
     sampling_from_args,
     setup_devices,
 )
+from jspec.apps.compile_cache import cache_dir, enable_compilation_cache
+from jspec.apps.prompts_file import encode_prompt, encode_prompts, read_prompts_file
+from jspec.apps.serving import (
+    build_engine,
+    generate_all,
+    many_config,
+    print_single,
+    run_many,
+)
+from jspec.apps.stream import StreamPrinter
 from jspec.engine.inputs import InputError, check_count, validate_requests
 
 # loader(model_dir, draft_dir | None, dtype | None, progress) -> (target, params, draft, dparams)
@@ -60,7 +72,36 @@ def _parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs tokenizer.json in --model)")
     src.add_argument("--prompt-ids", help='prompt token ids, e.g. "1 2 3" or "1,2,3"')
-    p.add_argument("--max-new-tokens", type=int, required=True)
+    src.add_argument(
+        "--prompts-file",
+        metavar="FILE",
+        help='JSON lines, one request each ({"prompt": ...} or {"prompt_ids": [...]}, '
+        "optional max_new_tokens and sampling fields); - reads stdin; out: one JSON line each",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="tokens to generate (required with --prompt / --prompt-ids; with --prompts-file "
+        "the default of lines without max_new_tokens)",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="apply the tokenizer's chat template (a single user message, generation prompt)",
+    )
+    p.add_argument(
+        "--max-running",
+        type=int,
+        default=8,
+        help="requests of a prompts file running at once, per --devices shard "
+        "(max_running_requests; the others wait their turn)",
+    )
+    p.add_argument(
+        "--no-compilation-cache",
+        action="store_true",
+        help="do not keep compiles in $XDG_CACHE_HOME/jspec/xla (JSPEC_COMPILATION_CACHE=DIR)",
+    )
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
@@ -204,8 +245,18 @@ def main(argv: Sequence[str] | None = None, *, loader: Loader | None = None) -> 
 def _main(argv: Sequence[str] | None, loader: Loader) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
     check_spec_args(args)
-    sampling = sampling_from_args(args, args.seed).resolved()
+    flags_sampling = sampling_from_args(args, args.seed)
+    lines = None
+    if args.prompts_file is not None:
+        lines = read_prompts_file(
+            args.prompts_file, base=flags_sampling, max_new_tokens=args.max_new_tokens
+        )
+    elif args.max_new_tokens is None:
+        raise InputError("--max-new-tokens is required with --prompt / --prompt-ids")
+    sampling = flags_sampling.resolved()
     prompt_ids = parse_prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    if args.chat and prompt_ids is not None:
+        raise InputError('--chat needs text: --prompt, or a prompts file\'s "prompt"')
     if args.prompt is not None:
         if not args.prompt:
             raise InputError("--prompt is empty")
@@ -216,25 +267,34 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
         except ValueError as e:
             raise InputError(str(e)) from None
     setup_devices(args.devices, args.tensor_parallel)
+    directory = cache_dir(not args.no_compilation_cache)
+    if directory is not None:
+        enable_compilation_cache(directory)
 
     def say(msg: str) -> None:
         if not args.no_progress:
             print(f"jspec generate: {msg}", file=sys.stderr, flush=True)
 
     # Everything that can be checked without the weights is, before they load: the tokenizer
-    # and the prompt, then (for checkpoint directories) configs, file headers, context, memory.
+    # and the prompts, then (for checkpoint directories) configs, file headers, context, memory.
     tokenizer = _load_tokenizer(args.model)
-    if prompt_ids is None:
+    if lines is not None:
+        encode_prompts(lines, tokenizer, args.model, chat=args.chat)
+    elif prompt_ids is None:
         if tokenizer is None:
             raise InputError(
                 f"--prompt needs {os.path.join(args.model, 'tokenizer.json')}; or give --prompt-ids"
             )
-        prompt_ids = tokenizer.encode(args.prompt)
-        if not prompt_ids:
-            raise InputError(f"--prompt={args.prompt!r} encodes to no tokens")
+        try:
+            prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat)
+        except InputError as e:
+            raise InputError(f"--prompt={args.prompt!r}: {e}") from None
     if loader is hf_loader:
         target, draft, nbytes = hf_inspect(args.model, args.draft, args.dtype)
-        ecfg, _ = run_config(args, target, draft, prompt_ids)
+        if lines is not None:
+            ecfg = many_config(args, target, draft, lines)
+        else:
+            ecfg, _ = run_config(args, target, draft, prompt_ids)
         check_run_memory(ecfg, target, draft, weight_bytes=nbytes, num_devices=args.devices)
     t0 = time.perf_counter()
     target, params, draft, draft_params = loader(args.model, args.draft, args.dtype, say)
@@ -245,50 +305,32 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
     )
     from jspec.probes import ProbeError
 
+    eos = [] if args.ignore_eos else _eos_ids(args.model, target)
     try:
-        out, stats = generate_ids(
-            args,
-            target,
-            params,
-            draft,
-            draft_params,
-            prompt_ids,
-            say,
-            eos=[] if args.ignore_eos else _eos_ids(args.model, target),
-            sampling=sampling,
-        )
+        if lines is not None:
+            ecfg = many_config(args, target, draft, lines)
+            models = (target, params, draft, draft_params)
+            return run_many(args, ecfg, models, lines, say, eos=eos, tokenizer=tokenizer)
+        stream = StreamPrinter(tokenizer)
+        try:
+            out, stats = generate_ids(
+                args,
+                target,
+                params,
+                draft,
+                draft_params,
+                prompt_ids,
+                say,
+                eos=eos,
+                sampling=sampling,
+                on_tokens=lambda _, new_ids: stream.push(new_ids),
+            )
+        finally:
+            stream.finish()
     except ProbeError as e:
         print(f"jspec generate: a probe fired: {e}", file=sys.stderr)
         return 1
-    text = tokenizer.decode(out) if tokenizer is not None else None
-    mode = "spec" if draft is not None else "greedy"
-    print(text if text is not None else " ".join(str(t) for t in out))
-    how = "greedy" if sampling.is_greedy else describe_sampling(sampling)
-    print(
-        f"{stats.num_tokens} tokens, {stats.tokens_per_s:.1f} tokens/s ({mode}, {how}, "
-        f"{stats.num_decode_steps} decode steps, {stats.wall_s:.2f} s)"
-    )
-    if mode == "spec":
-        print(
-            f"mean acceptance length: {stats.mean_accept_len:.2f} tokens/step "
-            f"(max {args.steps + 1})"
-        )
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "token_ids": out,
-                    "mode": mode,
-                    "sampling": sampling.to_dict(),
-                    "text": text,
-                    "mean_accept_len": stats.mean_accept_len if mode == "spec" else 1.0,
-                    "tokens_per_s": stats.tokens_per_s,
-                    "num_tokens": stats.num_tokens,
-                    "num_decode_steps": stats.num_decode_steps,
-                    "prompt_ids": list(prompt_ids),
-                }
-            )
-        )
+    print_single(args, out, stats, tokenizer, sampling, prompt_ids, eos)
     return 0
 
 
@@ -328,34 +370,14 @@ def generate_ids(
     *,
     eos: Sequence[int] = (),
     sampling: Any = None,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
 ) -> tuple[list[int], Any]:
     """Validate, build the engine, compile (with progress) and generate for one prompt
-    (``sampling``: its ``jspec.engine.SamplingParams``, None = greedy)."""
-    from jspec import probes
-    from jspec.engine.scheduler import Engine
-
-    ecfg, context_len = run_config(args, target, draft, prompt_ids)
-    # The weights are resident now (counted in the free memory already).
-    check_run_memory(ecfg, target, draft, weight_bytes=0, num_devices=args.devices)
-    max_new = args.max_new_tokens
-    checkify = args.checkify or probes.probes_on()
-    with probes.probes_enabled(True) if args.checkify else contextlib.nullcontext():
-        engine = Engine(
-            ecfg,
-            target,
-            params,
-            draft,
-            draft_params,
-            num_devices=args.devices,
-            eos_token_id=list(eos) or None,
-            checkify=checkify,
-        )
-        t0 = time.perf_counter()
-        say(
-            f"compiling prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
-            f"(context {context_len}, page size {ecfg.spec.page_size}) ..."
-        )
-        engine.warmup(sampling)
-        say(f"compiled [{time.perf_counter() - t0:.1f} s]; generating {max_new} tokens")
-        outs, stats = engine.generate([list(prompt_ids)], max_new, sampling=[sampling])
+    (``sampling``: its resolved ``jspec.engine.SamplingParams``, None = greedy; ``on_tokens``:
+    ``Engine.generate``'s, request 0's tokens as they come)."""
+    ecfg, _ = run_config(args, target, draft, prompt_ids)
+    models = (target, params, draft, draft_params)
+    engine = build_engine(args, ecfg, models, [sampling], say, eos=eos)
+    max_new = [args.max_new_tokens]
+    outs, stats = generate_all(args, engine, [prompt_ids], max_new, [sampling], say, on_tokens)
     return outs[0], stats

@@ -466,6 +466,7 @@ class Engine:
         arrivals: Sequence[int] | None = None,
         progress: Callable[[int, int], None] | None = None,
         sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
+        on_tokens: Callable[[int, list[int]], None] | None = None,
     ) -> tuple[list[list[int]], RunStats]:
         """Generate for every prompt (greedy, or sampled per request) with continuous batching.
 
@@ -478,6 +479,9 @@ class Engine:
             max_new_tokens`` must be <= context_len.
           arrivals: loop iteration at which each request arrives (default all 0).
           progress: ``progress(tokens_done, tokens_total)`` after every iteration.
+          on_tokens: ``on_tokens(i, new_ids)`` after every iteration, for each request ``i``
+            with tokens since its last call (already cut at EOS / max_new_tokens: request
+            ``i`` is done once its tokens reach its max_new_tokens or end with an EOS id).
           sampling: None (all greedy), one :class:`SamplingParams` for all, or one per
             request (None entries greedy). A request's tokens depend only on its prompt and
             its parameters (seed included), not on the batch it shares, its slot or the device
@@ -525,7 +529,7 @@ class Engine:
             free_slots=[list(range(m)) for _ in range(d)],
             t_start=time.perf_counter(),
         )
-        step = 0
+        step, sent = 0, [0] * n  # sent: tokens of each request given to on_tokens
         while loop.pending or loop.busy:
             self._admit(step, loop)
             if any(loop.prefilling):
@@ -543,6 +547,10 @@ class Engine:
             elif not any(loop.prefilling) and loop.pending:
                 step = max(step + 1, loop.pending[0].arrival_step)
                 continue
+            for r in reqs if on_tokens is not None else ():
+                if len(r.output) > sent[r.rid]:
+                    new, sent[r.rid] = r.output[sent[r.rid] :], len(r.output)
+                    on_tokens(r.rid, new)
             if progress is not None:
                 progress(sum(len(r.output) for r in reqs), total_tokens)
             step += 1

@@ -2,12 +2,18 @@
 
 BOS: by default the tokenizer's own post-processor decides (Llama-2 and Llama-3 files add their
 BOS there, as transformers does); ``add_bos=True`` / ``False`` forces it on / off. The chat
-template (``tokenizer_config.json``'s ``chat_template``) is rendered with jinja2 when jinja2 is
-installed (optional; transformers' sandboxed environment and its ``raise_exception`` helper).
+template (``chat_template.jinja`` beside ``tokenizer.json``, else ``tokenizer_config.json``'s
+``chat_template``: transformers' order) is rendered with jinja2 when jinja2 is installed
+(optional) the way transformers renders it: its sandboxed environment (``trim_blocks``,
+``lstrip_blocks``, loop controls, its ``tojson``, ``raise_exception`` and ``strftime_now``),
+the named special tokens, ``tools`` / ``documents`` None, and the text encoded without added
+special tokens.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +23,17 @@ from jspec.models.hf_config import LlamaConfig
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# The named special tokens transformers passes to a chat template (SPECIAL_TOKENS_ATTRIBUTES).
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 
 
 def _token_text(value: Any) -> str | None:
@@ -84,6 +101,13 @@ class Tokenizer:
         cfg_path = os.path.join(directory, TOKENIZER_CONFIG_FILE)
         if os.path.isfile(cfg_path):
             tok_cfg = read_json_object(cfg_path)
+        template_path = os.path.join(directory, CHAT_TEMPLATE_FILE)
+        if os.path.isfile(template_path):  # transformers: the file wins over the config's
+            try:
+                with open(template_path, encoding="utf-8") as f:
+                    tok_cfg = {**tok_cfg, "chat_template": f.read()}
+            except (OSError, UnicodeDecodeError) as e:
+                raise ValueError(f"{template_path}: not a readable UTF-8 text file ({e})") from None
         try:
             tokenizer = HFTokenizer.from_file(path)
         except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception)
@@ -131,7 +155,10 @@ class Tokenizer:
             named = {t.get("name"): t.get("template") for t in template}
             template = named.get("default") or next(iter(named.values()), None)
         if not template:
-            raise ValueError(f"{TOKENIZER_CONFIG_FILE} has no chat_template")
+            raise ValueError(
+                f"no chat template ({TOKENIZER_CONFIG_FILE} has no chat_template and there is "
+                f"no {CHAT_TEMPLATE_FILE})"
+            )
         return template
 
     def apply_chat_template(
@@ -146,22 +173,58 @@ class Tokenizer:
           ValueError: no template, or the template raised (``raise_exception``).
           ImportError: jinja2 is not installed.
         """
+        template = _compile_template(self._chat_template())
+        specials = {}
+        for name in SPECIAL_TOKEN_NAMES:
+            value = _token_text(self.tokenizer_config.get(name))
+            if value is not None:
+                specials[name] = str(value)
+        # transformers drops a message's None values (templates test for missing keys).
+        messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         try:
-            import jinja2.sandbox
-        except ImportError as e:
-            raise ImportError(
-                "chat templates need jinja2 (pip install jinja2); or pass the prompt as plain text"
-            ) from e
-
-        def raise_exception(message: str) -> None:
-            raise ValueError(f"chat template: {message}")
-
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        text = env.from_string(self._chat_template()).render(
-            messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=_token_text(self.tokenizer_config.get("bos_token")) or "",
-            eos_token=_token_text(self.tokenizer_config.get("eos_token")) or "",
-        )
+            text = template.render(
+                messages=messages,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **specials,
+            )
+        except Exception as e:  # noqa: BLE001 (the model directory's code: any error is its)
+            raise ValueError(f"chat template: {e}") from None
         return self.encode(text, add_bos=False)
+
+
+def _compile_template(source: str) -> Any:
+    """``source`` compiled in transformers' chat-template environment (ImportError without
+    jinja2; ValueError naming the syntax error)."""
+    try:
+        import jinja2
+        import jinja2.ext
+        import jinja2.sandbox
+    except ImportError as e:
+        raise ImportError(
+            "chat templates need jinja2 (pip install jinja2); or pass the prompt as plain text"
+        ) from e
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+        # transformers' filter: jinja's own escapes HTML characters
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.datetime.now().strftime(fmt)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise ValueError(f"chat template: line {e.lineno}: {e.message}") from None

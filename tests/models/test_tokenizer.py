@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from bpe_tokenizer import LLAMA3, MESSAGES, PLAIN, transformers_chat_ids, write_bpe_tokenizer
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
@@ -106,3 +107,17 @@ def test_text_that_is_not_utf8_is_named(tmp_path):
     bad = b"hello \xff world".decode("utf-8", "surrogateescape")  # how argv carries it
     with pytest.raises(ValueError, match=r"text is not valid UTF-8 \(at character 6: b'\\xff"):
         tok.encode(bad)
+
+
+@pytest.mark.parametrize("as_file", [False, True], ids=["tokenizer_config", "chat_template.jinja"])
+@pytest.mark.parametrize("template", [LLAMA3, PLAIN], ids=["llama3", "plain"])
+def test_chat_template_ids_equal_transformers(tmp_path, template, as_file):
+    """transformers' rendering (its environment, special tokens, tools None, no added special
+    tokens; ``chat_template.jinja`` over the config's template): the same ids."""
+    pytest.importorskip("jinja2")
+    pytest.importorskip("transformers")
+    directory = write_bpe_tokenizer(tmp_path / "tok", template, as_file=as_file)
+    messages = [*MESSAGES, {"role": "skip", "content": "x"}]
+    ours = Tokenizer.from_dir(directory).apply_chat_template(messages)
+    assert ours == transformers_chat_ids(directory, messages)
+    assert len(ours) > len(Tokenizer.from_dir(directory).encode(MESSAGES[0]["content"]))
