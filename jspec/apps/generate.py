@@ -106,6 +106,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
     g = p.add_argument_group("speculative decoding (as jspec demo)")
+    g.add_argument(
+        "--no-adaptive",
+        action="store_true",
+        help="speculate every round (default: decode plainly while the draft's acceptance does "
+        "not pay for the spec step, jspec.engine.SpecPolicy)",
+    )
     g.add_argument("--page-size", type=int, default=16)
     g.add_argument("--topk", type=int, default=4)
     g.add_argument("--steps", type=int, default=3, help="speculative_num_steps")

@@ -88,6 +88,7 @@ def build_engine(
             num_devices=args.devices,
             eos_token_id=list(eos) or None,
             checkify=checkify,
+            adaptive=not getattr(args, "no_adaptive", False),
         )
         t0 = time.perf_counter()
         say(

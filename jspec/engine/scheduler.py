@@ -233,7 +233,8 @@ class Engine:
         KV and proposals current: :mod:`jspec.engine.plain_step`) whenever speculation does not
         pay: the measured acceptance length times the plain round's wall time, over the spec
         round's, below 1 (:class:`SpecPolicy`). Tokens are the target's either way (lossless);
-        the decisions are in ``RunStats.policy``. Off: every round speculates.
+        the decisions are in ``RunStats.policy``. Off (default, deterministic step kinds):
+        every round speculates. ``jspec generate`` turns it on (``--no-adaptive`` off).
       lossy_thresholds: sglang's ``threshold_single`` / ``threshold_acc`` for sampled
         requests (``jspec.tree.sampling.LossyThresholds``): CHANGES THE OUTPUT DISTRIBUTION
         (accepts more drafts than exact sampling). None (default): exact.
@@ -257,7 +258,7 @@ class Engine:
         checkify: bool = False,
         admission: str = "reserve",
         max_rounds: int = 8,
-        adaptive: bool = True,
+        adaptive: bool = False,
         lossy_thresholds: LossyThresholds | None = None,
     ) -> None:
         from jspec.engine.inputs import check_count

@@ -79,6 +79,7 @@ def test_plain_and_spec_steps_interleave_losslessly():
     assert np.mean(stats.accept_lens) > 1.3, stats.accept_lens
 
 
-def test_adaptive_off_and_greedy_engines_have_no_policy():
-    assert tiny_engine(_ecfg(), adaptive=False).policy is None
-    assert tiny_engine(_ecfg(), spec=False).policy is None
+def test_adaptive_is_opt_in_and_spec_only():
+    assert tiny_engine(_ecfg()).policy is None  # default: every round speculates
+    assert isinstance(tiny_engine(_ecfg(), adaptive=True).policy, SpecPolicy)
+    assert tiny_engine(_ecfg(), spec=False, adaptive=True).policy is None
