@@ -405,6 +405,7 @@ def make_engine(
     *,
     num_devices: int = 1,
     tensor_parallel: int = 1,
+    adaptive: bool = False,
 ):
     """One engine per mode over every batch bucket (one prefill compile, steps per bucket);
     ``batches`` are per data-parallel shard, each of ``tensor_parallel`` devices."""
@@ -427,7 +428,9 @@ def make_engine(
         tensor_parallel=tensor_parallel,
     )
     if mode == "spec":
-        return Engine(ecfg, target, params, draft, dparams, num_devices=num_devices)
+        return Engine(
+            ecfg, target, params, draft, dparams, num_devices=num_devices, adaptive=adaptive
+        )
     return Engine(ecfg, target, params, num_devices=num_devices)
 
 
@@ -449,7 +452,7 @@ def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict, sampling=
     engine.generate(prompts, 2, sampling=per_request)
     out, stats = engine.generate(prompts, NEW, sampling=per_request)
     steps = max(stats.num_decode_steps, 1)
-    tokens = sum(stats.accept_lens) if mode == "spec" else sum(stats.batch_sizes)
+    tokens = stats.num_tokens - stats.num_requests  # decoded (the first token is prefill's)
     row = {
         "step ms (wall)": float(np.median(stats.step_s)) * 1e3,
         "step ms (wall mean)": stats.decode_s / steps * 1e3,
@@ -553,6 +556,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "target (acceptance ~1: adaptive speculation decodes plainly)",
     )
     parser.add_argument("--new", type=int, default=64, help="new tokens per request")
+    parser.add_argument(
+        "--adaptive", action="store_true", help="spec engines with Engine(adaptive=True)"
+    )
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
@@ -586,7 +592,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
             flush=True,
         )
         engines = {
-            base: make_engine(g, target, params, draft, dparams, base, batches, args.attention_impl)
+            base: make_engine(
+                g,
+                target,
+                params,
+                draft,
+                dparams,
+                base,
+                batches,
+                args.attention_impl,
+                adaptive=args.adaptive,
+            )
             for base in sorted({base for base, _ in parsed.values()})
         }
         for engine in engines.values():  # every bucket's prefill / rounds (plain too) / release
