@@ -18,12 +18,12 @@ import triton
 import triton.language as tl
 
 from jspec.kernels._common import import_jax_triton
-from jspec.kernels.move_kv_cache import (
+from jspec.kernels.move_kv_plan import (
     MODE_DIRECT,
     MODE_SKIP,
     MODE_STASH,
     pair_modes,
-    plan_launch,
+    plan_pool_views,
 )
 
 _MODE_SKIP = tl.constexpr(MODE_SKIP)
@@ -147,16 +147,15 @@ def move_kv_triton(
     """
     jt = import_jax_triton()
 
-    plan = plan_launch(
+    plan, k3, v3 = plan_pool_views(
         k,
+        v,
         tgt.shape[0],
         block_rows=block_rows,
         block_elems=block_elems,
         single_block_rows=single_block_rows,
     )
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
-    k3 = k.reshape(num_layers, num_slots, row_width)
-    v3 = v.reshape(num_layers, num_slots, row_width)
     static = {
         "N": n,
         "NUM_SLOTS": num_slots,
