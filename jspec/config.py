@@ -37,6 +37,7 @@ __all__ = [
     "SpecConfig",
     "ceil_div",
     "ceil_to_multiple",
+    "next_power_of_2",
 ]
 
 _DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
@@ -59,6 +60,12 @@ def ceil_div(a: int, b: int) -> int:
 
 def ceil_to_multiple(a: int, b: int) -> int:
     return ceil_div(a, b) * b
+
+
+def next_power_of_2(x: int) -> int:
+    """The smallest power of 2 >= ``x`` (1 for ``x <= 1``): kernel blocks and padded buckets."""
+    x = int(x)
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
+from jspec.config import next_power_of_2
+from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
 from jspec.sentinels import NO_NODE
 
 IMPLS = ("xla", "pallas")

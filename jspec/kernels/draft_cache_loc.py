@@ -36,8 +36,8 @@ import jax.numpy as jnp
 from jspec import probes
 from jspec._compact import pack_to
 from jspec._layout import draft_footprint, holey_geometry
-from jspec.config import INT32_LIMIT
-from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
+from jspec.config import INT32_LIMIT, next_power_of_2
+from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
 from jspec.sentinels import PAD_SLOT_ID
 
 IMPLS = ("xla", "pallas")

@@ -40,6 +40,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import _layout
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
 # Token slots copied per block (power of 2): wide blocks, the op is a big copy.
@@ -221,9 +222,9 @@ def _draft_kv_indices_pallas(
         page_size=page_size,
         width=width,
         row_width=req_to_token.shape[1],
-        block_tokens=_common.next_power_of_2(block_tokens),
-        block_seqs=_common.next_power_of_2(num_seqs),
-        block_steps=_common.next_power_of_2(num_steps),
+        block_tokens=next_power_of_2(block_tokens),
+        block_seqs=next_power_of_2(num_seqs),
+        block_steps=next_power_of_2(num_steps),
     )
     return pl.pallas_call(
         kernel,

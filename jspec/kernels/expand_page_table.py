@@ -43,6 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
 # Rows per Pallas program (power of 2). B*K <= 2048 at bs=256, K=8: 16 programs.
@@ -194,9 +195,7 @@ def _expand_page_table_kernel(
 
 
 def _block_rows(num_rows: int, block_rows: int) -> int:
-    return min(
-        _common.next_power_of_2(block_rows), max(MIN_BLOCK_ROWS, _common.next_power_of_2(num_rows))
-    )
+    return min(next_power_of_2(block_rows), max(MIN_BLOCK_ROWS, next_power_of_2(num_rows)))
 
 
 def _expand_page_table_pallas(
@@ -222,7 +221,7 @@ def _expand_page_table_pallas(
         page_shift=_log2(page_size),
         width=page_table_width,
         block_rows=block_rows,
-        block_cols=_common.next_power_of_2(page_table_width),
+        block_cols=next_power_of_2(page_table_width),
     )
     return pl.pallas_call(
         kernel,

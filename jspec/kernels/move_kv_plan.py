@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
-from jspec.kernels._common import next_power_of_2
+from jspec.config import next_power_of_2
 
 # Per-pair modes (i32), computed in XLA before the kernels.
 MODE_SKIP = 0  # self pair (t -> t) or padding: nothing to do

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import triton.language as tl
 
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
 # One warp per 1024 columns (32 per lane), 1..16 warps. Measured on the H200 (2026-11-24, one
@@ -59,7 +60,7 @@ def get_kernel() -> Any:
 
 def launch_meta(hidden: int, eps: float, add: bool) -> dict[str, Any]:
     """Static constexprs and launch options of one call (one program per row)."""
-    block = _common.next_power_of_2(hidden)
+    block = next_power_of_2(hidden)
     return {
         "H": hidden,
         "BLOCK": block,

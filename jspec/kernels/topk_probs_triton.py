@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import triton.language as tl
 
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
 # Columns per program (a row narrower than this is one chunk). Measured on the H200
@@ -136,17 +137,17 @@ def launch_plan(
     Defaults: ``block_cols`` :data:`DEFAULT_BLOCK_COLS`, ``num_warps`` one per
     :data:`COLS_PER_WARP` columns of a chunk (1..16).
     """
-    block_cols = min(block_cols or DEFAULT_BLOCK_COLS, _common.next_power_of_2(vocab))
+    block_cols = min(block_cols or DEFAULT_BLOCK_COLS, next_power_of_2(vocab))
     if num_warps is None:
         num_warps = min(MAX_NUM_WARPS, max(1, block_cols // COLS_PER_WARP))
     num_chunks = -(-vocab // block_cols)
-    common = {"V": vocab, "C": num_chunks, "K": topk, "BLOCK_K": _common.next_power_of_2(topk)}
+    common = {"V": vocab, "C": num_chunks, "K": topk, "BLOCK_K": next_power_of_2(topk)}
     mode = CHUNK.value if num_chunks > 1 else SINGLE.value
     meta = {**common, "BLOCK": block_cols, "MODE": mode}
     merge = (
         {}
         if num_chunks == 1
-        else {**common, "BLOCK": _common.next_power_of_2(num_chunks), "MODE": MERGE.value}
+        else {**common, "BLOCK": next_power_of_2(num_chunks), "MODE": MERGE.value}
     )
     return meta, merge, {"num_warps": num_warps, "num_stages": 1}
 

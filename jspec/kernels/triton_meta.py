@@ -25,11 +25,12 @@ sidesteps jax-triton's ``== 1`` scalar specialization).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import triton
 import triton.language as tl
 
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
 NUM_WARPS = 4
@@ -163,7 +164,19 @@ def get_kernel(name: str) -> Any:
     return _common.triton_jit(_KERNELS[name])
 
 
-def expand_launch_meta(
+class TritonLaunch(NamedTuple):
+    """One launch of a raw Triton kernel: ``kernel[grid](*pointers, **options)``.
+
+    The pointers follow the kernel's parameter order (inputs, then outputs: module docstring);
+    ``jax_triton.triton_call`` takes the same three as ``kernel=``, ``grid=`` and keywords.
+    """
+
+    kernel: Any  # the ``triton.jit`` kernel of the current mode (:func:`get_kernel`)
+    grid: tuple[int, ...]
+    options: dict[str, int]  # constexpr metaparameters, num_warps, num_stages
+
+
+def expand_launch(
     num_rows: int,
     row_stride: int,
     *,
@@ -173,9 +186,9 @@ def expand_launch_meta(
     page_table_width: int,
     num_cols: int,
     block_rows: int,
-) -> dict[str, int]:
-    """The expand kernel's constexpr metaparameters (shared by the JAX and torch launchers)."""
-    return {
+) -> TritonLaunch:
+    """The expand kernel over ``cache_loc i32[num_rows, row_stride]`` (both launchers)."""
+    options = {
         "NUM_ROWS": num_rows,
         "NUM_COLS": num_cols,
         "ROW_STRIDE": row_stride,
@@ -183,12 +196,16 @@ def expand_launch_meta(
         "TOPK": topk,
         "PAGE_SHIFT": int(page_size).bit_length() - 1,
         "WIDTH": page_table_width,
-        "BLOCK_ROWS": _common.next_power_of_2(block_rows),
-        "BLOCK_COLS": _common.next_power_of_2(page_table_width),
+        "BLOCK_ROWS": next_power_of_2(block_rows),
+        "BLOCK_COLS": next_power_of_2(page_table_width),
+        "num_warps": NUM_WARPS,
+        "num_stages": 1,
     }
+    grid = (triton.cdiv(num_rows, options["BLOCK_ROWS"]),)
+    return TritonLaunch(get_kernel("expand_page_table"), grid, options)
 
 
-def kv_indices_launch_meta(
+def kv_indices_launch(
     num_seqs: int,
     width: int,
     row_width: int,
@@ -197,19 +214,23 @@ def kv_indices_launch_meta(
     num_steps: int,
     page_size: int,
     block_tokens: int,
-) -> dict[str, int]:
-    """The kv_indices kernel's constexpr metaparameters (shared by both launchers)."""
-    return {
+) -> TritonLaunch:
+    """The kv_indices kernel: ``num_seqs`` rows of ``req_to_token i32[*, row_width]`` into
+    ``kv_indices i32[num_steps, width]`` (both launchers)."""
+    options = {
         "NUM_SEQS": num_seqs,
         "TOPK": topk,
         "NUM_STEPS": num_steps,
         "PAGE_SIZE": page_size,
         "WIDTH": width,
         "ROW_WIDTH": row_width,
-        "BLOCK_TOKENS": _common.next_power_of_2(block_tokens),
-        "BLOCK_SEQS": _common.next_power_of_2(num_seqs),
-        "BLOCK_STEPS": _common.next_power_of_2(num_steps),
+        "BLOCK_TOKENS": next_power_of_2(block_tokens),
+        "BLOCK_SEQS": next_power_of_2(num_seqs),
+        "BLOCK_STEPS": next_power_of_2(num_steps),
+        "num_warps": NUM_WARPS,
+        "num_stages": 1,
     }
+    return TritonLaunch(get_kernel("draft_kv_indices"), (num_seqs, topk), options)
 
 
 # ---- JAX launchers (jax_triton, GPU only) -----------------------------------------------------
@@ -231,7 +252,7 @@ def expand_page_table_triton(
     jt = _common.import_jax_triton()
 
     num_rows = cache_loc.shape[0]
-    meta = expand_launch_meta(
+    launch = expand_launch(
         num_rows,
         cache_loc.shape[1],
         decode_length=decode_length,
@@ -244,16 +265,14 @@ def expand_page_table_triton(
     return jt.triton_call(
         last_page_lens,
         cache_loc,
-        kernel=get_kernel("expand_page_table"),
+        kernel=launch.kernel,
         out_shape=(
             jax.ShapeDtypeStruct((num_rows,), jnp.int32),
             jax.ShapeDtypeStruct((num_rows, page_table_width), jnp.int32),
         ),
-        grid=(triton.cdiv(num_rows, meta["BLOCK_ROWS"]),),
-        num_warps=NUM_WARPS,
-        num_stages=1,
+        grid=launch.grid,
         name="jspec_expand_page_table_triton",
-        **meta,
+        **launch.options,
     )
 
 
@@ -276,7 +295,7 @@ def draft_kv_indices_triton(
 
     num_seqs = seq_lens.shape[0]
     width = kv_indices_buffer.shape[1]
-    meta = kv_indices_launch_meta(
+    launch = kv_indices_launch(
         num_seqs,
         width,
         req_to_token.shape[1],
@@ -290,15 +309,13 @@ def draft_kv_indices_triton(
         req_to_token,
         seq_lens,
         kv_indices_buffer,
-        kernel=get_kernel("draft_kv_indices"),
+        kernel=launch.kernel,
         out_shape=(
             jax.ShapeDtypeStruct((num_steps, width), jnp.int32),
             jax.ShapeDtypeStruct((num_steps, num_seqs * topk + 1), jnp.int32),
         ),
-        grid=(num_seqs, topk),
-        num_warps=NUM_WARPS,
-        num_stages=1,
+        grid=launch.grid,
         input_output_aliases={3: 0},
         name="jspec_draft_kv_indices_triton",
-        **meta,
+        **launch.options,
     )

@@ -39,7 +39,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jspec import probes
-from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
+from jspec.config import next_power_of_2
+from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
 from jspec.sentinels import NO_NODE, NOT_ACCEPTED
 
 IMPLS = ("xla", "pallas")
