@@ -218,10 +218,6 @@ class SpecConfig:
         """FlashInfer draft kv_indices row width ``num_seqs * topk * context_len`` (#27338)."""
         return max_bs * self.topk * self.context_len
 
-    def max_new_pages_per_decode(self) -> int:
-        """Upper bound on pages one request gains in one ``prepare_for_decode``."""
-        return ceil_div(self.alloc_reserve_per_decode + self.page_size - 1, self.page_size) + 1
-
 
 @dataclasses.dataclass(frozen=True)
 class BatchBuckets:
