@@ -141,6 +141,17 @@ def _all_imports() -> list[tuple[str, str, str, int]]:
     return rows
 
 
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every node reachable from ``start`` in one or more steps."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
 def test_every_unit_has_a_layer():
     units = {_unit(_module_name(p)) for p in PKG.rglob("*.py")} - {None}
     missing = []
@@ -172,16 +183,7 @@ def test_no_cycle_between_units():
         if unit and target.startswith("jspec.") and target_unit != unit:
             graph.setdefault(unit, set()).add(target_unit)
 
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in graph.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    cycles = sorted(u for u in graph if u in reach(u))
+    cycles = sorted(u for u in graph if u in _reach(graph, u))
     assert not cycles, f"import cycle through {cycles}: { ({u: sorted(graph[u]) for u in cycles}) }"
 
 
@@ -226,17 +228,7 @@ def _module_graph() -> dict[str, set[str]]:
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The modules that reach themselves, grouped by the circle they share."""
-
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in graph.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    reached = {module: reach(module) for module in graph}
+    reached = {module: _reach(graph, module) for module in graph}
     groups = {
         frozenset(m for m in reached[module] if module in reached[m])
         for module in graph

@@ -47,8 +47,9 @@ from jspec.kernels.move_kv_plan import (
     MODE_DIRECT,
     MODE_SKIP,
     MODE_STASH,
+    LaunchPlan,
     pair_modes,
-    plan_pool_views,
+    plan_launch,
 )
 
 IMPLS = ("xla", "pallas", "triton")
@@ -172,25 +173,16 @@ def _move_kv_kernel(
 
 
 def _move_pallas(
-    k: jax.Array,
-    v: jax.Array,
+    plan: LaunchPlan,
+    k3: jax.Array,
+    v3: jax.Array,
     tgt: jax.Array,
     src: jax.Array,
     *,
     interpret: bool,
-    block_rows: int,
-    block_elems: int,
     num_warps: int,
-    single_block_rows: int,
 ) -> tuple[jax.Array, jax.Array]:
-    plan, k3, v3 = plan_pool_views(
-        k,
-        v,
-        tgt.shape[0],
-        block_rows=block_rows,
-        block_elems=block_elems,
-        single_block_rows=single_block_rows,
-    )
+    """The Pallas passes on the pool viewed as ``k3, v3: dtype[num_layers, num_slots, H*D]``."""
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
     static = {"n": n, "block_rows": rows, "block_cols": cols, "row_width": row_width}
     params = {} if interpret else {"compiler_params": triton_params(num_warps=num_warps)}
@@ -198,7 +190,7 @@ def _move_pallas(
     extra = ()
     if stashed:
         mode = pair_modes(tgt, src, num_slots, rows)
-        stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k.dtype)
+        stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k3.dtype)
         stash = pl.pallas_call(
             functools.partial(_stash_kv_kernel, **static),
             out_shape=(stash_shape, stash_shape),
@@ -210,7 +202,7 @@ def _move_pallas(
         extra = (mode, *stash)
     first = 2 + len(extra)
     pool_shape = jax.ShapeDtypeStruct(k3.shape, k3.dtype)
-    k3, v3 = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(_move_kv_kernel, stashed=stashed, barrier=not interpret, **static),
         out_shape=(pool_shape, pool_shape),
         grid=grid,
@@ -219,7 +211,6 @@ def _move_pallas(
         name="move_kv_rows",
         **params,
     )(tgt, src, *extra, k3, v3)
-    return k3.reshape(k.shape), v3.reshape(v.shape)
 
 
 # ---- public wrapper and reference -----------------------------------------------------------
@@ -303,17 +294,23 @@ def move_kv_cache(
         return k, v
     if impl == "xla":
         return move_kv_cache_reference(k, v, tgt, src)
-    tuning = {
-        "block_rows": block_rows,
-        "block_elems": block_elems,
-        "num_warps": num_warps,
-        "single_block_rows": single_block_rows,
-    }
+    plan = plan_launch(
+        k,
+        tgt.shape[0],
+        block_rows=block_rows,
+        block_elems=block_elems,
+        single_block_rows=single_block_rows,
+    )
+    view = (plan.num_layers, plan.num_slots, plan.row_width)  # free reshapes of the pool
+    k3, v3 = k.reshape(view), v.reshape(view)
     if impl == "pallas":
-        return _move_pallas(k, v, tgt, src, interpret=resolve_interpret(interpret), **tuning)
-    from jspec.kernels.move_kv_cache_triton import move_kv_triton
+        interpret = resolve_interpret(interpret)
+        k3, v3 = _move_pallas(plan, k3, v3, tgt, src, interpret=interpret, num_warps=num_warps)
+    else:
+        from jspec.kernels.move_kv_cache_triton import move_kv_triton
 
-    return move_kv_triton(k, v, tgt, src, **tuning)
+        k3, v3 = move_kv_triton(plan, k3, v3, tgt, src, num_warps=num_warps)
+    return k3.reshape(k.shape), v3.reshape(v.shape)
 
 
 def move_kv_cache_reference(

@@ -128,20 +128,3 @@ def pair_modes(
         hi_src = hi.at[src].get(mode="fill", fill_value=-1)
         stash = moving & (hi_src >= 0) & ((lo_src != block) | (hi_src != block))
     return jnp.where(stash, MODE_STASH, moving.astype(jnp.int32))
-
-
-def plan_pool_views(
-    k: jax.Array,
-    v: jax.Array,
-    n: int,
-    *,
-    block_rows: int,
-    block_elems: int,
-    single_block_rows: int,
-) -> tuple[LaunchPlan, jax.Array, jax.Array]:
-    """:func:`plan_launch`, and ``k, v`` viewed as ``[num_layers, num_slots, row_width]``."""
-    plan = plan_launch(
-        k, n, block_rows=block_rows, block_elems=block_elems, single_block_rows=single_block_rows
-    )
-    view = (plan.num_layers, plan.num_slots, plan.row_width)
-    return plan, k.reshape(view), v.reshape(view)
