@@ -30,7 +30,7 @@ buffer's values (in-place update, no ``S * W`` zero fill; donate the buffer in t
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,9 +38,6 @@ import jax.numpy as jnp
 from jspec import probes
 from jspec.attention_meta.page_table import validate_row_args
 from jspec.kernels import draft_kv_indices as _kernel
-
-if TYPE_CHECKING:
-    from jspec.kernels.triton_meta import TritonLaunch
 
 INT32_LIMIT = 2**31
 
@@ -229,34 +226,5 @@ def _probe(
     )
 
 
-def draft_kv_indices_triton_launch(
-    num_seqs: int,
-    kv_indices_width: int,
-    row_width: int,
-    *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
-    block_tokens: int = _kernel.BLOCK_TOKENS,
-) -> TritonLaunch:
-    """The raw Triton kernel behind ``impl="triton"``, for a caller launching it on its own
-    tensors (PyTorch: ``interop.triton_meta``). Imports triton: set ``TRITON_INTERPRET=1``
-    before the first import to run it in Triton's interpreter.
-
-    Returns ``(kernel, grid, options)``: launch ``kernel[grid](req_pool_indices i32[B],
-    req_to_token i32[rows, row_width], seq_lens i32[B], kv_indices i32[S, kv_indices_width]
-    (in), kv_indices (out, the same buffer), kv_indptr i32[S, B*K+1] (out), **options)``, every
-    pointer contiguous; the values of :func:`generate_draft_decode_kv_indices` written in
-    place. No validation.
-    """
-    from jspec.kernels import triton_meta  # GPU only: imports triton
-
-    return triton_meta.kv_indices_launch(
-        num_seqs,
-        kv_indices_width,
-        row_width,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
-        block_tokens=block_tokens,
-    )
+# The raw Triton kernel of ``impl="triton"``, for callers launching it on their own tensors.
+draft_kv_indices_triton_launch = _kernel.triton_launch

@@ -35,7 +35,6 @@ NOTE: deviations from sglang, all in padding/unused entries:
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +43,6 @@ from jspec import probes
 from jspec._layout import holey_geometry
 from jspec._pytree import pytree_dataclass
 from jspec.kernels import expand_page_table as _expand
-
-if TYPE_CHECKING:
-    from jspec.kernels.triton_meta import TritonLaunch
 
 INT32_MAX = 2**31 - 1
 
@@ -169,40 +165,8 @@ def draft_decode_set_expand_metadata(
     )
 
 
-def expand_page_table_triton_launch(
-    num_rows: int,
-    row_stride: int,
-    *,
-    decode_length: int,
-    topk: int,
-    page_size: int,
-    page_table_width: int | None = None,
-    num_cols: int | None = None,
-    block_rows: int = _expand.BLOCK_ROWS,
-) -> TritonLaunch:
-    """The raw Triton kernel behind ``impl="triton"``, for a caller launching it on its own
-    tensors (PyTorch: ``interop.triton_meta``). Imports triton: set ``TRITON_INTERPRET=1``
-    before the first import to run it in Triton's interpreter.
-
-    Returns ``(kernel, grid, options)``: launch ``kernel[grid](last_page_lens i32[B],
-    cache_loc i32[num_rows, row_stride], cache_seqlens i32[num_rows] (out), page_table
-    i32[num_rows, page_table_width] (out), **options)``, every pointer contiguous; the values of
-    :func:`draft_decode_set_expand_metadata` with ``num_cols`` (default ``row_stride``: every
-    column, as sglang's function) and ``page_table_width`` (default ``num_cols``). No validation.
-    """
-    from jspec.kernels import triton_meta  # GPU only: imports triton
-
-    num_cols = row_stride if num_cols is None else num_cols
-    return triton_meta.expand_launch(
-        num_rows,
-        row_stride,
-        decode_length=decode_length,
-        topk=topk,
-        page_size=page_size,
-        page_table_width=num_cols if page_table_width is None else page_table_width,
-        num_cols=num_cols,
-        block_rows=block_rows,
-    )
+# The raw Triton kernel of ``impl="triton"``, for callers launching it on their own tensors.
+expand_page_table_triton_launch = _expand.triton_launch
 
 
 def validate_row_args(

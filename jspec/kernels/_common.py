@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -53,6 +53,24 @@ def triton_jit(fn: Callable[..., Any]) -> Any:
 
         _TRITON_JITTED[key] = triton.jit(fn)
     return _TRITON_JITTED[key]
+
+
+class TritonLaunch(NamedTuple):
+    """One launch of a raw Triton kernel: ``kernel[grid](*pointers, **options)``.
+
+    The pointers follow the kernel's parameter order (inputs, then outputs); ``jax_triton``'s
+    ``triton_call`` takes the same three as ``kernel=``, ``grid=`` and keywords (:func:`triton_call`).
+    """
+
+    kernel: Any  # the ``triton.jit`` kernel of the current mode (:func:`triton_jit`)
+    grid: tuple[int, ...]
+    options: dict[str, int]  # constexpr metaparameters, num_warps, num_stages
+
+
+def triton_call(launch: TritonLaunch, *args: Any, **kwargs: Any) -> Any:
+    """``jax_triton.triton_call`` of a launch on JAX arrays (imports jax_triton: GPU only)."""
+    jt = import_jax_triton()
+    return jt.triton_call(*args, kernel=launch.kernel, grid=launch.grid, **launch.options, **kwargs)
 
 
 def on_gpu() -> bool:
