@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from bench._timing import format_table, time_impl, time_torch, torch_us_cell
-from jspec.kernels._common import next_power_of_2
+from jspec.config import next_power_of_2
 from jspec.kernels.topk_probs import MAX_COLS, topk_probs
 
 COLUMNS = ["shape", "impl", "tuning", "device us", "wall us", "GB/s", "torch us", "error"]

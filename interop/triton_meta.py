@@ -1,24 +1,18 @@
-"""Torch launchers of jspec's raw Triton metadata kernels (``jspec.kernels.triton_meta``).
+"""Torch launchers of jspec's raw Triton metadata kernels (``impl="triton"``'s kernels).
 
 ``expand_page_table_torch`` / ``draft_kv_indices_torch`` launch the same kernels as jspec's
-``impl="triton"`` on torch int32 tensors. On CPU this runs Triton's interpreter
+``impl="triton"`` (handed out by ``jspec.attention_meta.expand_page_table_triton_launch`` /
+``draft_kv_indices_triton_launch``) on torch int32 tensors. On CPU this runs Triton's interpreter
 (``TRITON_INTERPRET=1`` must be set **before triton is first imported**: ``triton.language``'s own
-``@jit`` helpers such as ``tl.sum`` are decorated at import time). The bench uses them on CUDA as
-the "torch + same Triton kernel" row.
+``@jit`` helpers such as ``tl.sum`` are decorated at import time; the first launch imports it).
+The bench uses them on CUDA as the "torch + same Triton kernel" row.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import triton
-
-from jspec.kernels.triton_meta import (
-    NUM_WARPS,
-    expand_launch_meta,
-    get_kernel,
-    kv_indices_launch_meta,
-)
+from jspec.attention_meta import draft_kv_indices_triton_launch, expand_page_table_triton_launch
 
 __all__ = ["draft_kv_indices_torch", "expand_page_table_torch"]
 
@@ -54,7 +48,7 @@ def expand_page_table_torch(
     cache_seqlens, page_table = out
     if num_rows == 0:
         return cache_seqlens, page_table
-    meta = expand_launch_meta(
+    kernel, grid, options = expand_page_table_triton_launch(
         num_rows,
         row_stride,
         decode_length=decode_length,
@@ -64,16 +58,7 @@ def expand_page_table_torch(
         num_cols=num_cols,
         block_rows=block_rows,
     )
-    grid = (triton.cdiv(num_rows, meta["BLOCK_ROWS"]),)
-    get_kernel("expand_page_table")[grid](
-        last_page_lens.contiguous(),
-        cache_loc,
-        cache_seqlens,
-        page_table,
-        num_warps=NUM_WARPS,
-        num_stages=1,
-        **meta,
-    )
+    kernel[grid](last_page_lens.contiguous(), cache_loc, cache_seqlens, page_table, **options)
     return cache_seqlens, page_table
 
 
@@ -109,7 +94,7 @@ def draft_kv_indices_torch(
     if num_seqs == 0:
         return kv_indices_buffer, kv_indptr
     req_to_token = req_to_token.contiguous()
-    meta = kv_indices_launch_meta(
+    kernel, grid, options = draft_kv_indices_triton_launch(
         num_seqs,
         kv_indices_width,
         req_to_token.shape[1],
@@ -118,15 +103,13 @@ def draft_kv_indices_torch(
         page_size=page_size,
         block_tokens=block_tokens,
     )
-    get_kernel("draft_kv_indices")[(num_seqs, topk)](
+    kernel[grid](
         req_pool_indices.contiguous(),
         req_to_token,
         seq_lens.contiguous(),
         kv_indices_buffer,
         kv_indices_buffer,
         kv_indptr,
-        num_warps=NUM_WARPS,
-        num_stages=1,
-        **meta,
+        **options,
     )
     return kv_indices_buffer, kv_indptr

@@ -37,6 +37,7 @@ __all__ = [
     "SpecConfig",
     "ceil_div",
     "ceil_to_multiple",
+    "next_power_of_2",
 ]
 
 _DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
@@ -59,6 +60,12 @@ def ceil_div(a: int, b: int) -> int:
 
 def ceil_to_multiple(a: int, b: int) -> int:
     return ceil_div(a, b) * b
+
+
+def next_power_of_2(x: int) -> int:
+    """The smallest power of 2 >= ``x`` (1 for ``x <= 1``): kernel blocks and padded buckets."""
+    x = int(x)
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -210,10 +217,6 @@ class SpecConfig:
     def kv_indices_width(self, max_bs: int) -> int:
         """FlashInfer draft kv_indices row width ``num_seqs * topk * context_len`` (#27338)."""
         return max_bs * self.topk * self.context_len
-
-    def max_new_pages_per_decode(self) -> int:
-        """Upper bound on pages one request gains in one ``prepare_for_decode``."""
-        return ceil_div(self.alloc_reserve_per_decode + self.page_size - 1, self.page_size) + 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,12 +11,22 @@ A module may import its own layer or any layer below. Within one layer, the pack
 import each other in a cycle (e.g. tree <-> attention_meta). jspec never imports ``interop`` or
 ``bench``. Layers not written yet (jspec.apps, jspec.models) are allowed; a new top-level
 module of jspec must be given a layer here.
+
+Over jspec and interop together, module by module: no import circle (``a`` imports ``b``, which
+imports ``a``, even lazily inside a function), and no private name across packages: a module of
+one unit (``jspec.<X>``, or ``interop``) never imports a ``_name`` module or symbol that lives in
+another unit (``jspec.<Y>._private``, ``jspec.<Y>.mod._fn``; interop -> anything private in
+jspec, and ``jspec.kernels`` as a whole). jspec's own bottom modules ``jspec._*`` serve all of
+jspec, not interop. interop's
+call-time module names (``jspec_module("jspec.kv.pool")``, ``"module:function"`` strings) count
+as imports.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -43,6 +53,13 @@ FORBIDDEN_TOP = ("interop", "bench")
 # No exceptions: `jspec compare` names its module as a string in jspec.cli.COMMANDS and loads
 # the (packaged) interop only when that command runs; bench is never imported.
 ALLOWED: set[tuple[str, str]] = set()
+# Private imports across units, by (importer module, imported module).
+# TODO(apps/generate.py owner): read the EOS ids through a public jspec.models name.
+ALLOWED_PRIVATE: set[tuple[str, str]] = {("jspec.apps.generate", "jspec.models._json")}
+TOPS = ("jspec", "interop")  # the packages walked module by module
+INTERNAL = "jspec.kernels"  # private to jspec as a whole (ops are public through their concept)
+# A string naming a jspec module (interop's call-time imports): "jspec.kv.pool[:function]".
+MODULE_STRING = re.compile(r"^(jspec(?:\.[A-Za-z_]\w*)+)(?::([A-Za-z_]\w*))?$")
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -66,14 +83,28 @@ def _rank(unit: str) -> int:
     raise KeyError(unit)
 
 
-def _imports(path: pathlib.Path, module: str) -> list[tuple[str, int]]:
-    """(imported module, line) for every import statement of the file."""
+def _modules() -> dict[str, pathlib.Path]:
+    """Every module of jspec and interop, by dotted name."""
+    return {_module_name(p): p for top in TOPS for p in sorted((ROOT / top).rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _references(
+    path: pathlib.Path, module: str, *, strings: bool = False
+) -> list[tuple[str, str | None, int]]:
+    """(module, imported name or None, line) for every import of the file, at any depth.
+
+    ``from m import a`` gives ``(m.a, None)`` when ``m.a`` is a module, else ``(m, "a")``;
+    with ``strings``, a string constant naming a jspec module counts as well.
+    """
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    out = []
+    out: list[tuple[str, str | None, int]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out += [(alias.name, node.lineno) for alias in node.names]
+            out += [(alias.name, None, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -81,11 +112,23 @@ def _imports(path: pathlib.Path, module: str) -> list[tuple[str, int]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            out.append((target, node.lineno))
-            # ``from jspec import kv`` imports the sub-package jspec.kv.
-            if target == "jspec":
-                out += [(f"jspec.{alias.name}", node.lineno) for alias in node.names]
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.append(
+                    (sub, None, node.lineno)
+                    if sub in MODULES
+                    else (target, alias.name, node.lineno)
+                )
+        elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = MODULE_STRING.match(node.value)
+            if match:
+                out.append((match.group(1), match.group(2), node.lineno))
     return out
+
+
+def _imports(path: pathlib.Path, module: str) -> list[tuple[str, int]]:
+    """(imported module, line) for every import statement of the file."""
+    return [(target, line) for target, _, line in _references(path, module)]
 
 
 def _all_imports() -> list[tuple[str, str, str, int]]:
@@ -96,6 +139,17 @@ def _all_imports() -> list[tuple[str, str, str, int]]:
         for target, line in _imports(path, module):
             rows.append((module, target, str(path.relative_to(ROOT)), line))
     return rows
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every node reachable from ``start`` in one or more steps."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
 
 
 def test_every_unit_has_a_layer():
@@ -129,16 +183,7 @@ def test_no_cycle_between_units():
         if unit and target.startswith("jspec.") and target_unit != unit:
             graph.setdefault(unit, set()).add(target_unit)
 
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in graph.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    cycles = sorted(u for u in graph if u in reach(u))
+    cycles = sorted(u for u in graph if u in _reach(graph, u))
     assert not cycles, f"import cycle through {cycles}: { ({u: sorted(graph[u]) for u in cycles}) }"
 
 
@@ -165,3 +210,97 @@ def test_walker_sees_upward_imports(tmp_path, source, message):
     path.write_text(source)
     targets = [t for t, _ in _imports(path, "jspec.kernels.fake")]
     assert any(_rank(_unit(t)) > _rank("jspec.kernels") for t in targets), message
+
+
+# ---- module by module: circles and private names ----------------------------------------------
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the jspec / interop modules it imports (the longest known prefix of each)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        edges = graph.setdefault(module, set())
+        for target, _, _ in _references(path, module):
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                edges.add(target)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that reach themselves, grouped by the circle they share."""
+    reached = {module: _reach(graph, module) for module in graph}
+    groups = {
+        frozenset(m for m in reached[module] if module in reached[m])
+        for module in graph
+        if module in reached[module]
+    }
+    return sorted(sorted(group) for group in groups)
+
+
+def _owner(module: str) -> str:
+    """The unit a module belongs to for privacy: ``jspec.<first part>``, or the top package."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "jspec" and len(parts) > 1 else parts[0]
+
+
+def _private_crossing(module: str, target: str, name: str | None) -> bool:
+    """``module`` imports a private (``_name``, not dunder) module or name of another unit."""
+    top, target_top = module.split(".")[0], target.split(".")[0]
+    if target_top not in TOPS or _owner(target) == _owner(module):
+        return False
+    if top != "jspec" and _owner(target) == INTERNAL:
+        return True
+    # Inside jspec the bottom modules jspec._* are shared; from interop nothing private is.
+    parts = target.split(".")[2 if top == target_top == "jspec" else 1 :] + [name] * bool(name)
+    return any(part.startswith("_") and not part.startswith("__") for part in parts)
+
+
+def test_no_import_circle():
+    circles = _circles(_module_graph())
+    assert not circles, f"import circles (move the shared pieces into the lower module): {circles}"
+
+
+def test_no_private_import_across_packages():
+    bad = []
+    for module, path in MODULES.items():
+        for target, name, line in _references(path, module, strings=True):
+            if (module, target) in ALLOWED_PRIVATE or not _private_crossing(module, target, name):
+                continue
+            where = path.relative_to(ROOT)
+            bad.append(f"{where}:{line}: {module} imports {target}{'.' + name if name else ''}")
+    assert not bad, "private names across packages:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "module, target, name, private",
+    [
+        ("jspec.tree.build", "jspec.kernels._common", None, True),
+        ("jspec.tree.build", "jspec.kernels.build_tree", "_build_tree_pallas", True),
+        ("interop.kv.dropin", "jspec.kernels._common", "next_power_of_2", True),
+        ("interop.kv.dropin", "jspec._pytree", None, True),
+        ("interop.triton_meta", "jspec.kernels.triton_meta", "get_kernel", True),
+        ("jspec.kv.pool", "jspec.kernels.move_kv_cache", "move_kv_cache", False),
+        ("jspec.kv.pool", "interop._adapt", None, True),
+        ("jspec.kv.pool", "jspec._pytree", None, False),  # jspec's shared bottom modules
+        ("jspec.kv.allocator", "jspec.kv._freelist", None, False),  # inside one unit
+        ("interop.kv.dropin", "interop._adapt", "run_jspec", False),
+        ("interop.kv.dropin", "jspec.kv.pool", "move_kv_cache", False),
+        ("interop.kv.dropin", "jspec", "__version__", False),
+    ],
+)
+def test_walker_sees_private_crossings(module, target, name, private):
+    """The privacy rule itself, on named cases (mutation check)."""
+    assert _private_crossing(module, target, name) == private
+
+
+def test_walker_sees_circles(tmp_path):
+    """Circles through lazy and TYPE_CHECKING imports are found; a chain is not a circle."""
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("def f():\n    from jspec.kernels import move_kv_cache\n")
+    typed = tmp_path / "typed.py"
+    typed.write_text("if TYPE_CHECKING:\n    from jspec.kv.allocator import PagedAllocator\n")
+    assert _references(lazy, "jspec.kernels.x")[0][:2] == ("jspec.kernels.move_kv_cache", None)
+    assert _references(typed, "jspec.kv.y")[0][:2] == ("jspec.kv.allocator", "PagedAllocator")
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _circles(graph) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []

@@ -81,6 +81,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
         "ceil_div": "def(a: 'int', b: 'int') -> 'int'",
         "ceil_to_multiple": "def(a: 'int', b: 'int') -> 'int'",
+        "next_power_of_2": "def(x: 'int') -> 'int'",
     },
     "jspec.sentinels": {
         "NOT_ACCEPTED": "= -1",
@@ -300,10 +301,15 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_pages: 'int') -> 'NormalMetadata'",
         "draft_decode_set_expand_metadata": "def(last_page_lens: 'jax.Array', decode_length: 'int', cache_loc: 'jax.Array', *, "
         "topk: 'int', page_size: 'int', page_table_width: 'int | None' = None, "
-        "impl: 'str' = 'xla', interpret: 'bool | None' = None) -> 'tuple[jax.Array, "
-        "jax.Array]'",
+        "num_cols: 'int | None' = None, impl: 'str' = 'xla', "
+        "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array]'",
+        "draft_kv_indices_triton_launch": "def(num_seqs: 'int', kv_indices_width: 'int', row_width: 'int', *, topk: 'int', "
+        "num_steps: 'int', page_size: 'int', block_tokens: 'int' = 1024) -> 'TritonLaunch'",
         "draft_kv_indices_used_len": "def(sum_seq_lens: 'Any', topk: 'int', num_seqs_times_topk: 'Any', "
         "it: 'Any') -> 'Any'",
+        "expand_page_table_triton_launch": "def(num_rows: 'int', row_stride: 'int', *, decode_length: 'int', topk: 'int', "
+        "page_size: 'int', page_table_width: 'int | None' = None, "
+        "num_cols: 'int | None' = None, block_rows: 'int' = 128) -> 'TritonLaunch'",
         "generate_draft_decode_kv_indices": "def(req_pool_indices: 'jax.Array', req_to_token: 'jax.Array', "
         "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
         "kv_indices_width: 'int', max_bs: 'int | None' = None, "

@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from jspec.kernels._common import PALLAS_TRITON_DEPRECATION, quiet_pallas_triton
+from jspec.cli import PALLAS_TRITON_DEPRECATION, quiet_pallas_triton
 
 REPO = Path(__file__).resolve().parents[1]
 

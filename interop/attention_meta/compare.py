@@ -100,10 +100,7 @@ OPS: tuple[Op, ...] = (
         "draft_decode_set_expand_metadata",
         op_expand_metadata,
         ("xla", "pallas", "triton"),
-        (
-            "jspec.kernels.expand_page_table:expand_page_table",
-            "jspec.attention_meta.page_table:draft_decode_set_expand_metadata",
-        ),
+        ("jspec.attention_meta.page_table:draft_decode_set_expand_metadata",),
         ref_attn.draft_decode_set_expand_metadata,
         api.draft_decode_set_expand_metadata,
     ),

@@ -49,13 +49,14 @@ def draft_decode_set_expand_metadata(
     rows, cols = loc.shape
     width = page_table.shape[1]
     seqlens, table = run_jspec(
-        _mod("jspec.kernels.expand_page_table").expand_page_table,
+        _mod("jspec.attention_meta.page_table").draft_decode_set_expand_metadata,
         _j(last_page_lens, "last_page_lens"),
+        decode_length,
         _j(loc, "cache_loc"),
-        decode_length=decode_length,
         topk=topk,
         page_size=page_size,
         page_table_width=max(width, cols),
+        num_cols=cols,
         impl=impl,
         interpret=interpret,
     )

@@ -35,7 +35,7 @@ import torch
 from interop._adapt import jspec_module, run_jspec, to_jax_default
 from interop.dlpack import to_torch
 from interop.kv._allocator_api import SglangAllocatorAPI
-from jspec.kernels._common import next_power_of_2
+from jspec.config import next_power_of_2
 
 
 def _kv_alloc() -> Any:

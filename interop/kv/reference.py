@@ -1,8 +1,6 @@
 """PyTorch references of sglang's req_to_token pool, MHA KV pool and decode sizing (SPEC.md §3,
 §4.1, §9.2, §10).
 
-* ``ReqToTokenPool``: ``req_to_token`` int32 ``[size + 1, max_context_len]``; row 0 is the
-  padding row (never handed out), rows ``1..size`` are allocated from the front of a list.
 * ``assign_req_to_token_pool_func``: sglang's Triton kernel launcher as a loop (same arguments).
 * ``MHATokenToKVPool``: per-layer K and V buffers ``[size + page_size, head_num, head_dim]``;
   slots ``0..P-1`` are the padding page. ``move_kv_cache`` is gather-then-scatter, so
@@ -16,38 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-
-
-class ReqToTokenPool:
-    """Request rows mapping a token position to a KV slot id (int32)."""
-
-    def __init__(self, size: int, max_context_len: int, device: Any = "cpu") -> None:
-        self.size = size
-        self.max_context_len = max_context_len
-        self.device = device
-        self.req_to_token = torch.zeros(
-            (size + 1, max_context_len), dtype=torch.int32, device=device
-        )
-        self.clear()
-
-    def clear(self) -> None:
-        self.free_slots = list(range(1, self.size + 1))
-
-    def available_size(self) -> int:
-        return len(self.free_slots)
-
-    def alloc(self, need_size: int) -> list[int] | None:
-        if need_size > len(self.free_slots):
-            return None
-        rows, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
-        return rows
-
-    def free(self, free_index: int | list[int]) -> None:
-        rows = [free_index] if isinstance(free_index, int) else list(free_index)
-        self.free_slots.extend(rows)
-
-    def write(self, indices: Any, values: torch.Tensor) -> None:
-        self.req_to_token[indices] = values
 
 
 def assign_req_to_token_pool_func(

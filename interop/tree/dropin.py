@@ -37,7 +37,7 @@ from interop._adapt import to_torch_as as _t
 from interop.dlpack import to_torch
 from interop.tree import reference_build_tree as _ref_build
 from interop.tree.reference import write_accepted
-from jspec.kernels._common import next_power_of_2
+from jspec.config import next_power_of_2
 
 __all__ = [
     "build_tree_kernel_efficient",

@@ -224,3 +224,7 @@ def _probe(
     probes.detect_in_closed_range(
         last_draft_end, 0, row_width, f"{name}: draft slots end past the req_to_token row"
     )
+
+
+# The raw Triton kernel of ``impl="triton"``, for callers launching it on their own tensors.
+draft_kv_indices_triton_launch = _kernel.triton_launch

@@ -92,7 +92,15 @@ def _exclusive_cumsum(x: jax.Array) -> jax.Array:
 
 @functools.partial(
     jax.jit,
-    static_argnames=("decode_length", "topk", "page_size", "page_table_width", "impl", "interpret"),
+    static_argnames=(
+        "decode_length",
+        "topk",
+        "page_size",
+        "page_table_width",
+        "num_cols",
+        "impl",
+        "interpret",
+    ),
 )
 def draft_decode_set_expand_metadata(
     last_page_lens: jax.Array,
@@ -102,6 +110,7 @@ def draft_decode_set_expand_metadata(
     topk: int,
     page_size: int,
     page_table_width: int | None = None,
+    num_cols: int | None = None,
     impl: str = "xla",
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -110,13 +119,15 @@ def draft_decode_set_expand_metadata(
     Args:
       last_page_lens: i32[B] ``seq_lens % page_size``.
       decode_length: static; ``d``, draft tokens visible at this step (``step + 1``).
-      cache_loc: i32[B*K, W] draft slot ids, ``W >= d`` (``out_cache_loc.reshape(B*K, S)``;
-        sglang's int64 is int32 here), rows ordered (seq, branch). Only columns ``[0, d)`` are
-        read (in place, no copy).
+      cache_loc: i32[B*K, W] draft slot ids, ``W >= num_cols`` (``out_cache_loc.reshape(B*K,
+        S)``; sglang's int64 is int32 here), rows ordered (seq, branch). Only columns
+        ``[0, num_cols)`` are read (in place, no copy).
       topk, page_size: static.
-      page_table_width: static; default ``d + 1`` (sglang's cuda-graph buffer). Must be
-        ``>= d`` (the exact never-overflow bound, module docstring), else ``ValueError`` at
-        trace time.
+      page_table_width: static; default ``num_cols + 1`` (sglang's cuda-graph buffer). Must be
+        ``>= num_cols`` (the exact never-overflow bound, module docstring), else ``ValueError``
+        at trace time.
+      num_cols: static; columns of ``cache_loc`` turned into pages: default ``d`` (the #27360
+        fix); ``W`` is sglang's function before it (every column; ``interop``'s drop-in).
       impl: ``"xla"`` | ``"pallas"`` | ``"triton"`` (GPU only).
       interpret: Pallas interpret mode; ``None`` means interpret off the GPU.
 
@@ -125,14 +136,16 @@ def draft_decode_set_expand_metadata(
       page_table: i32[B*K, page_table_width] page ids; columns past the distinct-page count 0.
       An empty batch (B = 0) gives empty outputs.
     """
-    width = decode_length + 1 if page_table_width is None else page_table_width
+    cols_name = "decode_length" if num_cols is None else "num_cols"
+    num_cols = decode_length if num_cols is None else num_cols
+    width = num_cols + 1 if page_table_width is None else page_table_width
     probes.static_check_int(decode_length, "decode_length")
     probes.static_check(
-        cache_loc.ndim == 2 and cache_loc.shape[1] >= decode_length,
+        cache_loc.ndim == 2 and cache_loc.shape[1] >= num_cols,
         f"cache_loc.shape={tuple(cache_loc.shape)} must be (B*K, W) with "
-        f"W >= decode_length={decode_length}",
+        f"W >= {cols_name}={num_cols}",
     )
-    live = cache_loc[:, :decode_length]
+    live = cache_loc[:, :num_cols]
     probes.detect_in_closed_range(
         last_page_lens, 0, page_size - 1, "draft_decode_set_expand_metadata: last_page_lens"
     )
@@ -146,10 +159,14 @@ def draft_decode_set_expand_metadata(
         topk=topk,
         page_size=page_size,
         page_table_width=width,
-        num_cols=decode_length,
+        num_cols=num_cols,
         impl=impl,
         interpret=interpret,
     )
+
+
+# The raw Triton kernel of ``impl="triton"``, for callers launching it on their own tensors.
+expand_page_table_triton_launch = _expand.triton_launch
 
 
 def validate_row_args(

@@ -168,13 +168,6 @@ def model_scope(part: str) -> Iterator[None]:
         yield
 
 
-def capture_width(target: Any, draft: Any) -> int:
-    """Width of the feature the draft consumes from the target: ``len(capture) * H`` or ``H``."""
-    if draft is None or not draft.capture_layers:
-        return target.hidden_size
-    return len(draft.capture_layers) * target.hidden_size
-
-
 def check_models(target: Any, draft: Any = None) -> None:
     """Static checks that ``target`` / ``draft`` follow the protocol and fit each other.
 

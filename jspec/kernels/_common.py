@@ -14,36 +14,13 @@ elements; integer vector atomics are broken up to jax 0.11.2; no checks inside k
 
 from __future__ import annotations
 
-import contextlib
 import os
-import warnings
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 
 IMPLS = ("xla", "pallas", "triton")
-
-PALLAS_TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
-
-
-@contextlib.contextmanager
-def quiet_pallas_triton() -> Iterator[None]:
-    """Silence jax 0.11's Pallas-Triton ``DeprecationWarning`` inside this block only.
-
-    NOTE (shared/PLATFORM.md fact 2): jax >= 0.11 warns from the pallas_call GPU *lowering*
-    rule, i.e. when the ``jit`` that encloses a kernel compiles, not when ``pallas_call`` is
-    traced. jspec's kernel ops are jitted, so a filter around their ``pallas_call`` lines would
-    never see it; this scope goes around what compiles them in the processes jspec owns (the
-    ``jspec`` CLI). Importing jspec changes no warning filter; under pytest the filter in
-    pyproject.toml applies. Python's default filters already hide a DeprecationWarning raised
-    inside jax (it is shown only under ``-W`` or pytest). 0.10 (CPU) does not warn.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=PALLAS_TRITON_DEPRECATION, category=DeprecationWarning
-        )
-        yield
 
 
 def resolve_impl(impl: str, available: tuple[str, ...], op: str) -> str:
@@ -78,6 +55,24 @@ def triton_jit(fn: Callable[..., Any]) -> Any:
     return _TRITON_JITTED[key]
 
 
+class TritonLaunch(NamedTuple):
+    """One launch of a raw Triton kernel: ``kernel[grid](*pointers, **options)``.
+
+    The pointers follow the kernel's parameter order (inputs, then outputs); ``jax_triton``'s
+    ``triton_call`` takes the same three as ``kernel=``, ``grid=`` and keywords (:func:`triton_call`).
+    """
+
+    kernel: Any  # the ``triton.jit`` kernel of the current mode (:func:`triton_jit`)
+    grid: tuple[int, ...]
+    options: dict[str, int]  # constexpr metaparameters, num_warps, num_stages
+
+
+def triton_call(launch: TritonLaunch, *args: Any, **kwargs: Any) -> Any:
+    """``jax_triton.triton_call`` of a launch on JAX arrays (imports jax_triton: GPU only)."""
+    jt = import_jax_triton()
+    return jt.triton_call(*args, kernel=launch.kernel, grid=launch.grid, **launch.options, **kwargs)
+
+
 def on_gpu() -> bool:
     return jax.default_backend() == "gpu"
 
@@ -104,11 +99,6 @@ def validate_tuning(**knobs: int | None) -> None:
             val is None or (isinstance(val, int) and val >= 1 and val & (val - 1) == 0),
             f"{name}={val!r} must be None or a power of 2 >= 1",
         )
-
-
-def next_power_of_2(x: int) -> int:
-    x = int(x)
-    return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
 def import_jax_triton():

@@ -22,7 +22,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
-from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
+from jspec.config import next_power_of_2
+from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
 
 IMPLS = ("xla", "pallas")
 # Positions copied per loop iteration of one program (power of 2, masked tail).

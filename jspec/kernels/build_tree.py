@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
+from jspec.config import next_power_of_2
+from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
 from jspec.sentinels import NO_NODE
 
 IMPLS = ("xla", "pallas")
@@ -178,10 +179,8 @@ def _store(ref, idx, value, mask):
     pltriton.store(ref.at[idx], value, mask=mask)
 
 
-def _build_tree_pallas(
-    parent_list, sel, seq_lens, bonus, drafts, *, topk, word_dtype, interpret, poison=False
-):
-    """Launch the kernel; ``poison=True`` (tests) pre-fills outputs with sentinels via aliasing."""
+def _build_tree_pallas(parent_list, sel, seq_lens, bonus, drafts, *, topk, word_dtype, interpret):
+    """Launch the kernel (one program per request)."""
     bsz, nsel = sel.shape
     n = nsel + 1
     width = parent_list.shape[1]
@@ -216,38 +215,14 @@ def _build_tree_pallas(
         rounds=num_closure_rounds(n),
         word_dtype=word_dtype,
     )
-    args = [parent_list.reshape(-1), sel.reshape(-1), seq_lens, bonus, drafts.reshape(-1)]
-    num_in = len(args)
-    aliases = {}
-    if poison:
-        inits = [
-            jnp.full(
-                s.shape,
-                True
-                if s.dtype == jnp.bool_
-                else 7
-                if jnp.issubdtype(s.dtype, jnp.unsignedinteger)
-                else -7,
-                s.dtype,
-            )
-            for s in out_shape
-        ]
-        aliases = {num_in + i: i for i in range(len(inits))}
-        args = args + inits
-
-        def kernel_with_inits(*refs, _k=kernel):
-            return _k(*refs[:num_in], *refs[num_in + len(inits) :])
-
-        kernel = kernel_with_inits
     outs = pl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(bsz,),
-        input_output_aliases=aliases,
         interpret=interpret,
         compiler_params=None if interpret else triton_params(num_warps=4 if block <= 64 else 8),
         name="build_tree_kernel_efficient",
-    )(*args)
+    )(parent_list.reshape(-1), sel.reshape(-1), seq_lens, bonus, drafts.reshape(-1))
     next_token, next_sibling, positions, mask, first_invalid, ridx, tokens, is_valid = outs
     mask = mask.reshape(bsz, n) if word_dtype is not None else mask.reshape(bsz, n, n)
     return (

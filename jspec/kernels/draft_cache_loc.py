@@ -36,8 +36,8 @@ import jax.numpy as jnp
 from jspec import probes
 from jspec._compact import pack_to
 from jspec._layout import draft_footprint, holey_geometry
-from jspec.config import INT32_LIMIT
-from jspec.kernels._common import next_power_of_2, resolve_impl, resolve_interpret, triton_params
+from jspec.config import INT32_LIMIT, next_power_of_2
+from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
 from jspec.sentinels import PAD_SLOT_ID
 
 IMPLS = ("xla", "pallas")
@@ -261,9 +261,8 @@ def _draft_cache_loc_pallas(
     page_size,
     max_pairs,
     interpret,
-    pair_fill: int = PAD_SLOT_ID,
 ):
-    """Launch the kernel. ``pair_fill`` initialises the pair buffers (tests poison it)."""
+    """Launch the kernel; the pair buffers start as padding pairs ``(PAD_SLOT_ID, PAD_SLOT_ID)``."""
     from jax.experimental import pallas as pl
 
     batch = req_pool_indices.shape[0]
@@ -293,8 +292,8 @@ def _draft_cache_loc_pallas(
         jax.ShapeDtypeStruct((buf,), jnp.int32),
         jax.ShapeDtypeStruct((buf,), jnp.int32),
     )
-    tgt_init = jnp.full((buf,), pair_fill, jnp.int32)
-    src_init = jnp.full((buf,), pair_fill, jnp.int32)
+    tgt_init = jnp.full((buf,), PAD_SLOT_ID, jnp.int32)
+    src_init = jnp.full((buf,), PAD_SLOT_ID, jnp.int32)
     loc, tgt, src = pl.pallas_call(
         kernel,
         out_shape=out_shape,

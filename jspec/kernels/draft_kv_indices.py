@@ -27,7 +27,7 @@ Kernels (``impl=``): ``"xla"`` (the reference: a gather per output entry through
 ``searchsorted`` over ``kv_indptr``), ``"pallas"`` (grid ``(B, K)``; program (b, t) copies its
 prefix once per token block and stores it into all ``S`` step rows, then writes its draft slots
 and its ``kv_indptr`` entries), ``"triton"`` (the same kernel in raw Triton,
-``jspec.kernels.triton_meta``).
+``jspec.kernels.triton_meta``, planned by :func:`triton_launch`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import _layout
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
+from jspec.kernels._common import TritonLaunch
 
 # Token slots copied per block (power of 2): wide blocks, the op is a big copy.
 BLOCK_TOKENS = 1024
@@ -221,22 +223,66 @@ def _draft_kv_indices_pallas(
         page_size=page_size,
         width=width,
         row_width=req_to_token.shape[1],
-        block_tokens=_common.next_power_of_2(block_tokens),
-        block_seqs=_common.next_power_of_2(num_seqs),
-        block_steps=_common.next_power_of_2(num_steps),
+        block_tokens=next_power_of_2(block_tokens),
+        block_seqs=next_power_of_2(num_seqs),
+        block_steps=next_power_of_2(num_steps),
     )
     return pl.pallas_call(
         kernel,
-        out_shape=(
-            jax.ShapeDtypeStruct((num_steps, width), jnp.int32),
-            jax.ShapeDtypeStruct((num_steps, num_seqs * topk + 1), jnp.int32),
-        ),
+        out_shape=_out_shape(num_seqs, topk, num_steps, width),
         grid=(num_seqs, topk),
         input_output_aliases={3: 0},
         interpret=interpret,
         compiler_params=None if interpret else _common.triton_params(num_warps=NUM_WARPS),
         name="jspec_draft_kv_indices",
     )(req_pool_indices, req_to_token, seq_lens, kv_indices_buffer)
+
+
+# ---- raw Triton (the kernel source is jspec.kernels.triton_meta's) ----------------------------
+def triton_launch(
+    num_seqs: int,
+    kv_indices_width: int,
+    row_width: int,
+    *,
+    topk: int,
+    num_steps: int,
+    page_size: int,
+    block_tokens: int = BLOCK_TOKENS,
+) -> TritonLaunch:
+    """The raw Triton kernel behind ``impl="triton"``, planned for one call.
+
+    Launch ``kernel[grid](req_pool_indices i32[B], req_to_token i32[rows, row_width], seq_lens
+    i32[B], kv_indices i32[S, kv_indices_width] (in), kv_indices (out: the same buffer),
+    kv_indptr i32[S, B*K+1] (out), **options)`` on contiguous buffers (a caller's own tensors:
+    ``interop.triton_meta``): the values of :func:`draft_kv_indices` written in place. No
+    validation. Imports triton: set ``TRITON_INTERPRET=1`` before its first import to run in
+    Triton's interpreter.
+    """
+    from jspec.kernels import triton_meta  # imports triton
+
+    options = {
+        "NUM_SEQS": num_seqs,
+        "TOPK": topk,
+        "NUM_STEPS": num_steps,
+        "PAGE_SIZE": page_size,
+        "WIDTH": kv_indices_width,
+        "ROW_WIDTH": row_width,
+        "BLOCK_TOKENS": next_power_of_2(block_tokens),
+        "BLOCK_SEQS": next_power_of_2(num_seqs),
+        "BLOCK_STEPS": next_power_of_2(num_steps),
+        "num_warps": NUM_WARPS,
+        "num_stages": 1,
+    }
+    kernel = triton_meta.get_kernel("draft_kv_indices")
+    return TritonLaunch(kernel, (num_seqs, topk), options)
+
+
+def _out_shape(num_seqs: int, topk: int, num_steps: int, width: int) -> tuple:
+    """``(kv_indices i32[S, W], kv_indptr i32[S, B*K+1])``."""
+    return (
+        jax.ShapeDtypeStruct((num_steps, width), jnp.int32),
+        jax.ShapeDtypeStruct((num_steps, num_seqs * topk + 1), jnp.int32),
+    )
 
 
 # ---- dispatch (validation and probes live in jspec.attention_meta.kv_indices) -----------------
@@ -288,15 +334,22 @@ def draft_kv_indices(
             interpret=_common.resolve_interpret(interpret),
             block_tokens=block_tokens,
         )
-    from jspec.kernels import triton_meta  # GPU only: imports jax_triton lazily
-
-    return triton_meta.draft_kv_indices_triton(
-        req_pool_indices,
-        req_to_token,
-        seq_lens,
-        buffer,
+    launch = triton_launch(
+        num_seqs,
+        kv_indices_width,
+        req_to_token.shape[1],
         topk=topk,
         num_steps=num_steps,
         page_size=page_size,
         block_tokens=block_tokens,
+    )
+    return _common.triton_call(
+        launch,
+        req_pool_indices,
+        req_to_token,
+        seq_lens,
+        buffer,
+        out_shape=_out_shape(num_seqs, topk, num_steps, kv_indices_width),
+        input_output_aliases={3: 0},
+        name="jspec_draft_kv_indices_triton",
     )

@@ -30,7 +30,7 @@ count stale (callers start from zeros); jspec returns a fresh table with those c
 Kernels (``impl=``): ``"xla"`` (the reference), ``"pallas"`` (one program per block of rows; the
 row is tiny, so the columns are unrolled and the table is built in registers with
 compare-and-select, no scatter), ``"triton"`` (the same algorithm as a raw Triton kernel,
-``jspec.kernels.triton_meta``).
+``jspec.kernels.triton_meta``, planned by :func:`triton_launch`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
+from jspec.config import ceil_div, next_power_of_2
 from jspec.kernels import _common
+from jspec.kernels._common import TritonLaunch
 
 # Rows per Pallas program (power of 2). B*K <= 2048 at bs=256, K=8: 16 programs.
 BLOCK_ROWS = 128
@@ -194,9 +196,7 @@ def _expand_page_table_kernel(
 
 
 def _block_rows(num_rows: int, block_rows: int) -> int:
-    return min(
-        _common.next_power_of_2(block_rows), max(MIN_BLOCK_ROWS, _common.next_power_of_2(num_rows))
-    )
+    return min(next_power_of_2(block_rows), max(MIN_BLOCK_ROWS, next_power_of_2(num_rows)))
 
 
 def _expand_page_table_pallas(
@@ -222,7 +222,7 @@ def _expand_page_table_pallas(
         page_shift=_log2(page_size),
         width=page_table_width,
         block_rows=block_rows,
-        block_cols=_common.next_power_of_2(page_table_width),
+        block_cols=next_power_of_2(page_table_width),
     )
     return pl.pallas_call(
         kernel,
@@ -235,6 +235,48 @@ def _expand_page_table_pallas(
         compiler_params=None if interpret else _common.triton_params(num_warps=NUM_WARPS),
         name="jspec_expand_page_table",
     )(last_page_lens, cache_loc)
+
+
+# ---- raw Triton (the kernel source is jspec.kernels.triton_meta's) ----------------------------
+def triton_launch(
+    num_rows: int,
+    row_stride: int,
+    *,
+    decode_length: int,
+    topk: int,
+    page_size: int,
+    page_table_width: int | None = None,
+    num_cols: int | None = None,
+    block_rows: int = BLOCK_ROWS,
+) -> TritonLaunch:
+    """The raw Triton kernel behind ``impl="triton"``, planned for one call.
+
+    Launch ``kernel[grid](last_page_lens i32[B], cache_loc i32[num_rows, row_stride],
+    cache_seqlens i32[num_rows] (out), page_table i32[num_rows, page_table_width] (out),
+    **options)`` on contiguous buffers (a caller's own tensors: ``interop.triton_meta``): the
+    values of :func:`expand_page_table` over ``num_cols`` columns (default ``row_stride``: all,
+    as sglang's function), ``page_table_width`` default ``num_cols``. No validation. Imports
+    triton: set ``TRITON_INTERPRET=1`` before its first import to run in Triton's interpreter.
+    """
+    from jspec.kernels import triton_meta  # imports triton
+
+    num_cols = row_stride if num_cols is None else num_cols
+    width = num_cols if page_table_width is None else page_table_width
+    options = {
+        "NUM_ROWS": num_rows,
+        "NUM_COLS": num_cols,
+        "ROW_STRIDE": row_stride,
+        "DECODE_LENGTH": decode_length,
+        "TOPK": topk,
+        "PAGE_SHIFT": _log2(page_size),
+        "WIDTH": width,
+        "BLOCK_ROWS": next_power_of_2(block_rows),
+        "BLOCK_COLS": next_power_of_2(width),
+        "num_warps": NUM_WARPS,
+        "num_stages": 1,
+    }
+    grid = (ceil_div(num_rows, options["BLOCK_ROWS"]),)
+    return TritonLaunch(triton_meta.get_kernel("expand_page_table"), grid, options)
 
 
 # ---- public wrapper --------------------------------------------------------------------------
@@ -316,8 +358,15 @@ def expand_page_table(
             interpret=_common.resolve_interpret(interpret),
             block_rows=block_rows,
         )
-    from jspec.kernels import triton_meta  # GPU only: imports jax_triton lazily
-
-    return triton_meta.expand_page_table_triton(
-        last_page_lens, cache_loc, **kwargs, block_rows=_block_rows(num_rows, block_rows)
+    block_rows = _block_rows(num_rows, block_rows)
+    launch = triton_launch(num_rows, cache_loc.shape[1], **kwargs, block_rows=block_rows)
+    return _common.triton_call(
+        launch,
+        last_page_lens,
+        cache_loc,
+        out_shape=(
+            jax.ShapeDtypeStruct((num_rows,), jnp.int32),
+            jax.ShapeDtypeStruct((num_rows, width), jnp.int32),
+        ),
+        name="jspec_expand_page_table_triton",
     )

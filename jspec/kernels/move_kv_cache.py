@@ -1,5 +1,3 @@
-# Over 400 lines: one op: its two Pallas passes (stash, move), their static block planning,
-# the wrapper and the pure-jnp reference beside it.
 """``move_kv_cache`` kernels: copy token-slot rows of every layer's K and V (SPEC.md §9.2).
 
 Array level: ``k, v`` in, ``k, v`` out. The ``KVPool`` entry point is
@@ -26,7 +24,8 @@ Otherwise pairs of *different* row blocks race only when one's source is the oth
 above) and a stash kernel first copies their source rows to a side buffer
 ``[num_layers, n_pad, H*D]`` that the move kernel reads instead. Moved bytes are read and
 written once except for stashed pairs (random slots: almost none; packed per-request windows:
-only windows that straddle a row block).
+only windows that straddle a row block). The launch plan and the pair modes shared with the raw
+Triton kernels are in :mod:`jspec.kernels.move_kv_plan`.
 
 Interpret mode (CPU) caveat: masked-out tail pairs store back to slot 0 (the padding slot), so
 a real pair that targets slot 0 may lose its write there; compiled masked stores write nothing.
@@ -35,7 +34,6 @@ a real pair that targets slot 0 may lose its write there; compiled masked stores
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,22 +42,20 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
-from jspec.kernels._common import (
-    next_power_of_2,
-    on_gpu,
-    resolve_impl,
-    resolve_interpret,
-    triton_params,
+from jspec.kernels._common import on_gpu, resolve_impl, resolve_interpret, triton_params
+from jspec.kernels.move_kv_plan import (
+    MODE_DIRECT,
+    MODE_SKIP,
+    MODE_STASH,
+    LaunchPlan,
+    pair_modes,
+    plan_launch,
 )
 
 IMPLS = ("xla", "pallas", "triton")
 # "auto" on a GPU backend: bench/move_kv_cache.py on the H200 measured pallas and triton within
 # noise of each other (both ~3 TB/s at n=4096); pallas needs no jax_triton.
 AUTO_GPU_IMPL = "pallas"
-# Per-pair modes (i32), computed in XLA before the kernels.
-MODE_SKIP = 0  # self pair (t -> t) or padding: nothing to do
-MODE_DIRECT = 1  # read the source row from the pool
-MODE_STASH = 2  # read the source row from the stash (another row block writes it)
 # Default tuning (H200, 2 KB rows; bench/move_kv_cache.py --sweep): rows per program,
 # K-or-V elements per program, warps, and the largest n (rounded up to a power of 2) moved by
 # a single row block (then there is no stash pass and no XLA work at all).
@@ -67,8 +63,6 @@ BLOCK_ROWS = 16
 BLOCK_ELEMS = 8192
 NUM_WARPS = 8
 SINGLE_BLOCK_ROWS = 64
-# pair_modes: n x n compare up to this n, a per-slot scatter above.
-DENSE_HAZARD_MAX = 4096
 
 
 # ---- kernels --------------------------------------------------------------------------------
@@ -178,141 +172,25 @@ def _move_kv_kernel(
         pltriton.store(buf_ref.at[layer, tgt, cols], val, mask=move)
 
 
-# ---- planning (static) and modes (XLA) -------------------------------------------------------
-def plan_blocks(
-    n: int, row_width: int, *, block_rows: int, block_elems: int, single_block_rows: int
-) -> tuple[int, int, int, int]:
-    """Static launch plan ``(block_rows, block_cols, n_pad, num_col_tiles)``.
-
-    One row block of ``next_pow2(n)`` rows when that is <= ``single_block_rows`` (no stash
-    pass), else ``block_rows`` rows per block. ``block_cols`` = block_elems // rows, capped at
-    next_pow2(row_width); ``n_pad`` = n rounded up to a multiple of the rows per block.
-    """
-    for name, value in (
-        ("block_rows", block_rows),
-        ("block_elems", block_elems),
-        ("single_block_rows", single_block_rows),
-    ):
-        probes.static_check_power_of_2(value, name)
-    rows = next_power_of_2(n)
-    if rows > single_block_rows:
-        rows = min(block_rows, rows)
-    cols = max(1, min(next_power_of_2(row_width), block_elems // rows))
-    n_pad = -(-n // rows) * rows
-    return rows, cols, n_pad, -(-row_width // cols)
-
-
-class LaunchPlan(NamedTuple):
-    """Static launch geometry shared by the Pallas and the raw Triton move kernels."""
-
-    num_layers: int
-    num_slots: int
-    row_width: int  # elements per slot row (num_kv_heads * head_dim)
-    n: int  # pairs
-    block_rows: int
-    block_cols: int
-    n_pad: int  # n rounded up to a multiple of block_rows
-    grid: tuple[int, int, int]  # (layer, row block, column tile)
-
-    @property
-    def stashed(self) -> bool:
-        """More than one row block: sources overwritten by another block go through a stash."""
-        return self.n_pad > self.block_rows
-
-
-def plan_launch(
-    k: jax.Array, n: int, *, block_rows: int, block_elems: int, single_block_rows: int
-) -> LaunchPlan:
-    """:class:`LaunchPlan` for moving ``n`` pairs in a pool buffer ``k: dtype[L, slots, ...]``."""
-    num_layers, num_slots = k.shape[:2]
-    row_width = k.size // (num_layers * num_slots)
-    rows, cols, n_pad, num_col_tiles = plan_blocks(
-        n,
-        row_width,
-        block_rows=block_rows,
-        block_elems=block_elems,
-        single_block_rows=single_block_rows,
-    )
-    return LaunchPlan(
-        num_layers,
-        num_slots,
-        row_width,
-        n,
-        rows,
-        cols,
-        n_pad,
-        (num_layers, n_pad // rows, num_col_tiles),
-    )
-
-
-def pair_modes(
-    tgt: jax.Array,
-    src: jax.Array,
-    num_slots: int,
-    block_rows: int,
-    *,
-    dense_max: int = DENSE_HAZARD_MAX,
-) -> jax.Array:
-    """i32[n] per-pair mode: MODE_SKIP, MODE_DIRECT, or MODE_STASH.
-
-    A moving pair (``tgt != src``) is stashed when its source slot is the target of a moving
-    pair in another row block (``block_rows`` pairs per block); duplicate targets written from
-    several blocks count too. For n <= ``dense_max`` this is one fused n x n compare-and-reduce;
-    above, a per-slot min and max of the writing block id over ``num_slots``.
-    """
-    n = tgt.shape[0]
-    moving = tgt != src
-    block = jnp.arange(n, dtype=jnp.int32) // block_rows
-    if n <= dense_max:
-        hit = (tgt[None, :] == src[:, None]) & moving[None, :] & (block[None, :] != block[:, None])
-        stash = moving & jnp.any(hit, axis=1)
-    else:
-        num_blocks = -(-n // block_rows)
-        lo = (
-            jnp.full((num_slots,), num_blocks, jnp.int32)
-            .at[tgt]
-            .min(jnp.where(moving, block, num_blocks), mode="drop")
-        )
-        hi = (
-            jnp.full((num_slots,), -1, jnp.int32)
-            .at[tgt]
-            .max(jnp.where(moving, block, -1), mode="drop")
-        )
-        lo_src = lo.at[src].get(mode="fill", fill_value=num_blocks)
-        hi_src = hi.at[src].get(mode="fill", fill_value=-1)
-        stash = moving & (hi_src >= 0) & ((lo_src != block) | (hi_src != block))
-    return jnp.where(stash, MODE_STASH, moving.astype(jnp.int32))
-
-
 def _move_pallas(
-    k: jax.Array,
-    v: jax.Array,
+    plan: LaunchPlan,
+    k3: jax.Array,
+    v3: jax.Array,
     tgt: jax.Array,
     src: jax.Array,
     *,
     interpret: bool,
-    block_rows: int,
-    block_elems: int,
     num_warps: int,
-    single_block_rows: int,
 ) -> tuple[jax.Array, jax.Array]:
-    plan = plan_launch(
-        k,
-        tgt.shape[0],
-        block_rows=block_rows,
-        block_elems=block_elems,
-        single_block_rows=single_block_rows,
-    )
+    """The Pallas passes on the pool viewed as ``k3, v3: dtype[num_layers, num_slots, H*D]``."""
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
-    k3 = k.reshape(num_layers, num_slots, row_width)
-    v3 = v.reshape(num_layers, num_slots, row_width)
     static = {"n": n, "block_rows": rows, "block_cols": cols, "row_width": row_width}
     params = {} if interpret else {"compiler_params": triton_params(num_warps=num_warps)}
     stashed = plan.stashed
     extra = ()
     if stashed:
         mode = pair_modes(tgt, src, num_slots, rows)
-        stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k.dtype)
+        stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k3.dtype)
         stash = pl.pallas_call(
             functools.partial(_stash_kv_kernel, **static),
             out_shape=(stash_shape, stash_shape),
@@ -324,7 +202,7 @@ def _move_pallas(
         extra = (mode, *stash)
     first = 2 + len(extra)
     pool_shape = jax.ShapeDtypeStruct(k3.shape, k3.dtype)
-    k3, v3 = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(_move_kv_kernel, stashed=stashed, barrier=not interpret, **static),
         out_shape=(pool_shape, pool_shape),
         grid=grid,
@@ -333,7 +211,6 @@ def _move_pallas(
         name="move_kv_rows",
         **params,
     )(tgt, src, *extra, k3, v3)
-    return k3.reshape(k.shape), v3.reshape(v.shape)
 
 
 # ---- public wrapper and reference -----------------------------------------------------------
@@ -417,17 +294,23 @@ def move_kv_cache(
         return k, v
     if impl == "xla":
         return move_kv_cache_reference(k, v, tgt, src)
-    tuning = {
-        "block_rows": block_rows,
-        "block_elems": block_elems,
-        "num_warps": num_warps,
-        "single_block_rows": single_block_rows,
-    }
+    plan = plan_launch(
+        k,
+        tgt.shape[0],
+        block_rows=block_rows,
+        block_elems=block_elems,
+        single_block_rows=single_block_rows,
+    )
+    view = (plan.num_layers, plan.num_slots, plan.row_width)  # free reshapes of the pool
+    k3, v3 = k.reshape(view), v.reshape(view)
     if impl == "pallas":
-        return _move_pallas(k, v, tgt, src, interpret=resolve_interpret(interpret), **tuning)
-    from jspec.kernels.move_kv_cache_triton import move_kv_triton
+        interpret = resolve_interpret(interpret)
+        k3, v3 = _move_pallas(plan, k3, v3, tgt, src, interpret=interpret, num_warps=num_warps)
+    else:
+        from jspec.kernels.move_kv_cache_triton import move_kv_triton
 
-    return move_kv_triton(k, v, tgt, src, **tuning)
+        k3, v3 = move_kv_triton(plan, k3, v3, tgt, src, num_warps=num_warps)
+    return k3.reshape(k.shape), v3.reshape(v.shape)
 
 
 def move_kv_cache_reference(

@@ -18,12 +18,12 @@ import triton
 import triton.language as tl
 
 from jspec.kernels._common import import_jax_triton
-from jspec.kernels.move_kv_cache import (
+from jspec.kernels.move_kv_plan import (
     MODE_DIRECT,
     MODE_SKIP,
     MODE_STASH,
+    LaunchPlan,
     pair_modes,
-    plan_launch,
 )
 
 _MODE_SKIP = tl.constexpr(MODE_SKIP)
@@ -124,39 +124,27 @@ def move_kv_rows_kernel(
 
 
 def move_kv_triton(
-    k: jax.Array,
-    v: jax.Array,
+    plan: LaunchPlan,
+    k3: jax.Array,
+    v3: jax.Array,
     tgt: jax.Array,
     src: jax.Array,
     *,
-    block_rows: int,
-    block_elems: int,
     num_warps: int,
-    single_block_rows: int,
 ) -> tuple[jax.Array, jax.Array]:
-    """Raw-Triton ``move_kv_cache`` on ``k, v: dtype[num_layers, num_slots, H, D]``.
+    """Raw-Triton ``move_kv_cache`` on the pool viewed as ``dtype[num_layers, num_slots, H*D]``.
 
     Args:
-      k, v: the pool's buffers (aliased to the outputs: updated in place under donation).
+      plan: the static launch plan (:func:`jspec.kernels.move_kv_plan.plan_launch`).
+      k3, v3: the pool's buffers (aliased to the outputs: updated in place under donation).
       tgt, src: i32[n] target and source token slots, n >= 1, num_layers >= 1.
-      block_rows, block_elems, num_warps, single_block_rows: static tuning, as in
-        ``move_kv_cache``.
+      num_warps: static tuning, as in ``move_kv_cache``.
 
     Returns:
-      ``(k, v)`` with rows ``src`` copied to rows ``tgt`` in every layer.
+      ``(k3, v3)`` with rows ``src`` copied to rows ``tgt`` in every layer.
     """
     jt = import_jax_triton()
-
-    plan = plan_launch(
-        k,
-        tgt.shape[0],
-        block_rows=block_rows,
-        block_elems=block_elems,
-        single_block_rows=single_block_rows,
-    )
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
-    k3 = k.reshape(num_layers, num_slots, row_width)
-    v3 = v.reshape(num_layers, num_slots, row_width)
     static = {
         "N": n,
         "NUM_SLOTS": num_slots,
@@ -168,7 +156,7 @@ def move_kv_triton(
     stashed = plan.stashed
     if stashed:
         mode = pair_modes(tgt, src, num_slots, rows)
-        stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k.dtype)
+        stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k3.dtype)
         stash = jt.triton_call(
             src,
             mode,
@@ -183,7 +171,7 @@ def move_kv_triton(
         )
     else:  # unused pointers
         mode = src
-        stash = (jnp.zeros((1,), k.dtype), jnp.zeros((1,), k.dtype))
+        stash = (jnp.zeros((1,), k3.dtype), jnp.zeros((1,), k3.dtype))
     pool_shape = jax.ShapeDtypeStruct(k3.shape, k3.dtype)
     k3, v3 = jt.triton_call(
         tgt,
@@ -201,4 +189,4 @@ def move_kv_triton(
         STASHED=stashed,
         **static,
     )
-    return k3.reshape(k.shape), v3.reshape(v.shape)
+    return k3, v3

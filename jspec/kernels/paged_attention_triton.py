@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import triton.language as tl
 
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
 from jspec.kernels._common import interpreting
 
@@ -326,16 +327,14 @@ def launch_plan(
     width = num_pages * page_size
     prefill = is_prefill_shaped(qp, hq, hkv, causal)
     if block_m is None:
-        block_m = (
-            PREFILL_BLOCK_M if prefill else min(MAX_DECODE_ROWS, _common.next_power_of_2(rows))
-        )
+        block_m = PREFILL_BLOCK_M if prefill else min(MAX_DECODE_ROWS, next_power_of_2(rows))
     block_m = max(MIN_DOT, block_m)
     if block_n is None:
-        keys = _common.next_power_of_2(max(width, tail_len))
+        keys = next_power_of_2(max(width, tail_len))
         block_n = (
             PREFILL_BLOCK_N
             if prefill
-            else min(MAX_BLOCK_N, max(MIN_BLOCK_N, _common.next_power_of_2(width) // 4), keys)
+            else min(MAX_BLOCK_N, max(MIN_BLOCK_N, next_power_of_2(width) // 4), keys)
         )
     block_n = max(MIN_DOT, block_n)
     row_blocks = -(-rows // block_m)
@@ -361,7 +360,7 @@ def launch_plan(
         "ROW_BLOCKS": row_blocks,
         "BLOCK_M": block_m,
         "BLOCK_N": block_n,
-        "BLOCK_D": max(MIN_DOT, _common.next_power_of_2(dim)),
+        "BLOCK_D": max(MIN_DOT, next_power_of_2(dim)),
         "SCALE_LOG2": float(dim) ** -0.5 * _LOG2E,
         "IEEE": bool(jnp.dtype(pool_dtype) == jnp.float32),
         "INTERPRET": interpreting(),

@@ -16,7 +16,7 @@ program per row.
 
 ``impl``: ``"xla"`` the reference; ``"triton"`` the kernel through ``jax_triton``
 (:mod:`jspec.kernels.rms_norm_triton`, imported on first use; GPU only: on CPU the same source
-runs in Triton's interpreter on torch tensors, ``rms_norm_triton.rms_norm_torch``);
+runs in Triton's interpreter on torch tensors, tests/models/test_rms_norm.py);
 ``"auto"`` the kernel on a GPU backend for bf16 / f16 streams of at most :data:`MAX_HIDDEN`
 columns, else the reference (f32 models keep XLA's exact path).
 

@@ -7,7 +7,7 @@ Validation and the choice of impl: :mod:`jspec.kernels.rms_norm`.
 
 ``jax_triton`` (0.3.1) is imported lazily; the kernel is wrapped with ``triton.jit`` on first use
 (:func:`get_kernel`), so it runs in Triton's interpreter when ``TRITON_INTERPRET=1`` is set
-before triton is imported (CPU tests on torch tensors: :func:`rms_norm_torch`).
+before triton is imported (CPU tests on torch tensors: tests/models/test_rms_norm.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import triton.language as tl
 
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
 # One warp per 1024 columns (32 per lane), 1..16 warps. Measured on the H200 (2026-11-24, one
@@ -59,7 +60,7 @@ def get_kernel() -> Any:
 
 def launch_meta(hidden: int, eps: float, add: bool) -> dict[str, Any]:
     """Static constexprs and launch options of one call (one program per row)."""
-    block = _common.next_power_of_2(hidden)
+    block = next_power_of_2(hidden)
     return {
         "H": hidden,
         "BLOCK": block,
@@ -89,27 +90,3 @@ def rms_norm_triton(
         **launch_meta(x.shape[1], eps, add),
     )
     return out, (new_residual if add else x)
-
-
-def rms_norm_torch(x, weight, eps: float, residual=None):
-    """The same kernel on torch tensors (the interpreter on CPU; tests).
-
-    Returns torch ``(out, residual')`` (``residual'`` is None without ``residual``); the
-    outputs are NaN-poisoned before the launch.
-    """
-    import torch
-
-    add = residual is not None
-    out = torch.full_like(x, float("nan"))
-    res_out = (
-        torch.full_like(x, float("nan")) if add else torch.full((1,), float("nan"), dtype=x.dtype)
-    )
-    get_kernel()[(x.shape[0],)](
-        x.contiguous(),
-        residual.contiguous() if add else x,
-        weight.contiguous(),
-        out,
-        res_out,
-        **launch_meta(x.shape[1], eps, add),
-    )
-    return out, (res_out if add else None)

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jspec import probes
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
 IMPLS = ("xla", "pallas", "triton")
@@ -173,11 +174,11 @@ def _launch_shape(
     num_rows: int, vocab: int, block_rows: int | None, num_warps: int | None
 ) -> tuple[int, int]:
     """Static ``(block_rows, num_warps)``; see :data:`COLS_PER_WARP` for the defaults."""
-    block_cols = _common.next_power_of_2(vocab)
+    block_cols = next_power_of_2(vocab)
     if block_rows is None:
         block_rows = max(1, WARP_SIZE // block_cols)
         # No point in a block taller than the (padded) batch.
-        block_rows = min(block_rows, _common.next_power_of_2(num_rows))
+        block_rows = min(block_rows, next_power_of_2(num_rows))
     if num_warps is None:
         num_warps = min(MAX_NUM_WARPS, max(1, block_rows * block_cols // COLS_PER_WARP))
     return block_rows, num_warps
@@ -194,8 +195,8 @@ def _topk_probs_pallas(
         vocab=vocab,
         topk=topk,
         block_rows=block_rows,
-        block_cols=_common.next_power_of_2(vocab),
-        block_k=_common.next_power_of_2(topk),
+        block_cols=next_power_of_2(vocab),
+        block_k=next_power_of_2(topk),
     )
     return pl.pallas_call(
         kernel,
@@ -259,7 +260,7 @@ def topk_probs(
     impl = _common.resolve_impl(impl, IMPLS, "topk_probs")
     num_rows, vocab = logits.shape
     interpret = _common.resolve_interpret(interpret)
-    if impl == "pallas" and _common.next_power_of_2(vocab) > MAX_COLS:
+    if impl == "pallas" and next_power_of_2(vocab) > MAX_COLS:
         impl = "xla" if interpret else "triton"
     if impl == "xla" or num_rows == 0:
         return topk_probs_reference(logits, topk)

@@ -26,7 +26,7 @@ step at bs 1).
 
 ``jax_triton`` (0.3.1) is imported lazily; the kernel is wrapped with ``triton.jit`` on first
 use (:func:`get_kernel`), so it runs in Triton's interpreter when ``TRITON_INTERPRET=1`` is set
-before triton is imported (CPU tests on torch tensors: :func:`topk_probs_torch`).
+before triton is imported (CPU tests on torch tensors: tests/tree/test_topk_probs_triton.py).
 
 NOTE (shared/PLATFORM.md): no checks inside the kernel. A row holding NaN gets p = NaN in all K
 columns; its indices are in ``[0, V)`` but otherwise unspecified (as the Pallas kernel's).
@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import triton.language as tl
 
+from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
 # Columns per program (a row narrower than this is one chunk). Measured on the H200
@@ -136,17 +137,17 @@ def launch_plan(
     Defaults: ``block_cols`` :data:`DEFAULT_BLOCK_COLS`, ``num_warps`` one per
     :data:`COLS_PER_WARP` columns of a chunk (1..16).
     """
-    block_cols = min(block_cols or DEFAULT_BLOCK_COLS, _common.next_power_of_2(vocab))
+    block_cols = min(block_cols or DEFAULT_BLOCK_COLS, next_power_of_2(vocab))
     if num_warps is None:
         num_warps = min(MAX_NUM_WARPS, max(1, block_cols // COLS_PER_WARP))
     num_chunks = -(-vocab // block_cols)
-    common = {"V": vocab, "C": num_chunks, "K": topk, "BLOCK_K": _common.next_power_of_2(topk)}
+    common = {"V": vocab, "C": num_chunks, "K": topk, "BLOCK_K": next_power_of_2(topk)}
     mode = CHUNK.value if num_chunks > 1 else SINGLE.value
     meta = {**common, "BLOCK": block_cols, "MODE": mode}
     merge = (
         {}
         if num_chunks == 1
-        else {**common, "BLOCK": _common.next_power_of_2(num_chunks), "MODE": MERGE.value}
+        else {**common, "BLOCK": next_power_of_2(num_chunks), "MODE": MERGE.value}
     )
     return meta, merge, {"num_warps": num_warps, "num_stages": 1}
 
@@ -214,49 +215,4 @@ def topk_probs_triton(
         num_warps=1,
         num_stages=1,
     )
-    return p, index
-
-
-def topk_probs_torch(logits, topk: int, **tuning: Any):
-    """The same kernel on a torch tensor (the interpreter on CPU; tests).
-
-    Args: ``logits`` torch float[R, V]; tuning as :func:`launch_plan`. Returns torch
-    ``(topk_p f32[R, K], topk_index i32[R, K])`` (outputs and partials NaN / -1 poisoned
-    before the launches).
-    """
-    import torch
-
-    num_rows = logits.shape[0]
-    meta, merge, opts = launch_plan(logits.shape[1], topk, **tuning)
-    k, bk, c = meta["K"], meta["BLOCK_K"], meta["C"]
-    dev = logits.device
-
-    def full(shape, value, dtype=torch.float32):
-        return torch.full(shape, value, dtype=dtype, device=dev)
-
-    p, index = full((num_rows, k), float("nan")), full((num_rows, k), -1, torch.int32)
-    unused_i, unused_f = full((1,), -1, torch.int32), full((1,), float("nan"))
-    kernel = get_kernel()
-    if not merge:
-        kernel[(num_rows, 1)](
-            logits.contiguous(),
-            unused_i,
-            unused_f,
-            unused_f,
-            p,
-            index,
-            unused_f,
-            unused_f,
-            **meta,
-            **opts,
-        )
-        return p, index
-    parts = (
-        full((num_rows, c, bk), float("nan")),
-        full((num_rows, c, bk), -1, torch.int32),
-        full((num_rows, c), float("nan")),
-        full((num_rows, c), float("nan")),
-    )
-    kernel[(num_rows, c)](logits.contiguous(), unused_i, unused_f, unused_f, *parts, **meta, **opts)
-    kernel[(num_rows, 1)](*parts, p, index, unused_f, unused_f, **merge, num_warps=1, num_stages=1)
     return p, index

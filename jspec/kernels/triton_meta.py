@@ -1,15 +1,15 @@
-"""Raw Triton kernels for the draft-decode attention metadata, plus their launchers.
+"""Raw Triton kernels for the draft-decode attention metadata (sources only).
 
 Two kernels, the same algorithms as the Pallas ones (see their modules for the semantics):
 
 * ``_expand_page_table_triton_kernel``: SPEC.md §5.1 (``jspec.kernels.expand_page_table``);
 * ``_draft_kv_indices_triton_kernel``: SPEC.md §6.1 (``jspec.kernels.draft_kv_indices``).
 
-Launchers: ``expand_page_table_triton`` / ``draft_kv_indices_triton`` take JAX arrays through
-``jax_triton.triton_call`` (GPU only; ``jax_triton`` is imported inside them, because it cannot
-be imported on a CPU-only machine). The torch-tensor launchers of the same kernels (Triton's
-interpreter on CPU, the bench's "torch + same Triton kernel" row on CUDA) are
-``interop.triton_meta``'s.
+Each op module plans a launch (``triton_launch``: kernel, grid, constexprs and launch options)
+and runs it on JAX arrays through ``jax_triton`` (GPU only); the same plans reach PyTorch callers
+through ``jspec.attention_meta``'s ``*_triton_launch`` (``interop.triton_meta``: Triton's
+interpreter on CPU, the bench's "torch + same Triton kernel" row on CUDA). This module imports
+triton; the op modules import it only when a Triton launch is planned.
 
 The kernel functions are plain Python functions here and are wrapped with ``triton.jit`` on
 first use (:func:`get_kernel`), so whichever mode (compiled or interpreted) is active at that
@@ -27,12 +27,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import triton
 import triton.language as tl
 
 from jspec.kernels import _common
-
-NUM_WARPS = 4
 
 
 # ---- kernels ---------------------------------------------------------------------------------
@@ -161,144 +158,3 @@ _KERNELS: dict[str, Callable[..., Any]] = {
 def get_kernel(name: str) -> Any:
     """``triton.jit`` of the named kernel for the current mode (:func:`_common.triton_jit`)."""
     return _common.triton_jit(_KERNELS[name])
-
-
-def expand_launch_meta(
-    num_rows: int,
-    row_stride: int,
-    *,
-    decode_length: int,
-    topk: int,
-    page_size: int,
-    page_table_width: int,
-    num_cols: int,
-    block_rows: int,
-) -> dict[str, int]:
-    """The expand kernel's constexpr metaparameters (shared by the JAX and torch launchers)."""
-    return {
-        "NUM_ROWS": num_rows,
-        "NUM_COLS": num_cols,
-        "ROW_STRIDE": row_stride,
-        "DECODE_LENGTH": decode_length,
-        "TOPK": topk,
-        "PAGE_SHIFT": int(page_size).bit_length() - 1,
-        "WIDTH": page_table_width,
-        "BLOCK_ROWS": _common.next_power_of_2(block_rows),
-        "BLOCK_COLS": _common.next_power_of_2(page_table_width),
-    }
-
-
-def kv_indices_launch_meta(
-    num_seqs: int,
-    width: int,
-    row_width: int,
-    *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
-    block_tokens: int,
-) -> dict[str, int]:
-    """The kv_indices kernel's constexpr metaparameters (shared by both launchers)."""
-    return {
-        "NUM_SEQS": num_seqs,
-        "TOPK": topk,
-        "NUM_STEPS": num_steps,
-        "PAGE_SIZE": page_size,
-        "WIDTH": width,
-        "ROW_WIDTH": row_width,
-        "BLOCK_TOKENS": _common.next_power_of_2(block_tokens),
-        "BLOCK_SEQS": _common.next_power_of_2(num_seqs),
-        "BLOCK_STEPS": _common.next_power_of_2(num_steps),
-    }
-
-
-# ---- JAX launchers (jax_triton, GPU only) -----------------------------------------------------
-def expand_page_table_triton(
-    last_page_lens: Any,
-    cache_loc: Any,
-    *,
-    decode_length: int,
-    topk: int,
-    page_size: int,
-    page_table_width: int,
-    num_cols: int,
-    block_rows: int,
-) -> tuple[Any, Any]:
-    """``expand_page_table`` through ``jax_triton.triton_call``; inputs already validated."""
-    import jax
-    import jax.numpy as jnp
-
-    jt = _common.import_jax_triton()
-
-    num_rows = cache_loc.shape[0]
-    meta = expand_launch_meta(
-        num_rows,
-        cache_loc.shape[1],
-        decode_length=decode_length,
-        topk=topk,
-        page_size=page_size,
-        page_table_width=page_table_width,
-        num_cols=num_cols,
-        block_rows=block_rows,
-    )
-    return jt.triton_call(
-        last_page_lens,
-        cache_loc,
-        kernel=get_kernel("expand_page_table"),
-        out_shape=(
-            jax.ShapeDtypeStruct((num_rows,), jnp.int32),
-            jax.ShapeDtypeStruct((num_rows, page_table_width), jnp.int32),
-        ),
-        grid=(triton.cdiv(num_rows, meta["BLOCK_ROWS"]),),
-        num_warps=NUM_WARPS,
-        num_stages=1,
-        name="jspec_expand_page_table_triton",
-        **meta,
-    )
-
-
-def draft_kv_indices_triton(
-    req_pool_indices: Any,
-    req_to_token: Any,
-    seq_lens: Any,
-    kv_indices_buffer: Any,
-    *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
-    block_tokens: int,
-) -> tuple[Any, Any]:
-    """``draft_kv_indices`` through ``jax_triton.triton_call``; the buffer is aliased."""
-    import jax
-    import jax.numpy as jnp
-
-    jt = _common.import_jax_triton()
-
-    num_seqs = seq_lens.shape[0]
-    width = kv_indices_buffer.shape[1]
-    meta = kv_indices_launch_meta(
-        num_seqs,
-        width,
-        req_to_token.shape[1],
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
-        block_tokens=block_tokens,
-    )
-    return jt.triton_call(
-        req_pool_indices,
-        req_to_token,
-        seq_lens,
-        kv_indices_buffer,
-        kernel=get_kernel("draft_kv_indices"),
-        out_shape=(
-            jax.ShapeDtypeStruct((num_steps, width), jnp.int32),
-            jax.ShapeDtypeStruct((num_steps, num_seqs * topk + 1), jnp.int32),
-        ),
-        grid=(num_seqs, topk),
-        num_warps=NUM_WARPS,
-        num_stages=1,
-        input_output_aliases={3: 0},
-        name="jspec_draft_kv_indices_triton",
-        **meta,
-    )

@@ -1,31 +1,51 @@
-"""Free-list primitives of the paged allocator (private to ``jspec.kv.allocator``).
+"""The paged allocator's state and its free-list primitives (private to ``jspec.kv.allocator``).
 
-Pure XLA on the :class:`~jspec.kv.allocator.PagedAllocator` pytree: pop from the front, release
-(prepend, or append to the staged list in need_sort mode), merge-and-sort, and the validity
-mask of a free (range, already free, repeated in one call) that makes bad frees atomic no-ops.
+The :class:`PagedAllocator` pytree (public as ``jspec.kv.PagedAllocator``; the free-list layout
+is drawn in :mod:`jspec.kv.allocator`) and pure XLA on it: pop from the front, release (prepend,
+or append to the staged list in need_sort mode), merge-and-sort, and the validity mask of a free
+(range, already free, repeated in one call) that makes bad frees atomic no-ops.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jspec import _compact, probes
-from jspec._pytree import replace
+from jspec._pytree import pytree_dataclass, replace, static_field
 from jspec.sentinels import PAD_PAGE_ID  # free-list padding past the live prefix
-
-if TYPE_CHECKING:
-    from jspec.kv.allocator import PagedAllocator
 
 # Sort key that places dead entries after every live page id.
 SORT_PAD = jnp.iinfo(jnp.int32).max
 
 
-def ceil_div(x: jax.Array, p: int) -> jax.Array:
-    """``ceil(x / p)`` for int arrays (``p`` static, > 0)."""
-    return (x + (p - 1)) // p
+@pytree_dataclass
+class PagedAllocator:
+    """Allocator state (a pytree; ``page_size``/``num_pages``/``need_sort`` are static).
+
+    Attributes:
+      free_pages: i32[num_pages]; ``[0, num_free)`` is the free list, the rest ``PAD_PAGE_ID``.
+      num_free: i32[]; live length of ``free_pages``.
+      staged_pages: i32[num_pages]; sglang ``release_pages`` (need_sort mode), ``[0, num_staged)``.
+      num_staged: i32[]; live length of ``staged_pages``.
+      page_size: tokens per page ``P`` (static, power of 2).
+      num_pages: allocatable pages, ids ``1..num_pages`` (static).
+      need_sort: route frees to ``staged_pages`` and merge-sort lazily (static).
+    """
+
+    # (num_pages,)
+    free_pages: jax.Array
+    # ()
+    num_free: jax.Array
+    # (num_pages,)
+    staged_pages: jax.Array
+    # ()
+    num_staged: jax.Array
+    page_size: int = static_field()
+    num_pages: int = static_field()
+    need_sort: bool = static_field(default=False)
 
 
 def select(ok: jax.Array, new: PagedAllocator, old: PagedAllocator) -> PagedAllocator:

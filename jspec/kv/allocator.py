@@ -1,5 +1,5 @@
 # Over 400 lines: one state machine (alloc*, free*) with sglang's order rules in its docstrings;
-# the free-list mechanics are in _freelist.py, free groups in free_group.py.
+# the state pytree and its free-list mechanics are in _freelist.py, free groups in free_group.py.
 """Paged KV-slot allocator: sglang ``PagedTokenToKVPoolAllocator`` as a pure-functional pytree.
 
 SPEC.md §10. Page ``p`` owns the token slots ``[p*P, (p+1)*P)``; page 0 (slots ``0..P-1``) is the
@@ -39,12 +39,11 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
-from jspec._pytree import pytree_dataclass, static_field
 from jspec.config import SpecConfig, ceil_div
 from jspec.kernels.alloc_decode import alloc_decode_slots
 from jspec.kernels.alloc_extend import alloc_extend_slots
 from jspec.kv import _freelist as _fl
-from jspec.kv._freelist import PAD_PAGE_ID, merge_and_sort_free
+from jspec.kv._freelist import PAD_PAGE_ID, PagedAllocator, merge_and_sort_free
 
 __all__ = [
     "MERGE_RULES",
@@ -65,33 +64,6 @@ __all__ = [
 # exact page count) or "sglang" (sglang's quick bounds: extend ``tokens//P + bs + 1 > len(free)``,
 # decode ``bs > len(free)``; they may merge when not strictly needed).
 MERGE_RULES = ("exact", "sglang")
-
-
-@pytree_dataclass
-class PagedAllocator:
-    """Allocator state (a pytree; ``page_size``/``num_pages``/``need_sort`` are static).
-
-    Attributes:
-      free_pages: i32[num_pages]; ``[0, num_free)`` is the free list, the rest ``PAD_PAGE_ID``.
-      num_free: i32[]; live length of ``free_pages``.
-      staged_pages: i32[num_pages]; sglang ``release_pages`` (need_sort mode), ``[0, num_staged)``.
-      num_staged: i32[]; live length of ``staged_pages``.
-      page_size: tokens per page ``P`` (static, power of 2).
-      num_pages: allocatable pages, ids ``1..num_pages`` (static).
-      need_sort: route frees to ``staged_pages`` and merge-sort lazily (static).
-    """
-
-    # (num_pages,)
-    free_pages: jax.Array
-    # ()
-    num_free: jax.Array
-    # (num_pages,)
-    staged_pages: jax.Array
-    # ()
-    num_staged: jax.Array
-    page_size: int = static_field()
-    num_pages: int = static_field()
-    need_sort: bool = static_field(default=False)
 
 
 # ---- construction -------------------------------------------------------------------------------
@@ -241,7 +213,7 @@ def alloc_extend(
         )
     inputs_ok = jnp.all(lens_ok) & jnp.all(aligned)
     total_slots = jnp.sum(jnp.where(grows, seq_lens - prefix_lens, 0))
-    new_pages = jnp.where(grows, _fl.ceil_div(seq_lens, p) - _fl.ceil_div(prefix_lens, p), 0)
+    new_pages = jnp.where(grows, ceil_div(seq_lens, p) - ceil_div(prefix_lens, p), 0)
     total_pages = jnp.sum(new_pages)
     if merge_rule == "sglang":
         short = total_slots // p + jnp.sum(valid.astype(jnp.int32)) + 1 > a.num_free
@@ -311,7 +283,7 @@ def alloc_decode(
             seq=seq_lens[jnp.argmax(~aligned)],
         )
     inputs_ok = jnp.all(aligned) & jnp.all(~valid | (seq_lens >= 1))
-    new_page = valid & (_fl.ceil_div(seq_lens, p) > _fl.ceil_div(seq_lens - 1, p))
+    new_page = valid & (ceil_div(seq_lens, p) > ceil_div(seq_lens - 1, p))
     total_pages = jnp.sum(new_page.astype(jnp.int32))
     if merge_rule == "sglang":
         short = jnp.sum(valid.astype(jnp.int32)) > a.num_free

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec.sentinels import ROOT_PARENT
 
 
 def _probe_draft(
@@ -86,7 +87,9 @@ def select_top_k_tokens(
         _probe_draft(topk_p, topk_index, vocab_size, "select_top_k_tokens(step=0)")
         input_ids = topk_index.reshape(-1)
         hidden = jnp.repeat(hidden, k, axis=0)
-        parents = jnp.broadcast_to(jnp.arange(-1, k, dtype=jnp.int32), (b, k + 1))
+        root = jnp.full((1,), ROOT_PARENT, jnp.int32)
+        parents = jnp.concatenate([root, jnp.arange(k, dtype=jnp.int32)])  # [-1, 0, ..., K-1]
+        parents = jnp.broadcast_to(parents, (b, k + 1))
         tree_info = (topk_p[:, None, :], topk_index, parents)
         return input_ids, hidden, topk_p, tree_info
 

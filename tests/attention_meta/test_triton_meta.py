@@ -254,21 +254,24 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from jspec.kernels import triton_meta as tm
+    from jspec.attention_meta import (
+        draft_kv_indices_triton_launch,
+        expand_page_table_triton_launch,
+    )
 
-    def build(name, num_ptrs, meta):
-        kernel = tm.get_kernel(name)
-        sig = {n: "*i32" for n in kernel.arg_names[:num_ptrs]}
+    def build(num_ptrs, launch):
+        meta = dict(launch.options)
+        options = {k: meta.pop(k) for k in ("num_warps", "num_stages")}
+        sig = {n: "*i32" for n in launch.kernel.arg_names[:num_ptrs]}
         sig.update({n: "constexpr" for n in meta})
-        compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=meta),
-                                  target=GPUTarget("cuda", 90, 32),
-                                  options=dict(num_warps=tm.NUM_WARPS, num_stages=1))
-        assert "cubin" in compiled.asm, name
+        compiled = triton.compile(ASTSource(fn=launch.kernel, signature=sig, constexprs=meta),
+                                  target=GPUTarget("cuda", 90, 32), options=options)
+        assert "cubin" in compiled.asm, launch.kernel
 
-    build("expand_page_table", 4, tm.expand_launch_meta(2048, 5, decode_length=4, topk=8,
-          page_size=16, page_table_width=5, num_cols=4, block_rows=128))
-    build("draft_kv_indices", 6, tm.kv_indices_launch_meta(256, 256 * 8 * 8192, 8300, topk=8,
-          num_steps=5, page_size=16, block_tokens=1024))
+    build(4, expand_page_table_triton_launch(2048, 5, decode_length=4, topk=8, page_size=16,
+          page_table_width=5, num_cols=4))
+    build(6, draft_kv_indices_triton_launch(256, 256 * 8 * 8192, 8300, topk=8, num_steps=5,
+          page_size=16))
     print("COMPILED_OK")
 """)
 

@@ -91,16 +91,16 @@ def test_planted_difference_in_verify_is_reported(monkeypatch):
     assert "MISMATCH verify_tree_greedy" in text and "accept_token_num[1]" in text
 
 
-def test_planted_difference_in_a_kernel_module(monkeypatch):
-    import jspec.kernels.expand_page_table as ept
+def test_planted_difference_in_an_attention_meta_op(monkeypatch):
+    from jspec.attention_meta import page_table
 
-    real = ept.expand_page_table
+    real = page_table.draft_decode_set_expand_metadata
 
     def flipped(*args, **kwargs):
         seqlens, table = real(*args, **kwargs)
         return seqlens, table.at[3, 0].add(1)
 
-    monkeypatch.setattr(ept, "expand_page_table", flipped)
+    monkeypatch.setattr(page_table, "draft_decode_set_expand_metadata", flipped)
     (row,) = compare.run_compare(
         [CASE], [_op("draft_decode_set_expand_metadata")], ["xla"], progress=False
     )

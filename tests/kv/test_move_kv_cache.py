@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from jspec import env, probes
 from jspec.kernels import move_kv_cache as mkc
+from jspec.kernels import move_kv_plan
 from jspec.kv.pool import KVPool, move_kv_cache, move_kv_cache_reference
 
 ON_GPU = env.TEST_GPU
@@ -132,7 +133,7 @@ def test_overlap_cases(impl, tuning, case, interpret):
 def test_pair_modes_stash_only_cross_block_sources(dense_max):
     tgt = jnp.asarray([1, 2, 3, 4, 5, 6, 0, 0], jnp.int32)
     src = jnp.asarray([2, 3, 4, 5, 6, 7, 0, 0], jnp.int32)
-    modes = np.asarray(mkc.pair_modes(tgt, src, 16, 4, dense_max=dense_max))
+    modes = np.asarray(move_kv_plan.pair_modes(tgt, src, 16, 4, dense_max=dense_max))
     # block 0 = pairs 0..3 writes 1..4; block 1 writes 5, 6. Pair 3 reads 5 (block 1): stash.
     np.testing.assert_array_equal(modes, [1, 1, 1, 2, 1, 1, 0, 0])
 
@@ -141,13 +142,13 @@ def _numpy_modes(tgt, src, block_rows):
     modes = []
     for j, (t, s) in enumerate(zip(tgt, src)):
         if t == s:
-            modes.append(mkc.MODE_SKIP)
+            modes.append(move_kv_plan.MODE_SKIP)
             continue
         cross = any(
             ti == s and ti != si and i // block_rows != j // block_rows
             for i, (ti, si) in enumerate(zip(tgt, src))
         )
-        modes.append(mkc.MODE_STASH if cross else mkc.MODE_DIRECT)
+        modes.append(move_kv_plan.MODE_STASH if cross else move_kv_plan.MODE_DIRECT)
     return modes
 
 
@@ -160,7 +161,7 @@ def test_property_pair_modes_dense_and_scatter_agree(data):
     block_rows = data.draw(st.sampled_from([2, 4]))
     want = _numpy_modes(tgt, src, block_rows)
     for dense_max in (0, 4096):
-        got = mkc.pair_modes(
+        got = move_kv_plan.pair_modes(
             jnp.asarray(tgt, jnp.int32),
             jnp.asarray(src, jnp.int32),
             16,
@@ -327,11 +328,11 @@ def test_triton_source_in_interpreter(monkeypatch):
     tgt = np.array(list(range(9, 30)) + [0, 0, 40], np.int32)
     src = np.array(list(range(8, 29)) + [0, 0, 41], np.int32)
     n = len(tgt)
-    rows, cols, n_pad, num_col_tiles = mkc.plan_blocks(
+    rows, cols, n_pad, num_col_tiles = move_kv_plan.plan_blocks(
         n, width, block_rows=4, block_elems=32, single_block_rows=1
     )
-    mode = np.asarray(mkc.pair_modes(jnp.asarray(tgt), jnp.asarray(src), num_slots, rows))
-    assert (mode == mkc.MODE_STASH).any()
+    mode = np.asarray(move_kv_plan.pair_modes(jnp.asarray(tgt), jnp.asarray(src), num_slots, rows))
+    assert (mode == move_kv_plan.MODE_STASH).any()
     tk, tv = torch.tensor(k), torch.tensor(v)
     sk = torch.full((num_layers, n_pad, width), float("nan"))
     sv = sk.clone()
@@ -351,7 +352,7 @@ def test_triton_source_in_interpreter(monkeypatch):
     np.testing.assert_array_equal(tv.numpy(), _numpy_move(v, tgt, src))
     # One row block, no stash: the kernel derives skip/direct from tgt != src itself.
     tk, tv = torch.tensor(k), torch.tensor(v)
-    rows, cols, n_pad, num_col_tiles = mkc.plan_blocks(
+    rows, cols, n_pad, num_col_tiles = move_kv_plan.plan_blocks(
         n, width, block_rows=4, block_elems=128, single_block_rows=32
     )
     static.update(N_PAD=n_pad, BLOCK_ROWS=rows, BLOCK_COLS=cols)

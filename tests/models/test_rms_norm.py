@@ -108,6 +108,27 @@ def test_launch_meta():
     assert rnt.launch_meta(100, 1e-6, False)["num_warps"] == 1
 
 
+def _launch_interpreted(x, weight, eps: float, residual=None):
+    """The raw kernel on torch tensors (Triton's interpreter); outputs NaN-poisoned first.
+
+    Returns torch ``(out, residual')`` (``residual'`` is None without ``residual``).
+    """
+    add = residual is not None
+    out = torch.full_like(x, float("nan"))
+    res_out = (
+        torch.full_like(x, float("nan")) if add else torch.full((1,), float("nan"), dtype=x.dtype)
+    )
+    rnt.get_kernel()[(x.shape[0],)](
+        x.contiguous(),
+        residual.contiguous() if add else x,
+        weight.contiguous(),
+        out,
+        res_out,
+        **rnt.launch_meta(x.shape[1], eps, add),
+    )
+    return out, (res_out if add else None)
+
+
 @rerun_here
 def test_rerun_in_fresh_process():
     rerun_in_fresh_process(__file__, timeout=600)
@@ -120,7 +141,7 @@ def test_rerun_in_fresh_process():
 def test_interpreted_kernel_vs_oracle(num_rows, hidden, dtype, add):
     x, residual, weight = _inputs(num_rows, hidden, hidden + add)
     t = lambda a: torch.from_numpy(a).to(dtype)  # noqa: E731
-    out, res = rnt.rms_norm_torch(t(x), t(weight), EPS, residual=t(residual) if add else None)
+    out, res = _launch_interpreted(t(x), t(weight), EPS, residual=t(residual) if add else None)
     # The oracle of what the kernel read: the inputs rounded to dtype; residual' as it stored it.
     xr, rr, wr = (t(a).to(torch.float32).numpy() for a in (x, residual, weight))
     if add:
@@ -142,7 +163,7 @@ def test_interpreted_kernel_vs_oracle(num_rows, hidden, dtype, add):
 def test_interpreted_nan_row_stays_in_its_row():
     x, residual, weight = _inputs(3, 128, 9)
     x[1, 7] = np.nan
-    out, res = rnt.rms_norm_torch(
+    out, res = _launch_interpreted(
         torch.from_numpy(x), torch.from_numpy(weight), EPS, residual=torch.from_numpy(residual)
     )
     out, res = out.numpy(), res.numpy()

@@ -23,8 +23,7 @@ from jspec.tree.layout import (
     draft_positions,
     prefix_tail_copy_pairs,
 )
-
-POISON = -7
+from poisoned_outputs import POISON, poisoned_outputs
 
 
 # ---- independent oracle ------------------------------------------------------------------------
@@ -246,9 +245,10 @@ def test_pallas_poisoned_pair_buffers(interpret) -> None:
         "max_pairs": max_prefix_tail_pairs(4, topk=4, page_size=8),
     }
     want = draft_cache_loc_reference(r2t, rpi, seq, valid, **kw)
-    out, tgt, src, n = jax.jit(
-        lambda *a: _draft_cache_loc_pallas(*a, interpret=interpret, pair_fill=POISON, **kw)
-    )(r2t, rpi, seq, valid)
+    with poisoned_outputs():  # every output, the pair buffers included, starts as POISON
+        out, tgt, src, n = jax.jit(
+            lambda *a: _draft_cache_loc_pallas(*a, interpret=interpret, **kw)
+        )(r2t, rpi, seq, valid)
     n = int(n)
     assert n == int(want[3]) and n > 0
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want[0]))

@@ -47,6 +47,37 @@ def _check(p, index, want_p, want_index, rtol):
     np.testing.assert_allclose(np.asarray(p), want_p, rtol=rtol, atol=0)  # NaN == NaN here
 
 
+def _launch_interpreted(logits, topk: int, **tuning):
+    """The raw kernel on a torch float[R, V] tensor (Triton's interpreter; tuning as
+    ``tpt.launch_plan``): torch ``(topk_p f32[R, K], topk_index i32[R, K])``, with outputs and
+    partials NaN / -1 poisoned before the launches."""
+    num_rows = logits.shape[0]
+    meta, merge, opts = tpt.launch_plan(logits.shape[1], topk, **tuning)
+    k, bk, c = meta["K"], meta["BLOCK_K"], meta["C"]
+
+    def full(shape, value, dtype=torch.float32):
+        return torch.full(shape, value, dtype=dtype, device=logits.device)
+
+    p, index = full((num_rows, k), float("nan")), full((num_rows, k), -1, torch.int32)
+    unused_i, unused_f = full((1,), -1, torch.int32), full((1,), float("nan"))
+    unused = (unused_i, unused_f, unused_f)
+    kernel = tpt.get_kernel()
+    if not merge:
+        kernel[(num_rows, 1)](
+            logits.contiguous(), *unused, p, index, unused_f, unused_f, **meta, **opts
+        )
+        return p, index
+    parts = (
+        full((num_rows, c, bk), float("nan")),
+        full((num_rows, c, bk), -1, torch.int32),
+        full((num_rows, c), float("nan")),
+        full((num_rows, c), float("nan")),
+    )
+    kernel[(num_rows, c)](logits.contiguous(), *unused, *parts, **meta, **opts)
+    kernel[(num_rows, 1)](*parts, p, index, unused_f, unused_f, **merge, num_warps=1, num_stages=1)
+    return p, index
+
+
 @rerun_here
 def test_rerun_in_fresh_process():
     rerun_in_fresh_process(__file__, timeout=900)
@@ -59,7 +90,7 @@ def test_interpreted_kernel_vs_oracle(num_rows, vocab, topk, tuning, dtype):
     x = _mixed_logits(np.random.default_rng(vocab + topk), num_rows, vocab)
     x = torch.from_numpy(x).to(dtype)
     want_p, want_index = _oracle(x.to(torch.float32).numpy(), topk)
-    p, index = tpt.topk_probs_torch(x, topk, **tuning)
+    p, index = _launch_interpreted(x, topk, **tuning)
     _check(p, index, want_p, want_index, rtol=2e-6)
 
 
@@ -69,7 +100,7 @@ def test_interpreted_inf_and_nan_rows():
     x[0, [2, 1500, 2999]] = [1.0, 2.0, 1.0]  # 3 finite, in 3 chunks; picks 4..6 are -inf
     x[2, 2500] = np.inf  # +inf: p NaN there, 0 elsewhere (jax.nn.logsumexp)
     x[3, [1, 2048]] = [5.0, np.nan]  # NaN row: p NaN, indices in range
-    p, index = tpt.topk_probs_torch(torch.from_numpy(x), 6, block_cols=1024)
+    p, index = _launch_interpreted(torch.from_numpy(x), 6, block_cols=1024)
     p, index = p.numpy(), index.numpy()
     assert index[0].tolist() == [1500, 2, 2999, 0, 1, 3] and index[1].tolist() == list(range(6))
     assert index[2].tolist() == [2500, 0, 1, 2, 3, 4]
