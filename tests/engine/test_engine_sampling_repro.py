@@ -119,10 +119,12 @@ _LAYOUT_SCRIPT = textwrap.dedent("""
     lens = (3, 17, 9, 30, 5, 12)
     prompts = tiny_prompts(lens)
     arrivals = [0, 0, 1, 2, 3, 3]
+    # One filter set (top-p) for every sampled request: one sampled compile per layout (mixed
+    # filter sets are covered on one device above; here the layouts are the point).
     sampling = [SamplingParams(temperature=0.9, top_p=0.95, seed=11), None,
-                SamplingParams(temperature=1.3, top_k=8, seed=12),
-                SamplingParams(temperature=0.7, min_p=0.05, seed=13), None,
-                SamplingParams(temperature=1.0, seed=14)]
+                SamplingParams(temperature=1.3, top_p=0.9, seed=12),
+                SamplingParams(temperature=0.7, top_p=0.8, seed=13), None,
+                SamplingParams(temperature=1.0, top_p=0.99, seed=14)]
     outs = {{}}
     for dp, tp in [(1, 1), (4, 1), (2, 2), (1, 4)]:
         ecfg = make_engine_config(target, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
