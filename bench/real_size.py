@@ -459,9 +459,10 @@ def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict, sampling=
         "tok/s": tokens / stats.decode_s,
         "accept len": stats.mean_accept_len if mode == "spec" else 1.0,
     }
-    if stats.policy:  # adaptive speculation: the share of rounds decoded plainly
+    if stats.policy:  # adaptive speculation: the share of rounds decoded plainly (draft or not)
         total = sum(n for _, n in stats.policy)
-        row["plain rounds %"] = 100.0 * sum(n for k, n in stats.policy if k == "plain") / total
+        plain = sum(n for k, n in stats.policy if k in ("plain", "greedy"))
+        row["plain rounds %"] = 100.0 * plain / total
     outputs[(g.name, mode if sampling is None else f"{mode}~{sampling}", bs)] = out
     if mode == "spec" and sampling is None and (g.name, "greedy", bs) in outputs:
         greedy = outputs[(g.name, "greedy", bs)]

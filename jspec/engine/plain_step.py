@@ -20,6 +20,7 @@ plain steps interleave freely; tokens are the target's argmax either way (lossle
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -54,12 +55,17 @@ def plain_step_body(
     slot_idx: jax.Array,
     live: jax.Array,
     sampling: SamplingBatch | None = None,
+    *,
+    keep_draft: bool = True,
 ) -> tuple[EngineState, SpecStepOutput]:
     """The unjitted plain step of a spec engine (module docstring).
 
     Args:
       slot_idx: i32[Bb] batch slots; live: bool[Bb] (as the spec step's).
       sampling: None (argmax) or the entries' sampling parameters.
+      keep_draft: False skips the draft forward (the target alone, a greedy step's cost): the
+        draft's KV, proposals and hidden of these requests go stale, so they must not
+        speculate again (:class:`jspec.engine.scheduler.SpecPolicy` retires the draft).
 
     Returns:
       (state, :class:`SpecStepOutput` with one token per live entry: ``accept_lens`` 1).
@@ -95,11 +101,16 @@ def plain_step_body(
     else:  # the token after x (at L) sits at position L + 1
         nxt = sample_plain(logits, sampling, seq + 1, tp_axis=ecfg.tp_axis)
     nxt = jnp.where(live, nxt, 0)
-    # EAGLE: draft position L consumes (embed(x'), the target's feature at L).
-    dpool, dhidden = run_draft(
-        ecfg, draft, draft_params, params, state.draft_pool, nxt, feature, seq, plan
-    )
-    topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, dhidden)
+    if keep_draft:  # EAGLE: draft position L consumes (embed(x'), the target's feature at L).
+        dpool, dhidden = run_draft(
+            ecfg, draft, draft_params, params, state.draft_pool, nxt, feature, seq, plan
+        )
+        topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, dhidden)
+    else:  # the draft's carry stays as it was (stale)
+        dpool = state.draft_pool
+        dhidden = gather_slots(state.draft_hidden, slot_idx, live)
+        topk_p = gather_slots(state.topk_p, slot_idx, live)
+        topk_index = gather_slots(state.topk_index, slot_idx, live)
     committed = ReqKVState(
         committed_lens=seq + 1,
         allocated_lens=reqs.allocated_lens,
@@ -128,3 +139,7 @@ def plain_step_body(
     return state, SpecStepOutput(
         accept_tokens=tokens_out, accept_lens=live.astype(jnp.int32), ok=ok
     )
+
+
+# The target-only variant (a stable object: the rounds loop caches its compile by body).
+target_only_step_body = functools.partial(plain_step_body, keep_draft=False)

@@ -107,7 +107,7 @@ class RunStats:
     leak_check: str = ""
     # each request's sampling parameters as used (seeds drawn for those that had none)
     sampling: list[SamplingParams] = dataclasses.field(default_factory=list)
-    # adaptive speculation: (kind "spec" | "plain", rounds) of each decode dispatch
+    # adaptive speculation: (SpecPolicy kind, rounds) of each decode dispatch
     policy: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
     @property
@@ -122,30 +122,46 @@ class RunStats:
 
 @dataclasses.dataclass
 class SpecPolicy:
-    """When a spec engine speculates (``Engine(adaptive=True)``): per dispatch, spec rounds
-    unless the measured gain of speculating is below 1::
+    """What a spec engine's next decode dispatch runs (``Engine(adaptive=True)``)::
 
         gain = accept_len * t_plain / t_spec      (tokens per second, spec over plain)
 
     ``accept_len``: mean tokens per request per spec round; ``t_spec`` / ``t_plain``: wall
-    time per round of each kind (exponential averages, weight ``alpha`` for the newest). The
-    first ``warmup`` spec dispatches only measure; a plain dispatch is tried once when the
-    acceptance is below ``try_plain_below`` (to learn ``t_plain``); while plain, one spec
-    dispatch in every ``probe_every`` re-measures the acceptance (a draft that starts matching
-    is noticed). The first dispatch of each kind is not timed (it may have compiled).
-    Host-side only: the device steps are the same either way.
+    time per round of each kind (exponential averages, weight ``alpha`` for the newest; the
+    first dispatch of each kind is not timed: it may have compiled). Kinds (:meth:`choose`):
+
+    * ``"spec"``: speculative rounds, while they pay (or while measuring: ``warmup``).
+    * ``"plain"``: the target alone emits each token, the draft kept current
+      (:mod:`jspec.engine.plain_step`), when ``gain < 1`` or nothing was accepted at all
+      (``accept_len == 1``: no gain whatever the times, a spec round costs more than a plain
+      one). A plain dispatch is tried once when the acceptance is below ``try_plain_below`` (to
+      learn ``t_plain``).
+    * ``"probe"``: one spec round after ``probe_every`` plain dispatches in a row, to notice a
+      draft that starts matching; each probe that finds no gain doubles the interval (up to
+      ``max_probe_every``), one that finds a gain goes back to ``"spec"``.
+    * ``"greedy"``: after ``retire_after`` probes in a row found no gain, the draft is retired
+      for the rest of the engine's life: the target alone, without the draft forward (a plain
+      greedy step's cost; the draft's state goes stale, so no more probes).
+
+    Host-side only; tokens are the target's whatever the kind (lossless).
     """
 
     alpha: float = 0.3
     warmup: int = 2
     try_plain_below: float = 2.0
-    probe_every: int = 8
+    probe_every: int = 4
+    max_probe_every: int = 64
+    retire_after: int = 2
     accept_len: float | None = None
     t_spec: float | None = None
     t_plain: float | None = None
     spec_dispatches: int = 0
     plain_dispatches: int = 0
     plain_streak: int = 0
+    failed_probes: int = 0
+    retired: bool = False
+
+    KINDS = ("spec", "plain", "probe", "greedy")
 
     def _avg(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
@@ -157,35 +173,59 @@ class SpecPolicy:
             return None
         return self.accept_len * self.t_plain / self.t_spec
 
-    def choose(self) -> str:
-        """``"spec"`` or ``"plain"`` for the next dispatch."""
-        if self.spec_dispatches < self.warmup or self.accept_len is None:
-            return "spec"
-        if self.t_plain is None:
-            if self.plain_dispatches >= 2:  # timed twice and still unknown: never learns
-                return "spec"
-            return "plain" if self.accept_len < self.try_plain_below else "spec"
-        if self.gain >= 1.0:
-            return "spec"
-        return "spec" if self.plain_streak >= self.probe_every else "plain"
+    @property
+    def pays(self) -> bool | None:
+        """Whether speculating pays (None: not known yet)."""
+        if self.accept_len is not None and self.accept_len <= 1.0 + 1e-6:
+            return False  # nothing accepted: a spec round only costs more than a plain one
+        gain = self.gain
+        return None if gain is None else gain >= 1.0
 
-    def observe(self, plain: bool, rounds: int, wall: float, accept_len: float) -> None:
-        """One dispatch's outcome: ``rounds`` rounds in ``wall`` seconds, ``accept_len`` tokens
-        per request per round."""
-        if rounds <= 0:
+    def choose(self) -> str:
+        """The next dispatch's kind: ``"spec"``, ``"plain"``, ``"probe"`` or ``"greedy"``."""
+        if self.retired:
+            return "greedy"
+        if self.accept_len is None:
+            return "spec"
+        pays = self.pays
+        if pays is None:
+            if self.spec_dispatches < self.warmup:
+                return "spec"
+            if self.t_plain is None and self.plain_dispatches < 2:
+                return "plain" if self.accept_len < self.try_plain_below else "spec"
+            return "spec"  # timed twice and still unknown: never learns
+        if pays:
+            return "spec"
+        return "probe" if self.plain_streak >= self.probe_every else "plain"
+
+    def observe(self, kind: str, rounds: int, wall: float, accept_len: float) -> None:
+        """One dispatch's outcome: ``rounds`` rounds of ``kind`` in ``wall`` seconds,
+        ``accept_len`` tokens per request per round."""
+        if kind not in self.KINDS:
+            raise ValueError(f"kind={kind!r} must be one of {self.KINDS}")
+        if rounds <= 0 or kind == "greedy":
             return
         per_round = wall / rounds
-        if plain:
+        if kind == "plain":
             if self.plain_dispatches:  # NOTE: the first may have compiled the plain step
                 self.t_plain = self._avg(self.t_plain, per_round)
             self.plain_dispatches += 1
             self.plain_streak += 1
             return
-        if self.spec_dispatches:
+        if kind == "spec" and self.spec_dispatches:  # a probe's one round is not timed
             self.t_spec = self._avg(self.t_spec, per_round)
         self.accept_len = self._avg(self.accept_len, accept_len)
         self.spec_dispatches += 1
         self.plain_streak = 0
+        if kind != "probe":
+            return
+        if self.pays is False:
+            self.failed_probes += 1
+            self.probe_every = min(2 * self.probe_every, self.max_probe_every)
+            self.retired = self.failed_probes >= self.retire_after
+        else:
+            self.failed_probes = 0
+            self.probe_every = type(self).probe_every
 
 
 @dataclasses.dataclass
@@ -232,7 +272,8 @@ class Engine:
       adaptive: a spec engine decodes with plain steps (the target alone; the draft keeps its
         KV and proposals current: :mod:`jspec.engine.plain_step`) whenever speculation does not
         pay: the measured acceptance length times the plain round's wall time, over the spec
-        round's, below 1 (:class:`SpecPolicy`). Tokens are the target's either way (lossless);
+        round's, below 1, with one-round probes backing off, and retires the draft (the target
+        alone) after probes keep failing (:class:`SpecPolicy`). Tokens are the target's either way (lossless);
         the decisions are in ``RunStats.policy``. Off (default, deterministic step kinds):
         every round speculates. ``jspec generate`` turns it on (``--no-adaptive`` off).
       lossy_thresholds: sglang's ``threshold_single`` / ``threshold_acc`` for sampled
@@ -388,17 +429,20 @@ class Engine:
         return pack_sampling(padded, self.lossy_thresholds)
 
     def _call_rounds(
-        self, slot_idx, live, budget, num_rounds: int, sampling=None, plain: bool = False
+        self, slot_idx, live, budget, num_rounds: int, sampling=None, kind: str = "spec"
     ):
         """Up to ``num_rounds`` decode rounds in one dispatch (:mod:`jspec.engine.rounds`);
-        ``plain``: the spec engine's plain step (:mod:`jspec.engine.plain_step`)."""
-        from jspec.engine.plain_step import plain_step_body
+        ``kind`` (a spec engine's, :class:`SpecPolicy`): ``"plain"`` the plain step
+        (:mod:`jspec.engine.plain_step`), ``"greedy"`` its target-only variant, else the
+        engine's step."""
+        from jspec.engine.plain_step import plain_step_body, target_only_step_body
         from jspec.engine.rounds import rounds_body
 
         d = self.num_devices
         eos = self._eos_array()
-        body = rounds_body(plain_step_body if plain else self._step_body, self.max_rounds)
-        tokens = slot_idx.shape[-1] if plain else self._step_tokens(slot_idx.shape[-1])
+        step = {"plain": plain_step_body, "greedy": target_only_step_body}.get(kind)
+        body = rounds_body(step or self._step_body, self.max_rounds)
+        tokens = slot_idx.shape[-1] if step else self._step_tokens(slot_idx.shape[-1])
         return self._call(
             body,
             tokens,
@@ -454,7 +498,7 @@ class Engine:
                 zeros = np.zeros((d, bucket), np.int32)
                 self._call_rounds(idx, none, zeros, 1, batch(bucket))
                 if self.policy is not None:  # the plain step adaptive speculation may take
-                    self._call_rounds(idx, none, zeros, 1, batch(bucket), plain=True)
+                    self._call_rounds(idx, none, zeros, 1, batch(bucket), kind="plain")
                 if params is None:
                     self._call_release(idx, none)
 
@@ -730,9 +774,11 @@ class Engine:
                     budget[s, i] = max(req.max_new_tokens - len(req.output), 1)
             requests = [[running[s][slot] for slot in slots] for s, slots in enumerate(order)]
             sampling = self._sampling_batch(requests, slot_idx.shape[-1])
-            plain = self.policy is not None and self.policy.choose() == "plain"
+            kind = "spec" if self.policy is None else self.policy.choose()
+            if kind == "probe":  # one spec round
+                rounds = 1
             t0 = time.perf_counter()
-            out = self._call_rounds(slot_idx, live, budget, rounds, sampling, plain)
+            out = self._call_rounds(slot_idx, live, budget, rounds, sampling, kind)
             wall = time.perf_counter() - t0
             num = np.asarray(out.num_rounds).reshape(-1)
             stuck = [s for s in range(self.num_devices) if num[s] == 0 and not out.ok[s]]
@@ -746,11 +792,12 @@ class Engine:
                 self._preempt(loop, s, max(victims, key=lambda r: r.admitted_at))
             if num.max() > 0 or not any(running):
                 break
+        plain = kind in ("plain", "greedy")
         emitted = self._take_rounds(out, order, running, stats, wall, plain)
         if self.policy is not None:
             num = int(np.asarray(out.num_rounds).max())
-            self.policy.observe(plain, num, wall, emitted)
-            stats.policy.append(("plain" if plain else "spec", num))
+            self.policy.observe(kind, num, wall, emitted)
+            stats.policy.append((kind, num))
 
     def _take_rounds(
         self, out, order, running, stats: RunStats, wall: float, plain: bool = False

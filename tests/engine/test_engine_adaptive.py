@@ -3,9 +3,8 @@ a spec engine (the draft kept current) giving exactly the greedy tokens."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
+import pytest
 from engine_helpers import (
     CONTEXT_LEN,
     MAX_NEW,
@@ -36,35 +35,66 @@ def _ecfg():
 
 def _feed(policy: SpecPolicy, kind: str, accept: float, per_round: float, n: int = 1) -> None:
     for _ in range(n):
-        policy.observe(kind == "plain", 4, 4 * per_round, accept)
+        rounds = 1 if kind == "probe" else 4
+        policy.observe(kind, rounds, rounds * per_round, accept)
 
 
-def test_policy_speculates_while_it_pays_and_probes_while_plain():
+def _run(policy: SpecPolicy, n: int, accept: float) -> list[str]:
+    """``n`` decisions, each fed back with ``accept`` (spec / probe) or 1 (plain / greedy)."""
+    decisions = []
+    for _ in range(n):
+        kind = policy.choose()
+        decisions.append(kind)
+        spec = kind in ("spec", "probe")
+        _feed(policy, kind, accept if spec else 1.0, 6e-3 if spec else 4e-3)
+    return decisions
+
+
+def test_policy_speculates_while_it_pays():
     p = SpecPolicy()
     assert p.choose() == "spec"  # warmup: measure first
     _feed(p, "spec", 3.5, 6e-3, n=3)
-    assert p.choose() == "spec"  # acceptance high: never tries plain
+    assert p.choose() == "spec" and p.pays is None  # acceptance high: never tries plain
+    assert _run(p, 10, 3.5) == ["spec"] * 10
+
+
+def test_policy_probes_with_backoff_then_retires_the_draft():
     q = SpecPolicy()
     _feed(q, "spec", 1.1, 6e-3, n=3)  # a poor draft: try a plain dispatch (twice: 1st untimed)
     assert q.choose() == "plain"
     _feed(q, "plain", 1.0, 4e-3, n=2)
-    assert q.gain is not None and q.gain < 1.0  # 1.1 * 4 / 6
-    decisions = []
-    for _ in range(2 * q.probe_every + 2):
-        kind = q.choose()
-        decisions.append(kind)
-        _feed(q, kind, 1.0 if kind == "plain" else 1.1, 4e-3 if kind == "plain" else 6e-3)
-    assert decisions.count("spec") == 2  # one probe per probe_every plain dispatches
-    r = dataclasses.replace(q)
-    _feed(r, "spec", 3.8, 6e-3, n=8)  # the draft starts matching: back to spec
-    assert r.gain > 1.0 and r.choose() == "spec"
+    assert q.gain is not None and q.gain < 1.0 and q.pays is False  # 1.1 * 4 / 6
+    decisions = _run(q, 2 + 4 + 1 + 8 + 1 + 3, 1.1)
+    # plain until probe_every in a row, one probe round; the interval doubles; the second
+    # failed probe retires the draft: target-only rounds from then on.
+    assert decisions == ["plain"] * 2 + ["probe"] + ["plain"] * 8 + ["probe"] + ["greedy"] * 7
+    assert q.retired and q.failed_probes == 2
+
+
+def test_policy_goes_plain_at_once_when_nothing_is_accepted():
+    p = SpecPolicy()
+    _feed(p, "spec", 1.0, 6e-3)  # first dispatch: nothing accepted, no timing needed
+    assert p.pays is False and p.choose() == "plain"
+
+
+def test_policy_a_probe_that_pays_goes_back_to_spec():
+    r = SpecPolicy()
+    _feed(r, "spec", 1.1, 6e-3, n=3)
+    _feed(r, "plain", 1.0, 4e-3, n=2 + r.probe_every)
+    assert r.choose() == "probe"
+    _feed(r, "probe", 3.8, 6e-3)  # the draft starts matching
+    assert r.pays and r.choose() == "spec" and r.failed_probes == 0
+    with pytest.raises(ValueError, match="kind"):
+        r.observe("bogus", 1, 1.0, 1.0)
 
 
 class _Alternate(SpecPolicy):
-    """Plain and spec dispatches in turn (tests the interleaving, not the policy)."""
+    """Spec, plain and probe dispatches in turn, then target-only ones (tests the
+    interleaving, not the policy)."""
 
     def choose(self) -> str:
-        return "plain" if (self.spec_dispatches + self.plain_dispatches) % 2 else "spec"
+        n = self.spec_dispatches + self.plain_dispatches
+        return "greedy" if n >= 6 else ("spec", "plain", "probe")[n % 3]
 
 
 def test_plain_and_spec_steps_interleave_losslessly():
@@ -74,7 +104,7 @@ def test_plain_and_spec_steps_interleave_losslessly():
     assert out == [list(o) for o in greedy_baseline()]
     assert stats.leak_check.startswith("ok")
     kinds = {k for k, _ in stats.policy}
-    assert kinds == {"spec", "plain"}
+    assert kinds == {"spec", "plain", "probe", "greedy"}
     # The draft stayed current through the plain steps: spec rounds still accept multi-token.
     assert np.mean(stats.accept_lens) > 1.3, stats.accept_lens
 
