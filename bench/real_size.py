@@ -419,7 +419,7 @@ def make_engine(
         topk=TOPK,
         num_steps=STEPS,
         num_draft_tokens=DRAFT_TOKENS,
-        context_len=256,
+        context_len=max(256, PROMPT + NEW + 2 * PAGE),  # NEW: --new
         max_running_requests=top,
         max_prompt_len=min(PROMPT, g.vocab),
         batch_buckets=tuple(sorted(set(batches))),
