@@ -497,8 +497,9 @@ class Engine:
                 none = np.zeros((d, bucket), bool)
                 zeros = np.zeros((d, bucket), np.int32)
                 self._call_rounds(idx, none, zeros, 1, batch(bucket))
-                if self.policy is not None:  # the plain step adaptive speculation may take
-                    self._call_rounds(idx, none, zeros, 1, batch(bucket), kind="plain")
+                if self.policy is not None:  # the steps adaptive speculation may take
+                    for kind in ("plain", "greedy"):
+                        self._call_rounds(idx, none, zeros, 1, batch(bucket), kind=kind)
                 if params is None:
                     self._call_release(idx, none)
 
