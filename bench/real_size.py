@@ -93,6 +93,7 @@ COLUMNS = (
     "note",
 )
 PAGE, TOPK, STEPS, DRAFT_TOKENS, PROMPT, NEW = 16, 4, 3, 8, 128, 64
+CAPACITY = (256, None)  # the engine's (context_len, num_pages): --context, --num-pages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,7 +420,8 @@ def make_engine(
         topk=TOPK,
         num_steps=STEPS,
         num_draft_tokens=DRAFT_TOKENS,
-        context_len=max(256, PROMPT + NEW + 2 * PAGE),  # NEW: --new
+        context_len=max(CAPACITY[0], PROMPT + NEW + 2 * PAGE),  # --context, --new
+        num_pages=CAPACITY[1],
         max_running_requests=top,
         max_prompt_len=min(PROMPT, g.vocab),
         batch_buckets=tuple(sorted(set(batches))),
@@ -560,10 +562,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--adaptive", action="store_true", help="spec engines with Engine(adaptive=True)"
     )
+    parser.add_argument(
+        "--context", type=int, default=256, help="the engine's context_len (capacity)"
+    )
+    parser.add_argument(
+        "--num-pages", type=int, default=None, help="KV pool pages (default: the worst case)"
+    )
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     globals()["NEW"] = args.new  # the module's NEW is read by its helpers
+    globals()["CAPACITY"] = (args.context, args.num_pages)
     geos = ["quick"] if args.quick else [x for x in args.geometry.split(",") if x]
     batches = [1, 2] if args.quick else [int(b) for b in args.batches.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -572,7 +581,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header = (
         f"real_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} "
         f"TFLOP/s; page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
-        f"prompts {PROMPT}, {NEW} new tokens; attention {args.attention_impl}; "
+        f"prompts {PROMPT}, {NEW} new tokens; engine context {CAPACITY[0]}, pages {CAPACITY[1]}; "
+        f"attention {args.attention_impl}; "
         f"draft head {args.draft}; "
         "LlamaTarget + matched EAGLE-3 head, bf16 (precision by dtype)"
     )
