@@ -111,7 +111,6 @@ def phase_prepare(
     """
     del target, params, draft, draft_params
     spec = ecfg.spec
-    k, s, p = spec.topk, spec.num_steps, spec.page_size
     reqs = gather_req_kv_state(state, slot_idx, live)
     allocator, r2t, reqs, ok = prepare_for_decode(
         state.allocator, state.req_to_token, reqs, spec, impl=ecfg.kernel_impl
@@ -133,9 +132,7 @@ def phase_prepare(
         r2t,
         rpi,
         seq_lens,
-        topk=k,
-        num_steps=s,
-        page_size=p,
+        geometry=spec.geometry,
         valid=live,
         impl=ecfg.kernel_impl,
     )
@@ -166,9 +163,7 @@ def phase_tree(
         res.top_scores_index,
         res.draft_tokens,
         reqs.committed_lens,
-        topk=spec.topk,
-        num_steps=spec.num_steps,
-        num_draft_tokens=spec.num_draft_tokens,
+        geometry=spec.geometry,
         mode=TreeMaskMode.QLEN_ONLY,
         impl=ecfg.kernel_impl,
     )
