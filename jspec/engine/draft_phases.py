@@ -59,7 +59,7 @@ def draft_decode_passes(
             seq_lens,
             geometry=spec.geometry,
             kv_indices_width=batch * k * width,
-            impl=ecfg.kernel_impl,
+            impl=ecfg.kernels.bookkeeping,
         )
         cols = jnp.arange(width, dtype=jnp.int32)
         passes = []
@@ -80,7 +80,7 @@ def draft_decode_passes(
         out_cache_loc,
         geometry=spec.geometry,
         max_pages=ceil_div(spec.context_len, p),
-        impl=ecfg.kernel_impl,
+        impl=ecfg.kernels.bookkeeping,
     )
     normal, expand = meta.normal, meta.expand
     pass_a = AttentionMetadata(

@@ -135,7 +135,7 @@ def duplicate_prefix_tail_to_draft_branches(
     max_pairs: int | None = None,
     valid: jax.Array | None = None,
     impl: str = "xla",
-    move_impl: str = "auto",
+    move_impl: str | None = None,
     interpret: bool | None = None,
 ) -> KVPool:
     """Copy each request's prefix-tail KV into the first-page holes of branches 1..K-1.
@@ -147,7 +147,8 @@ def duplicate_prefix_tail_to_draft_branches(
       draft_pool: the draft model's KV pool.
       max_pairs: static pair capacity; None = the worst case ``B*(K-1)*(P-1)``. Unused pairs
         are ``(0 -> 0)`` moves inside the padding page.
-      impl: pair generation (``"xla"`` | ``"pallas"``); move_impl: ``move_kv_cache``'s impl.
+      impl: pair generation (``"xla"`` | ``"pallas"``); move_impl: ``move_kv_cache``'s impl
+        (None: ``impl``).
       Others: as :func:`prefix_tail_copy_pairs`.
 
     Returns:
@@ -169,7 +170,7 @@ def duplicate_prefix_tail_to_draft_branches(
         impl=impl,
         interpret=interpret,
     )
-    return move_kv_cache(draft_pool, tgt, src, impl=move_impl, interpret=interpret)
+    return move_kv_cache(draft_pool, tgt, src, impl=move_impl or impl, interpret=interpret)
 
 
 @functools.partial(jax.jit, static_argnames=("topk",))
@@ -188,7 +189,7 @@ def prepare_for_draft(
     max_pairs: int | None = None,
     valid: jax.Array | None = None,
     impl: str = "xla",
-    move_impl: str = "auto",
+    move_impl: str | None = None,
     interpret: bool | None = None,
     return_ok: bool = False,
 ) -> Any:
@@ -232,7 +233,9 @@ def prepare_for_draft(
         interpret=interpret,
     )
     if holey:
-        draft_pool = move_kv_cache(draft_pool, tgt, src, impl=move_impl, interpret=interpret)
+        draft_pool = move_kv_cache(
+            draft_pool, tgt, src, impl=move_impl or impl, interpret=interpret
+        )
     out = (draft_pool, out_cache_loc, draft_positions(seq_lens, topk=geometry.topk))
     if not return_ok:
         return out
