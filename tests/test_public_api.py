@@ -61,6 +61,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_running_requests: 'int' = 8, num_pages: 'int' = 1024, num_layers: 'int' = 2, "
         "num_kv_heads: 'int' = 2, head_dim: 'int' = 64, dtype: 'str' = 'bfloat16', "
         "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
+        "TreeGeometry": "class(topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
+        "page_size: 'int') -> None",
         "attention_meta": "module",
         "engine": "module",
         "kv": "module",
@@ -79,7 +81,10 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_running_requests: 'int' = 8, num_pages: 'int' = 1024, num_layers: 'int' = 2, "
         "num_kv_heads: 'int' = 2, head_dim: 'int' = 64, dtype: 'str' = 'bfloat16', "
         "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
+        "TreeGeometry": "class(topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
+        "page_size: 'int') -> None",
         "ceil_div": "def(a: 'int', b: 'int') -> 'int'",
+        "check_geometry": "def(geometry: 'Any', where: 'str') -> 'TreeGeometry'",
         "ceil_to_multiple": "def(a: 'int', b: 'int') -> 'int'",
         "next_power_of_2": "def(x: 'int') -> 'int'",
     },
@@ -168,7 +173,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "jax.Array]'",
         "merge_and_sort_free": "def(a: 'PagedAllocator') -> 'PagedAllocator'",
         "move_kv_cache": "def(pool: 'KVPool', tgt_slot_ids: 'jax.Array', src_slot_ids: 'jax.Array', *, "
-        "impl: 'str' = 'auto', interpret: 'bool | None' = None, block_rows: 'int' = 16, "
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None, block_rows: 'int' = 16, "
         "block_elems: 'int' = 8192, num_warps: 'int' = 8, "
         "single_block_rows: 'int' = 64) -> 'KVPool'",
         "owned_page_mask": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
@@ -198,23 +203,21 @@ RECORDED: dict[str, dict[str, str]] = {
         "jax.Array, jax.Array]'",
         "build_tree_kernel_efficient": "def(bonus_tokens: 'jax.Array', parent_list: 'jax.Array', "
         "top_scores_index: 'jax.Array', draft_tokens: 'jax.Array', seq_lens: 'jax.Array', *, "
-        "topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
-        "mode: 'TreeMaskMode' = <TreeMaskMode.FULL_MASK: 0>, "
+        "geometry: 'TreeGeometry', mode: 'TreeMaskMode' = <TreeMaskMode.FULL_MASK: 0>, "
         "max_seq_len: 'int | None' = None, fill_prefix_mask: 'bool' = True, "
         "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
         "probe_valid_tree: 'bool' = True) -> 'BuildTreeOutput'",
         "compact_accept_to_front": "def(predict: 'jax.Array', hidden: 'jax.Array | None', accept_index: 'jax.Array', *, "
         "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array | None]'",
         "draft_out_cache_loc": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', "
         "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'jax.Array'",
         "draft_positions": "def(seq_lens: 'jax.Array', *, topk: 'int') -> 'jax.Array'",
         "duplicate_prefix_tail_to_draft_branches": "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-        "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
-        "impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
-        "interpret: 'bool | None' = None) -> 'KVPool'",
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', max_pairs: 'int | None' = None, "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "move_impl: 'str | None' = None, interpret: 'bool | None' = None) -> 'KVPool'",
         "eagle_sample_greedy": "def(logits: 'jax.Array', candidates: 'jax.Array', retrive_index: 'jax.Array', "
         "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', *, "
         "num_spec_steps: 'int', impl: 'str' = 'xla', "
@@ -226,24 +229,24 @@ RECORDED: dict[str, dict[str, str]] = {
         "accept_length: 'jax.Array', *, num_draft_tokens: 'int', page_size: 'int', "
         "valid: 'jax.Array | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "
         "jax.Array]'",
-        "max_prefix_tail_pairs": "def(batch_size: 'int', *, topk: 'int', page_size: 'int') -> 'int'",
+        "max_prefix_tail_pairs": "def(batch_size: 'int', *, geometry: 'TreeGeometry') -> 'int'",
         "move_accept_tokens_to_target_kvcache": "def(target_pool: 'KVPool', req_to_token: 'jax.Array', "
         "req_pool_indices: 'jax.Array', seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', "
         "accept_index: 'jax.Array', accept_lens: 'jax.Array', *, "
-        "valid: 'jax.Array | None' = None, impl: 'str' = 'auto', "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'KVPool'",
         "organize_draft_results": "def(score_list: 'list[jax.Array] | tuple[jax.Array, ...]', "
         "token_list: 'list[jax.Array] | tuple[jax.Array, ...]', "
         "parents_list: 'list[jax.Array] | tuple[jax.Array, ...]', *, "
         "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array, jax.Array]'",
         "prefix_tail_copy_pairs": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-        "max_pairs: 'int', valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', max_pairs: 'int', "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
         "prepare_for_draft": "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-        "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
-        "impl: 'str' = 'xla', move_impl: 'str' = 'auto', interpret: 'bool | None' = None, "
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', max_pairs: 'int | None' = None, "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "move_impl: 'str | None' = None, interpret: 'bool | None' = None, "
         "return_ok: 'bool' = False) -> 'Any'",
         "sample_from_probs": "def(probs: 'jax.Array', coins: 'jax.Array') -> 'jax.Array'",
         "seed_words": "def(seed: 'int') -> 'tuple[int, int]'",
@@ -293,29 +296,29 @@ RECORDED: dict[str, dict[str, str]] = {
         "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
         "causal_tail_mask": "def(num_rows: 'int', num_queries: 'int') -> 'jax.Array'",
         "draft_decode_metadata": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', *, topk: 'int', "
-        "num_steps: 'int', page_size: 'int', max_pages: 'int', impl: 'str' = 'xla', "
+        "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', *, geometry: 'TreeGeometry', "
+        "max_pages: 'int', impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'DraftDecodeMetadata'",
         "draft_decode_normal_metadata": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, page_size: 'int', topk: 'int', "
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', "
         "max_pages: 'int') -> 'NormalMetadata'",
         "draft_decode_set_expand_metadata": "def(last_page_lens: 'jax.Array', decode_length: 'int', cache_loc: 'jax.Array', *, "
-        "topk: 'int', page_size: 'int', page_table_width: 'int | None' = None, "
+        "geometry: 'TreeGeometry', page_table_width: 'int | None' = None, "
         "num_cols: 'int | None' = None, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array]'",
-        "draft_kv_indices_triton_launch": "def(num_seqs: 'int', kv_indices_width: 'int', row_width: 'int', *, topk: 'int', "
-        "num_steps: 'int', page_size: 'int', block_tokens: 'int' = 1024) -> 'TritonLaunch'",
+        "draft_kv_indices_triton_launch": "def(num_seqs: 'int', kv_indices_width: 'int', row_width: 'int', *, "
+        "geometry: 'TreeGeometry', block_tokens: 'int' = 1024) -> 'TritonLaunch'",
         "draft_kv_indices_used_len": "def(sum_seq_lens: 'Any', topk: 'int', num_seqs_times_topk: 'Any', "
         "it: 'Any') -> 'Any'",
-        "expand_page_table_triton_launch": "def(num_rows: 'int', row_stride: 'int', *, decode_length: 'int', topk: 'int', "
-        "page_size: 'int', page_table_width: 'int | None' = None, "
+        "expand_page_table_triton_launch": "def(num_rows: 'int', row_stride: 'int', *, decode_length: 'int', "
+        "geometry: 'TreeGeometry', page_table_width: 'int | None' = None, "
         "num_cols: 'int | None' = None, block_rows: 'int' = 128) -> 'TritonLaunch'",
         "generate_draft_decode_kv_indices": "def(req_pool_indices: 'jax.Array', req_to_token: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-        "kv_indices_width: 'int', max_bs: 'int | None' = None, "
-        "max_seq_len: 'int | None' = None, kv_indices_buffer: 'jax.Array | None' = None, "
-        "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
-        "block_tokens: 'int' = 1024) -> 'tuple[jax.Array, jax.Array]'",
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', kv_indices_width: 'int', "
+        "max_bs: 'int | None' = None, max_seq_len: 'int | None' = None, "
+        "kv_indices_buffer: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "interpret: 'bool | None' = None, block_tokens: 'int' = 1024) -> 'tuple[jax.Array, "
+        "jax.Array]'",
         "row_page_table": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', *, page_size: 'int', "
         "max_pages: 'int') -> 'jax.Array'",
     },
@@ -332,9 +335,10 @@ RECORDED: dict[str, dict[str, str]] = {
         "admission: 'str' = 'reserve', max_rounds: 'int' = 8, adaptive: 'bool' = False, "
         "lossy_thresholds: 'LossyThresholds | None' = None) -> 'None'",
         "EngineConfig": "class(spec: 'SpecConfig', max_prompt_len: 'int', batch_buckets: 'tuple[int, ...]', "
-        "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
-        "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
-        "gemm_impl: 'str' = 'auto', attention_backend: 'Any' = None, "
+        "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', "
+        "kernels: 'KernelPolicy' = KernelPolicy(bookkeeping='xla', attention='xla', "
+        "gemm='xla', cublas_min_tokens=0, rms_norm='xla', topk_probs='xla'), "
+        "tensor_parallel: 'int' = 1, attention_backend: 'Any' = None, "
         "chunked_prefill_size: 'int' = 8192, prefill_buckets: 'tuple[int, "
         "...] | None' = None, mem_fraction_static: 'float | None' = None) -> None",
         "EngineState": "class(allocator: 'PagedAllocator', req_rows: 'ReqRowAllocator', "
@@ -344,6 +348,12 @@ RECORDED: dict[str, dict[str, str]] = {
         "topk_p: 'jax.Array', topk_index: 'jax.Array', draft_hidden: 'jax.Array') -> None",
         "GreedyStepOutput": "class(next_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "InputError": "exception(ValueError)",
+        "KERNEL_CHOICES": "= {'bookkeeping': ('xla', 'pallas'), 'attention': ('xla', 'triton'), "
+        "'gemm': ('xla', 'cublas'), 'rms_norm': ('xla', 'triton'), 'topk_probs': ('xla', "
+        "'pallas', 'triton')}",
+        "KernelPolicy": "class(bookkeeping: 'str' = 'xla', attention: 'str' = 'xla', gemm: 'str' = 'xla', "
+        "cublas_min_tokens: 'int' = 0, rms_norm: 'str' = 'xla', "
+        "topk_probs: 'str' = 'xla') -> None",
         "PagedAttentionBackend": "class(impl: 'str' = 'xla') -> None",
         "PrefillOutput": "class(first_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "Request": "class(rid: 'int', prompt: 'list[int]', max_new_tokens: 'int', "
@@ -385,7 +395,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "num_pages: 'int | None' = None, batch_buckets: 'tuple[int, ...] | None' = None, "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
         "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
-        "gemm_impl: 'str' = 'auto', attention_backend: 'Any' = None, "
+        "gemm_impl: 'str' = 'auto', rms_norm_impl: 'str' = 'auto', "
+        "topk_probs_impl: 'str' = 'auto', attention_backend: 'Any' = None, "
         "chunked_prefill_size: 'int' = 8192, prefill_buckets: 'tuple[int, "
         "...] | None' = None, mem_fraction_static: 'float | None' = None, "
         "draft: 'Any' = None) -> 'EngineConfig'",
@@ -403,6 +414,10 @@ RECORDED: dict[str, dict[str, str]] = {
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, PrefillOutput]'",
         "release": "def(ecfg: 'EngineConfig', state: 'EngineState', slot_idx: 'jax.Array', "
         "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
+        "resolve_kernel_policy": "def(*, impl: 'str' = 'auto', attention_impl: 'str' = 'auto', "
+        "gemm_impl: 'str' = 'auto', rms_norm_impl: 'str' = 'auto', "
+        "topk_probs_impl: 'str' = 'auto', dtype: 'Any' = 'float32', hidden_size: 'int' = 0, "
+        "vocab_size: 'int' = 0, backend: 'str | None' = None) -> 'KernelPolicy'",
         "spec_decode_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
         "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
         "live: 'jax.Array', sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, "
@@ -413,9 +428,11 @@ RECORDED: dict[str, dict[str, str]] = {
         "list[int]]'",
     },
     "jspec.models": {
+        "with_kernel_policy": "def(model: 'Any', kernels: 'Any') -> 'Any'",
         "MODEL_SCOPE": "= 'jspec_model'",
         "AttnFn": "alias of collections.abc.Callable",
-        "Eagle1Draft": "class(config: 'LlamaConfig', capture_layers: 'tuple[int, ...]' = ()) -> None",
+        "Eagle1Draft": "class(config: 'LlamaConfig', capture_layers: 'tuple[int, ...]' = (), "
+        "rms_norm_impl: 'str' = 'xla') -> None",
         "Eagle1Params": "class(fc: 'jax.Array', fc_bias: 'jax.Array | None', layer: 'LayerParams', "
         "final_norm: 'jax.Array | None') -> None",
         "Eagle3Config": "class(hidden_size: 'int', intermediate_size: 'int', num_heads: 'int', "
@@ -423,7 +440,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "rms_norm_eps: 'float' = 1e-06, rope_theta: 'float' = 10000.0, "
         "rope_scaling: 'RopeScaling | None' = None, aux_layer_ids: 'tuple[int, "
         "...] | None' = None, num_aux: 'int' = 3, dtype: 'str' = 'float32') -> None",
-        "Eagle3Draft": "class(config: 'Eagle3Config', capture_layers: 'tuple[int, ...]') -> None",
+        "Eagle3Draft": "class(config: 'Eagle3Config', capture_layers: 'tuple[int, ...]', "
+        "rms_norm_impl: 'str' = 'xla') -> None",
         "Eagle3Params": "class(fc: 'jax.Array', fc_bias: 'jax.Array | None', hidden_norm: 'jax.Array', "
         "layer: 'LayerParams', final_norm: 'jax.Array', lm_head: 'jax.Array', "
         "d2t: 'jax.Array') -> None",
@@ -438,7 +456,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_position_embeddings: 'int' = 2048) -> None",
         "LlamaParams": "class(embed: 'jax.Array', layers: 'tuple', final_norm: 'jax.Array', "
         "lm_head: 'jax.Array | None') -> None",
-        "LlamaTarget": "class(config: 'LlamaConfig') -> None",
+        "LlamaTarget": "class(config: 'LlamaConfig', rms_norm_impl: 'str' = 'xla') -> None",
         "RopeScaling": "class(factor: 'float', low_freq_factor: 'float', high_freq_factor: 'float', "
         "original_max_position_embeddings: 'int', rope_type: 'str' = 'llama3') -> None",
         "Tokenizer": "class(tokenizer: 'Any', *, bos_token_ids: 'Sequence[int]' = (), "

@@ -55,6 +55,8 @@ from jspec.engine.scheduler import Engine, Request, RunStats, SpecPolicy
 from jspec.engine.spec_step import spec_decode_step
 from jspec.engine.state import EngineConfig, EngineState, init_engine_state, make_engine_config
 from jspec.engine.step_types import GreedyStepOutput, PrefillOutput, SpecStepOutput
+from jspec.kernels.policy import CHOICES as KERNEL_CHOICES
+from jspec.kernels.policy import KernelPolicy, resolve_kernel_policy
 
 __all__ = [
     "AttentionBackend",
@@ -66,6 +68,8 @@ __all__ = [
     "EngineState",
     "GreedyStepOutput",
     "InputError",
+    "KERNEL_CHOICES",
+    "KernelPolicy",
     "PagedAttentionBackend",
     "PrefillOutput",
     "Request",
@@ -83,6 +87,7 @@ __all__ = [
     "prefill",
     "prefill_chunk",
     "release",
+    "resolve_kernel_policy",
     "spec_decode_step",
     "validate_requests",
 ]

@@ -57,11 +57,9 @@ def draft_decode_passes(
             req_pool_indices,
             req_to_token,
             seq_lens,
-            topk=k,
-            num_steps=s,
-            page_size=p,
+            geometry=spec.geometry,
             kv_indices_width=batch * k * width,
-            impl=ecfg.kernel_impl,
+            impl=ecfg.kernels.bookkeeping,
         )
         cols = jnp.arange(width, dtype=jnp.int32)
         passes = []
@@ -80,11 +78,9 @@ def draft_decode_passes(
         req_pool_indices,
         seq_lens,
         out_cache_loc,
-        topk=k,
-        num_steps=s,
-        page_size=p,
+        geometry=spec.geometry,
         max_pages=ceil_div(spec.context_len, p),
-        impl=ecfg.kernel_impl,
+        impl=ecfg.kernels.bookkeeping,
     )
     normal, expand = meta.normal, meta.expand
     pass_a = AttentionMetadata(

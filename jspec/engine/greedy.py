@@ -66,7 +66,7 @@ def greedy_step_body(
     tokens = gather_slots(state.bonus_tokens, slot_idx, live)
     last_loc = get_last_loc(state.req_to_token, rpi, seq)
     allocator, slots, ok = alloc_decode(
-        state.allocator, seq + 1, last_loc, valid=live, impl=ecfg.kernel_impl
+        state.allocator, seq + 1, last_loc, valid=live, impl=ecfg.kernels.bookkeeping
     )
     ok = ok & ok_in
     live = live & ok
@@ -77,7 +77,7 @@ def greedy_step_body(
         seq,
         jnp.where(live, seq + 1, 0),
         pack_valid(slots, live),
-        impl=ecfg.kernel_impl,
+        impl=ecfg.kernels.bookkeeping,
     )
     p = spec.page_size
     meta = AttentionMetadata(

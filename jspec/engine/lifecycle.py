@@ -127,7 +127,7 @@ def prefill_chunk_body(
         last_loc,
         max_new_slots=bp * (ceil_to_multiple(cq, p) + p),
         valid=valid,
-        impl=ecfg.kernel_impl,
+        impl=ecfg.kernels.bookkeeping,
     )
     ok = ok_rows & ok_alloc & ok_cont & ok_in
     # Failed call: every entry is padding (row 0, nothing written but the padding page).
@@ -137,7 +137,12 @@ def prefill_chunk_body(
     allocator = _select(ok, allocator, state.allocator)
     req_rows = _select(ok, req_rows, state.req_rows)
     r2t = assign_req_to_token_pool(
-        state.req_to_token, rpi, starts, ends, jnp.where(ok, slots, 0), impl=ecfg.kernel_impl
+        state.req_to_token,
+        rpi,
+        starts,
+        ends,
+        jnp.where(ok, slots, 0),
+        impl=ecfg.kernels.bookkeeping,
     )
     col = jnp.arange(cq, dtype=jnp.int32)
     tok_valid = col[None, :] < lens[:, None]  # [Bp, Cq]

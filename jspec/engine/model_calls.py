@@ -109,6 +109,6 @@ def draft_topk(
     """
     with model_scope("draft"):
         logits = draft.logits(params, target_params, hidden)
-    topk_p, draft_ids = topk_probs(logits, ecfg.spec.topk, impl=ecfg.kernel_impl)
+    topk_p, draft_ids = topk_probs(logits, ecfg.spec.topk, impl=ecfg.kernels.topk_probs)
     with model_scope("draft"):
         return topk_p, draft.to_target_ids(params, draft_ids).astype(draft_ids.dtype)

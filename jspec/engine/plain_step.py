@@ -77,7 +77,7 @@ def plain_step_body(
     live = live & ok_in
     reqs = gather_req_kv_state(state, slot_idx, live)
     allocator, r2t, reqs, ok = prepare_for_decode(
-        state.allocator, state.req_to_token, reqs, spec, impl=ecfg.kernel_impl
+        state.allocator, state.req_to_token, reqs, spec, impl=ecfg.kernels.bookkeeping
     )
     ok = ok & ok_in
     live = live & ok

@@ -111,10 +111,9 @@ def phase_prepare(
     """
     del target, params, draft, draft_params
     spec = ecfg.spec
-    k, s, p = spec.topk, spec.num_steps, spec.page_size
     reqs = gather_req_kv_state(state, slot_idx, live)
     allocator, r2t, reqs, ok = prepare_for_decode(
-        state.allocator, state.req_to_token, reqs, spec, impl=ecfg.kernel_impl
+        state.allocator, state.req_to_token, reqs, spec, impl=ecfg.kernels.bookkeeping
     )
     # Pages short (ok False): nothing was allocated; every entry becomes padding (row 0,
     # length 0), so the rest of the step changes no state (a skipped step). Not a lax.cond:
@@ -133,11 +132,9 @@ def phase_prepare(
         r2t,
         rpi,
         seq_lens,
-        topk=k,
-        num_steps=s,
-        page_size=p,
+        geometry=spec.geometry,
         valid=live,
-        impl=ecfg.kernel_impl,
+        impl=ecfg.kernels.bookkeeping,
     )
     return DraftPlan(
         buffers=StepBuffers(
@@ -166,11 +163,9 @@ def phase_tree(
         res.top_scores_index,
         res.draft_tokens,
         reqs.committed_lens,
-        topk=spec.topk,
-        num_steps=spec.num_steps,
-        num_draft_tokens=spec.num_draft_tokens,
+        geometry=spec.geometry,
         mode=TreeMaskMode.QLEN_ONLY,
-        impl=ecfg.kernel_impl,
+        impl=ecfg.kernels.bookkeeping,
     )
     verify_loc = verify_out_cache_loc(
         res.buffers.req_to_token,
@@ -257,7 +252,7 @@ def phase_accept(
             tree.retrive_next_token,
             tree.retrive_next_sibling,
             num_spec_steps=min(s, n - 1) + 1,
-            impl=ecfg.kernel_impl,
+            impl=ecfg.kernels.bookkeeping,
         )
     accept_lens = jnp.where(live, accept_lens, 0).astype(jnp.int32)
     accept_tokens = jnp.where(accept_index >= 0, predict[jnp.maximum(accept_index, 0)], 0)
