@@ -378,10 +378,11 @@ RECORDED: dict[str, dict[str, str]] = {
         "SamplingParams": "class(temperature: 'float' = 0.0, top_k: 'int' = 0, top_p: 'float' = 1.0, "
         "min_p: 'float' = 0.0, seed: 'int | None' = None) -> None",
         "SpecPolicy": "class(alpha: 'float' = 0.3, warmup: 'int' = 2, try_plain_below: 'float' = 2.0, "
-        "probe_every: 'int' = 8, accept_len: 'float | None' = None, "
-        "t_spec: 'float | None' = None, t_plain: 'float | None' = None, "
-        "spec_dispatches: 'int' = 0, plain_dispatches: 'int' = 0, "
-        "plain_streak: 'int' = 0) -> None",
+        "probe_every: 'int' = 4, max_probe_every: 'int' = 64, retire_after: 'int' = 2, "
+        "accept_len: 'float | None' = None, t_spec: 'float | None' = None, "
+        "t_plain: 'float | None' = None, spec_dispatches: 'int' = 0, "
+        "plain_dispatches: 'int' = 0, plain_streak: 'int' = 0, failed_probes: 'int' = 0, "
+        "retired: 'bool' = False) -> None",
         "SpecStepOutput": "class(accept_tokens: 'jax.Array', accept_lens: 'jax.Array', ok: 'jax.Array') -> None",
         "TargetModel": "class(*args, **kwargs)",
         "greedy_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', state: 'EngineState', "
