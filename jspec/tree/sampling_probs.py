@@ -34,42 +34,47 @@ import jax.numpy as jnp
 
 from jspec import probes
 
-# Threshold search: ways per pass, and the bit-pattern width of [0, 1.0f] it must resolve.
-_SEARCH_WAYS = 16
+# Threshold search: ways per pass (each pass compares every row value against ways - 1
+# candidates: fewer ways, fewer reads in all but more passes; ``bench/sampling_filters.py``),
+# and the bit-pattern width of [0, 1.0f] it must resolve.
+SEARCH_WAYS = 16
 _ONE_BITS = 0x3F800000
 
 
-def _num_passes(width: int) -> int:
-    """Passes of the ``_SEARCH_WAYS``-way search that shrink ``width`` candidates to one."""
+def _num_passes(width: int, ways: int) -> int:
+    """Passes of the ``ways``-way search that shrink ``width`` candidates to one."""
     n = 0
     while width > 1:
-        width = -(-width // _SEARCH_WAYS)
+        width = -(-width // ways)
         n += 1
     return n
 
 
-def _largest_reaching(hi: jax.Array, reaches) -> jax.Array:
+def _largest_reaching(hi: jax.Array, reaches, ways: int) -> jax.Array:
     """Per row, the largest ``b`` in ``[0, hi)`` with ``reaches(b)`` (``reaches`` monotone
     non-increasing in ``b`` and true at 0).
 
     Args:
       hi: i32[R] exclusive upper bound (``reaches`` is false from there on).
-      reaches: ``f(cand i32[R, W]) -> bool[R, W]``.
+      reaches: ``f(cand i32[R, W]) -> bool[R, W]`` (``W = ways - 1``).
+      ways: static, >= 2.
 
     Returns:
       i32[R]: the threshold, as a bit pattern.
     """
+    if not isinstance(ways, int) or ways < 2:
+        raise ValueError(f"ways={ways!r} must be an int >= 2")
     lo = jnp.zeros_like(hi)
-    ways = jnp.arange(1, _SEARCH_WAYS, dtype=jnp.int32)
-    for _ in range(_num_passes(_ONE_BITS + 1)):  # static: unrolled, no device loop
-        step = (hi - lo + _SEARCH_WAYS - 1) // _SEARCH_WAYS  # >= 1 while hi > lo + 1
-        cand = lo[:, None] + ways[None, :] * step[:, None]  # i32[R, W]
+    offsets = jnp.arange(1, ways, dtype=jnp.int32)
+    for _ in range(_num_passes(_ONE_BITS + 1, ways)):  # static: unrolled, no device loop
+        step = (hi - lo + ways - 1) // ways  # >= 1 while hi > lo + 1
+        cand = lo[:, None] + offsets[None, :] * step[:, None]  # i32[R, W]
         valid = cand < hi[:, None]
         ok = reaches(cand) & valid  # a prefix of the ways (monotone)
         num_ok = jnp.sum(ok, axis=-1, dtype=jnp.int32)
         below = jnp.take_along_axis(cand, jnp.maximum(num_ok - 1, 0)[:, None], -1)[:, 0]
-        above = jnp.take_along_axis(cand, jnp.minimum(num_ok, _SEARCH_WAYS - 2)[:, None], -1)[:, 0]
-        new_hi = jnp.where((num_ok < _SEARCH_WAYS - 1) & (above < hi), above, hi)
+        above = jnp.take_along_axis(cand, jnp.minimum(num_ok, ways - 2)[:, None], -1)[:, 0]
+        new_hi = jnp.where((num_ok < ways - 1) & (above < hi), above, hi)
         lo = jnp.where(num_ok > 0, below, lo)
         hi = new_hi
     return lo
@@ -79,9 +84,9 @@ def _bits(x: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(x, jnp.int32)
 
 
-def kth_largest(probs: jax.Array, k: jax.Array) -> jax.Array:
+def kth_largest(probs: jax.Array, k: jax.Array, *, ways: int = SEARCH_WAYS) -> jax.Array:
     """f32[R]: the ``k``-th largest value of each row (``probs: f32[R, V] >= 0``; ``k: i32[R]``
-    in ``[1, V]``), exact, sort-free."""
+    in ``[1, V]``), exact, sort-free; ``ways``: the search's ways per pass (static)."""
     bits = _bits(probs)
     hi = jnp.max(bits, axis=-1) + 1
 
@@ -89,12 +94,13 @@ def kth_largest(probs: jax.Array, k: jax.Array) -> jax.Array:
         count = jnp.sum(bits[:, None, :] >= cand[:, :, None], axis=-1, dtype=jnp.int32)
         return count >= k[:, None]
 
-    return jax.lax.bitcast_convert_type(_largest_reaching(hi, reaches), jnp.float32)
+    return jax.lax.bitcast_convert_type(_largest_reaching(hi, reaches, ways), jnp.float32)
 
 
-def mass_pivot(probs: jax.Array, target: jax.Array) -> jax.Array:
+def mass_pivot(probs: jax.Array, target: jax.Array, *, ways: int = SEARCH_WAYS) -> jax.Array:
     """f32[R]: the largest value ``t`` of each row with ``sum(probs[probs >= t]) >= target``
-    (``probs: f32[R, V] >= 0``; ``target: f32[R]`` in ``(0, sum(probs)]``), exact, sort-free."""
+    (``probs: f32[R, V] >= 0``; ``target: f32[R]`` in ``(0, sum(probs)]``), exact, sort-free;
+    ``ways`` as :func:`kth_largest`."""
     bits = _bits(probs)
     hi = jnp.max(bits, axis=-1) + 1
 
@@ -103,7 +109,7 @@ def mass_pivot(probs: jax.Array, target: jax.Array) -> jax.Array:
         mass = jnp.sum(jnp.where(keep, probs[:, None, :], 0.0), axis=-1)
         return mass >= target[:, None]
 
-    return jax.lax.bitcast_convert_type(_largest_reaching(hi, reaches), jnp.float32)
+    return jax.lax.bitcast_convert_type(_largest_reaching(hi, reaches, ways), jnp.float32)
 
 
 def _per_row(x: jax.Array | None, rows_per_request: int, dtype) -> jax.Array | None:

@@ -79,23 +79,29 @@ def test_absent_filters_compile_nothing_extra():
     np.testing.assert_allclose(plain, 0.2)
 
 
-def test_threshold_search_is_exact_with_ties_and_zeros():
-    rng = np.random.default_rng(1)
+@pytest.mark.parametrize("ways", [2, 5, 16])
+def test_threshold_search_is_exact_with_ties_and_zeros(ways):
+    rng = np.random.default_rng(ways)
     for v in (1, 2, 3, 17, 300):
         p = rng.dirichlet(np.full(v, 0.5), 40).astype(np.float32)
         p[:10, : v // 2] = 0.0
         p[10:20, : (v + 1) // 2] = p[10:20, :1]  # ties
         k = rng.integers(1, v + 1, 40).astype(np.int32)
-        got = np.asarray(kth_largest(jnp.asarray(p), jnp.asarray(k)))
+        got = np.asarray(kth_largest(jnp.asarray(p), jnp.asarray(k), ways=ways))
         want = np.array([np.sort(row)[::-1][kk - 1] for row, kk in zip(p, k)])
         np.testing.assert_array_equal(got, want)
         target = (rng.uniform(1e-3, 1.0, 40) * p.sum(-1)).astype(np.float32)
-        got = np.asarray(mass_pivot(jnp.asarray(p), jnp.asarray(target)))
+        got = np.asarray(mass_pivot(jnp.asarray(p), jnp.asarray(target), ways=ways))
         for row, t, g in zip(p, target, got):
             mass = lambda x: row[row >= x].sum(dtype=np.float32)  # noqa: E731
             assert g in row and mass(g) >= t
             above = row[row > g]
             assert above.size == 0 or mass(above.min()) < t
+
+
+def test_threshold_search_rejects_one_way():
+    with pytest.raises(ValueError, match="ways"):
+        kth_largest(jnp.ones((1, 4)), jnp.ones(1, jnp.int32), ways=1)
 
 
 def test_nan_logits_probe():
