@@ -3,10 +3,10 @@
 One decode step for a padded bucket of batch slots (``slot_idx: i32[Bb]``, ``live: bool[Bb]``)::
 
     L = committed_len, x = bonus token (last generated, no KV yet)
-    slot = alloc_decode(seq_lens = L + 1, last_loc = row[L-1])     # new page iff (L+1) % P == 1
-    row[L] = slot                                                  # assign_req_to_token_pool
+    row[L] = a token slot                    KV backend prepare_decode(num_tokens=1) (jspec's:
+                                             alloc_decode, a new page iff (L+1) % P == 1)
     target forward on x at position L: K/V -> slot, attention over row[0..L]
-    x' = argmax(logits); L' = L + 1
+    x' = argmax(logits); L' = L + 1                                KV backend commit
 
 Given a ``sampling`` batch, ``x'`` is sampled instead (``jspec.engine.sampling``). Padding
 entries allocate nothing, read the padding row 0 and write slot 0. The step is a no-op
@@ -24,93 +24,92 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
-from jspec.attention_meta.metadata import AttentionMetadata, row_page_table
-from jspec.config import ceil_div
 from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
+from jspec.engine.kv_backend import KVView, row_metadata
 from jspec.engine.model_calls import run_target, target_logits
+from jspec.engine.runner import Runner, Weights
 from jspec.engine.sampling import SamplingBatch, sample_plain
-from jspec.engine.state import (
-    EngineConfig,
-    EngineState,
-    check_engine_models,
-    gather_slots,
-    pack_valid,
-    scatter_slots,
-)
+from jspec.engine.state import EngineState, gather_slots, scatter_slots
 from jspec.engine.step_types import GreedyStepOutput
-from jspec.kv.allocator import alloc_decode
-from jspec.kv.req_to_token import assign_req_to_token_pool, get_last_loc
+
+
+def decode_one(
+    runner: Runner,
+    weights: Weights,
+    state: EngineState,
+    slot_idx: jax.Array,
+    live: jax.Array,
+    sampling: SamplingBatch | None,
+    *,
+    what: str,
+    num_tokens: int,
+    feature: bool,
+) -> tuple[Any, KVView, jax.Array, jax.Array, AttnPlan, jax.Array]:
+    """The target's next token after each live entry's bonus token x (at position L): the
+    guards, the KV backend's ``prepare_decode(num_tokens)``, the target at L (K/V -> row[L])
+    and the argmax (or sample at position L + 1). Shared by the greedy and the plain step;
+    ``feature``: also compute the draft's input from the target (the plain step's).
+
+    Returns:
+      ``(kv, view, ok bool[], next i32[Bb] (0 on padding), write_plan AttnPlan, feature
+      dtype[Bb, Hd])``; ``view.valid`` the entries that stepped.
+    """
+    status = runner.kv.slot_status(state.kv)
+    ok_in = guards.validate_step_slots(status, slot_idx, live, what)
+    kv, view, ok = runner.kv.prepare_decode(state.kv, slot_idx, live & ok_in, num_tokens=num_tokens)
+    ok = ok & ok_in
+    live, seq = view.valid, view.seq_lens
+    tokens = gather_slots(state.carry.bonus_tokens, slot_idx, live)
+    slot = view.slot_ids(seq[:, None])[:, 0]
+    meta = row_metadata(runner.ecfg.spec, view, jnp.where(live, seq + 1, 0))
+    plan = AttnPlan(write_slot_ids=slot, passes=(meta,))
+    pool, hidden, feature = run_target(
+        runner, weights, kv.target_pool, tokens, seq, plan, feature=feature
+    )
+    logits = target_logits(runner, weights, hidden)
+    guards.probe_target_logits(logits, live, what)
+    if sampling is None:
+        nxt = jnp.argmax(logits, -1).astype(jnp.int32)
+    else:  # the token after x (at L) sits at position L + 1
+        nxt = sample_plain(logits, sampling, seq + 1, tp_axis=runner.ecfg.tp_axis)
+    nxt = jnp.where(live, nxt, 0)
+    return replace(kv, target_pool=pool), view, ok, nxt, plan, feature
 
 
 def greedy_step_body(
-    ecfg: EngineConfig,
-    target: Any,
-    params: Any,
-    draft: Any,
-    draft_params: Any,
+    runner: Runner,
+    weights: Weights,
     state: EngineState,
     slot_idx: jax.Array,
     live: jax.Array,
     sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, GreedyStepOutput]:
-    """The unjitted step (what :func:`greedy_step` jits and the sharded engine maps); the draft
-    arguments are ignored (the engines share one body signature)."""
-    del draft, draft_params
-    check_engine_models(ecfg, target)
-    spec = ecfg.spec
-    ok_in = guards.validate_step_slots(state, slot_idx, live, "greedy_step")
-    live = live & ok_in
-    seq = gather_slots(state.committed_lens, slot_idx, live)
-    rpi = gather_slots(state.req_pool_indices, slot_idx, live)
-    tokens = gather_slots(state.bonus_tokens, slot_idx, live)
-    last_loc = get_last_loc(state.req_to_token, rpi, seq)
-    allocator, slots, ok = alloc_decode(
-        state.allocator, seq + 1, last_loc, valid=live, impl=ecfg.kernel_impl
-    )
-    ok = ok & ok_in
-    live = live & ok
-    seq, rpi = jnp.where(live, seq, 0), jnp.where(live, rpi, 0)
-    r2t = assign_req_to_token_pool(
-        state.req_to_token,
-        rpi,
-        seq,
-        jnp.where(live, seq + 1, 0),
-        pack_valid(slots, live),
-        impl=ecfg.kernel_impl,
-    )
-    p = spec.page_size
-    meta = AttentionMetadata(
-        page_table=row_page_table(r2t, rpi, page_size=p, max_pages=ceil_div(spec.context_len, p)),
-        kv_lens=jnp.where(live, seq + 1, 0),
-        page_size=p,
-    )
-    plan = AttnPlan(write_slot_ids=jnp.where(live, slots, 0), passes=(meta,))
-    pool, hidden, _ = run_target(ecfg, target, params, state.target_pool, tokens, seq, plan)
-    logits = target_logits(target, params, hidden)
-    guards.probe_target_logits(logits, live, "greedy_step")
-    if sampling is None:
-        nxt = jnp.argmax(logits, -1).astype(jnp.int32)
-    else:  # the token after x (at L) sits at position L + 1
-        nxt = sample_plain(logits, sampling, seq + 1, tp_axis=ecfg.tp_axis)
-    nxt = jnp.where(live, nxt, 0)
-    state = replace(
+    """The unjitted step (what :func:`greedy_step` jits and the sharded engine maps); a
+    draft in ``runner`` is ignored (its KV and proposals are not kept current)."""
+    kv, view, ok, nxt, _, _ = decode_one(
+        runner,
+        weights,
         state,
-        allocator=allocator,
-        req_to_token=r2t,
-        target_pool=pool,
-        committed_lens=scatter_slots(state.committed_lens, slot_idx, live, seq + 1),
-        allocated_lens=scatter_slots(state.allocated_lens, slot_idx, live, seq + 1),
-        bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, live, nxt),
+        slot_idx,
+        live,
+        sampling,
+        what="greedy_step",
+        num_tokens=1,
+        feature=False,
     )
-    return state, GreedyStepOutput(next_tokens=nxt, ok=ok)
+    live = view.valid
+    kv = runner.kv.commit(kv, slot_idx, live, view.seq_lens + 1, live)
+    carry = replace(
+        state.carry, bonus_tokens=scatter_slots(state.carry.bonus_tokens, slot_idx, live, nxt)
+    )
+    return EngineState(kv=kv, carry=carry), GreedyStepOutput(next_tokens=nxt, ok=ok)
 
 
-@functools.partial(jax.jit, static_argnames=("ecfg", "target"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("runner",), donate_argnames=("state",))
 def greedy_step(
-    ecfg: EngineConfig,
-    target: Any,
-    params: Any,
+    runner: Runner,
+    weights: Weights,
     state: EngineState,
     slot_idx: jax.Array,
     live: jax.Array,
@@ -119,8 +118,9 @@ def greedy_step(
     """One plain greedy (or sampled) decode step over a padded bucket of one shard.
 
     Args:
-      ecfg: static engine config (``spec.topk`` etc. unused).
-      target: static target model (``jspec.engine.protocol.TargetModel``); params: its weights.
+      runner: static config, target and KV backend (``Runner(ecfg, target)``; ``spec.topk``
+        etc. unused).
+      weights: ``Weights(target_params)``.
       state: engine state (donated).
       slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
       sampling: None (argmax) or the entries' sampling parameters
@@ -129,4 +129,4 @@ def greedy_step(
     Returns:
       (state, :class:`GreedyStepOutput`).
     """
-    return greedy_step_body(ecfg, target, params, None, None, state, slot_idx, live, sampling)
+    return greedy_step_body(runner, weights, state, slot_idx, live, sampling)

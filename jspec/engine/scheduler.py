@@ -45,18 +45,17 @@ from jspec.engine import sharding
 from jspec.engine.greedy import greedy_step_body
 from jspec.engine.inputs import validate_requests
 from jspec.engine.lifecycle import prefill_chunk_body, release_body
+from jspec.engine.paged_kv import PagedKVState
+from jspec.engine.protocol import DraftModel, TargetModel
+from jspec.engine.runner import Runner, Weights, init_engine_state
 from jspec.engine.sampling_params import (
     GREEDY,
     SamplingParams,
     normalize_sampling,
     pack_sampling,
 )
-from jspec.engine.state import (
-    EngineConfig,
-    EngineState,
-    check_engine_models,
-    init_engine_state,
-)
+from jspec.engine.spec_step import spec_step_body
+from jspec.engine.state import EngineConfig, EngineState
 from jspec.kv.allocator import available_size
 from jspec.kv.integrity import check_integrity, owned_page_mask
 from jspec.tree.sampling import LossyThresholds
@@ -247,9 +246,9 @@ class Engine:
     def __init__(
         self,
         ecfg: EngineConfig,
-        target: Any,
+        target: TargetModel,
         target_params: Any,
-        draft: Any = None,
+        draft: DraftModel | None = None,
         draft_params: Any = None,
         *,
         num_devices: int = 1,
@@ -271,7 +270,7 @@ class Engine:
         num_devices = check_count("num_devices", num_devices)
         if (draft is None) != (draft_params is None):
             raise ValueError("draft and draft_params: give both (spec) or neither (greedy)")
-        check_engine_models(ecfg, target, draft)
+        self.runner = Runner(ecfg, target, draft)  # checks the models against the config
         sharding.check_devices(num_devices, ecfg.tensor_parallel)
         self.ecfg, self.target, self.draft_model = ecfg, target, draft
         self.mode = "greedy" if draft is None else "spec"
@@ -279,15 +278,17 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.check_every_step = check_every_step
         tp = ecfg.tensor_parallel
-        self.params = sharding.replicate(target, target_params, num_devices, tp)
-        self.draft = sharding.replicate(draft, draft_params, num_devices, tp)
+        self.weights = Weights(
+            target=sharding.replicate(target, target_params, num_devices, tp),
+            draft=sharding.replicate(draft, draft_params, num_devices, tp),
+        )
         self.state: EngineState = sharding.init_states(
-            lambda: init_engine_state(ecfg, draft), num_devices, tp
+            lambda: init_engine_state(self.runner), num_devices, tp
         )
         self.checkify = checkify
         self.lossy_thresholds = lossy_thresholds
         self.policy = SpecPolicy() if adaptive and draft is not None else None
-        self._step_body = _spec_body if self.mode == "spec" else greedy_step_body
+        self._step_body = spec_step_body if self.mode == "spec" else greedy_step_body
         self._fns: dict[tuple, Any] = {}
         self._needs_reset = False  # a generate() ended by an exception
 
@@ -298,7 +299,7 @@ class Engine:
         is dropped before the new one is built (no second copy of the pools)."""
         self.state = None
         self.state = sharding.init_states(
-            lambda: init_engine_state(self.ecfg, self.draft_model),
+            lambda: init_engine_state(self.runner),
             self.num_devices,
             self.ecfg.tensor_parallel,
         )
@@ -316,9 +317,7 @@ class Engine:
         key = (body, self._checked, num_tokens)
         if key not in self._fns:  # NOTE: cached here: hashing ecfg per host step costs
             options = self.ecfg.gemm_compiler_options(num_tokens)
-            self._fns[key] = sharding.sharded(
-                body, self.ecfg, self.target, self.draft_model, self.num_devices, key[1], options
-            )
+            self._fns[key] = sharding.sharded(body, self.runner, self.num_devices, key[1], options)
         return self._fns[key]
 
     def _step_tokens(self, bucket: int) -> int:
@@ -327,7 +326,7 @@ class Engine:
         return bucket * per_request
 
     def _step_for(self, bucket: int):
-        """The jitted decode step ``f(params, draft_params, state, slot_idx, live)`` of a
+        """The jitted decode step ``f(weights, state, slot_idx, live)`` of a
         ``bucket``-request batch."""
         return self._fn(self._step_body, self._step_tokens(bucket))
 
@@ -337,7 +336,7 @@ class Engine:
         # One device_put of the host arguments (one batched transfer, not one per argument).
         checked = self._checked
         host = [jax.tree.map(np.asarray, a) for a in args if a is not None]
-        out = self._fn(body, num_tokens)(self.params, self.draft, self.state, *jax.device_put(host))
+        out = self._fn(body, num_tokens)(self.weights, self.state, *jax.device_put(host))
         if checked:
             out, errors = out
             msg = sharding.first_error(errors, self.num_devices)
@@ -814,23 +813,24 @@ class Engine:
         self._call_release(slot_idx, finished)
 
     # ---- checks ----------------------------------------------------------------------------------
-    def _host_bookkeeping(self) -> EngineState:
-        """The stacked state without its KV pools, on the host (gathered from every process on
+    def _host_bookkeeping(self) -> PagedKVState:
+        """The stacked KV state without its pools, on the host (gathered from every process on
         a multi-host mesh): what the checks read."""
-        return jax.tree.map(_to_host, replace(self.state, target_pool=None, draft_pool=None))
+        kv = replace(self.state.kv, target_pool=None, draft_pool=None)
+        return jax.tree.map(_to_host, kv)
 
     def _shard_state(self, s: int) -> EngineState:
-        """Shard ``s``'s state: the bookkeeping on the host, the KV pools sliced on the device
-        (never copied to the host)."""
-        st = self.state
-        host = jax.tree.map(lambda x: x[s], self._host_bookkeeping())
-        return replace(
-            host,
-            target_pool=jax.tree.map(lambda x: x[s], st.target_pool),
-            draft_pool=jax.tree.map(lambda x: x[s], st.draft_pool),
+        """Shard ``s``'s state: the KV bookkeeping on the host, the pools and the carry sliced
+        on the device (never copied to the host)."""
+        st, one = self.state, lambda tree: jax.tree.map(lambda x: x[s], tree)
+        kv = replace(
+            one(self._host_bookkeeping()),
+            target_pool=one(st.kv.target_pool),
+            draft_pool=one(st.kv.draft_pool),
         )
+        return EngineState(kv=kv, carry=one(st.carry))
 
-    def _host_shards(self) -> list[EngineState]:
+    def _host_shards(self) -> list[PagedKVState]:
         """Every shard's bookkeeping on the host (pools None), fetched once."""
         host = self._host_bookkeeping()
         return [jax.tree.map(lambda x, s=s: x[s], host) for s in range(self.num_devices)]
@@ -839,7 +839,7 @@ class Engine:
         """``check_integrity`` on every shard with the pages owned by its live requests."""
         self._check_shards(self._host_shards(), what)
 
-    def _check_shards(self, shards: list[EngineState], what: str) -> None:
+    def _check_shards(self, shards: list[PagedKVState], what: str) -> None:
         spec = self.ecfg.spec
         for s, st in enumerate(shards):
             owned = owned_page_mask(
@@ -892,9 +892,3 @@ def _to_host(x: jax.Array) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def _spec_body(*args: Any) -> Any:
-    from jspec.engine.spec_step import spec_step_body
-
-    return spec_step_body(*args)

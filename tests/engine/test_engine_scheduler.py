@@ -125,11 +125,11 @@ def test_validation_errors():
 
 def test_warmup_is_a_no_op_on_the_bookkeeping():
     engine = _spec_engine(num_pages=_small_pool())
-    before = np.asarray(engine.state.allocator.free_pages)
+    before = np.asarray(engine.state.kv.allocator.free_pages)
     engine.warmup()
-    np.testing.assert_array_equal(np.asarray(engine.state.allocator.free_pages), before)
+    np.testing.assert_array_equal(np.asarray(engine.state.kv.allocator.free_pages), before)
     assert engine.check_leaks().startswith("ok")
-    assert not np.any(np.asarray(engine.state.live))
+    assert not np.any(np.asarray(engine.state.kv.live))
 
 
 def test_spec_step_with_pages_short_changes_no_state():
