@@ -77,7 +77,7 @@ _TP_SCRIPT = textwrap.dedent("""
     # 2 data-parallel shards x 2 tensor-parallel devices: spec and plain greedy.
     eng = Engine(ecfg(TINY, 2), TARGET, params, DRAFT, draft, num_devices=2)
     # The layers and the pools really are split over tp (1 of the 2 KV heads per device).
-    wqkv = eng.params.layers[0].wqkv
+    wqkv = eng.weights.target.layers[0].wqkv
     assert wqkv.sharding.spec == jax.sharding.PartitionSpec(None, "tp", None, None)
     assert wqkv.addressable_shards[0].data.shape == (32, 1, 4, 8)  # 1 KV head, its 2 q heads
     assert eng.state.kv.target_pool.k.addressable_shards[0].data.shape[1:] == (2, 688, 1, 8)
