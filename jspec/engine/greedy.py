@@ -17,7 +17,6 @@ pool is updated in place rather than copied for a skip branch).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -28,8 +27,8 @@ from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
 from jspec.engine.kv_backend import KVView, row_metadata
 from jspec.engine.model_calls import run_target, target_logits
-from jspec.engine.runner import Runner, Weights
-from jspec.engine.sampling import SamplingBatch, sample_plain
+from jspec.engine.runner import Runner, Weights, jit_step
+from jspec.engine.sampling import SamplingBatch, next_tokens
 from jspec.engine.state import EngineState, gather_slots, scatter_slots
 from jspec.engine.step_types import GreedyStepOutput
 
@@ -69,45 +68,13 @@ def decode_one(
     )
     logits = target_logits(runner, weights, hidden)
     guards.probe_target_logits(logits, live, what)
-    if sampling is None:
-        nxt = jnp.argmax(logits, -1).astype(jnp.int32)
-    else:  # the token after x (at L) sits at position L + 1
-        nxt = sample_plain(logits, sampling, seq + 1, tp_axis=runner.ecfg.tp_axis)
+    # the token after x (at L) sits at position L + 1
+    nxt = next_tokens(logits, sampling, seq + 1, tp_axis=runner.ecfg.tp_axis)
     nxt = jnp.where(live, nxt, 0)
     return replace(kv, target_pool=pool), view, ok, nxt, plan, feature
 
 
 def greedy_step_body(
-    runner: Runner,
-    weights: Weights,
-    state: EngineState,
-    slot_idx: jax.Array,
-    live: jax.Array,
-    sampling: SamplingBatch | None = None,
-) -> tuple[EngineState, GreedyStepOutput]:
-    """The unjitted step (what :func:`greedy_step` jits and the sharded engine maps); a
-    draft in ``runner`` is ignored (its KV and proposals are not kept current)."""
-    kv, view, ok, nxt, _, _ = decode_one(
-        runner,
-        weights,
-        state,
-        slot_idx,
-        live,
-        sampling,
-        what="greedy_step",
-        num_tokens=1,
-        feature=False,
-    )
-    live = view.valid
-    kv = runner.kv.commit(kv, slot_idx, live, view.seq_lens + 1, live)
-    carry = replace(
-        state.carry, bonus_tokens=scatter_slots(state.carry.bonus_tokens, slot_idx, live, nxt)
-    )
-    return EngineState(kv=kv, carry=carry), GreedyStepOutput(next_tokens=nxt, ok=ok)
-
-
-@functools.partial(jax.jit, static_argnames=("runner",), donate_argnames=("state",))
-def greedy_step(
     runner: Runner,
     weights: Weights,
     state: EngineState,
@@ -129,4 +96,24 @@ def greedy_step(
     Returns:
       (state, :class:`GreedyStepOutput`).
     """
-    return greedy_step_body(runner, weights, state, slot_idx, live, sampling)
+    kv, view, ok, nxt, _, _ = decode_one(
+        runner,
+        weights,
+        state,
+        slot_idx,
+        live,
+        sampling,
+        what="greedy_step",
+        num_tokens=1,
+        feature=False,
+    )
+    live = view.valid
+    kv = runner.kv.commit(kv, slot_idx, live, view.seq_lens + 1, live)
+    carry = replace(
+        state.carry, bonus_tokens=scatter_slots(state.carry.bonus_tokens, slot_idx, live, nxt)
+    )
+    return EngineState(kv=kv, carry=carry), GreedyStepOutput(next_tokens=nxt, ok=ok)
+
+
+# The public call: the body jitted (runner static, state donated); the engines map the body.
+greedy_step = jit_step(greedy_step_body)

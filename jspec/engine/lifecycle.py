@@ -43,8 +43,8 @@ from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
 from jspec.engine.kv_backend import row_metadata
 from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
-from jspec.engine.runner import Runner, Weights
-from jspec.engine.sampling import SamplingBatch, sample_plain
+from jspec.engine.runner import Runner, Weights, jit_step
+from jspec.engine.sampling import SamplingBatch, next_tokens
 from jspec.engine.state import EngineState, commit_carry, scatter_slots
 from jspec.engine.step_types import PrefillOutput
 
@@ -61,7 +61,26 @@ def prefill_chunk_body(
     next_ids: jax.Array,
     sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, PrefillOutput]:
-    """The unjitted chunk prefill (what :func:`prefill_chunk` jits and the engine maps)."""
+    """Prefill one chunk of up to ``Bp`` prompts into batch slots of one shard (module doc).
+
+    Args:
+      runner: static config, models (``draft`` None for a plain greedy engine) and KV backend.
+      weights: ``Weights(target_params, draft_params)``.
+      state: engine state (donated).
+      slot_idx: i32[Bp] batch slot per entry (a free slot for a first chunk, the request's
+        slot for a later one; any value for padding entries).
+      token_ids: i32[Bp, Cq] the chunk's prompt ids (positions ``start ..``), padded with any
+        valid id.
+      chunk_lens: i32[Bp] tokens in the chunk; 0 marks a padding entry.
+      starts: i32[Bp] prompt tokens prefilled by earlier chunks (0: the first chunk).
+      is_last: bool[Bp] the chunk ends the prompt (emit the first token, go live).
+      next_ids: i32[Bp] the prompt id after the chunk (read by the draft when not ``is_last``).
+      sampling: None (the first token is the argmax) or the entries' sampling parameters
+        (:class:`jspec.engine.sampling.SamplingBatch`, rows as ``slot_idx``).
+
+    Returns:
+      (state, :class:`PrefillOutput`): ``first_tokens`` for ``is_last`` entries (0 otherwise).
+    """
     bp, cq = token_ids.shape
     ok_in = guards.validate_prefill(
         runner.kv.slot_status(state.kv),
@@ -97,10 +116,8 @@ def prefill_chunk_body(
     hidden_last = hidden.reshape(bp, cq, -1)[jnp.arange(bp), last]
     logits = target_logits(runner, weights, hidden_last)
     guards.probe_target_logits(logits, is_last, "prefill")
-    if sampling is None:
-        first = jnp.argmax(logits, -1).astype(jnp.int32)
-    else:  # the first new token sits at position prompt_len (= ends on the last chunk)
-        first = sample_plain(logits, sampling, ends, tp_axis=runner.ecfg.tp_axis)
+    # the first new token sits at position prompt_len (= ends on the last chunk)
+    first = next_tokens(logits, sampling, ends, tp_axis=runner.ecfg.tp_axis)
     first = jnp.where(is_last, first, 0)
     kv = runner.kv.commit(replace(kv, target_pool=tpool), slot_idx, valid, ends, is_last)
     carry = state.carry
@@ -122,43 +139,8 @@ def prefill_chunk_body(
     return EngineState(kv=kv, carry=carry), PrefillOutput(first_tokens=first, ok=ok)
 
 
-@functools.partial(jax.jit, static_argnames=("runner",), donate_argnames=("state",))
-def prefill_chunk(
-    runner: Runner,
-    weights: Weights,
-    state: EngineState,
-    slot_idx: jax.Array,
-    token_ids: jax.Array,
-    chunk_lens: jax.Array,
-    starts: jax.Array,
-    is_last: jax.Array,
-    next_ids: jax.Array,
-    sampling: SamplingBatch | None = None,
-) -> tuple[EngineState, PrefillOutput]:
-    """Prefill one chunk of up to ``Bp`` prompts into batch slots of one shard (module doc).
-
-    Args:
-      runner: static config, models (``draft`` None for a plain greedy engine) and KV backend.
-      weights: ``Weights(target_params, draft_params)``.
-      state: engine state (donated).
-      slot_idx: i32[Bp] batch slot per entry (a free slot for a first chunk, the request's
-        slot for a later one; any value for padding entries).
-      token_ids: i32[Bp, Cq] the chunk's prompt ids (positions ``start ..``), padded with any
-        valid id.
-      chunk_lens: i32[Bp] tokens in the chunk; 0 marks a padding entry.
-      starts: i32[Bp] prompt tokens prefilled by earlier chunks (0: the first chunk).
-      is_last: bool[Bp] the chunk ends the prompt (emit the first token, go live).
-      next_ids: i32[Bp] the prompt id after the chunk (read by the draft when not ``is_last``).
-      sampling: None (the first token is the argmax) or the entries' sampling parameters
-        (:class:`jspec.engine.sampling.SamplingBatch`, rows as ``slot_idx``).
-
-    Returns:
-      (state, :class:`PrefillOutput`): ``first_tokens`` for ``is_last`` entries (0 otherwise).
-    """
-    return prefill_chunk_body(
-        runner, weights, state, slot_idx, token_ids, chunk_lens, starts, is_last, next_ids,
-        sampling,
-    )  # fmt: skip
+# The public call: the body jitted (runner static, state donated); the engines map the body.
+prefill_chunk = jit_step(prefill_chunk_body)
 
 
 @functools.partial(jax.jit, static_argnames=("runner",), donate_argnames=("state",))

@@ -13,7 +13,10 @@ the config (:func:`check_engine_models`); the steps trust it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
+
+import jax
 
 from jspec._pytree import pytree_dataclass
 from jspec.engine.kv_backend import KVBackend
@@ -93,3 +96,9 @@ def init_engine_state(runner: Runner, kv: Any = None) -> EngineState:
     if kv is None:
         kv = runner.kv.init_state(runner.target, runner.draft)
     return EngineState(kv=kv, carry=init_spec_carry(runner.ecfg, runner.draft))
+
+
+def jit_step(body: Callable[..., Any]) -> Callable[..., Any]:
+    """The public jitted form of a step body ``body(runner, weights, state, ...)``: one compile
+    per runner (static) and shapes, the state donated (updated in place)."""
+    return jax.jit(body, static_argnames=("runner",), donate_argnames=("state",))

@@ -50,7 +50,6 @@ different computations of the same logits and may flip a near-tied argmax: test 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import jax
@@ -67,7 +66,7 @@ from jspec.engine.draft_phases import (
 )
 from jspec.engine.kv_backend import KVBackend
 from jspec.engine.model_calls import run_target, target_logits
-from jspec.engine.runner import Runner, Weights
+from jspec.engine.runner import Runner, Weights, jit_step
 from jspec.engine.sampling import SamplingBatch, sample_tree
 from jspec.engine.state import EngineConfig, EngineState, commit_carry, gather_slots
 from jspec.engine.step_types import (
@@ -289,26 +288,6 @@ def spec_step_body(
     live: jax.Array,
     sampling: SamplingBatch | None = None,
 ) -> tuple[EngineState, SpecStepOutput]:
-    """The unjitted step (what :func:`spec_decode_step` jits and the sharded engine maps)."""
-    status = runner.kv.slot_status(state.kv)
-    ok_in = guards.validate_step_slots(status, slot_idx, live, "spec_decode_step")
-    x = phase_prepare(runner.ecfg, runner.kv, state, slot_idx, live & ok_in)
-    x = replace(x, batch=replace(x.batch, ok=x.batch.ok & ok_in))  # bad slots: a skipped step
-    for kind, phase in PHASES:
-        x = call_phase(kind, phase, runner, weights, x, sampling)
-        guards.probe_verify_logits(x)  # with probes on: NaN target logits of live rows
-    return phase_commit(runner.kv, state, x)
-
-
-@functools.partial(jax.jit, static_argnames=("runner",), donate_argnames=("state",))
-def spec_decode_step(
-    runner: Runner,
-    weights: Weights,
-    state: EngineState,
-    slot_idx: jax.Array,
-    live: jax.Array,
-    sampling: SamplingBatch | None = None,
-) -> tuple[EngineState, SpecStepOutput]:
     """One speculative decode step over a padded bucket of one shard (module docstring).
 
     Args:
@@ -323,4 +302,15 @@ def spec_decode_step(
     Returns:
       (state, :class:`SpecStepOutput`).
     """
-    return spec_step_body(runner, weights, state, slot_idx, live, sampling)
+    status = runner.kv.slot_status(state.kv)
+    ok_in = guards.validate_step_slots(status, slot_idx, live, "spec_decode_step")
+    x = phase_prepare(runner.ecfg, runner.kv, state, slot_idx, live & ok_in)
+    x = replace(x, batch=replace(x.batch, ok=x.batch.ok & ok_in))  # bad slots: a skipped step
+    for kind, phase in PHASES:
+        x = call_phase(kind, phase, runner, weights, x, sampling)
+        guards.probe_verify_logits(x)  # with probes on: NaN target logits of live rows
+    return phase_commit(runner.kv, state, x)
+
+
+# The public call: the body jitted (runner static, state donated); the engines map the body.
+spec_decode_step = jit_step(spec_step_body)
