@@ -1,4 +1,4 @@
-"""Plain greedy decoding of the target alone over the paged KV pool (the lossless baseline).
+"""Plain greedy decoding of the target alone over a KV backend (the lossless baseline).
 
 One decode step for a padded bucket of batch slots (``slot_idx: i32[Bb]``, ``live: bool[Bb]``)::
 

@@ -8,7 +8,7 @@ plain greedy step (``jspec.engine.greedy``) plus one draft forward, what the spe
 extend does for one accepted token::
 
     L = committed_len, x = bonus token (position L, no KV yet)
-    prepare_for_decode                              the spec engine's page reserve (row[L] backed)
+    KV backend prepare_decode(reserve)              the spec step's reserve (row[L] backed)
     target at L: K/V -> row[L]; x' = argmax (or sampled at position L + 1)
     draft at L:  (embed(x'), target feature at L) -> draft K/V at row[L]; its hidden h_L
     topk_p, topk_index <- the draft's top-K over h_L (TARGET ids); draft_hidden <- h_L

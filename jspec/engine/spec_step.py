@@ -1,8 +1,9 @@
-"""One EAGLE speculative decode step (tree drafting over the paged KV pools), one jitted function.
+"""One EAGLE speculative decode step (tree drafting over a KV backend), one jitted function.
 
 SPEC.md §2, for a padded bucket of batch slots (``K`` topk, ``S`` steps, ``N`` tree nodes)::
 
-    1 prepare_for_decode        grow rows to ceil_P(L + 2*alloc_len)      kv.decode_alloc
+    1 prepare_decode            back row[0 : L + reserve] (jspec's: grow  KV backend
+                                rows to ceil_P(L + 2*alloc_len))          (kv.decode_alloc)
     2 prepare_for_draft         out_cache_loc[B,K,S] (holey for P>1, K>1) tree.layout
                                 + prefix-tail duplication (draft pool)
     3 draft loop, i = 0..S-1    select_top_k_tokens; for i < S-1 a draft  tree.select,
@@ -20,7 +21,8 @@ SPEC.md §2, for a padded bucket of batch slots (``K`` topk, ``S`` steps, ``N`` 
     8 draft extend              N tokens at L..L+N-1 (compacted predict,
                                 target hidden), draft KV -> the window;
                                 row a-1 gives next topk_p/index/hidden
-    9 commit                    L += accept_len, bonus = last accepted token
+    9 commit                    L += accept_len (KV backend); the carry:  SpecCarry
+                                bonus = last accepted token, next level
 
 The step is ``spec_decode_step(runner, weights, state, slot_idx, live)``: the static
 :class:`jspec.engine.runner.Runner` (config, models, KV backend) and the :class:`Weights`

@@ -64,7 +64,7 @@ class EngineConfig:
     Attributes:
       spec: bookkeeping config (page_size, topk, num_steps, num_draft_tokens, context_len,
         max_running_requests, num_pages) whose pool geometry (num_layers, num_kv_heads,
-        head_dim, dtype) is the target model's (:func:`check_engine_models`).
+        head_dim, dtype) is the target model's (``jspec.engine.runner.check_engine_models``).
       max_prompt_len: static prompt padding for prefill.
       batch_buckets: decode batch sizes compiled (sglang cuda-graph ``capture_bs``).
       prefill_batch: prompts admitted per prefill call (per shard).

@@ -70,8 +70,7 @@ class DraftPlan:
 class DraftResult:
     """Phase 3 output: the draft tree (sglang ``organize_draft_results``)."""
 
-    # the KV backend's state, threaded through every phase (its pools updated in place)
-    kv: Any
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     # i32[Bb]: the tree roots
     bonus_tokens: jax.Array
@@ -87,8 +86,7 @@ class DraftResult:
 class VerifyPlan:
     """Phase 4 output: the verify tree and where its N nodes' target KV goes."""
 
-    # the KV backend's state, threaded through every phase (its pools updated in place)
-    kv: Any
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     # tree mask (QLEN_ONLY, bool[Bb, N, N]), positions i32[Bb*N], retrive_* i32[Bb, N],
     # draft_tokens i32[Bb*N] (root then the N-1 drafts)
@@ -101,8 +99,7 @@ class VerifyPlan:
 class VerifyResult:
     """Phase 5 output: the target over the tree (target pool written at verify_loc)."""
 
-    # the KV backend's state, threaded through every phase (its pools updated in place)
-    kv: Any
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     tree: BuildTreeOutput
     verify_loc: jax.Array  # i32[Bb*N]
@@ -116,8 +113,7 @@ class VerifyResult:
 class AcceptResult:
     """Phase 6-7 output: the accepted paths, compacted to the front of each request's block."""
 
-    # the KV backend's state, threaded through every phase (its pools updated in place)
-    kv: Any
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     verify_loc: jax.Array  # i32[Bb*N]
     # i32[Bb*N]: the token after each accepted node (argmax or sampled), accepted path first
@@ -136,8 +132,7 @@ class AcceptResult:
 class ExtendResult:
     """Phase 8 output: the draft's first tree level for the next step."""
 
-    # the KV backend's state, threaded through every phase (its pools updated in place)
-    kv: Any
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     accept_lens: jax.Array  # i32[Bb]
     accept_tokens: jax.Array  # i32[Bb, S+1]
