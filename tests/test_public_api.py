@@ -410,8 +410,6 @@ RECORDED: dict[str, dict[str, str]] = {
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, PrefillOutput]'",
         "release": "def(runner: 'Runner', state: 'EngineState', slot_idx: 'jax.Array', "
         "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
-        "row_metadata": "def(spec: 'SpecConfig', view: 'KVView', kv_lens: 'jax.Array', "
-        "**kwargs: 'Any') -> 'AttentionMetadata'",
         "spec_decode_step": "def(runner: 'Runner', weights: 'Weights', state: 'EngineState', "
         "slot_idx: 'jax.Array', live: 'jax.Array', "
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, SpecStepOutput]'",

@@ -53,7 +53,7 @@ from __future__ import annotations
 from jspec.engine.attention import AttentionBackend, AttnPlan, PagedAttentionBackend
 from jspec.engine.greedy import greedy_step
 from jspec.engine.inputs import InputError, validate_requests
-from jspec.engine.kv_backend import KVBackend, KVView, row_metadata, view_from_page_table
+from jspec.engine.kv_backend import KVBackend, KVView, view_from_page_table
 from jspec.engine.lifecycle import prefill, prefill_chunk, release
 from jspec.engine.memory import kv_bytes_per_token, num_pages_for_memory
 from jspec.engine.paged_kv import PagedKVBackend, PagedKVState
@@ -100,7 +100,6 @@ __all__ = [
     "prefill",
     "prefill_chunk",
     "release",
-    "row_metadata",
     "spec_decode_step",
     "validate_requests",
     "view_from_page_table",
