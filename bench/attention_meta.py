@@ -45,10 +45,15 @@ from jspec.attention_meta.kv_indices import (
     generate_draft_decode_kv_indices,
 )
 from jspec.attention_meta.page_table import draft_decode_set_expand_metadata
+from jspec.config import TreeGeometry
 from jspec.kernels import _common
 
 COLUMNS = ("op", "bs", "page", "impl", "mode", "device us", "wall us", "GB/s", "note")
 TOPK, STEPS = 8, 5
+
+
+def _geometry(page: int) -> TreeGeometry:
+    return TreeGeometry(topk=TOPK, num_steps=STEPS, num_draft_tokens=1, page_size=page)
 
 
 # ---- torch ports of sglang -----------------------------------------------------------------------
@@ -196,8 +201,7 @@ def _bench_expand(
             op = functools.partial(
                 draft_decode_set_expand_metadata,
                 decode_length=decode_length,
-                topk=TOPK,
-                page_size=page,
+                geometry=_geometry(page),
                 impl=impl,
             )
             return {
@@ -254,7 +258,7 @@ def _bench_kv(
     nbytes = 8 * float(np.mean(used)) * STEPS
     shared = (jnp.asarray(req_to_token),)
     xs = (jnp.asarray(np.stack([r for r, _ in sets])), jnp.asarray(np.stack([s for _, s in sets])))
-    kw = {"topk": TOPK, "num_steps": STEPS, "page_size": page, "kv_indices_width": width}
+    kw = {"geometry": _geometry(page), "kv_indices_width": width}
     base = {"op": "kv_indices", "bs": bs, "page": page}
 
     def zeros():

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench._timing import batch_sizes, format_table, time_impl, time_torch, torch_us_cell
+from jspec.config import TreeGeometry
 from jspec.kernels.build_tree import num_closure_rounds
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
 
@@ -132,9 +133,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             }
             op = functools.partial(
                 build_tree_kernel_efficient,
-                topk=topk,
-                num_steps=num_steps,
-                num_draft_tokens=n,
+                geometry=TreeGeometry(
+                    topk=topk, num_steps=num_steps, num_draft_tokens=n, page_size=1
+                ),
                 mode=TreeMaskMode.QLEN_ONLY,
                 impl=impl,
             )

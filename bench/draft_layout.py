@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench._timing import device_name, format_table, time_device, time_torch, time_wall
+from jspec.config import TreeGeometry
 from jspec.kernels.draft_cache_loc import draft_cache_loc, max_prefix_tail_pairs
 from jspec.kv.pool import KVPool, move_kv_cache
 
@@ -140,7 +141,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for batch in batches:
             r2t_np, sets, num_slots = _case(rng, batch, page_size, lo, hi, reps)
             r2t = jnp.asarray(r2t_np)
-            max_pairs = max_prefix_tail_pairs(batch, topk=TOPK, page_size=page_size)
+            geometry = TreeGeometry(
+                topk=TOPK, num_steps=NUM_STEPS, num_draft_tokens=1, page_size=page_size
+            )
+            max_pairs = max_prefix_tail_pairs(batch, geometry=geometry)
             shape = f"bs={batch} K={TOPK} S={NUM_STEPS} P={page_size}"
             mean_pairs = float(np.mean([(TOPK - 1) * np.sum(s % page_size) for _, s in sets]))
             torch_us: object = "-"
@@ -154,9 +158,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     _, tgt, src, _ = draft_cache_loc(
                         r2t,
                         *map(jnp.asarray, sets[0]),
-                        topk=TOPK,
-                        num_steps=NUM_STEPS,
-                        page_size=page_size,
+                        geometry=geometry,
                         max_pairs=max_pairs,
                     )
                     copy_us = _copy_us(
@@ -177,9 +179,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 )
                 op = functools.partial(
                     draft_cache_loc,
-                    topk=TOPK,
-                    num_steps=NUM_STEPS,
-                    page_size=page_size,
+                    geometry=geometry,
                     max_pairs=max_pairs,
                     impl=impl,
                 )

@@ -18,6 +18,7 @@ import numpy as np
 
 from bench._timing import batch_sizes, format_table, time_impl, time_torch, torch_us_cell
 from bench.build_tree import random_trees
+from jspec.config import TreeGeometry
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
 from jspec.tree.verify import verify_tree_greedy
 
@@ -76,9 +77,7 @@ def make_inputs(
         jnp.asarray(sel),
         jnp.zeros((bs, n - 1), jnp.int32),
         jnp.zeros(bs, jnp.int32),
-        topk=topk,
-        num_steps=num_steps,
-        num_draft_tokens=n,
+        geometry=TreeGeometry(topk=topk, num_steps=num_steps, num_draft_tokens=n, page_size=1),
         mode=TreeMaskMode.QLEN_ONLY,
     )
     return (

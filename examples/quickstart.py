@@ -30,9 +30,9 @@ reqs = kv.ReqKVState(
 alloc, rows, reqs, ok = kv.prepare_for_decode(alloc, rows, reqs, cfg)  # row grows to 40
 seq_lens = reqs.committed_lens
 draft_pool, out_cache_loc, positions = tree.prepare_for_draft(  # holey layout + hole copies
-    draft_pool, rows, reqs.req_pool_indices, seq_lens, topk=2, num_steps=3, page_size=4
+    draft_pool, rows, reqs.req_pool_indices, seq_lens, geometry=cfg.geometry
 )
 seqlens, page_table = attention_meta.draft_decode_set_expand_metadata(  # FA3 expand, step 1
-    seq_lens % 4, 2, out_cache_loc.reshape(-1, 3), topk=2, page_size=4, impl="pallas"
+    seq_lens % 4, 2, out_cache_loc.reshape(-1, 3), geometry=cfg.geometry, impl="pallas"
 )
 print(ok, reqs.allocated_lens, out_cache_loc[0], seqlens, page_table)

@@ -22,13 +22,28 @@ import numpy as np
 import torch
 
 from interop.dlpack import to_jax, to_torch
+from jspec.config import TreeGeometry
 
-_STATIC_TYPES = (bool, int, float, str, type(None), enum.Enum, np.dtype, type)
+_STATIC_TYPES = (bool, int, float, str, type(None), enum.Enum, np.dtype, type, TreeGeometry)
 
 
 def jspec_module(name: str) -> Any:
     """Import a jspec module at call time, so tests can monkeypatch its ops."""
     return importlib.import_module(name)
+
+
+def tree_geometry(
+    *, topk: int, page_size: int, num_steps: int = 1, num_draft_tokens: int = 1
+) -> TreeGeometry:
+    """The :class:`jspec.config.TreeGeometry` of an sglang call's loose ``topk`` / ``page_size``
+    (/ ``num_steps`` / ``num_draft_tokens``) arguments, built at the drop-in boundary.
+
+    A field the sglang function does not take defaults to 1 (a one-step, one-node tree is valid
+    for every topk and page size); the op it is passed to does not read it.
+    """
+    return TreeGeometry(
+        topk=topk, num_steps=num_steps, num_draft_tokens=num_draft_tokens, page_size=page_size
+    )
 
 
 def to_jax_default(t: torch.Tensor, what: str) -> jax.Array:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from jspec.attention_meta import draft_kv_indices_triton_launch, expand_page_table_triton_launch
+from jspec.config import TreeGeometry
 
 __all__ = ["draft_kv_indices_torch", "expand_page_table_torch"]
 
@@ -52,8 +53,8 @@ def expand_page_table_torch(
         num_rows,
         row_stride,
         decode_length=decode_length,
-        topk=topk,
-        page_size=page_size,
+        # num_steps / num_draft_tokens: not read by this kernel.
+        geometry=TreeGeometry(topk=topk, num_steps=1, num_draft_tokens=1, page_size=page_size),
         page_table_width=width,
         num_cols=num_cols,
         block_rows=block_rows,
@@ -98,9 +99,9 @@ def draft_kv_indices_torch(
         num_seqs,
         kv_indices_width,
         req_to_token.shape[1],
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=TreeGeometry(
+            topk=topk, num_steps=num_steps, num_draft_tokens=1, page_size=page_size
+        ),
         block_tokens=block_tokens,
     )
     kernel[grid](

@@ -3,6 +3,7 @@
 The public API, one namespace per concept (each with ``__all__``)::
 
     jspec.SpecConfig, jspec.BatchBuckets   static configuration (jspec.config)
+    jspec.TreeGeometry                     the draft tree's shape, the ops' ``geometry=``
     jspec.kv                               KV pool, page allocator, req_to_token, decode alloc
     jspec.tree                             draft tree expansion, layout, build, verify, accept
     jspec.attention_meta                   FA3 page tables, FlashInfer kv_indices
@@ -20,11 +21,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from jspec.config import BatchBuckets, SpecConfig
+from jspec.config import BatchBuckets, SpecConfig, TreeGeometry
 
 __all__ = [
     "BatchBuckets",
     "SpecConfig",
+    "TreeGeometry",
     "attention_meta",
     "engine",
     "kv",

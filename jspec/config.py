@@ -1,7 +1,10 @@
-"""Static configuration and sizing: ``SpecConfig`` (SPEC.md §3, §4, §6.2, §10).
+"""Static configuration and sizing: ``TreeGeometry``, ``SpecConfig`` (SPEC.md §3, §4, §6.2, §10).
 
-A frozen, hashable dataclass, so it can be a static ``jax.jit`` argument. Every field is
-validated in ``__post_init__``; a bad value raises ``ValueError`` naming the field.
+Frozen, hashable dataclasses, so they can be static ``jax.jit`` arguments. Every field is
+validated once, in ``__post_init__``; a bad value raises ``ValueError`` naming the field.
+:class:`TreeGeometry` is the draft tree's shape (``topk``, ``num_steps``, ``num_draft_tokens``,
+``page_size``) that the tree / attention_meta / kernel ops take as ``geometry=``; they trust it
+and do not check its values again. ``SpecConfig.geometry`` is built from SpecConfig's fields.
 
 Sizing (``P`` = page_size, ``K`` = topk, ``S`` = num_steps, ``N`` = num_draft_tokens)::
 
@@ -35,7 +38,9 @@ __all__ = [
     "MAX_NUM_STEPS",
     "BatchBuckets",
     "SpecConfig",
+    "TreeGeometry",
     "ceil_div",
+    "check_geometry",
     "ceil_to_multiple",
     "next_power_of_2",
 ]
@@ -68,6 +73,108 @@ def next_power_of_2(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _need_int(value: Any, name: str) -> None:
+    _need(
+        isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1,
+        f"{name}={value!r} must be an int >= 1",
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TreeGeometry:
+    """The static shape of one EAGLE draft tree over a paged KV layout.
+
+    Validated once here; ops taking ``geometry=`` only check that it is a ``TreeGeometry``.
+
+    Attributes:
+      topk: ``K``, branches per draft step (``speculative_eagle_topk``).
+      num_steps: ``S``, draft depth (``speculative_num_steps``), at most :data:`MAX_NUM_STEPS`.
+      num_draft_tokens: ``N``, verify-tree nodes including the root
+        (``speculative_num_draft_tokens``): ``N - 1 <= K + (S-1)*K^2`` and
+        ``N <= MAX_NUM_DRAFT_TOKENS``.
+      page_size: ``P``, tokens per KV page (power of 2).
+    """
+
+    topk: int
+    num_steps: int
+    num_draft_tokens: int
+    page_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("topk", "num_steps", "num_draft_tokens", "page_size"):
+            _need_int(getattr(self, name), name)
+        # Plain ints: np.int64 fields would hash and compare alike but print differently.
+        for name in ("topk", "num_steps", "num_draft_tokens", "page_size"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+        _need(_is_power_of_2(self.page_size), f"page_size={self.page_size} must be a power of 2")
+        _need(
+            self.num_draft_tokens - 1 <= self.num_candidates,
+            f"num_draft_tokens={self.num_draft_tokens}: num_draft_tokens - 1 must be <= "
+            f"topk + (num_steps-1)*topk^2 = {self.num_candidates} (topk={self.topk}, "
+            f"num_steps={self.num_steps})",
+        )
+        _need(
+            self.num_draft_tokens <= MAX_NUM_DRAFT_TOKENS,
+            f"num_draft_tokens={self.num_draft_tokens} must be <= {MAX_NUM_DRAFT_TOKENS}",
+        )
+        _need(
+            self.num_steps <= MAX_NUM_STEPS,
+            f"num_steps={self.num_steps} must be <= MAX_NUM_STEPS={MAX_NUM_STEPS} (the draft "
+            "loop is unrolled at trace time)",
+        )
+
+    @property
+    def num_candidates(self) -> int:
+        """Width of the flat draft score/token arrays: ``K + (S-1)*K*K`` (sglang ``ss``)."""
+        return self.topk + (self.num_steps - 1) * self.topk * self.topk
+
+    @property
+    def is_holey(self) -> bool:
+        """True when the draft layout has per-branch page regions (P > 1 and K > 1)."""
+        return self.page_size > 1 and self.topk > 1
+
+    @property
+    def max_region_len(self) -> int:
+        """Row positions of the widest branch region (prefix tail ``lp = P - 1``): the holey
+        ``ceil((P-1+S)/P) * P``; ``S`` when the layout is contiguous (P == 1 or K == 1)."""
+        if not self.is_holey:
+            return self.num_steps
+        _, _, region = holey_geometry(
+            self.page_size - 1, num_steps=self.num_steps, page_size=self.page_size
+        )
+        return region
+
+    @property
+    def draft_alloc_len(self) -> int:
+        """Worst-case draft footprint ``K * max_region_len`` (token slots per request)."""
+        return self.topk * self.max_region_len
+
+    @property
+    def alloc_len_per_decode(self) -> int:
+        """sglang ``get_alloc_len_per_decode``: ``max(draft_alloc_len, N)`` (SPEC.md §3)."""
+        return max(self.draft_alloc_len, self.num_draft_tokens)
+
+    def max_prefix_tail_pairs(self, batch_size: int) -> int:
+        """Static worst-case hole-copy pair count ``B * (K-1) * (P-1)`` (every ``lp = P-1``)."""
+        return batch_size * (self.topk - 1) * (self.page_size - 1)
+
+    def with_num_draft_tokens(self, num_draft_tokens: int) -> TreeGeometry:
+        """The same tree with ``N`` nodes (adaptive speculation), validated."""
+        return dataclasses.replace(self, num_draft_tokens=num_draft_tokens)
+
+
+def check_geometry(geometry: Any, where: str) -> TreeGeometry:
+    """``geometry`` itself, or ``TypeError`` naming it if it is not a :class:`TreeGeometry`."""
+    if not isinstance(geometry, TreeGeometry):
+        raise TypeError(f"{where}: geometry={geometry!r} must be a jspec.config.TreeGeometry")
+    return geometry
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class SpecConfig:
     """Static speculative-decoding and KV-pool configuration.
@@ -83,6 +190,8 @@ class SpecConfig:
       num_layers, num_kv_heads, head_dim, dtype: KV pool geometry (dtype by name).
       max_num_draft_tokens: adaptive-spec upper bound (``ndt_max``); 0 means num_draft_tokens.
       spec_enabled: False models "no spec algorithm" (alloc_len_per_decode == 1).
+      geometry: the :class:`TreeGeometry` of (topk, num_steps, num_draft_tokens, page_size),
+        built once (not an init argument); the tree / attention_meta ops take it.
     """
 
     page_size: int = 16
@@ -98,30 +207,30 @@ class SpecConfig:
     dtype: str = "bfloat16"
     max_num_draft_tokens: int = 0
     spec_enabled: bool = True
+    # The tree geometry of (topk, num_steps, num_draft_tokens, page_size), built and validated
+    # once in __post_init__ (not an init argument; not part of eq/hash: derived).
+    geometry: TreeGeometry = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
-
+        need = _need
+        object.__setattr__(
+            self,
+            "geometry",
+            TreeGeometry(
+                topk=self.topk,
+                num_steps=self.num_steps,
+                num_draft_tokens=self.num_draft_tokens,
+                page_size=self.page_size,
+            ),
+        )
         for name in (
-            "page_size",
-            "topk",
-            "num_steps",
-            "num_draft_tokens",
             "context_len",
             "max_running_requests",
             "num_pages",
             "num_kv_heads",
             "head_dim",
         ):
-            value = getattr(self, name)
-            need(
-                isinstance(value, (int, np.integer)) and not isinstance(value, bool),
-                f"{name}={value!r} must be an int",
-            )
-            need(value >= 1, f"{name}={value} must be >= 1")
-        need(_is_power_of_2(self.page_size), f"page_size={self.page_size} must be a power of 2")
+            _need_int(getattr(self, name), name)
         need(
             isinstance(self.num_layers, int) and self.num_layers >= 0,
             f"num_layers={self.num_layers!r} must be an int >= 0",
@@ -131,21 +240,9 @@ class SpecConfig:
             self.max_num_draft_tokens >= 0,
             f"max_num_draft_tokens={self.max_num_draft_tokens} must be >= 0",
         )
-        max_nodes = self.topk + (self.num_steps - 1) * self.topk**2
-        need(
-            self.num_draft_tokens - 1 <= max_nodes,
-            f"num_draft_tokens={self.num_draft_tokens}: num_draft_tokens - 1 must be <= "
-            f"topk + (num_steps-1)*topk^2 = {max_nodes} (topk={self.topk}, "
-            f"num_steps={self.num_steps})",
-        )
         need(
             self.ndt_max <= MAX_NUM_DRAFT_TOKENS,
             f"num_draft_tokens={self.ndt_max} must be <= {MAX_NUM_DRAFT_TOKENS}",
-        )
-        need(
-            self.num_steps <= MAX_NUM_STEPS,
-            f"num_steps={self.num_steps} must be <= MAX_NUM_STEPS={MAX_NUM_STEPS} (the draft "
-            "loop is unrolled at trace time)",
         )
         need(
             self.pool_size + self.page_size < INT32_LIMIT,
@@ -185,19 +282,14 @@ class SpecConfig:
     @property
     def is_holey(self) -> bool:
         """True when the draft layout has per-branch page regions (P > 1 and K > 1)."""
-        return self.page_size > 1 and self.topk > 1
+        return self.geometry.is_holey
 
     @property
     def alloc_len_per_decode(self) -> int:
-        """sglang ``get_alloc_len_per_decode`` (EAGLE branches; SPEC.md §3)."""
+        """sglang ``get_alloc_len_per_decode`` (EAGLE branches; SPEC.md §3), over ``ndt_max``."""
         if not self.spec_enabled:
             return 1
-        s, k, p = self.num_steps, self.topk, self.page_size
-        if p == 1 or k == 1:
-            return max(s * k, self.ndt_max)
-        # Worst branch region: a prefix tail of P - 1 tokens (lp = P - 1).
-        _, _, region = holey_geometry(p - 1, num_steps=s, page_size=p)
-        return max(region * k, self.ndt_max)
+        return max(self.geometry.draft_alloc_len, self.ndt_max)
 
     @property
     def alloc_reserve_per_decode(self) -> int:

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jspec import kv, probes, tree
+from jspec import TreeGeometry, kv, probes, tree
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DYNAMIC_PROBES = (
@@ -52,7 +52,7 @@ OPS = {
     "tree.draft_out_cache_loc": lambda: (
         tree.draft_out_cache_loc,
         (_rows(), _i32([1]), _i32([5])),
-        {"topk": 2, "num_steps": 2, "page_size": 4},
+        {"geometry": TreeGeometry(topk=2, num_steps=2, num_draft_tokens=1, page_size=4)},
     ),
 }
 

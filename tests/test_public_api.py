@@ -61,6 +61,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_running_requests: 'int' = 8, num_pages: 'int' = 1024, num_layers: 'int' = 2, "
         "num_kv_heads: 'int' = 2, head_dim: 'int' = 64, dtype: 'str' = 'bfloat16', "
         "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
+        "TreeGeometry": "class(topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
+        "page_size: 'int') -> None",
         "attention_meta": "module",
         "engine": "module",
         "kv": "module",
@@ -79,7 +81,10 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_running_requests: 'int' = 8, num_pages: 'int' = 1024, num_layers: 'int' = 2, "
         "num_kv_heads: 'int' = 2, head_dim: 'int' = 64, dtype: 'str' = 'bfloat16', "
         "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
+        "TreeGeometry": "class(topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
+        "page_size: 'int') -> None",
         "ceil_div": "def(a: 'int', b: 'int') -> 'int'",
+        "check_geometry": "def(geometry: 'Any', where: 'str') -> 'TreeGeometry'",
         "ceil_to_multiple": "def(a: 'int', b: 'int') -> 'int'",
         "next_power_of_2": "def(x: 'int') -> 'int'",
     },
@@ -198,22 +203,20 @@ RECORDED: dict[str, dict[str, str]] = {
         "jax.Array, jax.Array]'",
         "build_tree_kernel_efficient": "def(bonus_tokens: 'jax.Array', parent_list: 'jax.Array', "
         "top_scores_index: 'jax.Array', draft_tokens: 'jax.Array', seq_lens: 'jax.Array', *, "
-        "topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
-        "mode: 'TreeMaskMode' = <TreeMaskMode.FULL_MASK: 0>, "
+        "geometry: 'TreeGeometry', mode: 'TreeMaskMode' = <TreeMaskMode.FULL_MASK: 0>, "
         "max_seq_len: 'int | None' = None, fill_prefix_mask: 'bool' = True, "
         "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
         "probe_valid_tree: 'bool' = True) -> 'BuildTreeOutput'",
         "compact_accept_to_front": "def(predict: 'jax.Array', hidden: 'jax.Array | None', accept_index: 'jax.Array', *, "
         "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array | None]'",
         "draft_out_cache_loc": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', "
         "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'jax.Array'",
         "draft_positions": "def(seq_lens: 'jax.Array', *, topk: 'int') -> 'jax.Array'",
         "duplicate_prefix_tail_to_draft_branches": "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-        "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
-        "impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', max_pairs: 'int | None' = None, "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
         "interpret: 'bool | None' = None) -> 'KVPool'",
         "eagle_sample_greedy": "def(logits: 'jax.Array', candidates: 'jax.Array', retrive_index: 'jax.Array', "
         "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', *, "
@@ -226,7 +229,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "accept_length: 'jax.Array', *, num_draft_tokens: 'int', page_size: 'int', "
         "valid: 'jax.Array | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array, "
         "jax.Array]'",
-        "max_prefix_tail_pairs": "def(batch_size: 'int', *, topk: 'int', page_size: 'int') -> 'int'",
+        "max_prefix_tail_pairs": "def(batch_size: 'int', *, geometry: 'TreeGeometry') -> 'int'",
         "move_accept_tokens_to_target_kvcache": "def(target_pool: 'KVPool', req_to_token: 'jax.Array', "
         "req_pool_indices: 'jax.Array', seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', "
         "accept_index: 'jax.Array', accept_lens: 'jax.Array', *, "
@@ -237,14 +240,13 @@ RECORDED: dict[str, dict[str, str]] = {
         "parents_list: 'list[jax.Array] | tuple[jax.Array, ...]', *, "
         "num_draft_tokens: 'int') -> 'tuple[jax.Array, jax.Array, jax.Array]'",
         "prefix_tail_copy_pairs": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-        "max_pairs: 'int', valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', max_pairs: 'int', "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
         "prepare_for_draft": "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-        "max_pairs: 'int | None' = None, valid: 'jax.Array | None' = None, "
-        "impl: 'str' = 'xla', move_impl: 'str' = 'auto', interpret: 'bool | None' = None, "
-        "return_ok: 'bool' = False) -> 'Any'",
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', max_pairs: 'int | None' = None, "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
+        "interpret: 'bool | None' = None, return_ok: 'bool' = False) -> 'Any'",
         "sample_from_probs": "def(probs: 'jax.Array', coins: 'jax.Array') -> 'jax.Array'",
         "seed_words": "def(seed: 'int') -> 'tuple[int, int]'",
         "select_top_k_tokens": "def(step: 'int', topk_p: 'jax.Array', topk_index: 'jax.Array', hidden: 'jax.Array', "
@@ -293,29 +295,29 @@ RECORDED: dict[str, dict[str, str]] = {
         "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
         "causal_tail_mask": "def(num_rows: 'int', num_queries: 'int') -> 'jax.Array'",
         "draft_decode_metadata": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', *, topk: 'int', "
-        "num_steps: 'int', page_size: 'int', max_pages: 'int', impl: 'str' = 'xla', "
+        "seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', *, geometry: 'TreeGeometry', "
+        "max_pages: 'int', impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'DraftDecodeMetadata'",
         "draft_decode_normal_metadata": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, page_size: 'int', topk: 'int', "
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', "
         "max_pages: 'int') -> 'NormalMetadata'",
         "draft_decode_set_expand_metadata": "def(last_page_lens: 'jax.Array', decode_length: 'int', cache_loc: 'jax.Array', *, "
-        "topk: 'int', page_size: 'int', page_table_width: 'int | None' = None, "
+        "geometry: 'TreeGeometry', page_table_width: 'int | None' = None, "
         "num_cols: 'int | None' = None, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array]'",
-        "draft_kv_indices_triton_launch": "def(num_seqs: 'int', kv_indices_width: 'int', row_width: 'int', *, topk: 'int', "
-        "num_steps: 'int', page_size: 'int', block_tokens: 'int' = 1024) -> 'TritonLaunch'",
+        "draft_kv_indices_triton_launch": "def(num_seqs: 'int', kv_indices_width: 'int', row_width: 'int', *, "
+        "geometry: 'TreeGeometry', block_tokens: 'int' = 1024) -> 'TritonLaunch'",
         "draft_kv_indices_used_len": "def(sum_seq_lens: 'Any', topk: 'int', num_seqs_times_topk: 'Any', "
         "it: 'Any') -> 'Any'",
-        "expand_page_table_triton_launch": "def(num_rows: 'int', row_stride: 'int', *, decode_length: 'int', topk: 'int', "
-        "page_size: 'int', page_table_width: 'int | None' = None, "
+        "expand_page_table_triton_launch": "def(num_rows: 'int', row_stride: 'int', *, decode_length: 'int', "
+        "geometry: 'TreeGeometry', page_table_width: 'int | None' = None, "
         "num_cols: 'int | None' = None, block_rows: 'int' = 128) -> 'TritonLaunch'",
         "generate_draft_decode_kv_indices": "def(req_pool_indices: 'jax.Array', req_to_token: 'jax.Array', "
-        "seq_lens: 'jax.Array', *, topk: 'int', num_steps: 'int', page_size: 'int', "
-        "kv_indices_width: 'int', max_bs: 'int | None' = None, "
-        "max_seq_len: 'int | None' = None, kv_indices_buffer: 'jax.Array | None' = None, "
-        "impl: 'str' = 'xla', interpret: 'bool | None' = None, "
-        "block_tokens: 'int' = 1024) -> 'tuple[jax.Array, jax.Array]'",
+        "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', kv_indices_width: 'int', "
+        "max_bs: 'int | None' = None, max_seq_len: 'int | None' = None, "
+        "kv_indices_buffer: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "interpret: 'bool | None' = None, block_tokens: 'int' = 1024) -> 'tuple[jax.Array, "
+        "jax.Array]'",
         "row_page_table": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', *, page_size: 'int', "
         "max_pages: 'int') -> 'jax.Array'",
     },

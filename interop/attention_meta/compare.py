@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from interop._adapt import run_jspec
+from interop._adapt import run_jspec, tree_geometry
 from interop._adapt import to_jax_default as _j
 from interop._world import I32, POISON, Op, World, to_numpy
 from interop.attention_meta import dropin as api
@@ -50,8 +50,7 @@ def op_expand_metadata(w: World, rng: np.random.Generator, impl: str):
         _j(lp, "last_page_lens"),
         1,
         _j(out, "cache_loc"),
-        topk=c.topk,
-        page_size=c.page_size,
+        geometry=tree_geometry(topk=c.topk, page_size=c.page_size),
         impl=impl,
     )
     ref.update(

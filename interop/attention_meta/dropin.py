@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from interop._adapt import jspec_module as _mod
-from interop._adapt import run_jspec
+from interop._adapt import run_jspec, tree_geometry
 from interop._adapt import to_jax_default as _j
 from interop.attention_meta.reference import check_default_launch
 from interop.dlpack import to_jax, to_torch
@@ -53,8 +53,7 @@ def draft_decode_set_expand_metadata(
         _j(last_page_lens, "last_page_lens"),
         decode_length,
         _j(loc, "cache_loc"),
-        topk=topk,
-        page_size=page_size,
+        geometry=tree_geometry(topk=topk, page_size=page_size),
         page_table_width=max(width, cols),
         num_cols=cols,
         impl=impl,
@@ -107,9 +106,7 @@ def generate_draft_decode_kv_indices(
         _j(req_pool_indices, "req_pool_indices"),
         _j(req_to_token, "req_to_token"),
         _j(paged_kernel_lens[:num_seqs], "paged_kernel_lens"),
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=tree_geometry(topk=topk, num_steps=num_steps, page_size=page_size),
         kv_indices_width=kv_indices.shape[1],
         kv_indices_buffer=to_jax(
             kv_indices[:num_steps], safe_for_donation=True, what="kv_indices", device="default"

@@ -31,13 +31,13 @@ from typing import Any
 import torch
 
 from interop._adapt import jspec_module as _mod
-from interop._adapt import run_jspec
+from interop._adapt import run_jspec, tree_geometry
 from interop._adapt import to_jax_default as _j
 from interop._adapt import to_torch_as as _t
 from interop.dlpack import to_torch
 from interop.tree import reference_build_tree as _ref_build
 from interop.tree.reference import write_accepted
-from jspec.config import next_power_of_2
+from jspec.config import MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS, next_power_of_2
 
 __all__ = [
     "build_tree_kernel_efficient",
@@ -116,7 +116,13 @@ def _jspec_build(
     bs = seq_lens.numel()
     width = topk * (spec_steps - 1) + 1 if spec_steps > 1 else parent_list.shape[1]
     ss_width = topk + (spec_steps - 1) * topk * topk
-    if bs == 0 or parent_list.shape[1] < width or n - 1 > ss_width or n > 1024:
+    if (
+        bs == 0
+        or parent_list.shape[1] < width
+        or n - 1 > ss_width
+        or n > MAX_NUM_DRAFT_TOKENS
+        or spec_steps > MAX_NUM_STEPS
+    ):
         return None
     if draft_tokens.shape != sel.shape:  # sglang concatenates any width; jspec's is (B, N-1)
         draft_tokens = torch.zeros_like(sel)
@@ -130,9 +136,8 @@ def _jspec_build(
         _j(sel.contiguous(), "top_scores_index"),
         _j(draft_tokens.contiguous(), "draft_tokens"),
         _j(seq_lens, "seq_lens"),
-        topk=topk,
-        num_steps=spec_steps,
-        num_draft_tokens=n,
+        # page_size is not read by build_tree_kernel_efficient.
+        geometry=tree_geometry(topk=topk, num_steps=spec_steps, num_draft_tokens=n, page_size=1),
         mode=mode,
         max_seq_len=max_len,
         impl=impl,

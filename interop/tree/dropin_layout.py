@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import torch
 
 from interop._adapt import jspec_module as _mod
-from interop._adapt import run_jspec
+from interop._adapt import run_jspec, tree_geometry
 from interop._adapt import to_jax_default as _j
 from interop._adapt import to_torch_as as _t
 from interop.kv.dropin import move_on_pool_obj as _move_on_pool_obj
@@ -52,9 +52,7 @@ def prepare_for_draft(
         _j(seq_lens, "seq_lens"),
     )
     kw = {
-        "topk": topk,
-        "num_steps": num_steps,
-        "page_size": page_size,
+        "geometry": tree_geometry(topk=topk, num_steps=num_steps, page_size=page_size),
         "impl": impl,
         "interpret": interpret,
     }
@@ -112,9 +110,7 @@ def duplicate_prefix_tail_to_draft_branches(
             table,
             jnp.arange(bs, dtype=jnp.int32),
             seq,
-            topk=topk,
-            num_steps=steps,
-            page_size=page_size,
+            geometry=tree_geometry(topk=topk, num_steps=steps, page_size=page_size),
             impl=impl,
             interpret=interpret,
         ),

@@ -4,7 +4,8 @@ FlashInfer (kv_indices).
 
 sglang's ``draft_decode_set_expand_metadata`` (FA3 pass B), the pass-A page table and
 ``generate_draft_decode_kv_indices`` over the holey draft layout. Every op takes arrays plus
-keyword geometry (``topk=``, ``num_steps=``, ``page_size=``); ``impl=`` picks the kernel.
+``geometry=`` (:class:`jspec.config.TreeGeometry`: topk, num_steps, page_size); ``impl=`` picks
+the kernel.
 ``*_triton_launch`` hand the raw Triton kernels to callers that launch them on their own tensors
 (PyTorch: ``interop.triton_meta``).
 """

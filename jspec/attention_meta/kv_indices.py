@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from jspec import probes
 from jspec.attention_meta.page_table import validate_row_args
+from jspec.config import TreeGeometry, check_geometry
 from jspec.kernels import draft_kv_indices as _kernel
 
 INT32_LIMIT = 2**31
@@ -55,9 +56,7 @@ def draft_kv_indices_used_len(
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "topk",
-        "num_steps",
-        "page_size",
+        "geometry",
         "kv_indices_width",
         "max_bs",
         "max_seq_len",
@@ -71,9 +70,7 @@ def generate_draft_decode_kv_indices(
     req_to_token: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     kv_indices_width: int,
     max_bs: int | None = None,
     max_seq_len: int | None = None,
@@ -88,7 +85,7 @@ def generate_draft_decode_kv_indices(
       req_pool_indices: i32[B] request rows of ``req_to_token``.
       req_to_token: i32[num_req_rows, R] token slot ids (row 0: the padding row).
       seq_lens: i32[B] committed prefix lengths ``L`` (``paged_kernel_lens``).
-      topk, num_steps, page_size: static ``K``, ``S``, ``P``.
+      geometry: static :class:`jspec.config.TreeGeometry` (reads ``K``, ``S``, ``P``).
       kv_indices_width: static row width ``W`` (``SpecConfig.kv_indices_width(max_bs)``).
       max_bs: static, optional; the batch bucket ``W`` was sized for (``B <= max_bs``).
       max_seq_len: static, optional bound on ``seq_lens``; enables the trace-time check
@@ -103,13 +100,14 @@ def generate_draft_decode_kv_indices(
       kv_indices: i32[S, W] token slot ids (step row ``i`` serves draft step ``i``).
       kv_indptr: i32[S, B*K+1] segment starts per step; ``kv_indptr[i, B*K]`` = used length.
     """
+    check_geometry(geometry, "generate_draft_decode_kv_indices")
+    topk, num_steps = geometry.topk, geometry.num_steps
     _validate(
         req_pool_indices,
         req_to_token,
         seq_lens,
         topk=topk,
         num_steps=num_steps,
-        page_size=page_size,
         kv_indices_width=kv_indices_width,
         max_bs=max_bs,
         max_seq_len=max_seq_len,
@@ -119,18 +117,14 @@ def generate_draft_decode_kv_indices(
         req_pool_indices,
         req_to_token,
         seq_lens,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geometry,
         kv_indices_width=kv_indices_width,
     )
     return _kernel.draft_kv_indices(
         req_pool_indices,
         req_to_token,
         seq_lens,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geometry,
         kv_indices_width=kv_indices_width,
         kv_indices_buffer=kv_indices_buffer,
         impl=impl,
@@ -146,21 +140,17 @@ def _validate(
     *,
     topk: int,
     num_steps: int,
-    page_size: int,
     kv_indices_width: int,
     max_bs: int | None,
     max_seq_len: int | None,
     kv_indices_buffer: jax.Array | None,
 ) -> None:
     """Trace-time checks (``ValueError`` naming the argument)."""
-    probes.static_check_int(topk, "topk")
-    probes.static_check_int(num_steps, "num_steps")
-    probes.static_check_power_of_2(page_size, "page_size")
     probes.static_check(
         isinstance(kv_indices_width, int) and 0 <= kv_indices_width < INT32_LIMIT,
         f"kv_indices_width={kv_indices_width!r} must be an int in [0, 2**31)",
     )
-    validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
+    validate_row_args(req_to_token, req_pool_indices, seq_lens)
     num_seqs = seq_lens.shape[0]
     if max_bs is not None:
         probes.static_check(
@@ -196,12 +186,11 @@ def _probe(
     req_to_token: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     kv_indices_width: int,
 ) -> None:
     """Dynamic probes (off by default; nothing traced when off)."""
+    topk, num_steps = geometry.topk, geometry.num_steps
     if not probes.probes_on() or seq_lens.shape[0] == 0:
         return
     name = "generate_draft_decode_kv_indices"
@@ -215,12 +204,7 @@ def _probe(
         f"width is {kv_indices_width} (topk={topk}, num_steps={num_steps})",
         used=used,
     )
-    last_draft_end = (
-        _kernel.draft_ext_start(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)[
-            :, -1
-        ]
-        + num_steps
-    )
+    last_draft_end = _kernel.draft_ext_start(seq_lens, geometry=geometry)[:, -1] + num_steps
     probes.detect_in_closed_range(
         last_draft_end, 0, row_width, f"{name}: draft slots end past the req_to_token row"
     )

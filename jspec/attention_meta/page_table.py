@@ -42,6 +42,7 @@ import jax.numpy as jnp
 from jspec import probes
 from jspec._layout import holey_geometry
 from jspec._pytree import pytree_dataclass
+from jspec.config import TreeGeometry, check_geometry
 from jspec.kernels import expand_page_table as _expand
 
 INT32_MAX = 2**31 - 1
@@ -94,8 +95,7 @@ def _exclusive_cumsum(x: jax.Array) -> jax.Array:
     jax.jit,
     static_argnames=(
         "decode_length",
-        "topk",
-        "page_size",
+        "geometry",
         "page_table_width",
         "num_cols",
         "impl",
@@ -107,8 +107,7 @@ def draft_decode_set_expand_metadata(
     decode_length: int,
     cache_loc: jax.Array,
     *,
-    topk: int,
-    page_size: int,
+    geometry: TreeGeometry,
     page_table_width: int | None = None,
     num_cols: int | None = None,
     impl: str = "xla",
@@ -122,7 +121,7 @@ def draft_decode_set_expand_metadata(
       cache_loc: i32[B*K, W] draft slot ids, ``W >= num_cols`` (``out_cache_loc.reshape(B*K,
         S)``; sglang's int64 is int32 here), rows ordered (seq, branch). Only columns
         ``[0, num_cols)`` are read (in place, no copy).
-      topk, page_size: static.
+      geometry: static :class:`jspec.config.TreeGeometry` (reads ``topk`` and ``page_size``).
       page_table_width: static; default ``num_cols + 1`` (sglang's cuda-graph buffer). Must be
         ``>= num_cols`` (the exact never-overflow bound, module docstring), else ``ValueError``
         at trace time.
@@ -136,6 +135,8 @@ def draft_decode_set_expand_metadata(
       page_table: i32[B*K, page_table_width] page ids; columns past the distinct-page count 0.
       An empty batch (B = 0) gives empty outputs.
     """
+    check_geometry(geometry, "draft_decode_set_expand_metadata")
+    page_size = geometry.page_size
     cols_name = "decode_length" if num_cols is None else "num_cols"
     num_cols = decode_length if num_cols is None else num_cols
     width = num_cols + 1 if page_table_width is None else page_table_width
@@ -156,8 +157,7 @@ def draft_decode_set_expand_metadata(
         last_page_lens,
         cache_loc,
         decode_length=decode_length,
-        topk=topk,
-        page_size=page_size,
+        geometry=geometry,
         page_table_width=width,
         num_cols=num_cols,
         impl=impl,
@@ -170,9 +170,9 @@ expand_page_table_triton_launch = _expand.triton_launch
 
 
 def validate_row_args(
-    req_to_token: jax.Array, req_pool_indices: jax.Array, seq_lens: jax.Array, page_size: int
+    req_to_token: jax.Array, req_pool_indices: jax.Array, seq_lens: jax.Array
 ) -> None:
-    """Trace-time checks of the (req_to_token, req_pool_indices, seq_lens) triple and page_size."""
+    """Trace-time checks of the (req_to_token, req_pool_indices, seq_lens) triple."""
     probes.static_check(
         req_to_token.ndim == 2, f"req_to_token.ndim={req_to_token.ndim} must be 2 (i32[rows, R])"
     )
@@ -189,17 +189,15 @@ def validate_row_args(
         ("seq_lens", seq_lens),
     ):
         probes.static_check_dtype(x, jnp.int32, name)
-    probes.static_check_power_of_2(page_size, "page_size")
 
 
-@functools.partial(jax.jit, static_argnames=("page_size", "topk", "max_pages"))
+@functools.partial(jax.jit, static_argnames=("geometry", "max_pages"))
 def draft_decode_normal_metadata(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
     seq_lens: jax.Array,
     *,
-    page_size: int,
-    topk: int,
+    geometry: TreeGeometry,
     max_pages: int,
 ) -> NormalMetadata:
     """FA3 pass-A metadata (SPEC.md §5.2, §5.3 "normal").
@@ -208,14 +206,16 @@ def draft_decode_normal_metadata(
       req_to_token: i32[num_req_rows, R] token slot ids per request row (row 0: padding).
       req_pool_indices: i32[B] request rows.
       seq_lens: i32[B] committed prefix lengths ``L``.
-      page_size, topk: static.
+      geometry: static :class:`jspec.config.TreeGeometry` (reads ``page_size`` and ``topk``).
       max_pages: static page-table width, ``1 <= max_pages <= ceil(R / P)``; must cover every
         ``L // P`` (a probe checks it).
 
     Returns:
       :class:`NormalMetadata`; ``page_table`` holds page ids, 0 past ``L // P`` columns.
     """
-    validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
+    check_geometry(geometry, "draft_decode_normal_metadata")
+    topk, page_size = geometry.topk, geometry.page_size
+    validate_row_args(req_to_token, req_pool_indices, seq_lens)
     row_width = req_to_token.shape[1]
     row_pages = -(-row_width // page_size)
     probes.static_check(
@@ -247,18 +247,14 @@ def draft_decode_normal_metadata(
     )
 
 
-@functools.partial(
-    jax.jit, static_argnames=("topk", "num_steps", "page_size", "max_pages", "impl", "interpret")
-)
+@functools.partial(jax.jit, static_argnames=("geometry", "max_pages", "impl", "interpret"))
 def draft_decode_metadata(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
     seq_lens: jax.Array,
     out_cache_loc: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     max_pages: int,
     impl: str = "xla",
     interpret: bool | None = None,
@@ -270,15 +266,17 @@ def draft_decode_metadata(
     Args:
       req_to_token: i32[num_req_rows, R]; req_pool_indices, seq_lens: i32[B].
       out_cache_loc: i32[B, K, S] (or any shape of ``B*K*S`` entries) draft slot ids.
-      topk, num_steps, page_size, max_pages: static (``max_pages`` as in
-        :func:`draft_decode_normal_metadata`).
+      geometry: static :class:`jspec.config.TreeGeometry` (reads ``K``, ``S``, ``P``).
+      max_pages: static, as in :func:`draft_decode_normal_metadata`.
       impl, interpret: the expand page-table kernel (``draft_decode_set_expand_metadata``).
 
     Returns:
       :class:`DraftDecodeMetadata`; expand page tables have width ``S`` for every step. For
       ``page_size == 1`` the expand page table is the slots copied (sglang's ``else`` branch).
     """
-    validate_row_args(req_to_token, req_pool_indices, seq_lens, page_size)
+    check_geometry(geometry, "draft_decode_metadata")
+    topk, num_steps, page_size = geometry.topk, geometry.num_steps, geometry.page_size
+    validate_row_args(req_to_token, req_pool_indices, seq_lens)
     num_seqs = seq_lens.shape[0]
     num_rows = num_seqs * topk
     probes.static_check(
@@ -291,8 +289,7 @@ def draft_decode_metadata(
         req_to_token,
         req_pool_indices,
         seq_lens,
-        page_size=page_size,
-        topk=topk,
+        geometry=geometry,
         max_pages=max_pages,
     )
     cache_loc = out_cache_loc.reshape(num_rows, num_steps)
@@ -306,8 +303,7 @@ def draft_decode_metadata(
                 last_page_lens,
                 d,
                 cache_loc,
-                topk=topk,
-                page_size=page_size,
+                geometry=geometry,
                 page_table_width=width,
                 impl=impl,
                 interpret=interpret,

@@ -52,9 +52,7 @@ def draft_decode_passes(ecfg: EngineConfig, view: KVView, out_cache_loc: jax.Arr
             req_pool_indices,
             req_to_token,
             seq_lens,
-            topk=k,
-            num_steps=s,
-            page_size=p,
+            geometry=spec.geometry,
             kv_indices_width=batch * k * width,
             impl=ecfg.kernel_impl,
         )
@@ -75,9 +73,7 @@ def draft_decode_passes(ecfg: EngineConfig, view: KVView, out_cache_loc: jax.Arr
         req_pool_indices,
         seq_lens,
         out_cache_loc,
-        topk=k,
-        num_steps=s,
-        page_size=p,
+        geometry=spec.geometry,
         max_pages=ceil_div(spec.context_len, p),
         impl=ecfg.kernel_impl,
     )

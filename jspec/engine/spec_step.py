@@ -120,9 +120,7 @@ def phase_prepare(
         view.token_table,
         view.rows,
         view.seq_lens,
-        topk=spec.topk,
-        num_steps=spec.num_steps,
-        page_size=spec.page_size,
+        geometry=spec.geometry,
         valid=live,
         impl=ecfg.kernel_impl,
     )
@@ -149,9 +147,7 @@ def phase_tree(ecfg: EngineConfig, res: DraftResult) -> VerifyPlan:
         res.top_scores_index,
         res.draft_tokens,
         view.seq_lens,
-        topk=spec.topk,
-        num_steps=spec.num_steps,
-        num_draft_tokens=spec.num_draft_tokens,
+        geometry=spec.geometry,
         mode=TreeMaskMode.QLEN_ONLY,
         impl=ecfg.kernel_impl,
     )

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jspec import probes
 from jspec._compact import pack_to
 from jspec._layout import draft_footprint, holey_geometry
-from jspec.config import INT32_LIMIT, next_power_of_2
+from jspec.config import INT32_LIMIT, TreeGeometry, check_geometry, next_power_of_2
 from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
 from jspec.sentinels import PAD_SLOT_ID
 
@@ -45,9 +45,9 @@ IMPLS = ("xla", "pallas")
 # slot 0 lies in the reserved padding page 0, so a (0 -> 0) move is harmless.
 
 
-def max_prefix_tail_pairs(batch_size: int, *, topk: int, page_size: int) -> int:
+def max_prefix_tail_pairs(batch_size: int, *, geometry: TreeGeometry) -> int:
     """Static worst-case pair count ``B * (K-1) * (P-1)`` (every ``lp = P-1``)."""
-    return batch_size * max(topk - 1, 0) * max(page_size - 1, 0)
+    return check_geometry(geometry, "max_prefix_tail_pairs").max_prefix_tail_pairs(batch_size)
 
 
 def _static_validate(
@@ -55,14 +55,8 @@ def _static_validate(
     req_pool_indices: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
     max_pairs: int,
 ) -> None:
-    probes.static_check_int(topk, "topk")
-    probes.static_check_int(num_steps, "num_steps")
-    probes.static_check_power_of_2(page_size, "page_size")
     probes.static_check(
         isinstance(max_pairs, int) and max_pairs >= 0,
         f"max_pairs={max_pairs!r} must be an int >= 0",
@@ -90,9 +84,7 @@ def draft_rows_ok(
     seq_lens: jax.Array,
     valid: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
 ) -> jax.Array:
     """bool[]: every valid request has a row in ``[0, rows)`` and ``0 <= L`` with the draft
     footprint ``base + K*nnp*P`` inside the row.
@@ -101,6 +93,8 @@ def draft_rows_ok(
     row, a footprint past the width the next one) and the hole copies would move another
     request's KV; :func:`draft_cache_loc` then treats every row as padding.
     """
+    check_geometry(geometry, "draft_rows_ok")
+    topk, num_steps, page_size = geometry.topk, geometry.num_steps, geometry.page_size
     rows, width = req_to_token.shape
     footprint = draft_footprint(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
     bad = (req_pool_indices < 0) | (req_pool_indices >= rows) | (seq_lens < 0)
@@ -139,15 +133,14 @@ def draft_cache_loc_reference(
     seq_lens: jax.Array,
     valid: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     max_pairs: int,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Pure-jnp oracle; see :func:`draft_cache_loc` for the contract."""
+    check_geometry(geometry, "draft_cache_loc_reference")
     batch = req_pool_indices.shape[0]
     width = req_to_token.shape[1]
-    k, s, p = topk, num_steps, page_size
+    k, s, p = geometry.topk, geometry.num_steps, geometry.page_size
     flat = req_to_token.reshape(-1)
     lp, base, region = holey_geometry(seq_lens, num_steps=s, page_size=p)  # i32[B] each
     row_start = req_pool_indices * width  # i32[B]
@@ -318,18 +311,14 @@ def _draft_cache_loc_pallas(
     return out_cache_loc, tgt[:max_pairs], src[:max_pairs], num_pairs
 
 
-@functools.partial(
-    jax.jit, static_argnames=("topk", "num_steps", "page_size", "max_pairs", "impl", "interpret")
-)
+@functools.partial(jax.jit, static_argnames=("geometry", "max_pairs", "impl", "interpret"))
 def draft_cache_loc(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
     seq_lens: jax.Array,
     valid: jax.Array | None = None,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     max_pairs: int,
     impl: str = "xla",
     interpret: bool | None = None,
@@ -343,7 +332,7 @@ def draft_cache_loc(
       valid: bool[B] live requests; None means all. Padding rows read nothing. If a valid
         row fails :func:`draft_rows_ok` (row out of range, negative ``L``, footprint past the
         row), every row is treated as padding (a probe names the value when on).
-      topk, num_steps, page_size: static ``K``, ``S``, ``P``.
+      geometry: static :class:`jspec.config.TreeGeometry` (``K``, ``S``, ``P``).
       max_pairs: static capacity of the pair buffers (see :func:`max_prefix_tail_pairs`);
         pairs past it are dropped (a probe fires). 0 asks for ``out_cache_loc`` only: no pairs
         are packed and the overflow probe is off.
@@ -356,16 +345,10 @@ def draft_cache_loc(
       src_slot_ids: i32[max_pairs] packed prefix-tail slots; tail 0.
       num_pairs: i32[] true pair count ``(K-1) * sum(lp)`` over valid rows.
     """
+    check_geometry(geometry, "draft_cache_loc")
+    topk, num_steps, page_size = geometry.topk, geometry.num_steps, geometry.page_size
     impl = resolve_impl(impl, IMPLS, "draft_cache_loc")
-    _static_validate(
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
-        max_pairs=max_pairs,
-    )
+    _static_validate(req_to_token, req_pool_indices, seq_lens, max_pairs=max_pairs)
     if valid is None:
         valid = jnp.ones(req_pool_indices.shape, bool)
     probes.static_check_shape(valid, req_pool_indices.shape, "valid")
@@ -381,13 +364,7 @@ def draft_cache_loc(
     )
     # A bad row (draft_rows_ok) makes every row padding: slot 0, no pairs.
     valid = valid & draft_rows_ok(
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        valid,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        req_to_token, req_pool_indices, seq_lens, valid, geometry=geometry
     )
     if impl == "pallas":
         out = _draft_cache_loc_pallas(
@@ -403,14 +380,7 @@ def draft_cache_loc(
         )
     else:
         out = draft_cache_loc_reference(
-            req_to_token,
-            req_pool_indices,
-            seq_lens,
-            valid,
-            topk=topk,
-            num_steps=num_steps,
-            page_size=page_size,
-            max_pairs=max_pairs,
+            req_to_token, req_pool_indices, seq_lens, valid, geometry=geometry, max_pairs=max_pairs
         )
     if max_pairs > 0:  # max_pairs=0: the caller wants out_cache_loc only, no pairs to drop
         probes.assert_async(

@@ -40,7 +40,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import _layout
-from jspec.config import next_power_of_2
+from jspec.config import TreeGeometry, check_geometry, next_power_of_2
 from jspec.kernels import _common
 from jspec.kernels._common import TritonLaunch
 
@@ -50,8 +50,10 @@ NUM_WARPS = 4
 IMPLS = ("xla", "pallas", "triton")
 
 
-def draft_kv_indptr(seq_lens: jax.Array, *, topk: int, num_steps: int) -> jax.Array:
+def draft_kv_indptr(seq_lens: jax.Array, *, geometry: TreeGeometry) -> jax.Array:
     """Closed form ``kv_indptr[i, z] = K*sum_{b'<b} L_b' + t*L_b + z*(i+1)``: i32[S, B*K+1]."""
+    check_geometry(geometry, "draft_kv_indptr")
+    topk, num_steps = geometry.topk, geometry.num_steps
     num_seqs = seq_lens.shape[0]
     cum = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(seq_lens, dtype=jnp.int32)])
     z = jnp.arange(num_seqs * topk + 1, dtype=jnp.int32)
@@ -63,8 +65,10 @@ def draft_kv_indptr(seq_lens: jax.Array, *, topk: int, num_steps: int) -> jax.Ar
     return (base[None, :] + z[None, :] * its).astype(jnp.int32)
 
 
-def draft_ext_start(seq_lens: jax.Array, *, topk: int, num_steps: int, page_size: int) -> jax.Array:
+def draft_ext_start(seq_lens: jax.Array, *, geometry: TreeGeometry) -> jax.Array:
     """Row position of each branch's step-0 draft slot: i32[B, K] (SPEC.md §4.2, §6.1)."""
+    check_geometry(geometry, "draft_ext_start")
+    topk, num_steps, page_size = geometry.topk, geometry.num_steps, geometry.page_size
     branch = jnp.arange(topk, dtype=jnp.int32)[None, :]
     return _layout.draft_ext_start(
         seq_lens[:, None], branch, num_steps=num_steps, page_size=page_size
@@ -77,9 +81,7 @@ def draft_kv_indices_reference(
     req_to_token: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     kv_indices_width: int,
     kv_indices_buffer: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -88,11 +90,13 @@ def draft_kv_indices_reference(
     Returns ``(kv_indices i32[S, W], kv_indptr i32[S, B*K+1])``; entries past the used length
     are 0, or ``kv_indices_buffer``'s values when a buffer is given.
     """
+    check_geometry(geometry, "draft_kv_indices_reference")
+    topk, num_steps = geometry.topk, geometry.num_steps
     num_seqs = seq_lens.shape[0]
     num_rows = num_seqs * topk
     width = kv_indices_width
     row_width = req_to_token.shape[1]
-    kv_indptr = draft_kv_indptr(seq_lens, topk=topk, num_steps=num_steps)
+    kv_indptr = draft_kv_indptr(seq_lens, geometry=geometry)
     old = (
         jnp.zeros((num_steps, width), jnp.int32) if kv_indices_buffer is None else kv_indices_buffer
     )
@@ -105,9 +109,7 @@ def draft_kv_indices_reference(
     local = pos[None, :] - jnp.take_along_axis(kv_indptr, seg, axis=1)
     seq = seg // topk
     seq_len = seq_lens[seq]
-    ext = draft_ext_start(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size).reshape(
-        -1
-    )[seg]
+    ext = draft_ext_start(seq_lens, geometry=geometry).reshape(-1)[seg]
     src = jnp.where(local < seq_len, local, ext + local - seq_len)
     in_row = (src >= 0) & (src < row_width)
     slots = req_to_token[req_pool_indices[seq], jnp.clip(src, 0, row_width - 1)]
@@ -244,9 +246,7 @@ def triton_launch(
     kv_indices_width: int,
     row_width: int,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     block_tokens: int = BLOCK_TOKENS,
 ) -> TritonLaunch:
     """The raw Triton kernel behind ``impl="triton"``, planned for one call.
@@ -258,6 +258,8 @@ def triton_launch(
     validation. Imports triton: set ``TRITON_INTERPRET=1`` before its first import to run in
     Triton's interpreter.
     """
+    check_geometry(geometry, "triton_launch")
+    topk, num_steps, page_size = geometry.topk, geometry.num_steps, geometry.page_size
     from jspec.kernels import triton_meta  # imports triton
 
     options = {
@@ -291,9 +293,7 @@ def draft_kv_indices(
     req_to_token: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     kv_indices_width: int,
     kv_indices_buffer: jax.Array | None = None,
     impl: str = "xla",
@@ -304,6 +304,8 @@ def draft_kv_indices(
 
     Shapes as in ``jspec.attention_meta.kv_indices.generate_draft_decode_kv_indices``.
     """
+    check_geometry(geometry, "draft_kv_indices")
+    topk, num_steps, page_size = geometry.topk, geometry.num_steps, geometry.page_size
     impl = _common.resolve_impl(impl, IMPLS, "draft_kv_indices")
     num_seqs = seq_lens.shape[0]
     if impl == "xla" or num_seqs == 0 or kv_indices_width == 0:
@@ -311,9 +313,7 @@ def draft_kv_indices(
             req_pool_indices,
             req_to_token,
             seq_lens,
-            topk=topk,
-            num_steps=num_steps,
-            page_size=page_size,
+            geometry=geometry,
             kv_indices_width=kv_indices_width,
             kv_indices_buffer=kv_indices_buffer,
         )
@@ -338,9 +338,7 @@ def draft_kv_indices(
         num_seqs,
         kv_indices_width,
         req_to_token.shape[1],
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geometry,
         block_tokens=block_tokens,
     )
     return _common.triton_call(

@@ -43,7 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
-from jspec.config import ceil_div, next_power_of_2
+from jspec.config import TreeGeometry, ceil_div, check_geometry, next_power_of_2
 from jspec.kernels import _common
 from jspec.kernels._common import TritonLaunch
 
@@ -64,14 +64,13 @@ def validate_expand_args(
     cache_loc: jax.Array,
     *,
     decode_length: int,
-    topk: int,
-    page_size: int,
+    geometry: TreeGeometry,
     page_table_width: int,
     num_cols: int,
 ) -> None:
     """Trace-time checks shared by every impl; raises ``ValueError`` naming the argument."""
-    probes.static_check_int(topk, "topk")
-    probes.static_check_power_of_2(page_size, "page_size")
+    check_geometry(geometry, "validate_expand_args")
+    topk, page_size = geometry.topk, geometry.page_size
     probes.static_check_int(decode_length, "decode_length")
     probes.static_check(
         cache_loc.ndim == 2,
@@ -111,8 +110,7 @@ def expand_page_table_reference(
     cache_loc: jax.Array,
     *,
     decode_length: int,
-    topk: int,
-    page_size: int,
+    geometry: TreeGeometry,
     page_table_width: int,
     num_cols: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -123,7 +121,7 @@ def expand_page_table_reference(
       cache_loc: i32[B*K, W] draft slot ids, rows ordered (seq, branch); columns
         ``[0, num_cols)`` are used (default all).
       decode_length: static; draft tokens visible at this step.
-      topk, page_size: static.
+      geometry: static :class:`jspec.config.TreeGeometry` (reads ``topk`` and ``page_size``).
       page_table_width: static, ``>= num_cols``.
       num_cols: static; live columns (``decode_length`` for the #27360 slice).
 
@@ -131,6 +129,8 @@ def expand_page_table_reference(
       cache_seqlens: i32[B*K] = ``decode_length + last_page_lens[r // topk]``.
       page_table: i32[B*K, page_table_width] page ids, distinct pages left-packed, 0 after.
     """
+    check_geometry(geometry, "expand_page_table_reference")
+    topk, page_size = geometry.topk, geometry.page_size
     if num_cols is not None:
         cache_loc = cache_loc[:, :num_cols]
     num_rows, num_cols = cache_loc.shape
@@ -204,13 +204,13 @@ def _expand_page_table_pallas(
     cache_loc: jax.Array,
     *,
     decode_length: int,
-    topk: int,
-    page_size: int,
+    geometry: TreeGeometry,
     page_table_width: int,
     num_cols: int,
     interpret: bool,
     block_rows: int,
 ) -> tuple[jax.Array, jax.Array]:
+    topk, page_size = geometry.topk, geometry.page_size
     num_rows = cache_loc.shape[0]
     block_rows = _block_rows(num_rows, block_rows)
     kernel = functools.partial(
@@ -243,8 +243,7 @@ def triton_launch(
     row_stride: int,
     *,
     decode_length: int,
-    topk: int,
-    page_size: int,
+    geometry: TreeGeometry,
     page_table_width: int | None = None,
     num_cols: int | None = None,
     block_rows: int = BLOCK_ROWS,
@@ -258,6 +257,8 @@ def triton_launch(
     as sglang's function), ``page_table_width`` default ``num_cols``. No validation. Imports
     triton: set ``TRITON_INTERPRET=1`` before its first import to run in Triton's interpreter.
     """
+    check_geometry(geometry, "triton_launch")
+    topk, page_size = geometry.topk, geometry.page_size
     from jspec.kernels import triton_meta  # imports triton
 
     num_cols = row_stride if num_cols is None else num_cols
@@ -284,8 +285,7 @@ def triton_launch(
     jax.jit,
     static_argnames=(
         "decode_length",
-        "topk",
-        "page_size",
+        "geometry",
         "page_table_width",
         "num_cols",
         "impl",
@@ -298,8 +298,7 @@ def expand_page_table(
     cache_loc: jax.Array,
     *,
     decode_length: int,
-    topk: int,
-    page_size: int,
+    geometry: TreeGeometry,
     page_table_width: int | None = None,
     num_cols: int | None = None,
     impl: str = "xla",
@@ -313,7 +312,7 @@ def expand_page_table(
       cache_loc: i32[B*K, W] draft slot ids (sglang's int64 ``out_cache_loc`` is int32 here),
         rows ordered (seq, branch).
       decode_length: static; tokens added to ``cache_seqlens``.
-      topk, page_size: static.
+      geometry: static :class:`jspec.config.TreeGeometry` (reads ``topk`` and ``page_size``).
       page_table_width: static output width (default ``num_cols``); must be ``>= num_cols``.
       num_cols: static; columns of ``cache_loc`` used (default ``W``: sglang's function).
       impl: ``"xla"`` | ``"pallas"`` | ``"triton"`` (GPU only).
@@ -324,14 +323,15 @@ def expand_page_table(
       ``(cache_seqlens i32[B*K], page_table i32[B*K, page_table_width])``; page ids, distinct
       consecutive pages left-packed, padding columns 0. Empty batches give empty outputs.
     """
+    check_geometry(geometry, "expand_page_table")
+    topk = geometry.topk
     num_cols = cache_loc.shape[1] if num_cols is None else num_cols
     width = num_cols if page_table_width is None else page_table_width
     validate_expand_args(
         last_page_lens,
         cache_loc,
         decode_length=decode_length,
-        topk=topk,
-        page_size=page_size,
+        geometry=geometry,
         page_table_width=width,
         num_cols=num_cols,
     )
@@ -343,8 +343,7 @@ def expand_page_table(
         return seqlens.astype(jnp.int32), jnp.zeros((num_rows, width), jnp.int32)
     kwargs = {
         "decode_length": decode_length,
-        "topk": topk,
-        "page_size": page_size,
+        "geometry": geometry,
         "page_table_width": width,
         "num_cols": num_cols,
     }

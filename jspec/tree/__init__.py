@@ -5,8 +5,10 @@ The step in order: :func:`topk_probs` (draft top-k proposal), :func:`select_top_
 layout), :func:`build_tree_kernel_efficient` (verify-tree metadata), :func:`verify_tree_greedy`
 / :func:`tree_sampling_verify` (accept path; for exact sampling :func:`target_probs_from_logits`
 gives the processed distribution, :func:`uniform_coins` reproducible coins), then the accept
-bookkeeping (:func:`move_accept_tokens_to_target_kvcache`, ...). Every op takes arrays plus keyword geometry
-(``topk=``, ``num_steps=``, ``num_draft_tokens=``, ``page_size=``); ``impl=`` picks the kernel.
+bookkeeping (:func:`move_accept_tokens_to_target_kvcache`, ...). Every op takes arrays plus the
+tree's static shape as ``geometry=`` (:class:`jspec.config.TreeGeometry`, validated once when
+built; ``SpecConfig.geometry``), or, for ops that read one size only, that size (``topk=``,
+``num_draft_tokens=``); ``impl=`` picks the kernel.
 """
 
 from __future__ import annotations

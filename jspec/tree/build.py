@@ -45,9 +45,8 @@ import numpy as np
 
 from jspec import probes
 from jspec._pytree import pytree_dataclass
-from jspec.config import MAX_NUM_DRAFT_TOKENS
+from jspec.config import TreeGeometry, check_geometry
 from jspec.kernels.build_tree import build_tree
-from jspec.tree.select import ss_width
 
 
 class TreeMaskMode(enum.IntEnum):
@@ -98,23 +97,11 @@ def _validate(
     draft_tokens,
     seq_lens,
     *,
-    topk,
-    num_steps,
-    num_draft_tokens,
+    geometry,
     mode,
     max_seq_len,
 ) -> None:
-    k, s, n = topk, num_steps, num_draft_tokens
-    for name, v in (("topk", k), ("num_steps", s), ("num_draft_tokens", n)):
-        probes.static_check_int(v, name)
-    probes.static_check(
-        n <= MAX_NUM_DRAFT_TOKENS, f"num_draft_tokens={n} must be <= {MAX_NUM_DRAFT_TOKENS}"
-    )
-    probes.static_check(
-        n - 1 <= ss_width(k, s),
-        f"num_draft_tokens={n}: num_draft_tokens - 1 must be <= "
-        f"topk + (num_steps-1)*topk^2 = {ss_width(k, s)}",
-    )
+    k, s, n = geometry.topk, geometry.num_steps, geometry.num_draft_tokens
     b = seq_lens.shape[0]
     probes.static_check_shape(seq_lens, (b,), "seq_lens")
     probes.static_check_shape(bonus_tokens, (b,), "bonus_tokens")
@@ -166,9 +153,7 @@ def _full_mask(
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "topk",
-        "num_steps",
-        "num_draft_tokens",
+        "geometry",
         "mode",
         "max_seq_len",
         "fill_prefix_mask",
@@ -184,9 +169,7 @@ def build_tree_kernel_efficient(
     draft_tokens: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    num_draft_tokens: int,
+    geometry: TreeGeometry,
     mode: TreeMaskMode = TreeMaskMode.FULL_MASK,
     max_seq_len: int | None = None,
     fill_prefix_mask: bool = True,
@@ -203,7 +186,7 @@ def build_tree_kernel_efficient(
       top_scores_index: i32[B, N-1] ascending flat ss indices in ``[0, K + (S-1)K²)``.
       draft_tokens: i32[B, N-1] tokens at those indices.
       seq_lens: i32[B] committed (KV-ready) prefix lengths ``L_b``.
-      topk, num_steps, num_draft_tokens: static ``K``, ``S``, ``N``.
+      geometry: static :class:`jspec.config.TreeGeometry` (reads ``K``, ``S``, ``N``).
       mode: static :class:`TreeMaskMode`.
       max_seq_len: static bound on ``L_b`` (FULL_MASK only; probed with probes on).
       fill_prefix_mask: static; FULL_MASK prefix columns True (sglang's ``fill_(True)``) or False.
@@ -215,6 +198,8 @@ def build_tree_kernel_efficient(
     Returns:
       :class:`BuildTreeOutput`. int64 in sglang, int32 here.
     """
+    check_geometry(geometry, "build_tree_kernel_efficient")
+    topk, num_draft_tokens = geometry.topk, geometry.num_draft_tokens
     mode = TreeMaskMode(mode)
     _validate(
         bonus_tokens,
@@ -222,9 +207,7 @@ def build_tree_kernel_efficient(
         top_scores_index,
         draft_tokens,
         seq_lens,
-        topk=topk,
-        num_steps=num_steps,
-        num_draft_tokens=num_draft_tokens,
+        geometry=geometry,
         mode=mode,
         max_seq_len=max_seq_len,
     )
@@ -233,7 +216,7 @@ def build_tree_kernel_efficient(
     probes.detect_oob(
         top_scores_index,
         0,
-        ss_width(topk, num_steps),
+        geometry.num_candidates,
         "build_tree_kernel_efficient: top_scores_index vs ss width",
     )
     if mode == TreeMaskMode.FULL_MASK:

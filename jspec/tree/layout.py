@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec.config import TreeGeometry, check_geometry
 from jspec.kernels.draft_cache_loc import draft_cache_loc, draft_rows_ok, max_prefix_tail_pairs
 from jspec.kv.pool import KVPool, move_kv_cache
 
@@ -52,9 +53,7 @@ def draft_out_cache_loc(
     req_pool_indices: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     valid: jax.Array | None = None,
     impl: str = "xla",
     interpret: bool | None = None,
@@ -65,7 +64,7 @@ def draft_out_cache_loc(
       req_to_token: i32[rows, R] position -> slot id table (row 0 = padding row).
       req_pool_indices: i32[B] request rows.
       seq_lens: i32[B] committed length ``L`` per request.
-      topk, num_steps, page_size: static ``K``, ``S``, ``P``.
+      geometry: static :class:`jspec.config.TreeGeometry` (``K``, ``S``, ``P``).
       valid: bool[B] live rows (None = all).
       impl: ``"xla"`` | ``"pallas"``; interpret: Pallas interpret mode (None = off GPU only).
 
@@ -73,14 +72,13 @@ def draft_out_cache_loc(
       i32[B, K, S]: ``row_b[base + t*nnp*P + lp + s]`` (``row_b[L + t*S + s]`` when ``P == 1``
       or ``K == 1``); padding rows 0. ``reshape(-1)`` gives sglang's flat B*K*S order.
     """
+    check_geometry(geometry, "draft_out_cache_loc")
     out, _, _, _ = draft_cache_loc(
         req_to_token,
         req_pool_indices,
         seq_lens,
         valid,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geometry,
         max_pairs=0,
         impl=impl,
         interpret=interpret,
@@ -93,9 +91,7 @@ def prefix_tail_copy_pairs(
     req_pool_indices: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     max_pairs: int,
     valid: jax.Array | None = None,
     impl: str = "xla",
@@ -107,7 +103,7 @@ def prefix_tail_copy_pairs(
     ``src = row_b[base_b + o]`` and ``tgt = row_b[base_b + t*nnp_b*P + o]``.
 
     Args:
-      req_to_token, req_pool_indices, seq_lens, topk, num_steps, page_size, valid, impl,
+      req_to_token, req_pool_indices, seq_lens, geometry, valid, impl,
         interpret: as :func:`draft_out_cache_loc`.
       max_pairs: static buffer capacity; :func:`max_prefix_tail_pairs` is the worst case.
 
@@ -115,14 +111,13 @@ def prefix_tail_copy_pairs(
       tgt_slot_ids: i32[max_pairs], src_slot_ids: i32[max_pairs] (unused tail ``0 -> 0``),
       num_pairs: i32[] = ``(K-1) * sum_b lp_b`` (0 when K == 1 or P == 1).
     """
+    check_geometry(geometry, "prefix_tail_copy_pairs")
     _, tgt, src, num_pairs = draft_cache_loc(
         req_to_token,
         req_pool_indices,
         seq_lens,
         valid,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geometry,
         max_pairs=max_pairs,
         impl=impl,
         interpret=interpret,
@@ -136,9 +131,7 @@ def duplicate_prefix_tail_to_draft_branches(
     req_pool_indices: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     max_pairs: int | None = None,
     valid: jax.Array | None = None,
     impl: str = "xla",
@@ -161,17 +154,16 @@ def duplicate_prefix_tail_to_draft_branches(
       The draft pool with ``pool[:, tgt] = pool[:, src]``. NOTE: ``move_kv_cache`` donates
       ``draft_pool``: outside an outer ``jit`` the passed buffers are consumed (in place).
     """
-    if topk <= 1 or page_size <= 1:
+    check_geometry(geometry, "duplicate_prefix_tail_to_draft_branches")
+    if not geometry.is_holey:
         return draft_pool
     if max_pairs is None:
-        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], topk=topk, page_size=page_size)
+        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], geometry=geometry)
     tgt, src, _ = prefix_tail_copy_pairs(
         req_to_token,
         req_pool_indices,
         seq_lens,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geometry,
         max_pairs=max_pairs,
         valid=valid,
         impl=impl,
@@ -192,9 +184,7 @@ def prepare_for_draft(
     req_pool_indices: jax.Array,
     seq_lens: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     max_pairs: int | None = None,
     valid: jax.Array | None = None,
     impl: str = "xla",
@@ -221,29 +211,29 @@ def prepare_for_draft(
       positions: i32[B*K] as :func:`draft_positions`.
       ok: bool[] (only with ``return_ok``).
     """
+    check_geometry(geometry, "prepare_for_draft")
+    page_size = geometry.page_size
     probes.static_check(
         page_size == draft_pool.page_size,
         f"prepare_for_draft: page_size={page_size!r} must be the draft pool's "
         f"page_size={draft_pool.page_size}",
     )
-    holey = topk > 1 and page_size > 1
+    holey = geometry.is_holey
     if max_pairs is None:
-        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], topk=topk, page_size=page_size)
+        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], geometry=geometry)
     out_cache_loc, tgt, src, _ = draft_cache_loc(
         req_to_token,
         req_pool_indices,
         seq_lens,
         valid,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geometry,
         max_pairs=max_pairs if holey else 0,
         impl=impl,
         interpret=interpret,
     )
     if holey:
         draft_pool = move_kv_cache(draft_pool, tgt, src, impl=move_impl, interpret=interpret)
-    out = (draft_pool, out_cache_loc, draft_positions(seq_lens, topk=topk))
+    out = (draft_pool, out_cache_loc, draft_positions(seq_lens, topk=geometry.topk))
     if not return_ok:
         return out
     live = jnp.ones(req_pool_indices.shape, bool) if valid is None else valid.astype(bool)
@@ -252,8 +242,6 @@ def prepare_for_draft(
         req_pool_indices,
         seq_lens,
         live,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geometry,
     )
     return out + (ok,)

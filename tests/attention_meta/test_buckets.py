@@ -16,6 +16,7 @@ from jspec import probes
 from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
 from jspec.attention_meta.page_table import draft_decode_metadata
 from jspec.config import BatchBuckets
+from tree_geometry import geom
 
 I32 = np.int32
 TOPK, STEPS, PAGE, HIDDEN, VOCAB = 2, 3, 4, 8, 100
@@ -50,9 +51,7 @@ def _metadata(padded: DraftInputs, seq_lens_sum, req_to_token, *, width: int, ma
         padded.req_pool_indices,
         req_to_token,
         padded.seq_lens,
-        topk=TOPK,
-        num_steps=STEPS,
-        page_size=PAGE,
+        geometry=geom(topk=TOPK, num_steps=STEPS, page_size=PAGE),
         kv_indices_width=width,
     )
     fa3 = draft_decode_metadata(
@@ -60,9 +59,7 @@ def _metadata(padded: DraftInputs, seq_lens_sum, req_to_token, *, width: int, ma
         padded.req_pool_indices,
         padded.seq_lens,
         padded.out_cache_loc,
-        topk=TOPK,
-        num_steps=STEPS,
-        page_size=PAGE,
+        geometry=geom(topk=TOPK, num_steps=STEPS, page_size=PAGE),
         max_pages=max_pages,
     )
     return {

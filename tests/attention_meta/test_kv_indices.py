@@ -23,6 +23,7 @@ from jspec.attention_meta.kv_indices import (
 )
 from jspec.config import SpecConfig
 from jspec.kernels.draft_kv_indices import draft_kv_indices_reference
+from tree_geometry import geom, with_geometry
 
 I32 = np.int32
 POISON = -7
@@ -54,9 +55,7 @@ def test_worked_example_step1():
         jnp.asarray([1], I32),
         req_to_token,
         jnp.asarray([7], I32),
-        topk=2,
-        num_steps=3,
-        page_size=4,
+        geometry=geom(topk=2, num_steps=3, page_size=4),
         kv_indices_width=SpecConfig(
             page_size=4, topk=2, num_steps=3, num_draft_tokens=4, context_len=48
         ).kv_indices_width(1),
@@ -83,9 +82,7 @@ def test_random_vs_loop_all_impls(interpret, page_size, topk, num_steps):
     for impl in ("xla", "pallas"):
         got = generate_draft_decode_kv_indices(
             *_args(batch),
-            topk=topk,
-            num_steps=num_steps,
-            page_size=page_size,
+            geometry=geom(topk=topk, num_steps=num_steps, page_size=page_size),
             kv_indices_width=width,
             impl=impl,
             interpret=interpret,
@@ -115,9 +112,7 @@ def test_buffer_in_place_keeps_poison_past_used_len(interpret):
     for impl in ("xla", "pallas"):
         got = generate_draft_decode_kv_indices(
             *_args(batch),
-            topk=topk,
-            num_steps=num_steps,
-            page_size=page_size,
+            geometry=geom(topk=topk, num_steps=num_steps, page_size=page_size),
             kv_indices_width=width,
             kv_indices_buffer=buffer,
             impl=impl,
@@ -146,7 +141,9 @@ def test_hypothesis_reference_vs_loop(data, page_size, topk, num_steps):
     need = int(draft_kv_indices_used_len(sum(seq_lens), topk, len(seq_lens) * topk, num_steps))
     width = need + data.draw(st.integers(0, 5))
     got = generate_draft_decode_kv_indices(
-        *_args(batch), topk=topk, num_steps=num_steps, page_size=page_size, kv_indices_width=width
+        *_args(batch),
+        geometry=geom(topk=topk, num_steps=num_steps, page_size=page_size),
+        kv_indices_width=width,
     )
     want = _loop(batch, topk=topk, num_steps=num_steps, page_size=page_size, width=width)
     np.testing.assert_array_equal(got[0], want[0])
@@ -159,9 +156,7 @@ def test_empty_batch(interpret):
             jnp.zeros((0,), I32),
             jnp.zeros((2, 16), I32),
             jnp.zeros((0,), I32),
-            topk=4,
-            num_steps=3,
-            page_size=4,
+            geometry=geom(topk=4, num_steps=3, page_size=4),
             kv_indices_width=32,
             impl=impl,
             interpret=interpret,
@@ -174,7 +169,9 @@ def test_static_width_checks():
     rpi = jnp.asarray([1, 2], I32)
     rtt = jnp.zeros((3, 64), I32)
     seq_lens = jnp.asarray([10, 20], I32)
-    fn = functools.partial(generate_draft_decode_kv_indices, topk=4, num_steps=5, page_size=16)
+    fn = functools.partial(
+        generate_draft_decode_kv_indices, geometry=geom(topk=4, num_steps=5, page_size=16)
+    )
     with pytest.raises(ValueError, match="kv_indices row too small \\(draft slots alone\\)"):
         jax.eval_shape(functools.partial(fn, kv_indices_width=39), rpi, rtt, seq_lens)
     with pytest.raises(
@@ -188,7 +185,11 @@ def test_static_width_checks():
         fn(rpi, rtt, seq_lens, kv_indices_width=100, kv_indices_buffer=jnp.zeros((5, 99), I32))
     with pytest.raises(ValueError, match="page_size=3 must be a power of 2"):
         generate_draft_decode_kv_indices(
-            rpi, rtt, seq_lens, topk=4, num_steps=5, page_size=3, kv_indices_width=1000
+            rpi,
+            rtt,
+            seq_lens,
+            geometry=geom(topk=4, num_steps=5, page_size=3),
+            kv_indices_width=1000,
         )
     with pytest.raises(ValueError, match="impl='cuda' is not available"):
         fn(rpi, rtt, seq_lens, kv_indices_width=1000, impl="cuda")
@@ -200,7 +201,7 @@ def test_overflow_probe_and_masked_writes(interpret):
     batch = make_draft_batch(rng, [30, 25], topk=2, num_steps=3, page_size=4)
     width = 100  # needs 2*55 + 4*3 = 122 at the last step
     kw = {"topk": 2, "num_steps": 3, "page_size": 4, "kv_indices_width": width}
-    fn = functools.partial(generate_draft_decode_kv_indices, **kw)
+    fn = functools.partial(generate_draft_decode_kv_indices, **with_geometry(kw))
     with pytest.raises(
         probes.ProbeError, match="kv_indices row too small: need 122 but row width is 100"
     ):
@@ -220,7 +221,9 @@ def test_index_probes():
     rpi, rtt, seq_lens = _args(batch)
     fn = probes.checked(
         functools.partial(
-            generate_draft_decode_kv_indices, topk=2, num_steps=2, page_size=4, kv_indices_width=500
+            generate_draft_decode_kv_indices,
+            geometry=geom(topk=2, num_steps=2, page_size=4),
+            kv_indices_width=500,
         )
     )
     with pytest.raises(probes.ProbeError, match="req_pool_indices.*max value 9"):
@@ -239,7 +242,9 @@ def test_reference_matches_closed_form_indptr():
         np.random.default_rng(0), seq_lens, topk=topk, num_steps=num_steps, page_size=1
     )
     _, kv_indptr = draft_kv_indices_reference(
-        *_args(batch), topk=topk, num_steps=num_steps, page_size=1, kv_indices_width=60
+        *_args(batch),
+        geometry=geom(topk=topk, num_steps=num_steps, page_size=1),
+        kv_indices_width=60,
     )
     for i in range(num_steps):
         for z in range(len(seq_lens) * topk + 1):
@@ -256,9 +261,7 @@ def test_pallas_kv_indices_lowers_for_cuda():
     )
     fn = functools.partial(
         generate_draft_decode_kv_indices,
-        topk=8,
-        num_steps=5,
-        page_size=16,
+        geometry=geom(topk=8, num_steps=5, page_size=16),
         kv_indices_width=256 * 8 * 8192,
         impl="pallas",
         interpret=False,

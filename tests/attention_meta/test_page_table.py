@@ -23,6 +23,7 @@ from jspec.attention_meta.page_table import (
     draft_decode_set_expand_metadata,
 )
 from jspec.kernels.expand_page_table import expand_page_table, expand_page_table_reference
+from tree_geometry import geom
 
 I32 = np.int32
 
@@ -65,8 +66,7 @@ def test_expand_golden_sglang(interpret, lp, d, cache_loc, width, seqlens, table
             jnp.asarray(lp, I32),
             jnp.asarray(cache_loc, I32),
             decode_length=d,
-            topk=2,
-            page_size=4,
+            geometry=geom(topk=2, page_size=4),
             page_table_width=width,
             impl=impl,
             interpret=interp,
@@ -81,7 +81,7 @@ def test_expand_api_slices_to_decode_length(lp, d, cache_loc, width, seqlens, ta
     del width, table
     cache_loc = np.asarray(cache_loc, I32)
     out_seqlens, out_table = draft_decode_set_expand_metadata(
-        jnp.asarray(lp, I32), d, jnp.asarray(cache_loc), topk=2, page_size=4
+        jnp.asarray(lp, I32), d, jnp.asarray(cache_loc), geometry=geom(topk=2, page_size=4)
     )
     want_seqlens, want_table = expand_loop(
         lp, cache_loc, decode_length=d, topk=2, page_size=4, width=d + 1, num_cols=d
@@ -95,12 +95,16 @@ def test_expand_regression_27360_wide_cache_loc():
     """S-wide cache_loc whose later columns cross many pages: unsliced it overflows d + 1."""
     cache_loc = jnp.asarray([[4, 8, 12, 16, 20], [40, 44, 48, 52, 56]], I32)  # 5 pages each
     lp = jnp.asarray([0], I32)
-    seqlens, table = draft_decode_set_expand_metadata(lp, 2, cache_loc, topk=2, page_size=4)
+    seqlens, table = draft_decode_set_expand_metadata(
+        lp, 2, cache_loc, geometry=geom(topk=2, page_size=4)
+    )
     np.testing.assert_array_equal(table, [[1, 2, 0], [10, 11, 0]])
     np.testing.assert_array_equal(seqlens, [2, 2])
     # sglang's function on the unsliced S-wide rows needs 5 columns: a trace-time error here.
     with pytest.raises(ValueError, match="draft expand page_table too narrow"):
-        expand_page_table(lp, cache_loc, decode_length=2, topk=2, page_size=4, page_table_width=3)
+        expand_page_table(
+            lp, cache_loc, decode_length=2, geometry=geom(topk=2, page_size=4), page_table_width=3
+        )
 
 
 def test_expand_too_narrow_width_is_trace_time_error():
@@ -111,23 +115,26 @@ def test_expand_too_narrow_width_is_trace_time_error():
             functools.partial(
                 draft_decode_set_expand_metadata,
                 decode_length=3,
-                topk=2,
-                page_size=16,
+                geometry=geom(topk=2, page_size=16),
                 page_table_width=2,
             ),
             lp,
             cache_loc=cache_loc,
         )
     with pytest.raises(ValueError, match="W >= decode_length"):
-        draft_decode_set_expand_metadata(lp, 6, cache_loc, topk=2, page_size=16)
+        draft_decode_set_expand_metadata(lp, 6, cache_loc, geometry=geom(topk=2, page_size=16))
     with pytest.raises(ValueError, match="page_size"):
-        draft_decode_set_expand_metadata(lp, 2, cache_loc, topk=2, page_size=3)
+        draft_decode_set_expand_metadata(lp, 2, cache_loc, geometry=geom(topk=2, page_size=3))
     with pytest.raises(ValueError, match=r"cache_loc.shape\[0\]=4 must be"):
-        draft_decode_set_expand_metadata(lp, 2, cache_loc, topk=3, page_size=16)
+        draft_decode_set_expand_metadata(lp, 2, cache_loc, geometry=geom(topk=3, page_size=16))
     with pytest.raises(ValueError, match="cache_loc.dtype"):
-        draft_decode_set_expand_metadata(lp, 2, cache_loc.astype(jnp.float32), topk=2, page_size=16)
+        draft_decode_set_expand_metadata(
+            lp, 2, cache_loc.astype(jnp.float32), geometry=geom(topk=2, page_size=16)
+        )
     # Exactly d columns is enough (d slots have at most d distinct pages).
-    draft_decode_set_expand_metadata(lp, 3, cache_loc, topk=2, page_size=16, page_table_width=3)
+    draft_decode_set_expand_metadata(
+        lp, 3, cache_loc, geometry=geom(topk=2, page_size=16), page_table_width=3
+    )
 
 
 def test_expand_empty_batch(interpret):
@@ -136,8 +143,7 @@ def test_expand_empty_batch(interpret):
             jnp.zeros((0,), I32),
             2,
             jnp.zeros((0, 4), I32),
-            topk=4,
-            page_size=16,
+            geometry=geom(topk=4, page_size=16),
             impl=impl,
             interpret=interp,
         )
@@ -172,8 +178,7 @@ def test_expand_layout_random_vs_loop(interpret, page_size, topk, num_steps):
                 jnp.asarray(lp),
                 d,
                 jnp.asarray(cache_loc),
-                topk=topk,
-                page_size=page_size,
+                geometry=geom(topk=topk, page_size=page_size),
                 impl=impl,
                 interpret=interp,
             )
@@ -193,8 +198,7 @@ def test_expand_pallas_random_slots_vs_reference(interpret):
             jnp.asarray(lp),
             jnp.asarray(cache_loc),
             decode_length=d,
-            topk=topk,
-            page_size=8,
+            geometry=geom(topk=topk, page_size=8),
             page_table_width=width,
             num_cols=d,
         )
@@ -205,8 +209,7 @@ def test_expand_pallas_random_slots_vs_reference(interpret):
             jnp.asarray(lp),
             d,
             jnp.asarray(cache_loc),
-            topk=topk,
-            page_size=8,
+            geometry=geom(topk=topk, page_size=8),
             page_table_width=width,
             impl="pallas" if d > 1 else "xla",
             interpret=interpret,
@@ -235,8 +238,7 @@ def test_expand_hypothesis(data, page_size, topk, num_steps):
         jnp.asarray(lp),
         d,
         jnp.asarray(cache_loc),
-        topk=topk,
-        page_size=page_size,
+        geometry=geom(topk=topk, page_size=page_size),
         page_table_width=width,
     )
     want = expand_loop(
@@ -249,7 +251,9 @@ def test_expand_hypothesis(data, page_size, topk, num_steps):
 def test_expand_probes():
     lp = jnp.asarray([5], I32)  # >= page_size 4
     cache_loc = jnp.asarray([[3, 9], [-2, 7]], I32)
-    fn = functools.partial(draft_decode_set_expand_metadata, decode_length=2, topk=2, page_size=4)
+    fn = functools.partial(
+        draft_decode_set_expand_metadata, decode_length=2, geometry=geom(topk=2, page_size=4)
+    )
     with pytest.raises(probes.ProbeError, match=r"last_page_lens.*max value 5 > high bound 3"):
         probes.checked(fn)(lp, cache_loc=cache_loc)
     with pytest.raises(probes.ProbeError, match=r"cache_loc \(live columns\).*min value -2"):
@@ -271,8 +275,7 @@ def test_normal_metadata_vs_loop(page_size):
         jnp.asarray(batch["req_to_token"]),
         jnp.asarray(batch["req_pool_indices"]),
         jnp.asarray(batch["seq_lens"]),
-        page_size=page_size,
-        topk=3,
+        geometry=geom(page_size=page_size, topk=3),
         max_pages=max_pages,
     )
     want = normal_loop(
@@ -290,7 +293,7 @@ def test_normal_metadata_vs_loop(page_size):
 def test_normal_metadata_checks():
     rtt = jnp.zeros((3, 40), I32)
     rpi = jnp.asarray([1, 2], I32)
-    fn = functools.partial(draft_decode_normal_metadata, page_size=4, topk=2)
+    fn = functools.partial(draft_decode_normal_metadata, geometry=geom(page_size=4, topk=2))
     with pytest.raises(ValueError, match=r"max_pages=11 must be an int in \[1, ceil"):
         fn(rtt, rpi, jnp.asarray([5, 9], I32), max_pages=11)
     with pytest.raises(probes.ProbeError, match="full prefix pages vs max_pages=1"):
@@ -321,9 +324,7 @@ def test_worked_example_fa3_step1():
         jnp.asarray([1], I32),
         jnp.asarray([7], I32),
         jnp.asarray(out_cache_loc),
-        topk=2,
-        num_steps=3,
-        page_size=4,
+        geometry=geom(topk=2, num_steps=3, page_size=4),
         max_pages=3,
     )
     np.testing.assert_array_equal(meta.normal.cache_seqlens, [4])
@@ -354,9 +355,7 @@ def test_draft_decode_metadata_vs_loops(interpret, page_size, topk, num_steps):
     for impl in ("xla", "pallas"):
         meta = draft_decode_metadata(
             *args,
-            topk=topk,
-            num_steps=num_steps,
-            page_size=page_size,
+            geometry=geom(topk=topk, num_steps=num_steps, page_size=page_size),
             max_pages=max_pages,
             impl=impl,
             interpret=interpret,
@@ -391,8 +390,7 @@ def test_pallas_expand_lowers_for_cuda():
     fn = functools.partial(
         draft_decode_set_expand_metadata,
         decode_length=4,
-        topk=8,
-        page_size=16,
+        geometry=geom(topk=8, page_size=16),
         impl="pallas",
         interpret=False,
     )

@@ -38,6 +38,7 @@ from jspec.attention_meta.kv_indices import generate_draft_decode_kv_indices
 from jspec.attention_meta.page_table import draft_decode_set_expand_metadata
 from jspec.kernels import _common, triton_meta
 from jspec.kernels.expand_page_table import expand_page_table_reference
+from tree_geometry import geom, with_geometry
 
 POISON = -7
 
@@ -112,8 +113,7 @@ def test_expand_triton_vs_reference(page_size, topk, ncols, d, width):
         jnp.asarray(lp),
         jnp.asarray(cache_loc),
         decode_length=d,
-        topk=topk,
-        page_size=page_size,
+        geometry=geom(topk=topk, page_size=page_size),
         page_table_width=width,
         num_cols=d,
     )
@@ -194,9 +194,7 @@ def test_kv_indices_triton_vs_loop(page_size, topk, num_steps):
         jnp.asarray(batch["req_pool_indices"]),
         jnp.asarray(batch["req_to_token"]),
         jnp.asarray(batch["seq_lens"]),
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geom(topk=topk, num_steps=num_steps, page_size=page_size),
         kv_indices_width=width,
     )
     used = want[1][:, -1]
@@ -258,6 +256,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
         draft_kv_indices_triton_launch,
         expand_page_table_triton_launch,
     )
+    from jspec.config import TreeGeometry
 
     def build(num_ptrs, launch):
         meta = dict(launch.options)
@@ -268,10 +267,10 @@ _COMPILE_SCRIPT = textwrap.dedent("""
                                   target=GPUTarget("cuda", 90, 32), options=options)
         assert "cubin" in compiled.asm, launch.kernel
 
-    build(4, expand_page_table_triton_launch(2048, 5, decode_length=4, topk=8, page_size=16,
+    geometry = TreeGeometry(topk=8, num_steps=5, num_draft_tokens=1, page_size=16)
+    build(4, expand_page_table_triton_launch(2048, 5, decode_length=4, geometry=geometry,
           page_table_width=5, num_cols=4))
-    build(6, draft_kv_indices_triton_launch(256, 256 * 8 * 8192, 8300, topk=8, num_steps=5,
-          page_size=16))
+    build(6, draft_kv_indices_triton_launch(256, 256 * 8 * 8192, 8300, geometry=geometry))
     print("COMPILED_OK")
 """)
 
@@ -297,16 +296,18 @@ def test_jax_triton_impl_matches_xla_on_gpu():
     batch = make_draft_batch(rng, [700, 1500, 3], topk=8, num_steps=5, page_size=16)
     args = [jnp.asarray(batch[k]) for k in ("req_pool_indices", "req_to_token", "seq_lens")]
     kw = {"topk": 8, "num_steps": 5, "page_size": 16, "kv_indices_width": 3 * 8 * 2048}
-    want = generate_draft_decode_kv_indices(*args, **kw)
-    got = generate_draft_decode_kv_indices(*args, **kw, impl="triton")
+    want = generate_draft_decode_kv_indices(*args, **with_geometry(kw))
+    got = generate_draft_decode_kv_indices(*args, **with_geometry(kw), impl="triton")
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
     cache_loc = jnp.asarray(batch["out_cache_loc"].reshape(-1, 5))
     lp = jnp.asarray(batch["seq_lens"] % 16)
     for d in range(1, 5):
-        want = draft_decode_set_expand_metadata(lp, d, cache_loc, topk=8, page_size=16)
+        want = draft_decode_set_expand_metadata(
+            lp, d, cache_loc, geometry=geom(topk=8, page_size=16)
+        )
         got = draft_decode_set_expand_metadata(
-            lp, d, cache_loc, topk=8, page_size=16, impl="triton"
+            lp, d, cache_loc, geometry=geom(topk=8, page_size=16), impl="triton"
         )
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])

@@ -15,6 +15,7 @@ from jspec.config import SpecConfig
 from jspec.kv import allocator as A
 from jspec.kv import decode_alloc as D
 from jspec.kv import integrity as I
+from tree_geometry import geom, with_geometry
 
 CFG = SpecConfig(
     page_size=4,
@@ -205,7 +206,9 @@ def test_prepare_for_draft_bad_row_is_a_no_op(rows, lens) -> None:
     pool, r2t = _draft_setup()
     kw = {"topk": 2, "num_steps": 3, "page_size": 4, "impl": "xla", "move_impl": "xla"}
     before = jax_copy(pool)
-    out, loc, _, ok = prepare_for_draft(pool, r2t, _i32(rows), _i32(lens), return_ok=True, **kw)
+    out, loc, _, ok = prepare_for_draft(
+        pool, r2t, _i32(rows), _i32(lens), return_ok=True, **with_geometry(kw)
+    )
     assert not bool(ok) and not np.asarray(loc).any()
     chex.assert_trees_all_equal(out, before)
 
@@ -215,7 +218,9 @@ def test_prepare_for_draft_page_size_must_be_the_pools() -> None:
 
     pool, r2t = _draft_setup()
     with pytest.raises(ValueError, match=r"page_size=2 must be the draft pool's page_size=4"):
-        prepare_for_draft(pool, r2t, _i32([1]), _i32([5]), topk=2, num_steps=3, page_size=2)
+        prepare_for_draft(
+            pool, r2t, _i32([1]), _i32([5]), geometry=geom(topk=2, num_steps=3, page_size=2)
+        )
 
 
 def jax_copy(tree):

@@ -43,6 +43,7 @@ from jspec.tree.layout import (
     duplicate_prefix_tail_to_draft_branches,
     prefix_tail_copy_pairs,
 )
+from tree_geometry import with_geometry
 
 POISON = -7
 # static capacity of the test prefill (one compile for every call)
@@ -146,15 +147,17 @@ def test_spec14_end_to_end() -> None:
 
     rpi, seq = reqs.req_pool_indices[:1], reqs.committed_lens[:1]
     kw = {"topk": 2, "num_steps": 3, "page_size": 4}
-    out = draft_out_cache_loc(r2t, rpi, seq, **kw)
+    out = draft_out_cache_loc(r2t, rpi, seq, **with_geometry(kw))
     np.testing.assert_array_equal(np.asarray(out).reshape(-1), row[[7, 8, 9, 15, 16, 17]])
-    tgt, src, n = prefix_tail_copy_pairs(r2t, rpi, seq, max_pairs=3, **kw)
+    tgt, src, n = prefix_tail_copy_pairs(r2t, rpi, seq, max_pairs=3, **with_geometry(kw))
     assert int(n) == 3
     np.testing.assert_array_equal(np.asarray(tgt), row[[12, 13, 14]])
     np.testing.assert_array_equal(np.asarray(src), row[[4, 5, 6]])
     draft = random_pool(cfg, 1)
     before = np.asarray(draft.k)
-    draft = duplicate_prefix_tail_to_draft_branches(copy_tree(draft), r2t, rpi, seq, **kw)
+    draft = duplicate_prefix_tail_to_draft_branches(
+        copy_tree(draft), r2t, rpi, seq, **with_geometry(kw)
+    )
     after = np.asarray(draft.k)
     np.testing.assert_array_equal(after[:, row[[12, 13, 14]]], before[:, row[[4, 5, 6]]])
     touched = np.zeros(cfg.num_slots, bool)
@@ -358,7 +361,11 @@ def test_long_random_run_returns_every_page(page_size, topk) -> None:
         # every draft slot and the verify window lie inside the allocated row
         out = np.asarray(
             draft_out_cache_loc(
-                r2t, reqs.req_pool_indices, reqs.committed_lens, valid=reqs.valid, **kw
+                r2t,
+                reqs.req_pool_indices,
+                reqs.committed_lens,
+                valid=reqs.valid,
+                **with_geometry(kw),
             )
         )
         window = np.asarray(

@@ -23,6 +23,7 @@ from jspec.tree.build import (
     build_tree_kernel_efficient,
     flatten_full_mask,
 )
+from tree_geometry import geom, with_geometry
 
 QLEN, FULL, BITS = TreeMaskMode.QLEN_ONLY, TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY_BITPACKING
 IMPLS = ["xla", "pallas"]
@@ -92,13 +93,11 @@ def _run(
         _i32(sel),
         _i32(drafts),
         _i32(seq_lens),
-        topk=topk,
-        num_steps=num_steps,
-        num_draft_tokens=nsel + 1,
+        geometry=geom(topk=topk, num_steps=num_steps, num_draft_tokens=nsel + 1),
         mode=mode,
         max_seq_len=max_seq_len,
         impl=impl,
-        **kw,
+        **with_geometry(kw),
     )
 
 
@@ -331,7 +330,7 @@ def test_probes_off_add_nothing():
 
     def fn(*a):
         return build_tree_kernel_efficient(
-            *a, topk=4, num_steps=4, num_draft_tokens=8, mode=FULL, max_seq_len=16
+            *a, geometry=geom(topk=4, num_steps=4, num_draft_tokens=8), mode=FULL, max_seq_len=16
         )
 
     assert "check" not in str(jax.make_jaxpr(fn)(*args))
@@ -370,7 +369,7 @@ def test_static_errors(kwargs, match):
     args = [_i32(x) for x in (G_BONUS, G_PARENT_LIST, G_SEL, G_DRAFTS, G_SEQ_LENS)]
     kwargs = {"topk": 4, "mode": QLEN, **kwargs}
     with pytest.raises(ValueError, match=match):
-        build_tree_kernel_efficient(*args, **kwargs)
+        build_tree_kernel_efficient(*args, **with_geometry(kwargs))
 
 
 def test_bitpack_needs_n_le_32():

@@ -24,6 +24,7 @@ from jspec.tree.layout import (
     prefix_tail_copy_pairs,
 )
 from poisoned_outputs import POISON, poisoned_outputs
+from tree_geometry import geom, with_geometry
 
 
 # ---- independent oracle ------------------------------------------------------------------------
@@ -113,9 +114,11 @@ def test_spec14_worked_example_layout() -> None:
     r2t = np.zeros((2, width), np.int32)
     r2t[1] = row
     args = (jnp.asarray(r2t), jnp.array([1], jnp.int32), jnp.array([7], jnp.int32))
-    out = draft_out_cache_loc(*args, topk=2, num_steps=3, page_size=4)
+    out = draft_out_cache_loc(*args, geometry=geom(topk=2, num_steps=3, page_size=4))
     np.testing.assert_array_equal(np.asarray(out).reshape(-1), row[[7, 8, 9, 15, 16, 17]])
-    tgt, src, n = prefix_tail_copy_pairs(*args, topk=2, num_steps=3, page_size=4, max_pairs=5)
+    tgt, src, n = prefix_tail_copy_pairs(
+        *args, geometry=geom(topk=2, num_steps=3, page_size=4), max_pairs=5
+    )
     assert int(n) == 3
     np.testing.assert_array_equal(np.asarray(tgt), list(row[[12, 13, 14]]) + [0, 0])
     np.testing.assert_array_equal(np.asarray(src), list(row[[4, 5, 6]]) + [0, 0])
@@ -130,18 +133,14 @@ def test_contiguous_layout(page_size, topk) -> None:
         r2t,
         jnp.array([1], jnp.int32),
         jnp.array([9], jnp.int32),
-        topk=topk,
-        num_steps=3,
-        page_size=page_size,
+        geometry=geom(topk=topk, num_steps=3, page_size=page_size),
     )
     np.testing.assert_array_equal(np.asarray(out).reshape(-1), row[9 : 9 + topk * 3])
     tgt, src, n = prefix_tail_copy_pairs(
         r2t,
         jnp.array([1], jnp.int32),
         jnp.array([9], jnp.int32),
-        topk=topk,
-        num_steps=3,
-        page_size=page_size,
+        geometry=geom(topk=topk, num_steps=3, page_size=page_size),
         max_pairs=4,
     )
     assert int(n) == 0 and not np.asarray(tgt).any() and not np.asarray(src).any()
@@ -168,15 +167,15 @@ def test_reference_matches_loop(page_size, topk, num_steps) -> None:
         r2t, rpi, seq, valid = random_case(
             rng, batch=batch, topk=topk, num_steps=num_steps, page_size=page_size
         )
-        max_pairs = max_prefix_tail_pairs(batch, topk=topk, page_size=page_size) + trial
+        max_pairs = (
+            max_prefix_tail_pairs(batch, geometry=geom(topk=topk, page_size=page_size)) + trial
+        )
         got = draft_cache_loc(
             r2t,
             rpi,
             seq,
             valid,
-            topk=topk,
-            num_steps=num_steps,
-            page_size=page_size,
+            geometry=geom(topk=topk, num_steps=num_steps, page_size=page_size),
             max_pairs=max_pairs,
         )
         want = loop_layout(
@@ -199,7 +198,7 @@ def test_truncated_pairs_keep_order_and_count() -> None:
     seq = seq.at[:].set(jnp.array([5, 7, 3, 6, 1, 2], jnp.int32))
     full = loop_layout(*_np(r2t, rpi, seq, valid), topk=4, num_steps=3, page_size=8, max_pairs=200)
     _, tgt, src, n = draft_cache_loc(
-        r2t, rpi, seq, valid, topk=4, num_steps=3, page_size=8, max_pairs=20
+        r2t, rpi, seq, valid, geometry=geom(topk=4, num_steps=3, page_size=8), max_pairs=20
     )
     assert int(n) == full[3] == 3 * 24
     np.testing.assert_array_equal(np.asarray(tgt), full[1][:20])
@@ -223,12 +222,14 @@ def test_pallas_matches_reference(interpret, page_size, topk, num_steps) -> None
     r2t, rpi, seq, valid = random_case(
         rng, batch=batch, topk=topk, num_steps=num_steps, page_size=page_size
     )
-    max_pairs = max_prefix_tail_pairs(batch, topk=topk, page_size=page_size)
+    max_pairs = max_prefix_tail_pairs(batch, geometry=geom(topk=topk, page_size=page_size))
     # truncated pair buffers on one case only (each size is another interpret compile)
     for mp in sorted({max_pairs, max_pairs // 3} if page_size == 16 else {max_pairs}):
         kw = {"topk": topk, "num_steps": num_steps, "page_size": page_size, "max_pairs": mp}
-        want = draft_cache_loc_reference(r2t, rpi, seq, valid, **kw)
-        got = draft_cache_loc(r2t, rpi, seq, valid, impl="pallas", interpret=interpret, **kw)
+        want = draft_cache_loc_reference(r2t, rpi, seq, valid, **with_geometry(kw))
+        got = draft_cache_loc(
+            r2t, rpi, seq, valid, impl="pallas", interpret=interpret, **with_geometry(kw)
+        )
         for g, w in zip(_np(*got), _np(*want)):
             np.testing.assert_array_equal(g, w)
         assert POISON not in np.asarray(got[0]) and POISON not in np.asarray(got[2])
@@ -242,9 +243,9 @@ def test_pallas_poisoned_pair_buffers(interpret) -> None:
         "topk": 4,
         "num_steps": 3,
         "page_size": 8,
-        "max_pairs": max_prefix_tail_pairs(4, topk=4, page_size=8),
+        "max_pairs": max_prefix_tail_pairs(4, geometry=geom(topk=4, page_size=8)),
     }
-    want = draft_cache_loc_reference(r2t, rpi, seq, valid, **kw)
+    want = draft_cache_loc_reference(r2t, rpi, seq, valid, **with_geometry(kw))
     with poisoned_outputs():  # every output, the pair buffers included, starts as POISON
         out, tgt, src, n = jax.jit(
             lambda *a: _draft_cache_loc_pallas(*a, interpret=interpret, **kw)
@@ -267,9 +268,7 @@ def test_pallas_all_padding_rows(interpret) -> None:
         rpi,
         seq,
         valid,
-        topk=2,
-        num_steps=3,
-        page_size=4,
+        geometry=geom(topk=2, num_steps=3, page_size=4),
         max_pairs=12,
         impl="pallas",
         interpret=interpret,
@@ -297,23 +296,23 @@ def _small():
 def test_static_errors(kw, pattern) -> None:
     args = {"topk": 2, "num_steps": 3, "page_size": 4, "max_pairs": 4} | kw
     with pytest.raises(ValueError, match=pattern):
-        draft_cache_loc(*_small(), **args)
+        draft_cache_loc(*_small(), **with_geometry(args))
 
 
 def test_static_dtype_and_shape_errors() -> None:
     r2t, rpi, seq = _small()
     kw = {"topk": 2, "num_steps": 3, "page_size": 4, "max_pairs": 4}
     with pytest.raises(ValueError, match="req_to_token.dtype"):
-        draft_cache_loc(r2t.astype(jnp.float32), rpi, seq, **kw)
+        draft_cache_loc(r2t.astype(jnp.float32), rpi, seq, **with_geometry(kw))
     with pytest.raises(ValueError, match=r"seq_lens.shape=\(2,\) must be \(1,\)"):
-        draft_cache_loc(r2t, rpi, jnp.array([5, 6], jnp.int32), **kw)
+        draft_cache_loc(r2t, rpi, jnp.array([5, 6], jnp.int32), **with_geometry(kw))
 
 
 def test_probe_footprint_past_row_width() -> None:
     r2t, rpi, _ = _small()
 
     def fn(s):
-        return draft_out_cache_loc(r2t, rpi, s, topk=2, num_steps=3, page_size=4)
+        return draft_out_cache_loc(r2t, rpi, s, geometry=geom(topk=2, num_steps=3, page_size=4))
 
     probes.checked(fn)(jnp.array([20], jnp.int32))  # footprint 16 + 2*8 = 32 == width: fine
     with pytest.raises(probes.ProbeError, match=r"draft footprint.*max value 36 > high bound 32"):
@@ -324,7 +323,9 @@ def test_probe_pairs_overflow() -> None:
     r2t, rpi, _ = _small()
 
     def fn(s):
-        return prefix_tail_copy_pairs(r2t, rpi, s, topk=2, num_steps=1, page_size=4, max_pairs=2)
+        return prefix_tail_copy_pairs(
+            r2t, rpi, s, geometry=geom(topk=2, num_steps=1, page_size=4), max_pairs=2
+        )
 
     probes.checked(fn)(jnp.array([2], jnp.int32))  # lp=2: 2 pairs fit
     with pytest.raises(probes.ProbeError, match="num_pairs 3 exceeds max_pairs=2"):
@@ -335,5 +336,5 @@ def test_probes_off_add_nothing() -> None:
     r2t, rpi, seq = _small()
     kw = {"topk": 2, "num_steps": 3, "page_size": 4, "max_pairs": 4}
     assert not probes.probes_on()
-    jaxpr = str(jax.make_jaxpr(lambda s: draft_cache_loc(r2t, rpi, s, **kw))(seq))
+    jaxpr = str(jax.make_jaxpr(lambda s: draft_cache_loc(r2t, rpi, s, **with_geometry(kw)))(seq))
     assert "check" not in jaxpr

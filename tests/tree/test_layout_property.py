@@ -30,6 +30,7 @@ from jspec.kv.pool import KVPool, init_kv_pool
 from jspec.kv.req_to_token import assign_req_to_token_pool, init_req_to_token
 from jspec.tree.accept import move_accept_tokens_to_target_kvcache, verify_out_cache_loc
 from jspec.tree.layout import draft_out_cache_loc, prepare_for_draft
+from tree_geometry import geom
 
 MAX_BATCH = 3
 
@@ -152,9 +153,7 @@ def test_decode_iteration_properties(case) -> None:
         r2t,
         rpi,
         seq,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
+        geometry=geom(topk=topk, num_steps=num_steps, page_size=page_size),
         valid=valid,
     )
     after = np.stack([np.asarray(draft.k), np.asarray(draft.v)])
@@ -224,9 +223,7 @@ def test_decode_iteration_properties(case) -> None:
             r2t,
             reqs.req_pool_indices,
             reqs.committed_lens,
-            topk=topk,
-            num_steps=num_steps,
-            page_size=page_size,
+            geometry=geom(topk=topk, num_steps=num_steps, page_size=page_size),
             valid=reqs.valid,
         )
     )

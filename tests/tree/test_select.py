@@ -11,6 +11,7 @@ from tree_oracles import _np_topk_indices, draft_tree_from_probs
 from jspec import probes
 from jspec.tree.build import TreeMaskMode, build_tree_kernel_efficient
 from jspec.tree.select import organize_draft_results, select_top_k_tokens, ss_width
+from tree_geometry import geom
 
 # The raw draft trace of sglang's test_build_eagle_tree.py (B=2, K=4, S=4, N=8).
 SCORE_LIST = [
@@ -193,9 +194,7 @@ def test_organize_upstream_trace_then_build():
         sel,
         drafts,
         _as([5, 10], jnp.int32),
-        topk=4,
-        num_steps=4,
-        num_draft_tokens=8,
+        geometry=geom(topk=4, num_steps=4, num_draft_tokens=8),
         mode=TreeMaskMode.QLEN_ONLY,
     )
     assert out.positions.tolist() == [5, 6, 6, 7, 7, 8, 8, 9, 10, 11, 12, 12, 12, 12, 13, 14]
@@ -285,9 +284,7 @@ def test_draft_loop_matches_numpy_oracle(k, s, n, b):
         sel,
         drafts,
         jnp.full((b,), 3, jnp.int32),
-        topk=k,
-        num_steps=s,
-        num_draft_tokens=n,
+        geometry=geom(topk=k, num_steps=s, num_draft_tokens=n),
         mode=TreeMaskMode.QLEN_ONLY,
     )
     assert out.is_valid.all()

@@ -20,6 +20,7 @@ from jspec.tree.verify import (
     verify_tree_greedy_reference,
 )
 from poisoned_outputs import poisoned_outputs
+from tree_geometry import geom
 
 IMPLS = ["xla", "pallas"]
 
@@ -108,9 +109,7 @@ def _random_tree(rng, bs, topk, steps, n, vocab):
         _i32(sel),
         jnp.zeros((bs, n - 1), jnp.int32),
         jnp.zeros(bs, jnp.int32),
-        topk=topk,
-        num_steps=steps,
-        num_draft_tokens=n,
+        geometry=geom(topk=topk, num_steps=steps, num_draft_tokens=n),
         mode=TreeMaskMode.QLEN_ONLY,
     )
     cand = rng.integers(0, vocab, (bs, n))
