@@ -166,7 +166,7 @@ def test_spec_step_with_pages_short_changes_no_state():
 
     def same(path, b, a):
         name = jax.tree_util.keystr(path)
-        if name.startswith((".target_pool", ".draft_pool")):  # [D, layers, slots, ...]
+        if name.startswith((".kv.target_pool", ".kv.draft_pool")):  # [D, layers, slots, ...]
             b, a = b[:, :, page:], a[:, :, page:]
         np.testing.assert_array_equal(a, b, err_msg=name)
 
