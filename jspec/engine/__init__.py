@@ -16,8 +16,8 @@ Module map:
   step_types.py  the typed values passed between step phases, and the steps' outputs
   lifecycle.py   chunked prefill (admission) and release of requests
   rounds.py      several decode rounds per dispatch (a device-side loop, EOS / budget on device)
-  plain_step.py  a spec engine's plain step (target alone, the draft kept current: adaptive)
-  greedy.py      plain greedy decode step (the lossless baseline)
+  greedy.py      plain greedy decode step (the lossless baseline; with a draft, the draft kept
+                 current: a spec engine's plain step, adaptive speculation)
   spec_step.py   the jitted EAGLE tree speculative decode step, as phases
   draft_phases.py  the step's draft side: draft attention passes, draft loop, draft extend
   inputs.py      host-side validation of requests (before any compile)

@@ -229,7 +229,7 @@ class Engine:
         or ``"optimistic"`` (admit while the pages held now fit; preempt the newest request and
         prefill it again later when a decode step finds the pages short). See the module doc.
       adaptive: a spec engine decodes with plain steps (the target alone; the draft keeps its
-        KV and proposals current: :mod:`jspec.engine.plain_step`) whenever speculation does not
+        KV and proposals current: :mod:`jspec.engine.greedy`) whenever speculation does not
         pay: the measured acceptance length times the plain round's wall time, over the spec
         round's, below 1 (:class:`SpecPolicy`). Tokens are the target's either way (lossless);
         the decisions are in ``RunStats.policy``. Off (default, deterministic step kinds):
@@ -390,13 +390,12 @@ class Engine:
         self, slot_idx, live, budget, num_rounds: int, sampling=None, plain: bool = False
     ):
         """Up to ``num_rounds`` decode rounds in one dispatch (:mod:`jspec.engine.rounds`);
-        ``plain``: the spec engine's plain step (:mod:`jspec.engine.plain_step`)."""
-        from jspec.engine.plain_step import plain_step_body
+        ``plain``: the greedy step with the draft kept current (:mod:`jspec.engine.greedy`)."""
         from jspec.engine.rounds import rounds_body
 
         d = self.num_devices
         eos = self._eos_array()
-        body = rounds_body(plain_step_body if plain else self._step_body, self.max_rounds)
+        body = rounds_body(greedy_step_body if plain else self._step_body, self.max_rounds)
         tokens = slot_idx.shape[-1] if plain else self._step_tokens(slot_idx.shape[-1])
         return self._call(
             body,
