@@ -32,17 +32,23 @@ from jspec.engine.state import (
     pack_valid,
     scatter_slots,
 )
-from jspec.kv.allocator import PagedAllocator, alloc_decode, alloc_extend, init_allocator
-from jspec.kv.decode_alloc import ReqKVState, prepare_for_decode, release_kv_cache
-from jspec.kv.pool import KVPool, init_kv_pool
-from jspec.kv.req_to_token import (
+from jspec.kv import (
+    KVPool,
+    PagedAllocator,
+    ReqKVState,
     ReqRowAllocator,
+    alloc_decode,
+    alloc_extend,
     alloc_req_rows,
     assign_req_to_token_pool,
     free_req_rows,
     get_last_loc,
+    init_allocator,
+    init_kv_pool,
     init_req_rows,
     init_req_to_token,
+    prepare_for_decode,
+    release_kv_cache,
 )
 
 
