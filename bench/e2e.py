@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--attention-impl",
         default="auto",
         choices=("auto", "xla", "triton"),
-        help="model attention (EngineConfig.attention_impl; auto = triton on GPU)",
+        help="model attention (make_engine_config's attention_impl; auto = triton on GPU)",
     )
     args = parser.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             engine = Engine(ecfg, target, params, draft, dparams)
         pool = sum(x.nbytes for x in jax.tree.leaves(engine.state.kv.target_pool))
-        print(f"attention {attn} ({ecfg.attention_kernel_impl}): pool {pool / 2**30:.2f} GiB")
+        print(f"attention {attn} ({ecfg.kernels.attention}): pool {pool / 2**30:.2f} GiB")
         m = args.max_running
         chunk = (np.full(1, m, np.int32), np.zeros((1, 2048), np.int32), np.zeros(1, np.int32))
         chunk += (np.zeros(1, np.int32), np.zeros(1, bool), np.zeros(1, np.int32))

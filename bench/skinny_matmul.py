@@ -86,10 +86,13 @@ def shape_rows(rows_list: list[int], bw: float) -> list[dict]:
 
 
 def _layer(lp, x, positions, inv_freq, mm, fused: bool):
+    from jspec.engine import resolve_kernel_policy
     from jspec.models.layers import apply_rope, rms_norm
 
     t = x.shape[0]
-    h = rms_norm(x, lp["attn_norm"], 1e-5)
+    # The RMSNorm kernel the engine's policy picks for these rows (Triton on GPU for bf16).
+    norm = resolve_kernel_policy(dtype=x.dtype, hidden_size=x.shape[-1]).rms_norm
+    h = rms_norm(x, lp["attn_norm"], 1e-5, impl=norm)
     if fused:
         qkv = mm(h, lp["wqkv"])
         q, k, v = qkv[:, :H], qkv[:, H : H + KV], qkv[:, H + KV :]
@@ -100,7 +103,7 @@ def _layer(lp, x, positions, inv_freq, mm, fused: bool):
     v = v.reshape(t, 8, 128)
     attn = q + jnp.repeat(k, 4, axis=1) + jnp.repeat(v, 4, axis=1)  # stands in for attention
     x = x + mm(attn.reshape(t, H), lp["wo"])
-    h = rms_norm(x, lp["mlp_norm"], 1e-5)
+    h = rms_norm(x, lp["mlp_norm"], 1e-5, impl=norm)
     if fused:
         gu = mm(h, lp["w_gate_up"])
         act = jax.nn.silu(gu[:, :INTER]) * gu[:, INTER:]

@@ -229,10 +229,10 @@ def detect_inf(x: jax.Array, msg: str, *, where: jax.Array | None = None) -> Non
         _detect_values(jnp.isinf(x), "Inf", msg, where)
 
 
-def detect_oob(
-    x: jax.Array, low: Any, high: Any, msg: str, *, where: jax.Array | None = None
+def _detect_range(
+    x: jax.Array, low: Any, high: Any, msg: str, where: jax.Array | None, *, closed: bool
 ) -> None:
-    """Probe: ``low <= x < high``; the low and the high bound are reported separately."""
+    """``low <= x`` and ``x < high`` (``x <= high`` when ``closed``), each bound reported."""
     if _skip(x):
         return
     info = jnp.iinfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else jnp.finfo(x.dtype)
@@ -241,26 +241,24 @@ def detect_oob(
     checkify.check(
         x_min >= low, msg + ": min value {v} < low bound {b}", v=x_min, b=jnp.asarray(low)
     )
+    below_high, op = (x_max <= high, ">") if closed else (x_max < high, ">=")
     checkify.check(
-        x_max < high, msg + ": max value {v} >= high bound {b}", v=x_max, b=jnp.asarray(high)
+        below_high, msg + f": max value {{v}} {op} high bound {{b}}", v=x_max, b=jnp.asarray(high)
     )
+
+
+def detect_oob(
+    x: jax.Array, low: Any, high: Any, msg: str, *, where: jax.Array | None = None
+) -> None:
+    """Probe: ``low <= x < high``; the low and the high bound are reported separately."""
+    _detect_range(x, low, high, msg, where, closed=False)
 
 
 def detect_in_closed_range(
     x: jax.Array, low: Any, high: Any, msg: str, *, where: jax.Array | None = None
 ) -> None:
     """Probe: ``low <= x <= high``."""
-    if _skip(x):
-        return
-    info = jnp.iinfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.integer) else jnp.finfo(x.dtype)
-    x_min = jnp.min(_masked(x, where, info.max))
-    x_max = jnp.max(_masked(x, where, info.min))
-    checkify.check(
-        x_min >= low, msg + ": min value {v} < low bound {b}", v=x_min, b=jnp.asarray(low)
-    )
-    checkify.check(
-        x_max <= high, msg + ": max value {v} > high bound {b}", v=x_max, b=jnp.asarray(high)
-    )
+    _detect_range(x, low, high, msg, where, closed=True)
 
 
 def detect_page_aligned(

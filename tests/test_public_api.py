@@ -173,7 +173,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "jax.Array]'",
         "merge_and_sort_free": "def(a: 'PagedAllocator') -> 'PagedAllocator'",
         "move_kv_cache": "def(pool: 'KVPool', tgt_slot_ids: 'jax.Array', src_slot_ids: 'jax.Array', *, "
-        "impl: 'str' = 'auto', interpret: 'bool | None' = None, block_rows: 'int' = 16, "
+        "impl: 'str' = 'xla', interpret: 'bool | None' = None, block_rows: 'int' = 16, "
         "block_elems: 'int' = 8192, num_warps: 'int' = 8, "
         "single_block_rows: 'int' = 64) -> 'KVPool'",
         "owned_page_mask": "def(req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
@@ -216,8 +216,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "draft_positions": "def(seq_lens: 'jax.Array', *, topk: 'int') -> 'jax.Array'",
         "duplicate_prefix_tail_to_draft_branches": "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
         "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', max_pairs: 'int | None' = None, "
-        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
-        "interpret: 'bool | None' = None) -> 'KVPool'",
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "move_impl: 'str | None' = None, interpret: 'bool | None' = None) -> 'KVPool'",
         "eagle_sample_greedy": "def(logits: 'jax.Array', candidates: 'jax.Array', retrive_index: 'jax.Array', "
         "retrive_next_token: 'jax.Array', retrive_next_sibling: 'jax.Array', *, "
         "num_spec_steps: 'int', impl: 'str' = 'xla', "
@@ -233,7 +233,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "move_accept_tokens_to_target_kvcache": "def(target_pool: 'KVPool', req_to_token: 'jax.Array', "
         "req_pool_indices: 'jax.Array', seq_lens: 'jax.Array', out_cache_loc: 'jax.Array', "
         "accept_index: 'jax.Array', accept_lens: 'jax.Array', *, "
-        "valid: 'jax.Array | None' = None, impl: 'str' = 'auto', "
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
         "interpret: 'bool | None' = None) -> 'KVPool'",
         "organize_draft_results": "def(score_list: 'list[jax.Array] | tuple[jax.Array, ...]', "
         "token_list: 'list[jax.Array] | tuple[jax.Array, ...]', "
@@ -245,8 +245,9 @@ RECORDED: dict[str, dict[str, str]] = {
         "interpret: 'bool | None' = None) -> 'tuple[jax.Array, jax.Array, jax.Array]'",
         "prepare_for_draft": "def(draft_pool: 'KVPool', req_to_token: 'jax.Array', req_pool_indices: 'jax.Array', "
         "seq_lens: 'jax.Array', *, geometry: 'TreeGeometry', max_pairs: 'int | None' = None, "
-        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', move_impl: 'str' = 'auto', "
-        "interpret: 'bool | None' = None, return_ok: 'bool' = False) -> 'Any'",
+        "valid: 'jax.Array | None' = None, impl: 'str' = 'xla', "
+        "move_impl: 'str | None' = None, interpret: 'bool | None' = None, "
+        "return_ok: 'bool' = False) -> 'Any'",
         "sample_from_probs": "def(probs: 'jax.Array', coins: 'jax.Array') -> 'jax.Array'",
         "seed_words": "def(seed: 'int') -> 'tuple[int, int]'",
         "select_top_k_tokens": "def(step: 'int', topk_p: 'jax.Array', topk_index: 'jax.Array', hidden: 'jax.Array', "
@@ -334,17 +335,24 @@ RECORDED: dict[str, dict[str, str]] = {
         "admission: 'str' = 'reserve', max_rounds: 'int' = 8, adaptive: 'bool' = False, "
         "lossy_thresholds: 'LossyThresholds | None' = None) -> 'None'",
         "EngineConfig": "class(spec: 'SpecConfig', max_prompt_len: 'int', batch_buckets: 'tuple[int, ...]', "
-        "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
-        "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
-        "gemm_impl: 'str' = 'auto', attention_backend: 'Any' = None, "
+        "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', "
+        "kernels: 'KernelPolicy' = KernelPolicy(bookkeeping='xla', attention='xla', "
+        "gemm='xla', cublas_min_tokens=0, rms_norm='xla', topk_probs='xla'), "
+        "tensor_parallel: 'int' = 1, attention_backend: 'Any' = None, "
         "chunked_prefill_size: 'int' = 8192, prefill_buckets: 'tuple[int, "
         "...] | None' = None, mem_fraction_static: 'float | None' = None) -> None",
         "EngineState": "class(kv: 'Any', carry: 'SpecCarry') -> None",
         "GreedyStepOutput": "class(next_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "InputError": "exception(ValueError)",
+        "KERNEL_CHOICES": "= {'bookkeeping': ('xla', 'pallas'), 'attention': ('xla', 'triton'), "
+        "'gemm': ('xla', 'cublas'), 'rms_norm': ('xla', 'triton'), 'topk_probs': ('xla', "
+        "'pallas', 'triton')}",
         "KVBackend": "class(*args, **kwargs)",
         "KVView": "class(token_table: 'jax.Array', rows: 'jax.Array', seq_lens: 'jax.Array', "
         "valid: 'jax.Array') -> None",
+        "KernelPolicy": "class(bookkeeping: 'str' = 'xla', attention: 'str' = 'xla', gemm: 'str' = 'xla', "
+        "cublas_min_tokens: 'int' = 0, rms_norm: 'str' = 'xla', "
+        "topk_probs: 'str' = 'xla') -> None",
         "PagedAttentionBackend": "class(impl: 'str' = 'xla') -> None",
         "PagedKVBackend": "class(ecfg: 'EngineConfig') -> None",
         "PagedKVState": "class(allocator: 'PagedAllocator', req_rows: 'ReqRowAllocator', "
@@ -396,7 +404,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "num_pages: 'int | None' = None, batch_buckets: 'tuple[int, ...] | None' = None, "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', impl: 'str' = 'auto', "
         "tensor_parallel: 'int' = 1, attention_impl: 'str' = 'auto', "
-        "gemm_impl: 'str' = 'auto', attention_backend: 'Any' = None, "
+        "gemm_impl: 'str' = 'auto', rms_norm_impl: 'str' = 'auto', "
+        "topk_probs_impl: 'str' = 'auto', attention_backend: 'Any' = None, "
         "chunked_prefill_size: 'int' = 8192, prefill_buckets: 'tuple[int, "
         "...] | None' = None, mem_fraction_static: 'float | None' = None, "
         "draft: 'Any' = None) -> 'EngineConfig'",
@@ -412,6 +421,10 @@ RECORDED: dict[str, dict[str, str]] = {
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, PrefillOutput]'",
         "release": "def(runner: 'Runner', state: 'EngineState', slot_idx: 'jax.Array', "
         "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
+        "resolve_kernel_policy": "def(*, impl: 'str' = 'auto', attention_impl: 'str' = 'auto', "
+        "gemm_impl: 'str' = 'auto', rms_norm_impl: 'str' = 'auto', "
+        "topk_probs_impl: 'str' = 'auto', dtype: 'Any' = 'float32', hidden_size: 'int' = 0, "
+        "vocab_size: 'int' = 0, backend: 'str | None' = None) -> 'KernelPolicy'",
         "spec_decode_step": "def(runner: 'Runner', weights: 'Weights', state: 'EngineState', "
         "slot_idx: 'jax.Array', live: 'jax.Array', "
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, SpecStepOutput]'",
@@ -423,9 +436,11 @@ RECORDED: dict[str, dict[str, str]] = {
         "page_size: 'int') -> 'KVView'",
     },
     "jspec.models": {
+        "with_kernel_policy": "def(model: 'Any', kernels: 'Any') -> 'Any'",
         "MODEL_SCOPE": "= 'jspec_model'",
         "AttnFn": "alias of collections.abc.Callable",
-        "Eagle1Draft": "class(config: 'LlamaConfig', capture_layers: 'tuple[int, ...]' = ()) -> None",
+        "Eagle1Draft": "class(config: 'LlamaConfig', capture_layers: 'tuple[int, ...]' = (), "
+        "rms_norm_impl: 'str' = 'xla') -> None",
         "Eagle1Params": "class(fc: 'jax.Array', fc_bias: 'jax.Array | None', layer: 'LayerParams', "
         "final_norm: 'jax.Array | None') -> None",
         "Eagle3Config": "class(hidden_size: 'int', intermediate_size: 'int', num_heads: 'int', "
@@ -433,7 +448,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "rms_norm_eps: 'float' = 1e-06, rope_theta: 'float' = 10000.0, "
         "rope_scaling: 'RopeScaling | None' = None, aux_layer_ids: 'tuple[int, "
         "...] | None' = None, num_aux: 'int' = 3, dtype: 'str' = 'float32') -> None",
-        "Eagle3Draft": "class(config: 'Eagle3Config', capture_layers: 'tuple[int, ...]') -> None",
+        "Eagle3Draft": "class(config: 'Eagle3Config', capture_layers: 'tuple[int, ...]', "
+        "rms_norm_impl: 'str' = 'xla') -> None",
         "Eagle3Params": "class(fc: 'jax.Array', fc_bias: 'jax.Array | None', hidden_norm: 'jax.Array', "
         "layer: 'LayerParams', final_norm: 'jax.Array', lm_head: 'jax.Array', "
         "d2t: 'jax.Array') -> None",
@@ -448,7 +464,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_position_embeddings: 'int' = 2048) -> None",
         "LlamaParams": "class(embed: 'jax.Array', layers: 'tuple', final_norm: 'jax.Array', "
         "lm_head: 'jax.Array | None') -> None",
-        "LlamaTarget": "class(config: 'LlamaConfig') -> None",
+        "LlamaTarget": "class(config: 'LlamaConfig', rms_norm_impl: 'str' = 'xla') -> None",
         "RopeScaling": "class(factor: 'float', low_freq_factor: 'float', high_freq_factor: 'float', "
         "original_max_position_embeddings: 'int', rope_type: 'str' = 'llama3') -> None",
         "Tokenizer": "class(tokenizer: 'Any', *, bos_token_ids: 'Sequence[int]' = (), "

@@ -102,7 +102,7 @@ def move_kv_cache(
     tgt_loc: torch.Tensor,
     src_loc: torch.Tensor,
     *,
-    impl: str = "auto",
+    impl: str = "xla",
     interpret: bool | None = None,
 ) -> None:
     """In place over every layer's K and V buffer: ``buf[tgt] = buf[src]`` (gather, then scatter).

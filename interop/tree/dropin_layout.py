@@ -126,7 +126,7 @@ def move_accept_tokens_to_target_kvcache(
     accept_index: torch.Tensor,
     accept_lens: torch.Tensor,
     *,
-    impl: str = "auto",
+    impl: str = "xla",
     interpret: bool | None = None,
 ):
     """Moves the accepted target KV in place; returns the ``(tgt, src)`` i64 pairs."""

@@ -17,10 +17,39 @@ MAX_PAGE_SIZE = 256
 # --devices x --tensor-parallel bound for CPU host devices (jax_num_cpu_devices): thousands of
 # host devices make XLA's compile crawl and abort; on GPU the devices present are the bound.
 MAX_HOST_DEVICES = 64
-# The impls each flag accepts (jspec.engine.state's IMPLS / ATTENTION_IMPLS; the README names
-# the same): tests/apps/test_cli_input.py holds them equal.
-IMPL_CHOICES = ("auto", "xla", "pallas")
-ATTENTION_IMPL_CHOICES = ("auto", "xla", "triton")
+# One flag per kernel family of the engine's policy (jspec.kernels.policy.CHOICES, each also
+# "auto"): flag -> (make_engine_config keyword, family, help). The README names the same
+# choices; tests/apps/test_cli_input.py holds them equal.
+KERNEL_FLAGS = {
+    "--kernel-impl": (
+        "impl",
+        "bookkeeping",
+        "tree / attention-metadata / KV bookkeeping kernels: auto = Pallas on GPU, jnp elsewhere",
+    ),
+    "--attention-impl": (
+        "attention_impl",
+        "attention",
+        "paged attention of the model (page tables in): auto = the Triton kernels on GPU, the "
+        "pure-jnp reference otherwise",
+    ),
+    "--gemm-impl": (
+        "gemm_impl",
+        "gemm",
+        "the model's matmuls on GPU: auto = cuBLAS for calls of >= 64 tokens, XLA's Triton "
+        "GEMMs below",
+    ),
+    "--rms-norm-impl": (
+        "rms_norm_impl",
+        "rms_norm",
+        "the models' RMSNorm: auto = the Triton kernel on GPU for bf16 / f16, jnp otherwise",
+    ),
+    "--topk-probs-impl": (
+        "topk_probs_impl",
+        "topk_probs",
+        "the draft's top-k: auto = the bookkeeping impl (Triton on GPU for vocabularies wider "
+        "than one Pallas tile)",
+    ),
+}
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: the shell's status of a Ctrl-C
 
 
@@ -62,13 +91,41 @@ def setup_devices(devices: int, tensor_parallel: int) -> None:
         )
 
 
+def kernel_choices(flag: str) -> tuple[str, ...]:
+    """The values ``flag`` (a :data:`KERNEL_FLAGS` key) accepts: ``"auto"`` and its family's."""
+    from jspec.engine import KERNEL_CHOICES
+
+    return ("auto",) + KERNEL_CHOICES[KERNEL_FLAGS[flag][1]]
+
+
+def add_kernel_args(group: Any) -> None:
+    """The :data:`KERNEL_FLAGS` (each ``auto`` by default; checked by :func:`check_spec_args`
+    so a bad name is one line naming the flag, not argparse's usage block)."""
+    for flag, (dest, _family, text) in KERNEL_FLAGS.items():
+        group.add_argument(
+            flag, dest=dest, default="auto", metavar="|".join(kernel_choices(flag)), help=text
+        )
+
+
+def kernel_impls(args: argparse.Namespace) -> dict[str, str]:
+    """The kernel flags as ``make_engine_config`` keywords."""
+    return {dest: getattr(args, dest) for dest, _family, _text in KERNEL_FLAGS.values()}
+
+
 def check_spec_args(args: argparse.Namespace) -> None:
     """Host checks of the spec / run flags shared by ``jspec demo`` and ``jspec generate``
     (``InputError`` naming the flag, before anything is built or compiled): counts >= 1,
     ``--steps <= MAX_NUM_STEPS`` (the draft loop is unrolled: compile time grows with it),
-    ``--page-size <= MAX_PAGE_SIZE``, ``--draft-tokens <= MAX_NUM_DRAFT_TOKENS``."""
+    ``--page-size <= MAX_PAGE_SIZE``, ``--draft-tokens <= MAX_NUM_DRAFT_TOKENS``, and every
+    kernel flag one of its family's names."""
     from jspec.config import MAX_NUM_DRAFT_TOKENS, MAX_NUM_STEPS
     from jspec.engine.inputs import InputError, check_count
+
+    for flag, (dest, _family, _text) in KERNEL_FLAGS.items():
+        if getattr(args, dest) not in kernel_choices(flag):
+            raise InputError(
+                f"{flag}={getattr(args, dest)!r} must be one of {'|'.join(kernel_choices(flag))}"
+            )
 
     for flag in (
         "page_size",
@@ -163,8 +220,7 @@ def engine_config_from_args(
             max_prompt_len=max_prompt_len,
             draft_attention=args.draft_attention,
             tensor_parallel=args.tensor_parallel,
-            impl=args.impl,
-            attention_impl=args.attention_impl,
+            **kernel_impls(args),
             chunked_prefill_size=getattr(args, "chunked_prefill_size", 8192),
             mem_fraction_static=getattr(args, "mem_fraction_static", None),
             draft=draft,

@@ -26,8 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jspec.apps._cli import (
-    ATTENTION_IMPL_CHOICES,
-    IMPL_CHOICES,
+    add_kernel_args,
     add_sampling_args,
     check_context,
     check_run_memory,
@@ -51,19 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=3, help="speculative_num_steps")
     g.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
     g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
-    g.add_argument(
-        "--impl",
-        choices=IMPL_CHOICES,
-        default="auto",
-        help="bookkeeping kernels: auto = Pallas on GPU, pure jnp elsewhere",
-    )
-    g.add_argument(
-        "--attention-impl",
-        choices=ATTENTION_IMPL_CHOICES,
-        default="auto",
-        help="paged attention of the model (page tables in): auto = the Triton kernels on GPU, "
-        "the pure-jnp reference otherwise",
-    )
+    add_kernel_args(g)
     g = p.add_argument_group("workload")
     g.add_argument("--num-prompts", type=int, default=6)
     g.add_argument("--max-new-tokens", type=int, default=48)
@@ -235,6 +222,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     from jspec import probes
     from jspec.engine.scheduler import Engine
+    from jspec.models import with_kernel_policy
 
     t_build = time.perf_counter()
     target, draft_model, nbytes = _plan_models(args)
@@ -255,6 +243,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     check_run_memory(ecfg, target, draft_model, weight_bytes=nbytes, num_devices=args.devices)
     params, draft_model, draft = _build_models(args, target)
+    # The models' RMSNorm kernel from the engine's policy (their own field).
+    target, draft_model = (with_kernel_policy(m, ecfg.kernels) for m in (target, draft_model))
     devices = jax.devices()
     layout = (
         f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"
@@ -274,7 +264,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     print(
         f"  spec: page_size {spec.page_size}, topk {spec.topk}, steps {spec.num_steps}, "
         f"draft tokens {spec.num_draft_tokens}, draft attention {ecfg.draft_attention}, "
-        f"kernels {ecfg.kernel_impl}, attention {ecfg.attention_kernel_impl}; "
+        f"kernels {ecfg.kernels}; "
         f"{spec.num_pages} pages/device, buckets {ecfg.batch_buckets}"
     )
     print(

@@ -38,8 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jspec.apps._cli import (
-    ATTENTION_IMPL_CHOICES,
-    IMPL_CHOICES,
+    add_kernel_args,
     add_sampling_args,
     check_context,
     check_run_memory,
@@ -117,13 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=3, help="speculative_num_steps")
     g.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
     g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
-    g.add_argument("--impl", choices=IMPL_CHOICES, default="auto")
-    g.add_argument(
-        "--attention-impl",
-        choices=ATTENTION_IMPL_CHOICES,
-        default="auto",
-        help="paged attention: auto = the page-table Triton kernels on GPU, jnp elsewhere",
-    )
+    add_kernel_args(g)
     g = p.add_argument_group("serving size")
     g.add_argument(
         "--chunked-prefill-size",

@@ -97,7 +97,7 @@ def estimate_memory(
     if spec_run:
         logits += 4 * max_bs * n * draft.vocab_size
     attention = 0
-    if getattr(ecfg, "attention_kernel_impl", "xla") == "xla":
+    if ecfg.attention_backend is None and ecfg.kernels.attention == "xla":
         # (rows, queries per row, keys per row) of each pass: prefill over the prompt, the
         # verify / greedy decode rows over the context row, the draft's B*K branch rows.
         width = spec.req_to_token_width

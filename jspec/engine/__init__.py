@@ -65,6 +65,8 @@ from jspec.engine.scheduler import Engine, Request, RunStats, SpecPolicy
 from jspec.engine.spec_step import spec_decode_step
 from jspec.engine.state import EngineConfig, EngineState, SpecCarry, make_engine_config
 from jspec.engine.step_types import GreedyStepOutput, PrefillOutput, SpecStepOutput
+from jspec.kernels.policy import CHOICES as KERNEL_CHOICES
+from jspec.kernels.policy import KernelPolicy, resolve_kernel_policy
 
 __all__ = [
     "AttentionBackend",
@@ -76,8 +78,10 @@ __all__ = [
     "EngineState",
     "GreedyStepOutput",
     "InputError",
+    "KERNEL_CHOICES",
     "KVBackend",
     "KVView",
+    "KernelPolicy",
     "PagedAttentionBackend",
     "PagedKVBackend",
     "PagedKVState",
@@ -100,6 +104,7 @@ __all__ = [
     "prefill",
     "prefill_chunk",
     "release",
+    "resolve_kernel_policy",
     "spec_decode_step",
     "validate_requests",
     "view_from_page_table",

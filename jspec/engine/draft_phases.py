@@ -54,7 +54,7 @@ def draft_decode_passes(ecfg: EngineConfig, view: KVView, out_cache_loc: jax.Arr
             seq_lens,
             geometry=spec.geometry,
             kv_indices_width=batch * k * width,
-            impl=ecfg.kernel_impl,
+            impl=ecfg.kernels.bookkeeping,
         )
         cols = jnp.arange(width, dtype=jnp.int32)
         passes = []
@@ -75,7 +75,7 @@ def draft_decode_passes(ecfg: EngineConfig, view: KVView, out_cache_loc: jax.Arr
         out_cache_loc,
         geometry=spec.geometry,
         max_pages=ceil_div(spec.context_len, p),
-        impl=ecfg.kernel_impl,
+        impl=ecfg.kernels.bookkeeping,
     )
     normal, expand = meta.normal, meta.expand
     pass_a = AttentionMetadata(

@@ -106,6 +106,6 @@ def draft_topk(runner: Runner, weights: Weights, hidden: jax.Array) -> tuple[jax
     ecfg, draft = runner.ecfg, runner.draft
     with model_scope("draft"):
         logits = draft.logits(weights.draft, weights.target, hidden)
-    topk_p, draft_ids = topk_probs(logits, ecfg.spec.topk, impl=ecfg.kernel_impl)
+    topk_p, draft_ids = topk_probs(logits, ecfg.spec.topk, impl=ecfg.kernels.topk_probs)
     with model_scope("draft"):
         return topk_p, draft.to_target_ids(weights.draft, draft_ids).astype(draft_ids.dtype)

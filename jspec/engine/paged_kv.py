@@ -110,7 +110,7 @@ class PagedKVBackend:
     ) -> tuple[PagedKVState, KVView, jax.Array]:
         """``num_tokens == 1``: ``alloc_decode`` of row[L] (the greedy step); the spec reserve:
         ``prepare_for_decode`` (rows grown page aligned to ``ceil_P(L + reserve)``)."""
-        spec, impl = self.ecfg.spec, self.ecfg.kernel_impl
+        spec, impl = self.ecfg.spec, self.ecfg.kernels.bookkeeping
         reqs = self._reqs(kv, slot_idx, live)
         seq, rpi = reqs.committed_lens, reqs.req_pool_indices
         if num_tokens == 1:
@@ -159,7 +159,7 @@ class PagedKVBackend:
     ) -> tuple[PagedKVState, KVView, jax.Array]:
         """A first chunk takes a req_to_token row (``alloc_req_rows``); every chunk
         ``alloc_extend``s ``row[start : end]``."""
-        spec, impl = self.ecfg.spec, self.ecfg.kernel_impl
+        spec, impl = self.ecfg.spec, self.ecfg.kernels.bookkeeping
         bp, p = slot_idx.shape[0], spec.page_size
         first = valid & (starts == 0)
         cont = valid & ~first

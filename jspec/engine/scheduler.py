@@ -313,10 +313,10 @@ class Engine:
 
     def _fn(self, body, num_tokens: int = 0):
         """The jitted ``body`` for calls whose target forward holds ``num_tokens`` tokens (the
-        GEMM compile options depend on it: ``EngineConfig.gemm_compiler_options``)."""
+        GEMM compile options depend on it: ``KernelPolicy.gemm_compiler_options``)."""
         key = (body, self._checked, num_tokens)
         if key not in self._fns:  # NOTE: cached here: hashing ecfg per host step costs
-            options = self.ecfg.gemm_compiler_options(num_tokens)
+            options = self.ecfg.kernels.gemm_compiler_options(num_tokens)
             self._fns[key] = sharding.sharded(body, self.runner, self.num_devices, key[1], options)
         return self._fns[key]
 

@@ -193,7 +193,7 @@ def sharded(
     state is not donated: after a fired probe the caller still holds the state the call
     started from (a debug run inspects it; without checkify the state is donated).
     ``compiler_options``: XLA options for this function's compiles, as hashable ``(name,
-    value)`` pairs (``EngineConfig.gemm_compiler_options``).
+    value)`` pairs (``EngineConfig.kernels.gemm_compiler_options``).
     """
     options = dict(compiler_options) or None
     tp = runner.ecfg.tensor_parallel

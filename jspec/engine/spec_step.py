@@ -122,7 +122,7 @@ def phase_prepare(
         view.seq_lens,
         geometry=spec.geometry,
         valid=live,
-        impl=ecfg.kernel_impl,
+        impl=ecfg.kernels.bookkeeping,
     )
     carry = state.carry
     return DraftPlan(
@@ -149,7 +149,7 @@ def phase_tree(ecfg: EngineConfig, res: DraftResult) -> VerifyPlan:
         view.seq_lens,
         geometry=spec.geometry,
         mode=TreeMaskMode.QLEN_ONLY,
-        impl=ecfg.kernel_impl,
+        impl=ecfg.kernels.bookkeeping,
     )
     verify_loc = verify_out_cache_loc(
         view.token_table,
@@ -208,7 +208,7 @@ def phase_accept(
             tree.retrive_next_token,
             tree.retrive_next_sibling,
             num_spec_steps=min(s, n - 1) + 1,
-            impl=ecfg.kernel_impl,
+            impl=ecfg.kernels.bookkeeping,
         )
     accept_lens = jnp.where(live, accept_lens, 0).astype(jnp.int32)
     accept_tokens = jnp.where(accept_index >= 0, predict[jnp.maximum(accept_index, 0)], 0)

@@ -34,26 +34,14 @@ from jspec._pytree import pytree_dataclass
 from jspec.config import BatchBuckets, SpecConfig, ceil_div
 from jspec.engine.attention import PagedAttentionBackend
 from jspec.engine.protocol import DTYPES
+from jspec.kernels.policy import KernelPolicy, resolve_kernel_policy
 
 DRAFT_ATTENTION = ("cascade", "kv_indices")
-IMPLS = ("auto", "xla", "pallas")
-# attention_impl: the paged attention kernels reading K/V from pool pages by page table
-# (jspec.kernels.paged_attention): "xla" (the pure-jnp reference), "triton" (raw Triton through
-# jax_triton, GPU only) or "auto" ("triton" on GPU, "xla" elsewhere).
-ATTENTION_IMPLS = ("auto", "xla", "triton")
 # chunked_prefill_size: prompt tokens per prefill call (sglang --chunked-prefill-size; its
 # default on large GPUs). Prefill chunk lengths are compiled per bucket (prefill_buckets):
 # by default the largest chunk and its quarters down to MIN_PREFILL_BUCKET.
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192
 MIN_PREFILL_BUCKET = 64
-# gemm_impl: how XLA compiles the model's matmuls. "auto" turns XLA's Triton GEMM emitter off
-# (cuBLAS) on GPU for calls whose target forward holds >= CUBLAS_MIN_TOKENS tokens. Measured on
-# the H200 (bench/skinny_matmul.py --layers, bench/RESULTS.md, 2026-11-24, 8B layers, bf16): at
-# 64 rows cuBLAS streams the fused layer in 127 us vs 143 (XLA's autotuned Triton GEMMs), at 1
-# and 8 rows it is slower (124 vs 121, 129 vs 120 us); whole steps (bench/real_size.py): greedy
-# bs64 5.86 -> 5.50 ms, spec bs16 (128 verify tokens) 7.11 -> 6.97, greedy bs1 4.40 -> 4.67.
-GEMM_IMPLS = ("auto", "xla", "cublas")
-CUBLAS_MIN_TOKENS = 64
 DP_AXIS, TP_AXIS = "dp", "tp"  # mesh axes: data-parallel shards, tensor-parallel heads
 
 
@@ -70,9 +58,12 @@ class EngineConfig:
       prefill_batch: prompts admitted per prefill call (per shard).
       draft_attention: ``"cascade"`` (FA3 prefix + expand passes merged by LSE) or
         ``"kv_indices"`` (FlashInfer-style token-level indices).
-      impl: kernel impl for the bookkeeping ops that take one: ``"xla"`` (the pure-jnp
-        references), ``"pallas"`` (the kernels; interpret mode off the GPU, slow) or ``"auto"``
-        (default: ``"pallas"`` on GPU, ``"xla"`` elsewhere); see :attr:`kernel_impl`.
+      kernels: the concrete kernel of every op family
+        (:class:`jspec.kernels.policy.KernelPolicy`: bookkeeping ops, paged attention, GEMM
+        compile options, the models' RMSNorm, the draft's top-k), resolved once by
+        :func:`make_engine_config` from the backend, the model dtype and widths. The default is
+        the pure-jnp references everywhere. Greedy and speculative runs of one config use the
+        same kernels, so they stay token-identical.
       tensor_parallel: devices that share one data-parallel shard, each holding a contiguous
         block of the query / KV heads and of the MLP (sglang ``--tp-size``). Needs
         ``num_kv_heads`` divisible by it and models that define ``param_specs``
@@ -81,20 +72,9 @@ class EngineConfig:
         it identically, as sglang's TP ranks do; the KV pools hold its KV heads only. With
         ``tensor_parallel > 1`` the model bodies call ``psum`` over the mesh axis
         :attr:`tp_axis`, so they run only under ``jspec.engine.sharding.sharded``.
-      attention_impl: the paged attention of every model forward
-        (:func:`jspec.kernels.paged_attention.paged_attention`, page tables and lengths in):
-        ``"xla"`` (the pure-jnp reference: gathers pages), ``"triton"`` (raw Triton kernels
-        reading K/V from pool pages, GPU only) or ``"auto"`` (default: ``"triton"`` on GPU,
-        ``"xla"`` otherwise). Greedy and speculative runs of one config use the same impl, so
-        they stay token-identical.
       attention_backend: an :class:`jspec.engine.attention.AttentionBackend` object (hashable)
-        that replaces ``attention_impl`` (a serving stack's own attention over the same pool).
-      gemm_impl: how XLA compiles the models' matmuls on GPU: ``"xla"`` (its autotuned Triton
-        GEMM fusions), ``"cublas"`` (the Triton GEMM emitter off: cuBLAS) or ``"auto"``
-        (default: ``"cublas"`` for calls whose target forward holds at least
-        :data:`CUBLAS_MIN_TOKENS` tokens, else ``"xla"``); see :meth:`gemm_compiler_options`.
-        No effect off the GPU. In bf16 the two may round differently (f32 models are exact
-        either way).
+        that replaces ``kernels.attention`` (a serving stack's own attention over the same
+        pool).
       chunked_prefill_size: prompt tokens per prefill call over the whole prefill batch
         (sglang ``--chunked-prefill-size``): a call prefills ``[prefill_batch, Cq]`` tokens with
         ``Cq <= chunked_prefill_size // prefill_batch``, so activations are bounded by the
@@ -113,10 +93,8 @@ class EngineConfig:
     batch_buckets: tuple[int, ...]
     prefill_batch: int = 1
     draft_attention: str = "cascade"
-    impl: str = "auto"
+    kernels: KernelPolicy = KernelPolicy()
     tensor_parallel: int = 1
-    attention_impl: str = "auto"
-    gemm_impl: str = "auto"
     attention_backend: Any = None
     chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL_SIZE
     prefill_buckets: tuple[int, ...] | None = None
@@ -144,14 +122,8 @@ class EngineConfig:
                 f"prefill_batch={self.prefill_batch} must be in "
                 f"[1, max_running_requests={s.max_running_requests}]"
             )
-        if self.impl not in IMPLS:
-            raise ValueError(f"impl={self.impl!r} must be one of {IMPLS}")
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"attention_impl={self.attention_impl!r} must be one of {ATTENTION_IMPLS}"
-            )
-        if self.gemm_impl not in GEMM_IMPLS:
-            raise ValueError(f"gemm_impl={self.gemm_impl!r} must be one of {GEMM_IMPLS}")
+        if not isinstance(self.kernels, KernelPolicy):
+            raise TypeError(f"kernels={self.kernels!r} must be a KernelPolicy")
         cps = self.chunked_prefill_size
         if not isinstance(cps, int) or isinstance(cps, bool) or cps < self.prefill_batch:
             raise ValueError(
@@ -185,28 +157,13 @@ class EngineConfig:
             )
 
     @property
-    def kernel_impl(self) -> str:
-        """``impl`` with ``"auto"`` resolved for the current backend (read at trace time)."""
-        if self.impl != "auto":
-            return self.impl
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
-
-    @property
-    def attention_kernel_impl(self) -> str:
-        """``attention_impl`` with ``"auto"`` resolved (trace time): ``"triton"`` on GPU,
-        ``"xla"`` elsewhere."""
-        if self.attention_impl != "auto":
-            return self.attention_impl
-        return "triton" if jax.default_backend() == "gpu" else "xla"
-
-    @property
     def attention(self) -> Any:
         """The attention backend every forward writes and reads K/V through:
-        ``attention_backend`` if given, else jspec's paged kernels at
-        :attr:`attention_kernel_impl` (:class:`jspec.engine.attention.PagedAttentionBackend`)."""
+        ``attention_backend`` if given, else jspec's paged kernels at ``kernels.attention``
+        (:class:`jspec.engine.attention.PagedAttentionBackend`)."""
         if self.attention_backend is not None:
             return self.attention_backend
-        return PagedAttentionBackend(self.attention_kernel_impl)
+        return PagedAttentionBackend(self.kernels.attention)
 
     @property
     def max_chunk_len(self) -> int:
@@ -235,17 +192,6 @@ class EngineConfig:
             if b >= chunk_len:
                 return b
         raise ValueError(f"chunk_len={chunk_len} exceeds max_chunk_len={self.max_chunk_len}")
-
-    def gemm_compiler_options(self, num_tokens: int) -> tuple[tuple[str, bool], ...]:
-        """XLA compile options (``(name, value)`` pairs, hashable) for a jitted call whose
-        target forward holds ``num_tokens`` tokens: ``gemm_impl`` resolved; ``()`` = XLA's
-        defaults (always off the GPU)."""
-        if jax.default_backend() != "gpu":
-            return ()
-        impl = self.gemm_impl
-        if impl == "auto":
-            impl = "cublas" if num_tokens >= CUBLAS_MIN_TOKENS else "xla"
-        return (("xla_gpu_enable_triton_gemm", False),) if impl == "cublas" else ()
 
     @property
     def tp_axis(self) -> str | None:
@@ -282,6 +228,8 @@ def make_engine_config(
     tensor_parallel: int = 1,
     attention_impl: str = "auto",
     gemm_impl: str = "auto",
+    rms_norm_impl: str = "auto",
+    topk_probs_impl: str = "auto",
     attention_backend: Any = None,
     chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL_SIZE,
     prefill_buckets: tuple[int, ...] | None = None,
@@ -297,6 +245,15 @@ def make_engine_config(
     leaves once the weights are placed (:func:`jspec.engine.memory.num_pages_for_memory`; give
     ``draft`` so its pool is counted; call it after the params are on the device); else enough
     for ``max_running_requests`` requests at full context (:func:`default_num_pages`).
+
+    The kernels: ``impl`` (bookkeeping ops), ``attention_impl``, ``gemm_impl``,
+    ``rms_norm_impl`` and ``topk_probs_impl`` are ``"auto"`` or a concrete name, resolved once
+    here into :attr:`EngineConfig.kernels` by
+    :func:`jspec.kernels.policy.resolve_kernel_policy` from the backend, ``target.dtype``, the
+    widest hidden size and vocabulary of ``target`` and ``draft`` (``ValueError`` naming the
+    keyword for an unknown name). The models read their RMSNorm impl from their own
+    ``rms_norm_impl`` field: set it from ``kernels.rms_norm``
+    (:func:`jspec.models.with_kernel_policy`).
     """
     spec_like = {
         "page_size": page_size,
@@ -333,10 +290,18 @@ def make_engine_config(
         batch_buckets=tuple(batch_buckets),
         prefill_batch=prefill_batch,
         draft_attention=draft_attention,
-        impl=impl,
+        kernels=resolve_kernel_policy(
+            impl=impl,
+            attention_impl=attention_impl,
+            gemm_impl=gemm_impl,
+            rms_norm_impl=rms_norm_impl,
+            topk_probs_impl=topk_probs_impl,
+            dtype=target.dtype,
+            hidden_size=max(getattr(m, "hidden_size", 0) for m in (target, draft)),
+            # topk_probs reads the draft's logits (the target's vocabulary bounds them).
+            vocab_size=getattr(draft if draft is not None else target, "vocab_size", 0),
+        ),
         tensor_parallel=tensor_parallel,
-        attention_impl=attention_impl,
-        gemm_impl=gemm_impl,
         attention_backend=attention_backend,
         chunked_prefill_size=chunked_prefill_size,
         prefill_buckets=None if prefill_buckets is None else tuple(prefill_buckets),

@@ -42,7 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
-from jspec.kernels._common import on_gpu, resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
 from jspec.kernels.move_kv_plan import (
     MODE_DIRECT,
     MODE_SKIP,
@@ -52,10 +52,9 @@ from jspec.kernels.move_kv_plan import (
     plan_launch,
 )
 
+# bench/move_kv_cache.py on the H200 measured pallas and triton within noise of each other
+# (both ~3 TB/s at n=4096); the engine's policy uses its bookkeeping impl (pallas on GPU).
 IMPLS = ("xla", "pallas", "triton")
-# "auto" on a GPU backend: bench/move_kv_cache.py on the H200 measured pallas and triton within
-# noise of each other (both ~3 TB/s at n=4096); pallas needs no jax_triton.
-AUTO_GPU_IMPL = "pallas"
 # Default tuning (H200, 2 KB rows; bench/move_kv_cache.py --sweep): rows per program,
 # K-or-V elements per program, warps, and the largest n (rounded up to a power of 2) moved by
 # a single row block (then there is no stash pass and no XLA work at all).
@@ -241,7 +240,7 @@ def move_kv_cache(
     tgt_slot_ids: jax.Array,
     src_slot_ids: jax.Array,
     *,
-    impl: str = "auto",
+    impl: str = "xla",
     interpret: bool | None = None,
     block_rows: int = BLOCK_ROWS,
     block_elems: int = BLOCK_ELEMS,
@@ -258,8 +257,7 @@ def move_kv_cache(
         ``(0 -> 0)``. Probe: in ``[0, num_slots)``.
       src_slot_ids: i32[n] source token slots. Probe: in ``[0, num_slots)``.
       impl: static; ``"xla"`` (the reference), ``"pallas"`` (Triton lowering; interpret mode
-        off GPU), ``"triton"`` (raw Triton through jax_triton, GPU only) or ``"auto"``
-        (``AUTO_GPU_IMPL`` on GPU, ``"xla"`` elsewhere).
+        off GPU) or ``"triton"`` (raw Triton through jax_triton, GPU only).
       interpret: static; Pallas interpret mode (None: interpret unless on GPU).
       block_rows, block_elems, num_warps, single_block_rows: static kernel tuning (powers
         of 2): pairs per program, K-or-V elements per program, warps per program, and the
@@ -284,8 +282,6 @@ def move_kv_cache(
         f"k.shape={k.shape} and v.shape={v.shape} must be equal and 4-D "
         "[num_layers, num_slots, num_kv_heads, head_dim]",
     )
-    if impl == "auto":
-        impl = AUTO_GPU_IMPL if on_gpu() else "xla"
     impl = resolve_impl(impl, IMPLS, "move_kv_cache")
     num_slots = k.shape[1]
     probes.detect_oob(tgt, 0, num_slots, "move_kv_cache: tgt_slot_ids out of range")

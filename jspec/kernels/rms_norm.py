@@ -16,9 +16,10 @@ program per row.
 
 ``impl``: ``"xla"`` the reference; ``"triton"`` the kernel through ``jax_triton``
 (:mod:`jspec.kernels.rms_norm_triton`, imported on first use; GPU only: on CPU the same source
-runs in Triton's interpreter on torch tensors, tests/models/test_rms_norm.py);
-``"auto"`` the kernel on a GPU backend for bf16 / f16 streams of at most :data:`MAX_HIDDEN`
-columns, else the reference (f32 models keep XLA's exact path).
+runs in Triton's interpreter on torch tensors, tests/models/test_rms_norm.py). The engine's
+kernel policy (:func:`jspec.kernels.policy.resolve_kernel_policy`) picks ``"triton"`` on a GPU
+for bf16 / f16 streams of at most :data:`MAX_HIDDEN` columns, else the reference (f32 models
+keep XLA's exact path); the op itself never guesses.
 
 NOTE (shared/PLATFORM.md): no checks inside the kernel; a NaN / Inf row gives NaN / Inf outputs
 in that row only.
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 
 from jspec.kernels import _common
 
-IMPLS = ("auto", "xla", "triton")
+IMPLS = ("xla", "triton")
 MAX_HIDDEN = 32768  # one program holds a whole row: 64 f32 per lane at 16 warps
 
 
@@ -55,23 +56,21 @@ def rms_norm_reference(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array
 
 
 def _use_triton(x: jax.Array, impl: str) -> bool:
-    if impl == "triton":
-        return x.shape[0] > 0
-    return (
-        impl == "auto"
-        and _common.on_gpu()
-        and jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-        and 0 < x.shape[0]
-        and x.shape[1] <= MAX_HIDDEN
-    )
+    """The kernel for ``impl="triton"`` (an empty ``x`` launches nothing: same empty result)."""
+    if impl == "triton" and x.shape[1] > MAX_HIDDEN:
+        raise ValueError(
+            f"impl='triton' takes rows of at most MAX_HIDDEN={MAX_HIDDEN} columns; "
+            f"x.shape={tuple(x.shape)}: use impl='xla'"
+        )
+    return impl == "triton" and x.shape[0] > 0
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto") -> jax.Array:
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "xla") -> jax.Array:
     """sglang ``rmsnorm``: ``x: dtype[T, H]``, ``weight: [H]`` -> ``dtype[T, H]``.
 
     Raises:
-      ValueError: an unknown ``impl`` (or ``"triton"`` off a GPU), ``x`` not 2-D, ``weight``
-        not ``[H]``.
+      ValueError: an unknown ``impl`` (or ``"triton"`` off a GPU or for rows wider than
+        :data:`MAX_HIDDEN`), ``x`` not 2-D, ``weight`` not ``[H]``.
     """
     _validate(x, None, weight, impl)
     if not _use_triton(x, impl):
@@ -83,7 +82,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto")
 
 
 def fused_add_rmsnorm(
-    x: jax.Array, residual: jax.Array, weight: jax.Array, eps: float, *, impl: str = "auto"
+    x: jax.Array, residual: jax.Array, weight: jax.Array, eps: float, *, impl: str = "xla"
 ) -> tuple[jax.Array, jax.Array]:
     """sglang ``fused_add_rmsnorm``, functional: ``residual' = residual + x`` (``dtype[T, H]``,
     rounded to ``dtype``), ``out = rms_norm(residual', weight)``.

@@ -47,7 +47,8 @@ from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
 IMPLS = ("xla", "pallas", "triton")
-# Widest padded row the kernel takes in one tile; wider logits fall back to the reference.
+# Widest padded row the Pallas kernel takes in one tile; wider logits need impl="triton" (the
+# chunked kernel) or "xla" (the kernel policy picks one of them for wide vocabularies).
 MAX_COLS = 16384
 # Default launch: one row per program, one warp per COLS_PER_WARP padded columns (16 f32 per
 # lane). The selection is a chain of 2K+2 dependent row reductions, so latency dominates and a
@@ -234,10 +235,9 @@ def topk_probs(
         p = NaN (``exp(-inf - -inf)``), like the reference. +inf entries get p = NaN and the
         rest of their row p = 0 (``jax.nn.logsumexp`` semantics).
       topk: static K, ``1 <= K <= V``.
-      impl: ``"xla"`` (:func:`topk_probs_reference`), ``"pallas"`` or ``"triton"`` (GPU
-        only). With ``"pallas"``, logits wider than :data:`MAX_COLS` (after padding V to a
-        power of 2) take the ``"triton"`` kernel when compiled for the GPU and the reference
-        in interpret mode.
+      impl: ``"xla"`` (:func:`topk_probs_reference`), ``"pallas"`` (rows of at most
+        :data:`MAX_COLS` columns after padding V to a power of 2; ``ValueError`` for wider
+        ones) or ``"triton"`` (GPU only; any width, in column chunks).
       interpret: Pallas interpret mode; ``None`` means interpret off the GPU.
       block_rows: static rows per Pallas program (power of 2); default 1 (rows narrower than
         32 columns are packed).
@@ -260,8 +260,11 @@ def topk_probs(
     impl = _common.resolve_impl(impl, IMPLS, "topk_probs")
     num_rows, vocab = logits.shape
     interpret = _common.resolve_interpret(interpret)
-    if impl == "pallas" and next_power_of_2(vocab) > MAX_COLS:
-        impl = "xla" if interpret else "triton"
+    probes.static_check(
+        impl != "pallas" or next_power_of_2(vocab) <= MAX_COLS,
+        f"impl='pallas' takes rows of at most MAX_COLS={MAX_COLS} columns (V padded to a power "
+        f"of 2); logits.shape={tuple(logits.shape)}: use impl='triton' (GPU) or 'xla'",
+    )
     if impl == "xla" or num_rows == 0:
         return topk_probs_reference(logits, topk)
     if impl == "triton":

@@ -191,7 +191,7 @@ def move_kv_cache(
     tgt_slot_ids: jax.Array,
     src_slot_ids: jax.Array,
     *,
-    impl: str = "auto",
+    impl: str = "xla",
     interpret: bool | None = None,
     block_rows: int = _move.BLOCK_ROWS,
     block_elems: int = _move.BLOCK_ELEMS,
@@ -209,8 +209,7 @@ def move_kv_cache(
       tgt_slot_ids: i32[n] target token slots (int32; sglang's are int64). Probe: in
         ``[0, num_slots)``.
       src_slot_ids: i32[n] source token slots. Probe: in ``[0, num_slots)``.
-      impl: static; ``"xla"`` (the reference), ``"pallas"``, ``"triton"`` (GPU only) or
-        ``"auto"`` (Pallas on GPU, XLA elsewhere).
+      impl: static; ``"xla"`` (the reference), ``"pallas"`` or ``"triton"`` (GPU only).
       interpret: static; Pallas interpret mode (None: interpret unless on GPU).
       block_rows, block_elems, num_warps, single_block_rows: static kernel tuning (powers
         of 2), see :func:`jspec.kernels.move_kv_cache.move_kv_cache`.

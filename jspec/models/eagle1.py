@@ -22,6 +22,7 @@ from jspec.models._geometry import ConfigGeometry
 from jspec.models.hf_config import LlamaConfig
 from jspec.models.layers import (
     AttnFn,
+    check_rms_norm_impl,
     lm_logits,
     matmul,
     model_scope,
@@ -47,14 +48,19 @@ class Eagle1Draft(ConfigGeometry):
     Attributes:
       config: the head's geometry as a one-layer :class:`LlamaConfig` (``vocab_size`` = the
         target's; the head has no embedding or LM head of its own).
+      capture_layers: always ``()`` (the head reads the target's final hidden state).
+      rms_norm_impl: the RMSNorm kernel, ``"xla"`` | ``"triton"`` (GPU): the engine's
+        ``KernelPolicy.rms_norm`` (:func:`jspec.models.with_kernel_policy`).
     """
 
     config: LlamaConfig
     capture_layers: tuple[int, ...] = ()
+    rms_norm_impl: str = "xla"
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, LlamaConfig):
             raise TypeError(f"config={type(self.config).__name__} must be a LlamaConfig")
+        check_rms_norm_impl(self.rms_norm_impl)
         if self.capture_layers != ():
             raise ValueError(
                 f"capture_layers={self.capture_layers}: EAGLE-1 heads consume the "
@@ -92,7 +98,8 @@ class Eagle1Draft(ConfigGeometry):
         if params.fc_bias is not None:
             x = x + params.fc_bias.astype(dt)
         lp = params.layer
-        h = x if lp.attn_norm is None else rms_norm(x, lp.attn_norm, cfg.rms_norm_eps)
+        norm = self.rms_norm_impl
+        h = x if lp.attn_norm is None else rms_norm(x, lp.attn_norm, cfg.rms_norm_eps, impl=norm)
         pool, x, mlp_out = decoder_layer(
             lp,
             0,
@@ -104,6 +111,7 @@ class Eagle1Draft(ConfigGeometry):
             eps=cfg.rms_norm_eps,
             inv_freq=self.inv_freq,
             tp_axis=tp_axis,
+            norm_impl=norm,
         )
         return pool, x + mlp_out
 
@@ -119,7 +127,9 @@ class Eagle1Draft(ConfigGeometry):
     ) -> jax.Array:
         """f32[T, V]: the target's LM head over the head's normed ``hidden``."""
         if params.final_norm is not None:
-            hidden = rms_norm(hidden, params.final_norm, self.config.rms_norm_eps)
+            hidden = rms_norm(
+                hidden, params.final_norm, self.config.rms_norm_eps, impl=self.rms_norm_impl
+            )
         if target_params.lm_head is None:
             return lm_logits(hidden, target_params.embed, transposed=True)
         return lm_logits(hidden, target_params.lm_head)

@@ -36,6 +36,7 @@ from jspec.models.layers import (
     AttnFn,
     add_rms_norm,
     attention_block,
+    check_rms_norm_impl,
     lm_logits,
     matmul,
     mlp_block,
@@ -66,14 +67,18 @@ class Eagle3Draft(ConfigGeometry):
       config: the head's :class:`Eagle3Config`.
       capture_layers: target layers whose incoming residual the head fuses
         (``config.capture_layers(target.num_layers)``).
+      rms_norm_impl: the RMSNorm kernel, ``"xla"`` | ``"triton"`` (GPU): the engine's
+        ``KernelPolicy.rms_norm`` (:func:`jspec.models.with_kernel_policy`).
     """
 
     config: Eagle3Config
     capture_layers: tuple[int, ...]
+    rms_norm_impl: str = "xla"
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, Eagle3Config):
             raise TypeError(f"config={type(self.config).__name__} must be an Eagle3Config")
+        check_rms_norm_impl(self.rms_norm_impl)
         if len(self.capture_layers) != self.config.num_aux:
             raise ValueError(
                 f"capture_layers={self.capture_layers} must name "
@@ -124,10 +129,11 @@ class Eagle3Draft(ConfigGeometry):
         hidden = hidden_in.astype(dt)
         lp = params.layer
         embeds = target_params.embed[token_ids].astype(dt)
+        norm = self.rms_norm_impl
         x = jnp.concatenate(
             [
-                rms_norm(embeds, lp.attn_norm, cfg.rms_norm_eps),
-                rms_norm(hidden, params.hidden_norm, cfg.rms_norm_eps),
+                rms_norm(embeds, lp.attn_norm, cfg.rms_norm_eps, impl=norm),
+                rms_norm(hidden, params.hidden_norm, cfg.rms_norm_eps, impl=norm),
             ],
             -1,
         )
@@ -135,7 +141,7 @@ class Eagle3Draft(ConfigGeometry):
         pool, attn = attention_block(
             lp.wqkv, lp.wo, x, 0, pool, positions, attn_fn, inv_freq=inv_freq, tp_axis=tp_axis
         )
-        h, residual = add_rms_norm(hidden, attn, lp.mlp_norm, cfg.rms_norm_eps)
+        h, residual = add_rms_norm(hidden, attn, lp.mlp_norm, cfg.rms_norm_eps, impl=norm)
         return pool, mlp_block(lp.w_gate_up, lp.w_down, h, tp_axis) + residual
 
     @model_scope("draft")
@@ -164,9 +170,10 @@ class Eagle3Draft(ConfigGeometry):
     ) -> jax.Array:
         """f32[T, draft_vocab_size] from ``hidden_out: dtype[T, H]`` (``norm`` then lm_head)."""
         del target_params  # the head has its own LM head over the draft vocabulary
-        return lm_logits(
-            rms_norm(hidden, params.final_norm, self.config.rms_norm_eps), params.lm_head
+        normed = rms_norm(
+            hidden, params.final_norm, self.config.rms_norm_eps, impl=self.rms_norm_impl
         )
+        return lm_logits(normed, params.lm_head)
 
     def to_target_ids(self, params: Eagle3Params, draft_ids: jax.Array) -> jax.Array:
         """i32[...] draft ids -> i32[...] target ids (``id + d2t[id]``)."""

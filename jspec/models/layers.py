@@ -22,6 +22,7 @@ import numpy as np
 
 from jspec.engine.protocol import AttnFn, matmul_precision
 from jspec.engine.protocol import model_scope as _protocol_scope
+from jspec.kernels.rms_norm import IMPLS as RMS_NORM_IMPLS
 from jspec.kernels.rms_norm import fused_add_rmsnorm
 from jspec.kernels.rms_norm import rms_norm as _rms_norm
 from jspec.models.hf_config import RopeScaling
@@ -85,27 +86,40 @@ def check_tensor_parallel(
             raise ValueError(f"tensor_parallel={tensor_parallel} must divide {name}={value}")
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+def check_rms_norm_impl(impl: str) -> str:
+    """``impl`` if it names an RMSNorm kernel (``ValueError`` naming ``rms_norm_impl``)."""
+    if impl not in RMS_NORM_IMPLS:
+        raise ValueError(f"rms_norm_impl={impl!r} must be one of {RMS_NORM_IMPLS}")
+    return impl
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, impl: str = "xla") -> jax.Array:
     """``x * rsqrt(mean(x^2) + eps) * weight`` in f32, cast back to ``x.dtype`` (``x: [..., H]``).
 
-    On a GPU, bf16 / f16 rows go through jspec's Triton kernel (one launch instead of XLA's
-    reduction + normalize; :mod:`jspec.kernels.rms_norm`), elsewhere the jnp reference."""
+    ``impl``: ``"xla"`` (the jnp reference) or ``"triton"`` (one launch instead of XLA's
+    reduction + normalize; GPU only: :mod:`jspec.kernels.rms_norm`). A model passes its
+    ``rms_norm_impl`` (the engine's ``KernelPolicy.rms_norm``)."""
     flat = x.reshape(-1, x.shape[-1])
-    return _rms_norm(flat, weight, eps).reshape(x.shape)
+    return _rms_norm(flat, weight, eps, impl=impl).reshape(x.shape)
 
 
 def add_rms_norm(
-    residual: jax.Array, delta: jax.Array | None, weight: jax.Array, eps: float
+    residual: jax.Array,
+    delta: jax.Array | None,
+    weight: jax.Array,
+    eps: float,
+    *,
+    impl: str = "xla",
 ) -> tuple[jax.Array, jax.Array]:
     """The pre-norm step of a residual stream: ``residual' = residual + delta`` (in the stream's
     dtype; ``delta`` None: the stream as it is), ``(rms_norm(residual'), residual')``.
 
-    ``residual, delta: dtype[T, H]``. One Triton launch on a GPU for bf16 / f16
-    (:func:`jspec.kernels.rms_norm.fused_add_rmsnorm`), the jnp reference elsewhere.
+    ``residual, delta: dtype[T, H]``. ``impl="triton"``: one launch on the GPU
+    (:func:`jspec.kernels.rms_norm.fused_add_rmsnorm`); ``"xla"``: the jnp reference.
     """
     if delta is None:
-        return rms_norm(residual, weight, eps), residual
-    return fused_add_rmsnorm(delta.astype(residual.dtype), residual, weight, eps)
+        return rms_norm(residual, weight, eps, impl=impl), residual
+    return fused_add_rmsnorm(delta.astype(residual.dtype), residual, weight, eps, impl=impl)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:

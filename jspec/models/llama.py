@@ -33,6 +33,7 @@ from jspec.models.layers import (
     AttnFn,
     add_rms_norm,
     attention_block,
+    check_rms_norm_impl,
     lm_logits,
     mlp_block,
     model_scope,
@@ -178,12 +179,14 @@ def decoder_layer(
     eps: float,
     inv_freq: np.ndarray,
     tp_axis: str | None = None,
+    norm_impl: str = "xla",
 ) -> tuple[Any, jax.Array, jax.Array]:
     """One pre-norm Llama decoder layer over flat tokens, its output left unsummed.
 
     Args:
       x: dtype[T, H] the incoming residual stream; h: dtype[T, Hin] its normed form (the
         attention input: ``rms_norm(x, lp.attn_norm)``, or ``x`` for EAGLE-1's identity norm).
+      norm_impl: the RMSNorm kernel (:func:`jspec.models.layers.rms_norm`).
 
     Returns:
       ``(pool, x', mlp_out)``, both dtype[T, H]: the layer's output is ``x' + mlp_out``, left
@@ -192,7 +195,7 @@ def decoder_layer(
     pool, attn = attention_block(
         lp.wqkv, lp.wo, h, layer, pool, positions, attn_fn, inv_freq=inv_freq, tp_axis=tp_axis
     )
-    h, x = add_rms_norm(x, attn, lp.mlp_norm, eps)
+    h, x = add_rms_norm(x, attn, lp.mlp_norm, eps, impl=norm_impl)
     return pool, x, mlp_block(lp.w_gate_up, lp.w_down, h, tp_axis)
 
 
@@ -203,13 +206,17 @@ class LlamaTarget(ConfigGeometry):
     Attributes:
       config: the model's :class:`LlamaConfig` (``dtype`` is the weights / activations / pool
         dtype).
+      rms_norm_impl: the RMSNorm kernel, ``"xla"`` | ``"triton"`` (GPU): the engine's
+        ``KernelPolicy.rms_norm`` (:func:`jspec.models.with_kernel_policy`).
     """
 
     config: LlamaConfig
+    rms_norm_impl: str = "xla"
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, LlamaConfig):
             raise TypeError(f"config={type(self.config).__name__} must be a LlamaConfig")
+        check_rms_norm_impl(self.rms_norm_impl)
 
     # ---- the protocol's static attributes (the rest: ConfigGeometry) ------------------------
     @property
@@ -257,12 +264,12 @@ class LlamaTarget(ConfigGeometry):
                 f"params.layers has {len(params.layers)} layers, num_layers={cfg.num_layers}"
             )
         inv_freq = self.inv_freq
-        eps = cfg.rms_norm_eps
+        eps, norm = cfg.rms_norm_eps, self.rms_norm_impl
         x = params.embed[token_ids].astype(cfg.jnp_dtype)
         delta = None  # the previous layer's MLP output, added in the next norm's launch
         captured: dict[int, jax.Array] = {}
         for layer, lp in enumerate(params.layers):
-            h, x = add_rms_norm(x, delta, lp.attn_norm, eps)
+            h, x = add_rms_norm(x, delta, lp.attn_norm, eps, impl=norm)
             if layer in capture_layers:
                 captured[layer] = x
             pool, x, delta = decoder_layer(
@@ -276,8 +283,9 @@ class LlamaTarget(ConfigGeometry):
                 eps=eps,
                 inv_freq=inv_freq,
                 tp_axis=tp_axis,
+                norm_impl=norm,
             )
-        hidden, _ = add_rms_norm(x, delta, params.final_norm, eps)
+        hidden, _ = add_rms_norm(x, delta, params.final_norm, eps, impl=norm)
         aux = jnp.concatenate([captured[i] for i in capture_layers], -1) if capture_layers else None
         return pool, hidden, aux
 

@@ -156,7 +156,7 @@ def move_accept_tokens_to_target_kvcache(
     accept_lens: jax.Array,
     *,
     valid: jax.Array | None = None,
-    impl: str = "auto",
+    impl: str = "xla",
     interpret: bool | None = None,
 ) -> KVPool:
     """Move the accepted nodes' target KV to ``row_b[L_b : L_b + accept_len_b]`` (V2, §9.1).

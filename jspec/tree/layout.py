@@ -135,7 +135,7 @@ def duplicate_prefix_tail_to_draft_branches(
     max_pairs: int | None = None,
     valid: jax.Array | None = None,
     impl: str = "xla",
-    move_impl: str = "auto",
+    move_impl: str | None = None,
     interpret: bool | None = None,
 ) -> KVPool:
     """Copy each request's prefix-tail KV into the first-page holes of branches 1..K-1.
@@ -147,7 +147,8 @@ def duplicate_prefix_tail_to_draft_branches(
       draft_pool: the draft model's KV pool.
       max_pairs: static pair capacity; None = the worst case ``B*(K-1)*(P-1)``. Unused pairs
         are ``(0 -> 0)`` moves inside the padding page.
-      impl: pair generation (``"xla"`` | ``"pallas"``); move_impl: ``move_kv_cache``'s impl.
+      impl: pair generation (``"xla"`` | ``"pallas"``); move_impl: ``move_kv_cache``'s impl
+        (None: ``impl``).
       Others: as :func:`prefix_tail_copy_pairs`.
 
     Returns:
@@ -157,19 +158,57 @@ def duplicate_prefix_tail_to_draft_branches(
     check_geometry(geometry, "duplicate_prefix_tail_to_draft_branches")
     if not geometry.is_holey:
         return draft_pool
-    if max_pairs is None:
-        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], geometry=geometry)
-    tgt, src, _ = prefix_tail_copy_pairs(
+    draft_pool, _ = _layout_and_holes(
+        draft_pool,
         req_to_token,
         req_pool_indices,
         seq_lens,
+        valid,
         geometry=geometry,
         max_pairs=max_pairs,
-        valid=valid,
+        impl=impl,
+        move_impl=move_impl,
+        interpret=interpret,
+    )
+    return draft_pool
+
+
+def _layout_and_holes(
+    draft_pool: KVPool,
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    seq_lens: jax.Array,
+    valid: jax.Array | None,
+    *,
+    geometry: TreeGeometry,
+    max_pairs: int | None,
+    impl: str,
+    move_impl: str | None,
+    interpret: bool | None,
+) -> tuple[KVPool, jax.Array]:
+    """One ``draft_cache_loc`` launch, then (holey layout only) the hole copies: the shared
+    body of :func:`duplicate_prefix_tail_to_draft_branches` and :func:`prepare_for_draft`.
+
+    Returns ``(draft_pool, out_cache_loc i32[B, K, S])``.
+    """
+    holey = geometry.is_holey
+    if max_pairs is None:
+        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], geometry=geometry)
+    out_cache_loc, tgt, src, _ = draft_cache_loc(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        valid,
+        geometry=geometry,
+        max_pairs=max_pairs if holey else 0,
         impl=impl,
         interpret=interpret,
     )
-    return move_kv_cache(draft_pool, tgt, src, impl=move_impl, interpret=interpret)
+    if holey:
+        draft_pool = move_kv_cache(
+            draft_pool, tgt, src, impl=move_impl or impl, interpret=interpret
+        )
+    return draft_pool, out_cache_loc
 
 
 @functools.partial(jax.jit, static_argnames=("topk",))
@@ -188,7 +227,7 @@ def prepare_for_draft(
     max_pairs: int | None = None,
     valid: jax.Array | None = None,
     impl: str = "xla",
-    move_impl: str = "auto",
+    move_impl: str | None = None,
     interpret: bool | None = None,
     return_ok: bool = False,
 ) -> Any:
@@ -218,21 +257,18 @@ def prepare_for_draft(
         f"prepare_for_draft: page_size={page_size!r} must be the draft pool's "
         f"page_size={draft_pool.page_size}",
     )
-    holey = geometry.is_holey
-    if max_pairs is None:
-        max_pairs = max_prefix_tail_pairs(req_pool_indices.shape[0], geometry=geometry)
-    out_cache_loc, tgt, src, _ = draft_cache_loc(
+    draft_pool, out_cache_loc = _layout_and_holes(
+        draft_pool,
         req_to_token,
         req_pool_indices,
         seq_lens,
         valid,
         geometry=geometry,
-        max_pairs=max_pairs if holey else 0,
+        max_pairs=max_pairs,
         impl=impl,
+        move_impl=move_impl,
         interpret=interpret,
     )
-    if holey:
-        draft_pool = move_kv_cache(draft_pool, tgt, src, impl=move_impl, interpret=interpret)
     out = (draft_pool, out_cache_loc, draft_positions(seq_lens, topk=geometry.topk))
     if not return_ok:
         return out

@@ -22,8 +22,8 @@ from test_checkpoint_errors import RAW, llama_tensors, write_llama
 
 from jspec.apps import demo, generate
 from jspec.apps import memory as memory_mod
-from jspec.apps._cli import ATTENTION_IMPL_CHOICES, IMPL_CHOICES, MAX_HOST_DEVICES
-from jspec.engine import state
+from jspec.apps._cli import KERNEL_FLAGS, MAX_HOST_DEVICES, kernel_choices
+from jspec.engine import KERNEL_CHOICES
 from jspec.models import _load
 
 ARGS = ["--prompt-ids", "1 2 3", "--max-new-tokens", "4", "--no-progress"]
@@ -291,15 +291,27 @@ def test_demo_bad_weights_and_context(tmp_path, capsys, no_weight_read_no_compil
     _one_line(2, capsys.readouterr().err, "demo", r"--steps=100000 must be <= 16")
 
 
-def test_both_clis_accept_every_attention_impl_the_engine_has():
-    assert ATTENTION_IMPL_CHOICES == state.ATTENTION_IMPLS and IMPL_CHOICES == state.IMPLS
+def test_both_clis_accept_every_kernel_impl_the_engine_has():
+    """One flag per kernel family of the policy; each accepts "auto" and every impl the policy
+    (and the README) names for it."""
+    assert {family for _dest, family, _text in KERNEL_FLAGS.values()} == set(KERNEL_CHOICES)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    named = re.search(r"`--attention-impl\s+([a-z|]+)`", readme).group(1).split("|")
-    assert set(named) <= set(ATTENTION_IMPL_CHOICES)
-    for impl in ATTENTION_IMPL_CHOICES:
-        args = demo._parser().parse_args(["--attention-impl", impl])
-        assert args.attention_impl == impl
-        args = generate._parser().parse_args(
-            ["--model", "m", "--prompt-ids", "1", "--max-new-tokens", "1", "--attention-impl", impl]
-        )
-        assert args.attention_impl == impl
+    for flag, (dest, family, _text) in KERNEL_FLAGS.items():
+        assert kernel_choices(flag) == ("auto",) + KERNEL_CHOICES[family]
+        named = re.search(rf"`{flag}\s+([a-z|]+)`", readme).group(1).split("|")
+        assert set(named) == set(kernel_choices(flag)), flag
+        for impl in kernel_choices(flag):
+            args = demo._parser().parse_args([flag, impl])
+            assert getattr(args, dest) == impl
+            args = generate._parser().parse_args(
+                ["--model", "m", "--prompt-ids", "1", "--max-new-tokens", "1", flag, impl]
+            )
+            assert getattr(args, dest) == impl
+
+
+@pytest.mark.parametrize("flag", list(KERNEL_FLAGS))
+def test_bad_kernel_impl_is_one_line(flag, capsys, no_weight_read_no_compile):
+    assert demo.main([flag, "cuda"]) == 2
+    _one_line(2, capsys.readouterr().err, "demo", rf"{flag}='cuda' must be one of auto\|")
+    code, err = _gen(capsys, "m", "--prompt-ids", "1", "--max-new-tokens", "1", flag, "cuda")
+    _one_line(code, err, "generate", rf"{flag}='cuda' must be one of auto\|")

@@ -81,17 +81,17 @@ def test_attention_impl_resolution(monkeypatch):
     from jspec.engine.attention import PagedAttentionBackend
 
     on_gpu = jax.default_backend() == "gpu"
-    assert make_engine_config(TINY).attention_kernel_impl == ("triton" if on_gpu else "xla")
+    assert make_engine_config(TINY).kernels.attention == ("triton" if on_gpu else "xla")
     for impl in ("xla", "triton"):
         cfg = make_engine_config(TINY, attention_impl=impl)
-        assert cfg.attention_kernel_impl == impl
+        assert cfg.kernels.attention == impl
         assert cfg.attention == PagedAttentionBackend(impl)
     own = PagedAttentionBackend("xla")
     assert make_engine_config(TINY, attention_impl="triton", attention_backend=own).attention is own
     with pytest.raises(ValueError, match="attention_backend=.* must define write_kv and attend"):
         make_engine_config(TINY, attention_backend=object())
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert make_engine_config(TINY).attention_kernel_impl == "triton"
+    assert make_engine_config(TINY).kernels.attention == "triton"
 
 
 def test_validation_errors():
@@ -175,20 +175,22 @@ def test_spec_step_with_pages_short_changes_no_state():
 
 def test_gemm_impl_compile_options(monkeypatch):
     """``gemm_impl``: validated; "auto" turns the Triton GEMM emitter off (cuBLAS) on GPU for
-    calls of >= CUBLAS_MIN_TOKENS target tokens only; nothing off the GPU."""
+    calls of >= CUBLAS_MIN_TOKENS target tokens only; nothing off the GPU. Resolved once, in
+    make_engine_config (the policy's gemm_compiler_options)."""
     import jax
 
-    from jspec.engine import state as st
+    from jspec.kernels import policy as st
 
     with pytest.raises(ValueError, match="gemm_impl"):
         make_engine_config(TINY, max_running_requests=2, gemm_impl="cudnn")
-    auto = make_engine_config(TINY, max_running_requests=2)
-    cublas = make_engine_config(TINY, max_running_requests=2, gemm_impl="cublas")
-    xla = make_engine_config(TINY, max_running_requests=2, gemm_impl="xla")
+    auto = make_engine_config(TINY, max_running_requests=2).kernels
+    cublas = make_engine_config(TINY, max_running_requests=2, gemm_impl="cublas").kernels
+    xla = make_engine_config(TINY, max_running_requests=2, gemm_impl="xla").kernels
     off = (("xla_gpu_enable_triton_gemm", False),)
     if jax.default_backend() != "gpu":
         assert auto.gemm_compiler_options(512) == cublas.gemm_compiler_options(512) == ()
     monkeypatch.setattr(st.jax, "default_backend", lambda: "gpu")
+    auto = make_engine_config(TINY, max_running_requests=2).kernels  # resolved on the "GPU"
     assert auto.gemm_compiler_options(st.CUBLAS_MIN_TOKENS - 1) == ()
     assert auto.gemm_compiler_options(st.CUBLAS_MIN_TOKENS) == off
     assert cublas.gemm_compiler_options(1) == off

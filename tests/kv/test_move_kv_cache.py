@@ -217,7 +217,7 @@ def test_int_locs_and_default_impl():
     rng = np.random.default_rng(6)
     pool, k, v = _pool(rng, 20)
     tgt, src = np.array([5, 6], np.int32), np.array([7, 8], np.int32)
-    out = move_kv_cache(pool, jnp.asarray(tgt), jnp.asarray(src))  # impl="auto"
+    out = move_kv_cache(pool, jnp.asarray(tgt), jnp.asarray(src))  # impl="xla" (the default)
     _assert_moved(out, k, v, tgt, src)
 
 

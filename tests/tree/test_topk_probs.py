@@ -128,16 +128,15 @@ def test_kernel_shape_edge_cases(interpret):
     # Empty batch: no launch.
     p, index = topk_probs(jnp.zeros((0, 8)), 2, impl="pallas", interpret=interpret)
     assert p.shape == (0, 2) and index.shape == (0, 2) and index.dtype == jnp.int32
-    # Wider than one tile: the reference in interpret mode (same result, no kernel), the
-    # chunked Triton kernel when compiled (tests/tree/test_topk_probs_triton.py).
+    # Wider than one tile: Pallas refuses (no silent switch); the kernel policy picks the
+    # chunked Triton kernel on GPU (tests/tree/test_topk_probs_triton.py) or the reference.
     x = jnp.asarray(np.random.default_rng(3).standard_normal((2, MAX_COLS + 1)), jnp.float32)
-    got = topk_probs(x, 4, impl="pallas", interpret=interpret)
-    want_p, want_index = topk_probs_reference(x, 4)
-    _check(got, np.asarray(want_p), np.asarray(want_index), rtol=0 if interpret else 1e-5)
+    with pytest.raises(ValueError, match=r"impl='pallas' takes rows of at most MAX_COLS"):
+        topk_probs(x, 4, impl="pallas", interpret=interpret)
 
 
 def test_topk_probs_impls_and_default():
-    """The engine's call (``topk_probs(logits, K, impl=ecfg.kernel_impl)``), both impls."""
+    """The engine's call (``topk_probs(logits, K, impl=ecfg.kernels.topk_probs)``), both impls."""
     x = jnp.asarray(_mixed_logits(np.random.default_rng(7), 6, 48), jnp.float32)
     want_p, want_index = _oracle(np.asarray(x), 4)
     for impl in ("xla", "pallas"):

@@ -1,0 +1,171 @@
+"""One kernel policy: the concrete implementation of every op family, resolved once.
+
+Every op takes a concrete ``impl=`` name and raises ``ValueError`` naming ``impl`` for one it
+does not have; no op guesses. ``"auto"`` exists only as an input of
+:func:`resolve_kernel_policy` (``make_engine_config``, the CLI), which picks per family from the
+backend (``jax.default_backend()``), the model dtype and its widths::
+
+    family (keyword)              choices                "auto" on GPU          "auto" elsewhere
+    bookkeeping (impl)            xla | pallas           pallas                 xla
+    attention (attention_impl)    xla | triton           triton                 xla
+    gemm (gemm_impl)              xla | cublas           cublas for calls of    xla (no effect)
+                                                         >= 64 target tokens
+    rms_norm (rms_norm_impl)      xla | triton           triton for bf16 / f16  xla (f32 exact)
+                                                         rows <= MAX_HIDDEN
+    topk_probs (topk_probs_impl)  xla | pallas | triton  bookkeeping's; triton  bookkeeping's;
+                                                         past one Pallas tile   xla past a tile
+
+``bookkeeping`` covers the tree / attention_meta / kv ops (``jspec.tree``,
+``jspec.attention_meta``, ``jspec.kv``; ``move_kv_cache`` included); ``gemm`` is how XLA
+compiles the model's matmuls (``"cublas"``: XLA's Triton GEMM emitter off); ``rms_norm`` the
+models' RMSNorm (each model's ``rms_norm_impl`` field); ``topk_probs`` the draft's top-k
+proposal (Pallas takes rows of at most ``MAX_COLS`` padded columns).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jspec.config import next_power_of_2
+from jspec.kernels import rms_norm as _rms_norm
+from jspec.kernels import topk_probs as _topk_probs
+
+__all__ = [
+    "CHOICES",
+    "CUBLAS_MIN_TOKENS",
+    "KernelPolicy",
+    "resolve_kernel_policy",
+]
+
+# The concrete implementations per family (an op family's kernels each support these).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "bookkeeping": ("xla", "pallas"),
+    "attention": ("xla", "triton"),
+    "gemm": ("xla", "cublas"),
+    "rms_norm": ("xla", "triton"),
+    "topk_probs": ("xla", "pallas", "triton"),
+}
+# gemm "auto" turns XLA's Triton GEMM emitter off (cuBLAS) on GPU for calls whose target forward
+# holds >= CUBLAS_MIN_TOKENS tokens. Measured on the H200 (bench/skinny_matmul.py --layers,
+# bench/RESULTS.md, 2026-11-24, 8B layers, bf16): at 64 rows cuBLAS streams the fused layer in
+# 127 us vs 143 (XLA's autotuned Triton GEMMs), at 1 and 8 rows it is slower (124 vs 121, 129
+# vs 120 us); whole steps (bench/real_size.py): greedy bs64 5.86 -> 5.50 ms, spec bs16 (128
+# verify tokens) 7.11 -> 6.97, greedy bs1 4.40 -> 4.67.
+CUBLAS_MIN_TOKENS = 64
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelPolicy:
+    """The concrete kernel of every op family (hashable: part of a static jit argument).
+
+    The defaults are the pure-jnp references everywhere (exact on CPU). Build one for a model
+    with :func:`resolve_kernel_policy`.
+
+    Attributes:
+      bookkeeping: ``impl`` of the tree / attention_meta / kv ops: ``"xla"`` | ``"pallas"``.
+      attention: the paged attention of every model forward: ``"xla"`` | ``"triton"``.
+      gemm: how XLA compiles the model matmuls on GPU: ``"xla"`` | ``"cublas"``.
+      cublas_min_tokens: with ``gemm="cublas"``, the calls it applies to: those whose target
+        forward holds at least this many tokens (0: all).
+      rms_norm: the models' RMSNorm: ``"xla"`` | ``"triton"``.
+      topk_probs: the draft's top-k proposal: ``"xla"`` | ``"pallas"`` | ``"triton"``.
+    """
+
+    bookkeeping: str = "xla"
+    attention: str = "xla"
+    gemm: str = "xla"
+    cublas_min_tokens: int = 0
+    rms_norm: str = "xla"
+    topk_probs: str = "xla"
+
+    def __post_init__(self) -> None:
+        for family, choices in CHOICES.items():
+            value = getattr(self, family)
+            if value not in choices:
+                raise ValueError(f"{family}={value!r} must be one of {choices}")
+        n = self.cublas_min_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"cublas_min_tokens={n!r} must be an int >= 0")
+
+    def gemm_compiler_options(self, num_tokens: int) -> tuple[tuple[str, bool], ...]:
+        """XLA compile options (``(name, value)`` pairs, hashable) for a jitted call whose target
+        forward holds ``num_tokens`` tokens; ``()`` = XLA's defaults (always off the GPU)."""
+        if jax.default_backend() != "gpu":
+            return ()
+        if self.gemm == "cublas" and num_tokens >= self.cublas_min_tokens:
+            return (("xla_gpu_enable_triton_gemm", False),)
+        return ()
+
+
+def _pick(keyword: str, family: str, choice: str, auto: str) -> str:
+    """``choice`` checked (``ValueError`` naming ``keyword``), or ``auto`` for ``"auto"``."""
+    if choice == "auto":
+        return auto
+    if choice not in CHOICES[family]:
+        raise ValueError(f"{keyword}={choice!r} must be one of {('auto',) + CHOICES[family]}")
+    return choice
+
+
+def resolve_kernel_policy(
+    *,
+    impl: str = "auto",
+    attention_impl: str = "auto",
+    gemm_impl: str = "auto",
+    rms_norm_impl: str = "auto",
+    topk_probs_impl: str = "auto",
+    dtype: Any = "float32",
+    hidden_size: int = 0,
+    vocab_size: int = 0,
+    backend: str | None = None,
+) -> KernelPolicy:
+    """The :class:`KernelPolicy` of one engine: each family's ``"auto"`` resolved (the table in
+    the module docstring), explicit choices checked.
+
+    Args:
+      impl: bookkeeping (``"auto"`` | ``"xla"`` | ``"pallas"``).
+      attention_impl, gemm_impl, rms_norm_impl, topk_probs_impl: ``"auto"`` or one of the
+        family's :data:`CHOICES`. A GPU-only kernel named off the GPU fails when it is traced
+        (the op's ``ValueError``), as before.
+      dtype: the models' activation dtype (name or dtype): ``rms_norm_impl="auto"`` takes the
+        kernel for bf16 / f16 only.
+      hidden_size: the widest RMSNorm row (target and draft); ``rms_norm_impl="auto"`` takes
+        the kernel up to :data:`jspec.kernels.rms_norm.MAX_HIDDEN` columns.
+      vocab_size: the widest row ``topk_probs`` sees (the draft's vocabulary); Pallas takes
+        rows up to :data:`jspec.kernels.topk_probs.MAX_COLS` (padded to a power of 2).
+      backend: default ``jax.default_backend()``.
+
+    Raises:
+      ValueError: an unknown choice (naming its keyword), or ``topk_probs_impl="pallas"`` for
+        rows wider than Pallas takes.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    gpu = backend == "gpu"
+    books = _pick("impl", "bookkeeping", impl, "pallas" if gpu else "xla")
+    attn = _pick("attention_impl", "attention", attention_impl, "triton" if gpu else "xla")
+    gemm = _pick("gemm_impl", "gemm", gemm_impl, "cublas" if gpu else "xla")
+    min_tokens = CUBLAS_MIN_TOKENS if gemm_impl == "auto" and gemm == "cublas" else 0
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    norm_kernel = gpu and half and 0 < hidden_size <= _rms_norm.MAX_HIDDEN
+    norm = _pick("rms_norm_impl", "rms_norm", rms_norm_impl, "triton" if norm_kernel else "xla")
+    wide = next_power_of_2(vocab_size) > _topk_probs.MAX_COLS
+    topk_auto = books
+    if books == "pallas" and wide:
+        topk_auto = "triton" if gpu else "xla"  # Pallas takes one tile of <= MAX_COLS columns
+    topk = _pick("topk_probs_impl", "topk_probs", topk_probs_impl, topk_auto)
+    if topk == "pallas" and wide:
+        raise ValueError(
+            f"topk_probs_impl='pallas' takes rows of at most {_topk_probs.MAX_COLS} columns "
+            f"(padded to a power of 2); vocab_size={vocab_size}: choose 'triton' (GPU) or 'xla'"
+        )
+    return KernelPolicy(
+        bookkeeping=books,
+        attention=attn,
+        gemm=gemm,
+        cublas_min_tokens=min_tokens,
+        rms_norm=norm,
+        topk_probs=topk,
+    )
