@@ -29,8 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=4.0, help="bytes of each K / V array")
     args = parser.parse_args(argv)
-    from jspec.engine import sharding
-    from jspec.engine.state import init_engine_state, make_engine_config
+    from jspec.engine import Runner, init_engine_state, make_engine_config, sharding
     from jspec.models import Eagle3Config, Eagle3Draft, LlamaConfig, LlamaTarget
 
     cfg = LlamaConfig(
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     pages = int(args.gib * 2**30 // (per_slot * 16))
     ecfg = make_engine_config(target, max_running_requests=4, num_pages=pages, context_len=512)
     print("start:", _mem(), flush=True)
-    st = init_engine_state(ecfg, draft)
+    st = init_engine_state(Runner(ecfg, target, draft))
     jax.block_until_ready(st)
     print("init_engine_state:", _mem(), "pointers", _ptrs(st), flush=True)
     stacked = sharding.stack_states([st], 1)

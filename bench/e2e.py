@@ -317,36 +317,35 @@ def _split(
     on a steady-state snapshot."""
     from jspec.engine import spec_step as ss
 
-    ecfg, params, draft = engine.ecfg, engine.params, engine.draft
-    models = (engine.target, engine.draft_model)
+    runner, weights = engine.runner, engine.weights
     state, slot_idx, live = _steady_state(engine, prompts, case.max_new_tokens)
     jit = functools.partial(jax.jit, donate_argnums=(0,))
-
-    def call(phase, *args):
-        return phase(ecfg, models[0], params, models[1], draft, *args)
-
-    prepare = jit(lambda st, si, lv: call(ss.phase_prepare, st, si, lv))
+    prepare = jit(lambda st, si, lv: ss.phase_prepare(runner.ecfg, runner.kv, st, si, lv))
     ms = {"draft": 0.0, "verify": 0.0, "bookkeeping": 0.0}
     ms["bookkeeping"] += _median_ms(prepare, lambda: (_copy(state), slot_idx, live), iters)
     ctx = prepare(_copy(state), slot_idx, live)
     for kind, phase in ss.PHASES:
-        fn = jit(functools.partial(lambda ph, c: call(ph, c), phase))
+        fn = jit(
+            functools.partial(
+                lambda k, ph, c: ss.call_phase(k, ph, runner, weights, c), kind, phase
+            )
+        )
         snap = ctx
         ms[kind] += _median_ms(fn, lambda snap=snap: (_copy(snap),), iters)
         ctx = fn(_copy(ctx))
-    commit = jax.jit(lambda st, c: ss.phase_commit(ecfg, st, c), donate_argnums=(0, 1))
+    commit = jax.jit(lambda st, c: ss.phase_commit(runner.kv, st, c), donate_argnums=(0, 1))
     ms["bookkeeping"] += _median_ms(commit, lambda: (_copy(state), _copy(ctx)), iters)
     # The engine's own (already compiled) step on the stacked one-shard snapshot.
     stacked = jax.tree.map(lambda x: x[None], state)
     step = engine._step_for(int(slot_idx.shape[-1]))
     ms["fused"] = _median_ms(
-        lambda st: step(params, draft, st, slot_idx[None], live[None]),
+        lambda st: step(weights, st, slot_idx[None], live[None]),
         lambda: (_copy(stacked),),
         iters,
     )
     device_us = profile_split_us(
         step,
-        lambda: (params, draft, _copy(stacked), slot_idx[None], live[None]),
+        lambda: (weights, _copy(stacked), slot_idx[None], live[None]),
         _classify,
         breakdown=_op_key,
     )

@@ -54,14 +54,14 @@ def probe(engine, name: str, body, args, pool_bytes: int, run: bool = False) -> 
         before = jax.tree.leaves(engine.state)
         print(f"  {name} run: before {_mem()}", flush=True)
         try:
-            engine.state, out = fn(engine.params, engine.draft, engine.state, *host)
+            engine.state, out = fn(engine.weights, engine.state, *host)
             jax.block_until_ready(out)
             donated = sum(x.is_deleted() for x in before)
             print(f"  {name} run: after {_mem()}; donated {donated}/{len(before)}", flush=True)
         except Exception as e:  # noqa: BLE001 - report and keep going
             print(f"  {name} run FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
         return
-    compiled = fn.lower(engine.params, engine.draft, engine.state, *host).compile()
+    compiled = fn.lower(engine.weights, engine.state, *host).compile()
     ma = compiled.memory_analysis()
     fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes")
     fields += ("temp_size_in_bytes",)
@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     from jspec.engine.greedy import greedy_step_body
     from jspec.engine.lifecycle import prefill_chunk_body
     from jspec.engine.memory import kv_bytes_per_token
-    from jspec.engine.scheduler import Engine, _spec_body
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.spec_step import spec_step_body
     from jspec.engine.state import make_engine_config
 
     g = dataclasses.replace(GEOMETRIES[args.geometry], layers=args.layers)
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             engine = Engine(ecfg, target, params)
         else:
             engine = Engine(ecfg, target, params, draft, dparams)
-        pool = sum(x.nbytes for x in jax.tree.leaves(engine.state.target_pool))
+        pool = sum(x.nbytes for x in jax.tree.leaves(engine.state.kv.target_pool))
         print(f"attention {attn} ({ecfg.kernels.attention}): pool {pool / 2**30:.2f} GiB")
         m = args.max_running
         chunk = (np.full(1, m, np.int32), np.zeros((1, 2048), np.int32), np.zeros(1, np.int32))
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
             probe(engine, "greedy_step", greedy_step_body, step, pool, args.run)
             del engine
             continue
-        probe(engine, "spec_step", _spec_body, step, pool, args.run)
+        probe(engine, "spec_step", spec_step_body, step, pool, args.run)
         del engine
         if args.run:
             break  # a greedy engine beside the spec one would not fit

@@ -305,7 +305,11 @@ def run_real_size(args: argparse.Namespace) -> list[dict]:
             try:
                 if engine is None:
                     raise RuntimeError(failed)
-                row.update(gpu_floor(g, engine.params, engine.draft, mode, bs, dp, tp, measured))
+                row.update(
+                    gpu_floor(
+                        g, engine.weights.target, engine.weights.draft, mode, bs, dp, tp, measured
+                    )
+                )
                 key = (row["layout"], mode, bs)
                 row.update(run_config(engine, prompts[:bs], real_size.NEW, outputs, key))
             except Exception as e:  # noqa: BLE001 - report and keep going

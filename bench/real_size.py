@@ -348,7 +348,7 @@ def _device_split(engine, prompts, sampling=None) -> tuple[dict[str, float] | No
     step = engine._step_for(int(slot_idx.shape[-1]))
 
     def make_args():
-        return (engine.params, engine.draft, _copy(stacked), slot_idx[None], live[None]) + extra
+        return (engine.weights, _copy(stacked), slot_idx[None], live[None]) + extra
 
     jit_ms = _median_ms(step, make_args, 10)
     try:

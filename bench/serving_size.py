@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         t0 = time.perf_counter()
         engine = make_engine(g, target, params, draft, dparams, mode, cells, args)
         pool = sum(
-            x.nbytes for x in jax.tree.leaves((engine.state.target_pool, engine.state.draft_pool))
+            x.nbytes
+            for x in jax.tree.leaves((engine.state.kv.target_pool, engine.state.kv.draft_pool))
         )
         spec = engine.ecfg.spec
         t1 = time.perf_counter()

@@ -86,7 +86,7 @@ def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
     stacked = jax.tree.map(lambda x: x[None], state)
 
     def make_args():
-        return (engine.params, engine.draft, _copy(stacked), slot_idx[None], live[None])
+        return (engine.weights, _copy(stacked), slot_idx[None], live[None])
 
     args = make_args()
     step = engine._step_for(int(slot_idx.shape[-1]))

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.engine import (
+    Runner,
+    Weights,
     greedy_step,
     init_engine_state,
     make_engine_config,
@@ -179,34 +181,31 @@ def run(prompts: list[list[int]], max_new_tokens: int, *, spec: bool, seed: int 
         batch_buckets=(num,),
         prefill_batch=num,
     )
-    state = init_engine_state(ecfg, draft)
+    runner, weights = Runner(ecfg, target, draft), Weights(tparams, dparams)
+    state = init_engine_state(runner)
     slots = jnp.arange(num, dtype=jnp.int32)
     ids = np.zeros((num, ecfg.max_prompt_len), np.int32)
     for i, p in enumerate(prompts):
         ids[i, : len(p)] = p
     lens = jnp.asarray([len(p) for p in prompts], jnp.int32)
-    state, pre = prefill(
-        ecfg, target, tparams, draft, dparams, state, slots, jnp.asarray(ids), lens
-    )
+    state, pre = prefill(runner, weights, state, slots, jnp.asarray(ids), lens)
     assert bool(pre.ok)
     out = [[int(t)] for t in pre.first_tokens]
     live = jnp.ones((num,), bool)
     accept_lens = []
     while min(map(len, out)) < max_new_tokens:
         if spec:
-            state, step = spec_decode_step(
-                ecfg, target, tparams, draft, dparams, state, slots, live
-            )
+            state, step = spec_decode_step(runner, weights, state, slots, live)
             for i in range(num):
                 n = int(step.accept_lens[i])
                 out[i] += [int(t) for t in step.accept_tokens[i, :n]]
                 accept_lens.append(n)
         else:
-            state, step = greedy_step(ecfg, target, tparams, state, slots, live)
+            state, step = greedy_step(runner, weights, state, slots, live)
             for i in range(num):
                 out[i].append(int(step.next_tokens[i]))
         assert bool(step.ok)
-    state = release(ecfg, state, slots, live)
+    state = release(runner, state, slots, live)
     return [o[:max_new_tokens] for o in out], accept_lens
 
 

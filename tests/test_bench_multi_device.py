@@ -103,14 +103,14 @@ _SCRIPT = textwrap.dedent("""
     params, draft, dparams = make_params(g, target)
     one = make_engine(g, target, params, draft, dparams, "spec", [2], "auto")
     two = make_engine(g, target, params, draft, dparams, "spec", [2], "auto", tensor_parallel=2)
-    lp = md.local_view(two.params)
+    lp = md.local_view(two.weights.target)
     assert lp.layers[0].wqkv.shape[1] == g.kv_heads // 2 and lp.lm_head.shape == (64, 512)
     plan = md.allreduce_plan(g, "spec", 2)
     measured = {{"copy TB/s": 1.0, "TFLOP/s": 1.0,
                 "allreduce": {{(2, r): {{"MB": 1.0, "device us": None, "wall us": 10.0}}
                               for r in plan}}}}
-    f1 = md.gpu_floor(g, one.params, one.draft, "spec", 2, 1, 1, measured)
-    f2 = md.gpu_floor(g, two.params, two.draft, "spec", 2, 1, 2, measured)
+    f1 = md.gpu_floor(g, one.weights.target, one.weights.draft, "spec", 2, 1, 1, measured)
+    f2 = md.gpu_floor(g, two.weights.target, two.weights.draft, "spec", 2, 1, 2, measured)
     assert f1["all-reduce floor ms"] == 0 and f1["all-reduce MB"] == 0
     assert f2["all-reduce floor ms"] == sum(plan.values()) * 10.0 / 1e3
     assert f2["floor ms"] == max(f2["memory floor ms"], f2["compute floor ms"]) + f2[

@@ -328,9 +328,9 @@ RECORDED: dict[str, dict[str, str]] = {
         "AttnFn": "alias of collections.abc.Callable",
         "AttnPlan": "class(write_slot_ids: 'jax.Array', passes: 'tuple') -> None",
         "DraftModel": "class(*args, **kwargs)",
-        "Engine": "class(ecfg: 'EngineConfig', target: 'Any', target_params: 'Any', "
-        "draft: 'Any' = None, draft_params: 'Any' = None, *, num_devices: 'int' = 1, "
-        "eos_token_id: 'int | Sequence[int] | None' = None, "
+        "Engine": "class(ecfg: 'EngineConfig', target: 'TargetModel', target_params: 'Any', "
+        "draft: 'DraftModel | None' = None, draft_params: 'Any' = None, *, "
+        "num_devices: 'int' = 1, eos_token_id: 'int | Sequence[int] | None' = None, "
         "check_every_step: 'bool' = False, checkify: 'bool' = False, "
         "admission: 'str' = 'reserve', max_rounds: 'int' = 8, adaptive: 'bool' = False, "
         "lossy_thresholds: 'LossyThresholds | None' = None) -> 'None'",
@@ -341,20 +341,24 @@ RECORDED: dict[str, dict[str, str]] = {
         "tensor_parallel: 'int' = 1, attention_backend: 'Any' = None, "
         "chunked_prefill_size: 'int' = 8192, prefill_buckets: 'tuple[int, "
         "...] | None' = None, mem_fraction_static: 'float | None' = None) -> None",
-        "EngineState": "class(allocator: 'PagedAllocator', req_rows: 'ReqRowAllocator', "
-        "req_to_token: 'jax.Array', target_pool: 'KVPool', draft_pool: 'KVPool | None', "
-        "committed_lens: 'jax.Array', allocated_lens: 'jax.Array', "
-        "req_pool_indices: 'jax.Array', live: 'jax.Array', bonus_tokens: 'jax.Array', "
-        "topk_p: 'jax.Array', topk_index: 'jax.Array', draft_hidden: 'jax.Array') -> None",
+        "EngineState": "class(kv: 'Any', carry: 'SpecCarry') -> None",
         "GreedyStepOutput": "class(next_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "InputError": "exception(ValueError)",
         "KERNEL_CHOICES": "= {'bookkeeping': ('xla', 'pallas'), 'attention': ('xla', 'triton'), "
         "'gemm': ('xla', 'cublas'), 'rms_norm': ('xla', 'triton'), 'topk_probs': ('xla', "
         "'pallas', 'triton')}",
+        "KVBackend": "class(*args, **kwargs)",
+        "KVView": "class(token_table: 'jax.Array', rows: 'jax.Array', seq_lens: 'jax.Array', "
+        "valid: 'jax.Array') -> None",
         "KernelPolicy": "class(bookkeeping: 'str' = 'xla', attention: 'str' = 'xla', gemm: 'str' = 'xla', "
         "cublas_min_tokens: 'int' = 0, rms_norm: 'str' = 'xla', "
         "topk_probs: 'str' = 'xla') -> None",
         "PagedAttentionBackend": "class(impl: 'str' = 'xla') -> None",
+        "PagedKVBackend": "class(ecfg: 'EngineConfig') -> None",
+        "PagedKVState": "class(allocator: 'PagedAllocator', req_rows: 'ReqRowAllocator', "
+        "req_to_token: 'jax.Array', target_pool: 'KVPool', draft_pool: 'KVPool | None', "
+        "committed_lens: 'jax.Array', allocated_lens: 'jax.Array', "
+        "req_pool_indices: 'jax.Array', live: 'jax.Array') -> None",
         "PrefillOutput": "class(first_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "Request": "class(rid: 'int', prompt: 'list[int]', max_new_tokens: 'int', "
         "arrival_step: 'int' = 0, "
@@ -372,11 +376,15 @@ RECORDED: dict[str, dict[str, str]] = {
         "num_preemptions: 'int' = 0, leak_check: 'str' = '', "
         "sampling: 'list[SamplingParams]' = <factory>, policy: 'list[tuple[str, "
         "int]]' = <factory>) -> None",
+        "Runner": "class(ecfg: 'EngineConfig', target: 'TargetModel', "
+        "draft: 'DraftModel | None' = None, kv: 'KVBackend | None' = None) -> None",
         "SamplingBatch": "class(temperature: 'jax.Array', seed: 'jax.Array', "
         "top_k: 'jax.Array | None' = None, top_p: 'jax.Array | None' = None, "
         "min_p: 'jax.Array | None' = None, lossy: 'LossyThresholds | None' = None) -> None",
         "SamplingParams": "class(temperature: 'float' = 0.0, top_k: 'int' = 0, top_p: 'float' = 1.0, "
         "min_p: 'float' = 0.0, seed: 'int | None' = None) -> None",
+        "SpecCarry": "class(bonus_tokens: 'jax.Array', topk_p: 'jax.Array', topk_index: 'jax.Array', "
+        "draft_hidden: 'jax.Array') -> None",
         "SpecPolicy": "class(alpha: 'float' = 0.3, warmup: 'int' = 2, try_plain_below: 'float' = 2.0, "
         "probe_every: 'int' = 4, max_probe_every: 'int' = 64, retire_after: 'int' = 2, "
         "accept_len: 'float | None' = None, t_spec: 'float | None' = None, "
@@ -385,10 +393,11 @@ RECORDED: dict[str, dict[str, str]] = {
         "retired: 'bool' = False) -> None",
         "SpecStepOutput": "class(accept_tokens: 'jax.Array', accept_lens: 'jax.Array', ok: 'jax.Array') -> None",
         "TargetModel": "class(*args, **kwargs)",
-        "greedy_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', state: 'EngineState', "
+        "Weights": "class(target: 'Any', draft: 'Any' = None) -> None",
+        "greedy_step": "def(runner: 'Runner', weights: 'Weights', state: 'EngineState', "
         "slot_idx: 'jax.Array', live: 'jax.Array', "
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, GreedyStepOutput]'",
-        "init_engine_state": "def(ecfg: 'EngineConfig', draft: 'Any' = None) -> 'EngineState'",
+        "init_engine_state": "def(runner: 'Runner', kv: 'Any' = None) -> 'EngineState'",
         "kv_bytes_per_token": "def(target: 'Any', draft: 'Any' = None) -> 'int'",
         "make_engine_config": "def(target: 'Any', *, page_size: 'int' = 16, topk: 'int' = 4, num_steps: 'int' = 3, "
         "num_draft_tokens: 'int' = 8, context_len: 'int' = 256, "
@@ -404,29 +413,28 @@ RECORDED: dict[str, dict[str, str]] = {
         "num_pages_for_memory": "def(target: 'Any', draft: 'Any', *, page_size: 'int', mem_fraction_static: 'float', "
         "tensor_parallel: 'int' = 1, memory: 'tuple[int, int] | None' = None, "
         "workspace_bytes: 'int' = 0) -> 'int'",
-        "prefill": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
-        "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
-        "prompt_ids: 'jax.Array', prompt_lens: 'jax.Array', "
+        "prefill": "def(runner: 'Runner', weights: 'Weights', state: 'EngineState', "
+        "slot_idx: 'jax.Array', prompt_ids: 'jax.Array', prompt_lens: 'jax.Array', "
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, PrefillOutput]'",
-        "prefill_chunk": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
-        "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
-        "token_ids: 'jax.Array', chunk_lens: 'jax.Array', starts: 'jax.Array', "
-        "is_last: 'jax.Array', next_ids: 'jax.Array', "
+        "prefill_chunk": "def(runner: 'Runner', weights: 'Weights', state: 'EngineState', "
+        "slot_idx: 'jax.Array', token_ids: 'jax.Array', chunk_lens: 'jax.Array', "
+        "starts: 'jax.Array', is_last: 'jax.Array', next_ids: 'jax.Array', "
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, PrefillOutput]'",
-        "release": "def(ecfg: 'EngineConfig', state: 'EngineState', slot_idx: 'jax.Array', "
+        "release": "def(runner: 'Runner', state: 'EngineState', slot_idx: 'jax.Array', "
         "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
         "resolve_kernel_policy": "def(*, impl: 'str' = 'auto', attention_impl: 'str' = 'auto', "
         "gemm_impl: 'str' = 'auto', rms_norm_impl: 'str' = 'auto', "
         "topk_probs_impl: 'str' = 'auto', dtype: 'Any' = 'float32', hidden_size: 'int' = 0, "
         "vocab_size: 'int' = 0, backend: 'str | None' = None) -> 'KernelPolicy'",
-        "spec_decode_step": "def(ecfg: 'EngineConfig', target: 'Any', params: 'Any', draft: 'Any', "
-        "draft_params: 'Any', state: 'EngineState', slot_idx: 'jax.Array', "
-        "live: 'jax.Array', sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, "
-        "SpecStepOutput]'",
+        "spec_decode_step": "def(runner: 'Runner', weights: 'Weights', state: 'EngineState', "
+        "slot_idx: 'jax.Array', live: 'jax.Array', "
+        "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, SpecStepOutput]'",
         "validate_requests": "def(prompts: 'Sequence[Sequence[int]]', max_new_tokens: 'int | Sequence[int]', *, "
         "vocab_size: 'int', max_prompt_len: 'int', context_len: 'int', "
         "arrivals: 'Sequence[int] | None' = None) -> 'tuple[list[list[int]], list[int], "
         "list[int]]'",
+        "view_from_page_table": "def(page_table: 'jax.Array', seq_lens: 'jax.Array', valid: 'jax.Array', *, "
+        "page_size: 'int') -> 'KVView'",
     },
     "jspec.models": {
         "with_kernel_policy": "def(model: 'Any', kernels: 'Any') -> 'Any'",

@@ -204,8 +204,9 @@ def engine_config_from_args(
     """The ``EngineConfig`` that the spec flags ask for, checked against the models and the
     devices; a bad value raises ``InputError`` naming it (before any compile)."""
     from jspec.engine.inputs import InputError
+    from jspec.engine.runner import check_engine_models
     from jspec.engine.sharding import check_devices
-    from jspec.engine.state import check_engine_models, make_engine_config
+    from jspec.engine.state import make_engine_config
 
     try:
         ecfg = make_engine_config(

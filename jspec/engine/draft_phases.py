@@ -8,28 +8,22 @@ Draft attention (SPEC §5-6), per draft step ``0 .. S-2`` over the ``B*K`` branc
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
-from jspec.attention_meta.metadata import AttentionMetadata, causal_tail_mask, row_page_table
-from jspec.config import ceil_div
+from jspec.attention_meta.metadata import AttentionMetadata, causal_tail_mask
+from jspec.config import SpecConfig, ceil_div
 from jspec.engine.attention import AttnPlan
+from jspec.engine.kv_backend import KVView, row_metadata
 from jspec.engine.model_calls import draft_topk, run_draft
+from jspec.engine.runner import Runner, Weights
 from jspec.engine.state import EngineConfig
 from jspec.engine.step_types import AcceptResult, DraftPlan, DraftResult, ExtendResult
 from jspec.tree.select import organize_draft_results, select_top_k_tokens
 
 
-def draft_decode_passes(
-    ecfg: EngineConfig,
-    req_to_token: jax.Array,
-    req_pool_indices: jax.Array,
-    seq_lens: jax.Array,
-    out_cache_loc: jax.Array,
-) -> list[tuple]:
+def draft_decode_passes(ecfg: EngineConfig, view: KVView, out_cache_loc: jax.Array) -> list[tuple]:
     """Attention passes of draft steps ``0 .. S-2`` for the B*K branch queries.
 
     ``cascade`` (FA3, SPEC §5): pass A reads the full prefix pages ``[0, L - L%P)`` through
@@ -46,6 +40,7 @@ def draft_decode_passes(
     """
     spec = ecfg.spec
     k, p, s = spec.topk, spec.page_size, spec.num_steps
+    req_to_token, req_pool_indices, seq_lens = view.token_table, view.rows, view.seq_lens
     batch = seq_lens.shape[0]
     if s == 1:
         return []
@@ -99,21 +94,28 @@ def draft_decode_passes(
     ]
 
 
-def phase_draft(
-    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, plan: DraftPlan
-) -> DraftResult:
+def window_metadata(
+    spec: SpecConfig, view: KVView, window_slots: jax.Array, mask: jax.Array
+) -> AttentionMetadata:
+    """One pass over an N-token window at ``row[L : L+N]`` (target verify, draft extend): the
+    prefix pages ``[0, L)`` read once for all N queries, the window slots i32[Bb, N] as the tail
+    with ``mask`` bool[Bb, N, N] (the tree's ancestors, or causal)."""
+    return row_metadata(spec, view, view.seq_lens, tail_slot_ids=window_slots, tail_mask=mask)
+
+
+def phase_draft(runner: Runner, weights: Weights, plan: DraftPlan) -> DraftResult:
     """3: S selections and S-1 draft forwards of width B*K, then organize_draft_results."""
-    spec = ecfg.spec
+    spec = runner.ecfg.spec
     k, s, n = spec.topk, spec.num_steps, spec.num_draft_tokens
     batch = plan.batch.live.shape[0]
     cache_loc = plan.out_cache_loc.reshape(batch * k, s)
     topk_p, topk_index, hidden = plan.topk_p, plan.topk_index, plan.draft_hidden
-    dpool = plan.buffers.draft_pool
+    dpool = plan.kv.draft_pool
     score_list, token_list, parents_list = [], [], []
     scores = None
     for i in range(s):
         input_ids, hidden, scores, (sc, tok, par) = select_top_k_tokens(
-            i, topk_p, topk_index, hidden, scores, topk=k, vocab_size=target.vocab_size
+            i, topk_p, topk_index, hidden, scores, topk=k, vocab_size=runner.target.vocab_size
         )
         score_list.append(sc)
         token_list.append(tok)
@@ -122,14 +124,14 @@ def phase_draft(
             break  # the last step's tokens are leaves: no forward
         attn = AttnPlan(write_slot_ids=cache_loc[:, i], passes=plan.passes[i])
         dpool, hidden = run_draft(
-            ecfg, draft, draft_params, params, dpool, input_ids, hidden, plan.positions + i, attn
+            runner, weights, dpool, input_ids, hidden, plan.positions + i, attn
         )
-        topk_p, topk_index = draft_topk(ecfg, draft, draft_params, params, hidden)
+        topk_p, topk_index = draft_topk(runner, weights, hidden)
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         score_list, token_list, parents_list, num_draft_tokens=n
     )
     return DraftResult(
-        buffers=replace(plan.buffers, draft_pool=dpool),
+        kv=replace(plan.kv, draft_pool=dpool),
         batch=plan.batch,
         bonus_tokens=plan.bonus_tokens,
         parent_list=parent_list,
@@ -138,47 +140,25 @@ def phase_draft(
     )
 
 
-def phase_extend(
-    ecfg: EngineConfig, target: Any, params: Any, draft: Any, draft_params: Any, res: AcceptResult
-) -> ExtendResult:
+def phase_extend(runner: Runner, weights: Weights, res: AcceptResult) -> ExtendResult:
     """8: draft extend of the N window tokens on the target feature; row accept_len-1 seeds
     the next step's first tree level."""
-    del target
-    spec, reqs = ecfg.spec, res.batch.reqs
-    n, p = spec.num_draft_tokens, spec.page_size
+    view = res.batch.view
+    n = runner.ecfg.spec.num_draft_tokens
     batch = res.batch.live.shape[0]
-    seq_lens = reqs.committed_lens
-    ext_pos = (seq_lens[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]).reshape(-1)
-    # The prefix pages [0, L) for all N window queries; the window slots as a causal tail.
-    meta = AttentionMetadata(
-        page_table=row_page_table(
-            res.buffers.req_to_token,
-            reqs.req_pool_indices,
-            page_size=p,
-            max_pages=ceil_div(spec.context_len, p),
-        ),
-        kv_lens=seq_lens,
-        tail_slot_ids=res.verify_loc.reshape(batch, n),
-        tail_mask=causal_tail_mask(batch, n),
-        page_size=p,
+    ext_pos = (view.seq_lens[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]).reshape(-1)
+    meta = window_metadata(
+        runner.ecfg.spec, view, res.verify_loc.reshape(batch, n), causal_tail_mask(batch, n)
     )
     attn = AttnPlan(write_slot_ids=res.verify_loc, passes=(meta,))
     dpool, ext_hidden = run_draft(
-        ecfg,
-        draft,
-        draft_params,
-        params,
-        res.buffers.draft_pool,
-        res.predict,
-        res.target_feature,
-        ext_pos,
-        attn,
+        runner, weights, res.kv.draft_pool, res.predict, res.target_feature, ext_pos, attn
     )
     select = jnp.arange(batch) * n + jnp.maximum(res.accept_lens, 1) - 1
     next_hidden = ext_hidden[select]
-    next_p, next_index = draft_topk(ecfg, draft, draft_params, params, next_hidden)
+    next_p, next_index = draft_topk(runner, weights, next_hidden)
     return ExtendResult(
-        buffers=replace(res.buffers, draft_pool=dpool),
+        kv=replace(res.kv, draft_pool=dpool),
         batch=res.batch,
         accept_lens=res.accept_lens,
         accept_tokens=res.accept_tokens,

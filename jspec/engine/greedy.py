@@ -1,116 +1,48 @@
-"""Plain greedy decoding of the target alone over the paged KV pool (the lossless baseline).
+"""Plain decoding: the target alone emits one token per request (the lossless baseline), over a
+KV backend; with a draft in the runner the draft keeps up (adaptive speculation).
 
 One decode step for a padded bucket of batch slots (``slot_idx: i32[Bb]``, ``live: bool[Bb]``)::
 
-    L = committed_len, x = bonus token (last generated, no KV yet)
-    slot = alloc_decode(seq_lens = L + 1, last_loc = row[L-1])     # new page iff (L+1) % P == 1
-    row[L] = slot                                                  # assign_req_to_token_pool
-    target forward on x at position L: K/V -> slot, attention over row[0..L]
-    x' = argmax(logits); L' = L + 1
+    L = committed_len, x = bonus token (last generated, position L, no KV yet)
+    row[L] backed                 KV backend prepare_decode: 1 token without a draft (jspec's:
+                                  alloc_decode, a new page iff (L+1) % P == 1); the spec step's
+                                  reserve with one
+    target at L: K/V -> row[L], attention over row[0..L]; x' = argmax (or sampled at L + 1)
+    with a draft:                 draft at L: (embed(x'), target feature at L) -> draft K/V at
+                                  row[L]; topk_p / topk_index / draft_hidden <- its top-K and
+                                  hidden h_L (what the spec step's draft extend does for one
+                                  accepted token)
+    L' = L + 1, bonus' = x'       KV backend commit; the carry
 
-Given a ``sampling`` batch, ``x'`` is sampled instead (``jspec.engine.sampling``). Padding
-entries allocate nothing, read the padding row 0 and write slot 0. The step is a no-op
-(``ok`` False) when the pages are short or a live entry names a slot out of range, twice or not
-live (``jspec.engine.guards``): every entry then becomes padding (no ``lax.cond``, so the donated
+With a draft the state after it is exactly what a spec step that accepted one token would leave,
+so spec and plain steps interleave freely (``Engine(adaptive=True)`` decodes so while
+speculation does not pay); tokens are the target's argmax either way (lossless). Given a
+``sampling`` batch, ``x'`` is sampled instead (``jspec.engine.sampling``). Padding entries
+allocate nothing, read the padding row 0 and write slot 0. The step is a no-op (``ok`` False)
+when the pages are short or a live entry names a slot out of range, twice or not live
+(``jspec.engine.guards``): every entry then becomes padding (no ``lax.cond``, so the donated
 pool is updated in place rather than copied for a skip branch).
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
 from jspec._pytree import replace
-from jspec.attention_meta.metadata import AttentionMetadata, row_page_table
-from jspec.config import ceil_div
 from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
-from jspec.engine.model_calls import run_target, target_logits
-from jspec.engine.sampling import SamplingBatch, sample_plain
-from jspec.engine.state import (
-    EngineConfig,
-    EngineState,
-    check_engine_models,
-    gather_slots,
-    pack_valid,
-    scatter_slots,
-)
+from jspec.engine.kv_backend import row_metadata
+from jspec.engine.model_calls import draft_topk, run_draft, run_target, target_logits
+from jspec.engine.runner import Runner, Weights, jit_step
+from jspec.engine.sampling import SamplingBatch, next_tokens
+from jspec.engine.state import EngineState, commit_carry, gather_slots, scatter_slots
 from jspec.engine.step_types import GreedyStepOutput
-from jspec.kv.allocator import alloc_decode
-from jspec.kv.req_to_token import assign_req_to_token_pool, get_last_loc
 
 
 def greedy_step_body(
-    ecfg: EngineConfig,
-    target: Any,
-    params: Any,
-    draft: Any,
-    draft_params: Any,
-    state: EngineState,
-    slot_idx: jax.Array,
-    live: jax.Array,
-    sampling: SamplingBatch | None = None,
-) -> tuple[EngineState, GreedyStepOutput]:
-    """The unjitted step (what :func:`greedy_step` jits and the sharded engine maps); the draft
-    arguments are ignored (the engines share one body signature)."""
-    del draft, draft_params
-    check_engine_models(ecfg, target)
-    spec = ecfg.spec
-    ok_in = guards.validate_step_slots(state, slot_idx, live, "greedy_step")
-    live = live & ok_in
-    seq = gather_slots(state.committed_lens, slot_idx, live)
-    rpi = gather_slots(state.req_pool_indices, slot_idx, live)
-    tokens = gather_slots(state.bonus_tokens, slot_idx, live)
-    last_loc = get_last_loc(state.req_to_token, rpi, seq)
-    allocator, slots, ok = alloc_decode(
-        state.allocator, seq + 1, last_loc, valid=live, impl=ecfg.kernels.bookkeeping
-    )
-    ok = ok & ok_in
-    live = live & ok
-    seq, rpi = jnp.where(live, seq, 0), jnp.where(live, rpi, 0)
-    r2t = assign_req_to_token_pool(
-        state.req_to_token,
-        rpi,
-        seq,
-        jnp.where(live, seq + 1, 0),
-        pack_valid(slots, live),
-        impl=ecfg.kernels.bookkeeping,
-    )
-    p = spec.page_size
-    meta = AttentionMetadata(
-        page_table=row_page_table(r2t, rpi, page_size=p, max_pages=ceil_div(spec.context_len, p)),
-        kv_lens=jnp.where(live, seq + 1, 0),
-        page_size=p,
-    )
-    plan = AttnPlan(write_slot_ids=jnp.where(live, slots, 0), passes=(meta,))
-    pool, hidden, _ = run_target(ecfg, target, params, state.target_pool, tokens, seq, plan)
-    logits = target_logits(target, params, hidden)
-    guards.probe_target_logits(logits, live, "greedy_step")
-    if sampling is None:
-        nxt = jnp.argmax(logits, -1).astype(jnp.int32)
-    else:  # the token after x (at L) sits at position L + 1
-        nxt = sample_plain(logits, sampling, seq + 1, tp_axis=ecfg.tp_axis)
-    nxt = jnp.where(live, nxt, 0)
-    state = replace(
-        state,
-        allocator=allocator,
-        req_to_token=r2t,
-        target_pool=pool,
-        committed_lens=scatter_slots(state.committed_lens, slot_idx, live, seq + 1),
-        allocated_lens=scatter_slots(state.allocated_lens, slot_idx, live, seq + 1),
-        bonus_tokens=scatter_slots(state.bonus_tokens, slot_idx, live, nxt),
-    )
-    return state, GreedyStepOutput(next_tokens=nxt, ok=ok)
-
-
-@functools.partial(jax.jit, static_argnames=("ecfg", "target"), donate_argnames=("state",))
-def greedy_step(
-    ecfg: EngineConfig,
-    target: Any,
-    params: Any,
+    runner: Runner,
+    weights: Weights,
     state: EngineState,
     slot_idx: jax.Array,
     live: jax.Array,
@@ -119,8 +51,9 @@ def greedy_step(
     """One plain greedy (or sampled) decode step over a padded bucket of one shard.
 
     Args:
-      ecfg: static engine config (``spec.topk`` etc. unused).
-      target: static target model (``jspec.engine.protocol.TargetModel``); params: its weights.
+      runner: static config, target and KV backend (``Runner(ecfg, target)``); with a draft
+        (``Runner(ecfg, target, draft)``) the draft's KV and next proposal are kept current.
+      weights: ``Weights(target_params)`` (``Weights(target_params, draft_params)``).
       state: engine state (donated).
       slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
       sampling: None (argmax) or the entries' sampling parameters
@@ -129,4 +62,56 @@ def greedy_step(
     Returns:
       (state, :class:`GreedyStepOutput`).
     """
-    return greedy_step_body(ecfg, target, params, None, None, state, slot_idx, live, sampling)
+    return _plain_step(runner, weights, state, slot_idx, live, sampling, keep_draft=True)
+
+
+def target_only_step_body(
+    runner: Runner,
+    weights: Weights,
+    state: EngineState,
+    slot_idx: jax.Array,
+    live: jax.Array,
+    sampling: SamplingBatch | None = None,
+) -> tuple[EngineState, GreedyStepOutput]:
+    """:func:`greedy_step_body` over a spec runner's state without running its draft (a plain
+    greedy step's cost): the draft's KV, proposals and hidden of these requests go stale, so
+    they must not speculate again (``SpecPolicy`` retires the draft for good)."""
+    return _plain_step(runner, weights, state, slot_idx, live, sampling, keep_draft=False)
+
+
+def _plain_step(runner, weights, state, slot_idx, live, sampling, *, keep_draft: bool):
+    spec_state = runner.draft is not None
+    has_draft = spec_state and keep_draft
+    reserve = runner.ecfg.spec.alloc_reserve_per_decode if spec_state else 1
+    ok_in = guards.validate_step_slots(
+        runner.kv.slot_status(state.kv), slot_idx, live, "greedy_step"
+    )
+    kv, view, ok = runner.kv.prepare_decode(state.kv, slot_idx, live & ok_in, num_tokens=reserve)
+    ok = ok & ok_in
+    live, seq = view.valid, view.seq_lens
+    tokens = gather_slots(state.carry.bonus_tokens, slot_idx, live)
+    meta = row_metadata(runner.ecfg.spec, view, jnp.where(live, seq + 1, 0))
+    plan = AttnPlan(write_slot_ids=view.slot_ids(seq[:, None])[:, 0], passes=(meta,))
+    tpool, hidden, feature = run_target(
+        runner, weights, kv.target_pool, tokens, seq, plan, feature=has_draft
+    )
+    logits = target_logits(runner, weights, hidden)
+    guards.probe_target_logits(logits, live, "greedy_step")
+    # the token after x (at L) sits at position L + 1
+    nxt = next_tokens(logits, sampling, seq + 1, tp_axis=runner.ecfg.tp_axis)
+    nxt = jnp.where(live, nxt, 0)
+    kv = runner.kv.commit(replace(kv, target_pool=tpool), slot_idx, live, seq + 1, live)
+    carry = state.carry
+    if not has_draft:
+        carry = replace(carry, bonus_tokens=scatter_slots(carry.bonus_tokens, slot_idx, live, nxt))
+        return EngineState(kv=kv, carry=carry), GreedyStepOutput(next_tokens=nxt, ok=ok)
+    # EAGLE: draft position L consumes (embed(x'), the target's feature at L).
+    dpool, dhidden = run_draft(runner, weights, kv.draft_pool, nxt, feature, seq, plan)
+    topk_p, topk_index = draft_topk(runner, weights, dhidden)
+    carry = commit_carry(carry, slot_idx, live, nxt, topk_p, topk_index, dhidden)
+    kv = replace(kv, draft_pool=dpool)
+    return EngineState(kv=kv, carry=carry), GreedyStepOutput(next_tokens=nxt, ok=ok)
+
+
+# The public call: the body jitted (runner static, state donated); the engines map the body.
+greedy_step = jit_step(greedy_step_body)

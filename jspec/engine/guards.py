@@ -13,7 +13,7 @@ What a traced input must satisfy (``M`` = max_running_requests, ``Lp`` the promp
                      prefilling between chunks: it has a req_to_token row), no slot twice
     prefill chunk    entries with chunk_len > 0: slot in [0, M), no slot twice, chunk_len <= Cq,
                      ids[:chunk_len] in [0, vocab_size); a first chunk (start 0): the slot free
-                     (not live, no row); a later chunk: lifecycle checks it continues its slot
+                     (not live, no row); a later chunk: the KV backend checks it continues its slot
 
 (jnp indexing would clamp slot ``M + 3`` onto slot ``M - 1`` and the embedding gather clamp id
 999 to ``vocab_size - 1``: another request's pages, a wrong token, with ``ok`` True.)
@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 
 from jspec import _index, probes
-from jspec.engine.state import EngineState
 from jspec.engine.step_types import VerifyResult
 
 __all__ = [
@@ -59,16 +58,19 @@ def _probe(bad: jax.Array, values: jax.Array, what: str, msg: str) -> None:
 
 
 _SLOT_STATES = {
-    # want: (predicate on (live, has_row) of the slot, what the probe says when it fails)
-    "live": (lambda live, row: live, "not live (never prefilled or released)"),
-    "free": (lambda live, row: ~live & ~row, "not free (live, or holding a request)"),
-    "held": (lambda live, row: live | row, "holding no request"),
-    "any": (lambda live, row: jnp.ones_like(live), ""),
+    # want: (predicate on (live, held) of the slot, what the probe says when it fails)
+    "live": (lambda live, held: live, "not live (never prefilled or released)"),
+    "free": (lambda live, held: ~live & ~held, "not free (live, or holding a request)"),
+    "held": (lambda live, held: live | held, "holding no request"),
+    "any": (lambda live, held: jnp.ones_like(live), ""),
 }
+
+SlotStatus = tuple[jax.Array, jax.Array]
+"""``(live bool[M], held bool[M])`` per batch slot (``KVBackend.slot_status``)."""
 
 
 def _slot_faults(
-    state: EngineState,
+    status: SlotStatus,
     slot_idx: jax.Array,
     mask: jax.Array,
     what: str,
@@ -78,7 +80,8 @@ def _slot_faults(
 ) -> jax.Array:
     """bool[]: no masked entry names a slot out of range or twice, and every ``check``-ed
     entry (default: every masked one) a slot in state ``want`` (:data:`_SLOT_STATES`)."""
-    m = state.live.shape[0]
+    slot_live, slot_held = status
+    m = slot_live.shape[0]
     slot = slot_idx.astype(jnp.int32)
     mask = mask.astype(bool)
     check = mask if check is None else mask & check
@@ -86,7 +89,7 @@ def _slot_faults(
     twice = _index.repeated(slot, mask, m)
     at = jnp.clip(slot, 0, m - 1)
     pred, state_word = _SLOT_STATES[want]
-    wrong = check & ~bad_range & ~pred(state.live[at], state.req_pool_indices[at] > 0)
+    wrong = check & ~bad_range & ~pred(slot_live[at], slot_held[at])
     _probe(bad_range, slot, what, f"slot {{value}} outside [0, max_running_requests={m})")
     _probe(twice, slot, what, "slot {value} given twice")
     _probe(wrong, slot, what, f"slot {{value}} is {state_word}")
@@ -94,7 +97,7 @@ def _slot_faults(
 
 
 def validate_step_slots(
-    state: EngineState,
+    status: SlotStatus,
     slot_idx: jax.Array,
     live: jax.Array,
     what: str = "step",
@@ -105,7 +108,7 @@ def validate_step_slots(
     distinct slots in ``[0, M)``, live (``want="held"``: live or prefilling, for a release).
 
     Args:
-      state: the engine state (one shard).
+      status: the KV backend's ``slot_status`` (one shard).
       slot_idx: i32[Bb] batch slots (padding entries: any value).
       live: bool[Bb] entries to step / release.
       what, live_name: the caller's and the mask's names, for the messages.
@@ -114,11 +117,11 @@ def validate_step_slots(
       ValueError (trace time): ``slot_idx`` not a 1-D int array, ``live`` of another shape.
     """
     _static_batch(slot_idx, live, what, live_name)
-    return _slot_faults(state, slot_idx, live, what, want=want)
+    return _slot_faults(status, slot_idx, live, what, want=want)
 
 
 def validate_prefill(
-    state: EngineState,
+    status: SlotStatus,
     slot_idx: jax.Array,
     prompt_ids: jax.Array,
     prompt_lens: jax.Array,
@@ -131,7 +134,7 @@ def validate_prefill(
     chunks to free ones, fit the padding and hold token ids in ``[0, vocab_size)``.
 
     Args:
-      state: the engine state (one shard).
+      status: the KV backend's ``slot_status`` (one shard).
       slot_idx: i32[Bp]; prompt_ids: i32[Bp, Cq]; prompt_lens: i32[Bp] (0: padding entry).
       vocab_size: static, the target's.
       first: bool[Bp] entries that start their prompt (default all); the others continue a
@@ -154,7 +157,7 @@ def validate_prefill(
     lp = prompt_ids.shape[1]
     lens = prompt_lens.astype(jnp.int32)
     valid = lens > 0
-    slots_ok = _slot_faults(state, slot_idx, valid, what, want="free", check=first)
+    slots_ok = _slot_faults(status, slot_idx, valid, what, want="free", check=first)
     too_long = valid & (lens > lp)
     _probe(too_long, lens, what, f"prompt_len {{value}} > max_prompt_len={lp}")
     in_prompt = jnp.arange(lp, dtype=jnp.int32)[None, :] < lens[:, None]

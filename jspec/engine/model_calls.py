@@ -13,62 +13,60 @@ import jax
 
 from jspec.engine.attention import AttnPlan, make_attn_fn
 from jspec.engine.protocol import model_scope
-from jspec.engine.state import EngineConfig
+from jspec.engine.runner import Runner, Weights
 from jspec.kernels.topk_probs import topk_probs
 
 
 def run_target(
-    ecfg: EngineConfig,
-    target: Any,
-    params: Any,
+    runner: Runner,
+    weights: Weights,
     pool: Any,
     token_ids: jax.Array,
     positions: jax.Array,
     plan: AttnPlan,
-    draft: Any = None,
-    draft_params: Any = None,
+    *,
+    feature: bool = True,
 ) -> tuple[Any, jax.Array, jax.Array]:
     """The target over flat tokens, its K/V written and read through ``plan``.
 
     Args:
       token_ids, positions: i32[T].
-      draft, draft_params: the draft whose input to compute (None: none).
+      feature: compute the draft's input (False, or no draft: none).
 
     Returns:
       (pool, hidden dtype[T, H], feature): ``feature`` is the draft's hidden input
       dtype[T, Hd], ``draft.combine_hidden_states`` of the aux of ``draft.capture_layers``
-      (EAGLE-3) or of ``hidden`` (EAGLE-1); ``hidden`` itself without a draft.
+      (EAGLE-3) or of ``hidden`` (EAGLE-1); ``hidden`` itself without one.
     """
+    draft = runner.draft if feature else None
     capture = tuple(draft.capture_layers) if draft is not None else ()
-    attn_fn = make_attn_fn(plan, ecfg.attention)
+    attn_fn = make_attn_fn(plan, runner.ecfg.attention)
     with model_scope("target"):
-        pool, hidden, aux = target.forward(
-            params,
+        pool, hidden, aux = runner.target.forward(
+            weights.target,
             pool,
             token_ids,
             positions,
             attn_fn,
             capture_layers=capture,
-            tp_axis=ecfg.tp_axis,
+            tp_axis=runner.ecfg.tp_axis,
         )
     if draft is None:
         return pool, hidden, hidden
     with model_scope("draft"):
-        feature = draft.combine_hidden_states(draft_params, hidden if aux is None else aux)
+        feature = draft.combine_hidden_states(weights.draft, hidden if aux is None else aux)
     return pool, hidden, feature
 
 
-def target_logits(target: Any, params: Any, hidden: jax.Array) -> jax.Array:
+def target_logits(runner: Runner, weights: Weights, hidden: jax.Array) -> jax.Array:
     """f32[T, V] target logits of hidden dtype[T, H]."""
     with model_scope("target"):
-        return target.logits(params, hidden)
+        return runner.target.logits(weights.target, hidden)
 
 
 def run_draft(
-    ecfg: EngineConfig,
-    draft: Any,
-    params: Any,
-    target_params: Any,
+    runner: Runner,
+    weights: Weights,
     pool: Any,
     token_ids: jax.Array,
     hidden_in: jax.Array,
@@ -81,23 +79,21 @@ def run_draft(
     Returns:
       (pool, hidden_out dtype[T, Hd]).
     """
-    attn_fn = make_attn_fn(plan, ecfg.attention)
+    attn_fn = make_attn_fn(plan, runner.ecfg.attention)
     with model_scope("draft"):
-        return draft.forward(
-            params,
-            target_params,
+        return runner.draft.forward(
+            weights.draft,
+            weights.target,
             pool,
             token_ids,
             hidden_in,
             positions,
             attn_fn,
-            tp_axis=ecfg.tp_axis,
+            tp_axis=runner.ecfg.tp_axis,
         )
 
 
-def draft_topk(
-    ecfg: EngineConfig, draft: Any, params: Any, target_params: Any, hidden: jax.Array
-) -> tuple[jax.Array, jax.Array]:
+def draft_topk(runner: Runner, weights: Weights, hidden: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Top-K over the draft's logits, mapped to target ids.
 
     Args:
@@ -107,8 +103,9 @@ def draft_topk(
       (topk_p f32[T, K], topk_index i32[T, K] TARGET ids): the top-K of the draft vocab's
       softmax, then ``draft.to_target_ids`` (sglang's ``hot_token_id`` / d2t mapping).
     """
+    ecfg, draft = runner.ecfg, runner.draft
     with model_scope("draft"):
-        logits = draft.logits(params, target_params, hidden)
+        logits = draft.logits(weights.draft, weights.target, hidden)
     topk_p, draft_ids = topk_probs(logits, ecfg.spec.topk, impl=ecfg.kernels.topk_probs)
     with model_scope("draft"):
-        return topk_p, draft.to_target_ids(params, draft_ids).astype(draft_ids.dtype)
+        return topk_p, draft.to_target_ids(weights.draft, draft_ids).astype(draft_ids.dtype)

@@ -29,6 +29,10 @@ import jax
 import jax.numpy as jnp
 
 from jspec._pytree import pytree_dataclass
+from jspec.engine.greedy import greedy_step_body, target_only_step_body
+from jspec.engine.runner import Runner, Weights
+from jspec.engine.sampling import SamplingBatch
+from jspec.engine.state import EngineConfig, EngineState
 
 
 @pytree_dataclass
@@ -52,11 +56,9 @@ def _emitted(out: Any, live: jax.Array) -> tuple[jax.Array, jax.Array]:
     return out.next_tokens[:, None], live.astype(jnp.int32)
 
 
-def _tokens_per_step(ecfg: Any, step_body: Callable[..., Any]) -> int:
+def _tokens_per_step(ecfg: EngineConfig, step_body: Callable[..., Any]) -> int:
     """Tokens one step can emit per entry: 1 (greedy), else the deepest accepted path + 1."""
-    from jspec.engine.greedy import greedy_step_body
-
-    if step_body is greedy_step_body:
+    if step_body in (greedy_step_body, target_only_step_body):
         return 1
     spec = ecfg.spec
     return min(spec.num_steps, spec.num_draft_tokens - 1) + 1
@@ -67,8 +69,8 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
     """The multi-round body over ``step_body`` (the engines' body signature, cached so that
     ``jspec.engine.sharding.sharded`` keys on it)::
 
-        body(ecfg, target, params, draft, draft_params, state, slot_idx, live, budget,
-             eos_ids, num_rounds, sampling=None) -> (state, RoundsOutput)
+        body(runner, weights, state, slot_idx, live, budget, eos_ids, num_rounds,
+             sampling=None) -> (state, RoundsOutput)
 
     Args (of the returned body):
       slot_idx: i32[Bb]; live: bool[Bb] (as the step's).
@@ -82,20 +84,17 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
         raise ValueError(f"max_rounds={max_rounds!r} must be an int >= 1")
 
     def body(
-        ecfg,
-        target,
-        params,
-        draft,
-        draft_params,
-        state,
-        slot_idx,
-        live,
-        budget,
-        eos_ids,
-        n,
-        sampling=None,
-    ):
-        width = _tokens_per_step(ecfg, step_body)
+        runner: Runner,
+        weights: Weights,
+        state: EngineState,
+        slot_idx: jax.Array,
+        live: jax.Array,
+        budget: jax.Array,
+        eos_ids: jax.Array,
+        n: jax.Array,
+        sampling: SamplingBatch | None = None,
+    ) -> tuple[EngineState, RoundsOutput]:
+        width = _tokens_per_step(runner.ecfg, step_body)
         bb = slot_idx.shape[0]
         tokens0 = jnp.zeros((max_rounds, bb, width), jnp.int32)
         lens0 = jnp.zeros((max_rounds, bb), jnp.int32)
@@ -107,8 +106,7 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
 
         def step(carry):
             st, r, alive, left, tokens, lens, _ = carry
-            args = (ecfg, target, params, draft, draft_params, st, slot_idx, alive)
-            st, out = step_body(*args) if sampling is None else step_body(*args, sampling)
+            st, out = step_body(runner, weights, st, slot_idx, alive, sampling)
             ok = jnp.asarray(out.ok)
             toks, emitted = _emitted(out, alive)
             emitted = jnp.where(ok, emitted, 0)

@@ -104,6 +104,20 @@ def sample_plain(
         return _from_tp_rank0(sample_from_probs(probs, coins), tp_axis)
 
 
+def next_tokens(
+    logits: jax.Array,
+    sampling: SamplingBatch | None,
+    positions: jax.Array,
+    *,
+    tp_axis: str | None = None,
+) -> jax.Array:
+    """i32[B]: the argmax of ``logits: f32[B, V]`` (``sampling`` None), else
+    :func:`sample_plain` at ``positions: i32[B]`` (the sampled tokens' positions)."""
+    if sampling is None:
+        return jnp.argmax(logits, -1).astype(jnp.int32)
+    return sample_plain(logits, sampling, positions, tp_axis=tp_axis)
+
+
 def sample_tree(
     logits: jax.Array,
     tree: BuildTreeOutput,

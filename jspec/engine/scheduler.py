@@ -42,21 +42,20 @@ import numpy as np
 from jspec import probes
 from jspec._pytree import replace
 from jspec.engine import sharding
-from jspec.engine.greedy import greedy_step_body
+from jspec.engine.greedy import greedy_step_body, target_only_step_body
 from jspec.engine.inputs import validate_requests
 from jspec.engine.lifecycle import prefill_chunk_body, release_body
+from jspec.engine.paged_kv import PagedKVState
+from jspec.engine.protocol import DraftModel, TargetModel
+from jspec.engine.runner import Runner, Weights, init_engine_state
 from jspec.engine.sampling_params import (
     GREEDY,
     SamplingParams,
     normalize_sampling,
     pack_sampling,
 )
-from jspec.engine.state import (
-    EngineConfig,
-    EngineState,
-    check_engine_models,
-    init_engine_state,
-)
+from jspec.engine.spec_step import spec_step_body
+from jspec.engine.state import EngineConfig, EngineState
 from jspec.kv.allocator import available_size
 from jspec.kv.integrity import check_integrity, owned_page_mask
 from jspec.tree.sampling import LossyThresholds
@@ -132,7 +131,7 @@ class SpecPolicy:
 
     * ``"spec"``: speculative rounds, while they pay (or while measuring: ``warmup``).
     * ``"plain"``: the target alone emits each token, the draft kept current
-      (:mod:`jspec.engine.plain_step`), when ``gain < 1`` or nothing was accepted at all
+      (:mod:`jspec.engine.greedy`), when ``gain < 1`` or nothing was accepted at all
       (``accept_len == 1``: no gain whatever the times, a spec round costs more than a plain
       one). A plain dispatch is tried once when the acceptance is below ``try_plain_below`` (to
       learn ``t_plain``).
@@ -270,7 +269,7 @@ class Engine:
         or ``"optimistic"`` (admit while the pages held now fit; preempt the newest request and
         prefill it again later when a decode step finds the pages short). See the module doc.
       adaptive: a spec engine decodes with plain steps (the target alone; the draft keeps its
-        KV and proposals current: :mod:`jspec.engine.plain_step`) whenever speculation does not
+        KV and proposals current: :mod:`jspec.engine.greedy`) whenever speculation does not
         pay: the measured acceptance length times the plain round's wall time, over the spec
         round's, below 1, with one-round probes backing off, and retires the draft (the target
         alone) after probes keep failing (:class:`SpecPolicy`). Tokens are the target's either way (lossless);
@@ -288,9 +287,9 @@ class Engine:
     def __init__(
         self,
         ecfg: EngineConfig,
-        target: Any,
+        target: TargetModel,
         target_params: Any,
-        draft: Any = None,
+        draft: DraftModel | None = None,
         draft_params: Any = None,
         *,
         num_devices: int = 1,
@@ -312,7 +311,7 @@ class Engine:
         num_devices = check_count("num_devices", num_devices)
         if (draft is None) != (draft_params is None):
             raise ValueError("draft and draft_params: give both (spec) or neither (greedy)")
-        check_engine_models(ecfg, target, draft)
+        self.runner = Runner(ecfg, target, draft)  # checks the models against the config
         sharding.check_devices(num_devices, ecfg.tensor_parallel)
         self.ecfg, self.target, self.draft_model = ecfg, target, draft
         self.mode = "greedy" if draft is None else "spec"
@@ -320,15 +319,17 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.check_every_step = check_every_step
         tp = ecfg.tensor_parallel
-        self.params = sharding.replicate(target, target_params, num_devices, tp)
-        self.draft = sharding.replicate(draft, draft_params, num_devices, tp)
+        self.weights = Weights(
+            target=sharding.replicate(target, target_params, num_devices, tp),
+            draft=sharding.replicate(draft, draft_params, num_devices, tp),
+        )
         self.state: EngineState = sharding.init_states(
-            lambda: init_engine_state(ecfg, draft), num_devices, tp
+            lambda: init_engine_state(self.runner), num_devices, tp
         )
         self.checkify = checkify
         self.lossy_thresholds = lossy_thresholds
         self.policy = SpecPolicy() if adaptive and draft is not None else None
-        self._step_body = _spec_body if self.mode == "spec" else greedy_step_body
+        self._step_body = spec_step_body if self.mode == "spec" else greedy_step_body
         self._fns: dict[tuple, Any] = {}
         self._needs_reset = False  # a generate() ended by an exception
 
@@ -339,7 +340,7 @@ class Engine:
         is dropped before the new one is built (no second copy of the pools)."""
         self.state = None
         self.state = sharding.init_states(
-            lambda: init_engine_state(self.ecfg, self.draft_model),
+            lambda: init_engine_state(self.runner),
             self.num_devices,
             self.ecfg.tensor_parallel,
         )
@@ -357,9 +358,7 @@ class Engine:
         key = (body, self._checked, num_tokens)
         if key not in self._fns:  # NOTE: cached here: hashing ecfg per host step costs
             options = self.ecfg.kernels.gemm_compiler_options(num_tokens)
-            self._fns[key] = sharding.sharded(
-                body, self.ecfg, self.target, self.draft_model, self.num_devices, key[1], options
-            )
+            self._fns[key] = sharding.sharded(body, self.runner, self.num_devices, key[1], options)
         return self._fns[key]
 
     def _step_tokens(self, bucket: int) -> int:
@@ -368,7 +367,7 @@ class Engine:
         return bucket * per_request
 
     def _step_for(self, bucket: int):
-        """The jitted decode step ``f(params, draft_params, state, slot_idx, live)`` of a
+        """The jitted decode step ``f(weights, state, slot_idx, live)`` of a
         ``bucket``-request batch."""
         return self._fn(self._step_body, self._step_tokens(bucket))
 
@@ -378,7 +377,7 @@ class Engine:
         # One device_put of the host arguments (one batched transfer, not one per argument).
         checked = self._checked
         host = [jax.tree.map(np.asarray, a) for a in args if a is not None]
-        out = self._fn(body, num_tokens)(self.params, self.draft, self.state, *jax.device_put(host))
+        out = self._fn(body, num_tokens)(self.weights, self.state, *jax.device_put(host))
         if checked:
             out, errors = out
             msg = sharding.first_error(errors, self.num_devices)
@@ -432,15 +431,14 @@ class Engine:
         self, slot_idx, live, budget, num_rounds: int, sampling=None, kind: str = "spec"
     ):
         """Up to ``num_rounds`` decode rounds in one dispatch (:mod:`jspec.engine.rounds`);
-        ``kind`` (a spec engine's, :class:`SpecPolicy`): ``"plain"`` the plain step
-        (:mod:`jspec.engine.plain_step`), ``"greedy"`` its target-only variant, else the
-        engine's step."""
-        from jspec.engine.plain_step import plain_step_body, target_only_step_body
+        ``kind`` (a spec engine's, :class:`SpecPolicy`): ``"plain"`` the greedy step with the
+        draft kept current (:mod:`jspec.engine.greedy`), ``"greedy"`` its target-only variant,
+        else the engine's step."""
         from jspec.engine.rounds import rounds_body
 
         d = self.num_devices
         eos = self._eos_array()
-        step = {"plain": plain_step_body, "greedy": target_only_step_body}.get(kind)
+        step = {"plain": greedy_step_body, "greedy": target_only_step_body}.get(kind)
         body = rounds_body(step or self._step_body, self.max_rounds)
         tokens = slot_idx.shape[-1] if step else self._step_tokens(slot_idx.shape[-1])
         return self._call(
@@ -862,23 +860,24 @@ class Engine:
         self._call_release(slot_idx, finished)
 
     # ---- checks ----------------------------------------------------------------------------------
-    def _host_bookkeeping(self) -> EngineState:
-        """The stacked state without its KV pools, on the host (gathered from every process on
+    def _host_bookkeeping(self) -> PagedKVState:
+        """The stacked KV state without its pools, on the host (gathered from every process on
         a multi-host mesh): what the checks read."""
-        return jax.tree.map(_to_host, replace(self.state, target_pool=None, draft_pool=None))
+        kv = replace(self.state.kv, target_pool=None, draft_pool=None)
+        return jax.tree.map(_to_host, kv)
 
     def _shard_state(self, s: int) -> EngineState:
-        """Shard ``s``'s state: the bookkeeping on the host, the KV pools sliced on the device
-        (never copied to the host)."""
-        st = self.state
-        host = jax.tree.map(lambda x: x[s], self._host_bookkeeping())
-        return replace(
-            host,
-            target_pool=jax.tree.map(lambda x: x[s], st.target_pool),
-            draft_pool=jax.tree.map(lambda x: x[s], st.draft_pool),
+        """Shard ``s``'s state: the KV bookkeeping on the host, the pools and the carry sliced
+        on the device (never copied to the host)."""
+        st, one = self.state, lambda tree: jax.tree.map(lambda x: x[s], tree)
+        kv = replace(
+            one(self._host_bookkeeping()),
+            target_pool=one(st.kv.target_pool),
+            draft_pool=one(st.kv.draft_pool),
         )
+        return EngineState(kv=kv, carry=one(st.carry))
 
-    def _host_shards(self) -> list[EngineState]:
+    def _host_shards(self) -> list[PagedKVState]:
         """Every shard's bookkeeping on the host (pools None), fetched once."""
         host = self._host_bookkeeping()
         return [jax.tree.map(lambda x, s=s: x[s], host) for s in range(self.num_devices)]
@@ -887,7 +886,7 @@ class Engine:
         """``check_integrity`` on every shard with the pages owned by its live requests."""
         self._check_shards(self._host_shards(), what)
 
-    def _check_shards(self, shards: list[EngineState], what: str) -> None:
+    def _check_shards(self, shards: list[PagedKVState], what: str) -> None:
         spec = self.ecfg.spec
         for s, st in enumerate(shards):
             owned = owned_page_mask(
@@ -940,9 +939,3 @@ def _to_host(x: jax.Array) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def _spec_body(*args: Any) -> Any:
-    from jspec.engine.spec_step import spec_step_body
-
-    return spec_step_body(*args)

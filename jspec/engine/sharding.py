@@ -1,10 +1,10 @@
 """Multi-device engine: data-parallel shards x tensor-parallel heads, run with ``shard_map``.
 
-Every per-shard function here has the form ``body(ecfg, target, params, draft, draft_params,
-state, *args) -> (state, out)`` over *one* data-parallel shard's state (the models static,
-``jspec.engine.protocol``). :func:`sharded` turns it into a jitted
-function over states stacked along a leading shard axis ``[D, ...]`` (state donated), on a 2-D
-mesh ``("dp", "tp")`` of ``D * ecfg.tensor_parallel`` devices:
+Every per-shard function here has the form ``body(runner, weights, state, *args) -> (state,
+out)`` over *one* data-parallel shard's state (``jspec.engine.runner``: the runner static).
+:func:`sharded` turns it into a jitted function over states stacked along a leading shard axis
+``[D, ...]`` (state donated), on a 2-D mesh ``("dp", "tp")`` of ``D * ecfg.tensor_parallel``
+devices:
 
 * ``dp`` (data parallel): each shard owns its own requests, allocator, req_to_token and pools;
   no cross-shard traffic at all. Every state leaf and per-shard argument is split on its
@@ -22,7 +22,7 @@ With one device in all, it is a plain ``jax.jit`` (the leading axis is squeezed 
 Several hosts: after ``jax.distributed.initialize()`` in every process the mesh spans all
 processes' devices; every process runs the same host loop (SPMD) and the scheduler gathers step
 outputs with ``multihost_utils.process_allgather`` (tested: 2 CPU processes, dp across them).
-Compiled wrappers are cached per ``(body, ecfg, target, draft, D)``.
+Compiled wrappers are cached per ``(body, runner, D)``.
 """
 
 from __future__ import annotations
@@ -84,11 +84,25 @@ def param_specs(model: Any, params: Any, tensor_parallel: int) -> Any:
     return model.param_specs(params, TP_AXIS)
 
 
+def weight_specs(runner: Any, weights: Any) -> Any:
+    """PartitionSpecs of a runner's :class:`jspec.engine.runner.Weights` (:func:`param_specs`
+    of each model); replicated (``P()``) without tensor parallelism."""
+    tp = runner.ecfg.tensor_parallel
+    if tp == 1:
+        return P()
+    return replace(
+        weights,
+        target=param_specs(runner.target, weights.target, tp),
+        draft=param_specs(runner.draft, weights.draft, tp),
+    )
+
+
 def state_specs(state: Any, tensor_parallel: int) -> Any:
     """PartitionSpecs of a stacked engine state ``[D, ...]``.
 
     Every leaf is split on ``dp``; with tensor parallelism the KV pools
-    (``[D, layers, slots, kv_heads, head_dim]``) are also split on their head axis.
+    (``kv.target_pool`` / ``kv.draft_pool``, ``[D, layers, slots, kv_heads, head_dim]``) are
+    also split on their head axis.
     """
     # NOTE: zero-element leaves (``draft_hidden: [M, 0]`` without a draft) are replicated: a
     # jitted function's zero-element outputs come out replicated whatever their spec, so any
@@ -97,10 +111,10 @@ def state_specs(state: Any, tensor_parallel: int) -> Any:
     if tensor_parallel == 1:
         return specs
     heads = P(DP_AXIS, None, None, TP_AXIS)
-    draft_pool = None if specs.draft_pool is None else replace(specs.draft_pool, k=heads, v=heads)
-    return replace(
-        specs, target_pool=replace(specs.target_pool, k=heads, v=heads), draft_pool=draft_pool
-    )
+    kv = specs.kv
+    draft_pool = None if kv.draft_pool is None else replace(kv.draft_pool, k=heads, v=heads)
+    kv = replace(kv, target_pool=replace(kv.target_pool, k=heads, v=heads), draft_pool=draft_pool)
+    return replace(specs, kv=kv)
 
 
 # ---- the jitted wrapper ------------------------------------------------------------------------
@@ -165,14 +179,12 @@ class _Holes:
 @functools.cache
 def sharded(
     body: Callable[..., Any],
-    ecfg: Any,
-    target: Any,
-    draft: Any,
+    runner: Any,
     num_devices: int,
     with_checkify: bool = False,
     compiler_options: tuple[tuple[str, Any], ...] = (),
 ) -> Callable[..., Any]:
-    """Jitted ``f(params, draft_params, stacked_state, *stacked_args) -> stacked (state, out)``.
+    """Jitted ``f(weights, stacked_state, *stacked_args) -> stacked (state, out)``.
 
     ``num_devices`` is the number of data-parallel shards; each uses ``ecfg.tensor_parallel``
     devices. With ``with_checkify`` the per-shard body runs under ``checkify.checkify`` (the
@@ -184,12 +196,10 @@ def sharded(
     value)`` pairs (``EngineConfig.kernels.gemm_compiler_options``).
     """
     options = dict(compiler_options) or None
-    tp = ecfg.tensor_parallel
+    tp = runner.ecfg.tensor_parallel
 
-    def per_shard(params, draft_params, state, *args):
-        state, out = body(
-            ecfg, target, params, draft, draft_params, _squeeze(state), *_squeeze(args)
-        )
+    def per_shard(weights, state, *args):
+        state, out = body(runner, weights, _squeeze(state), *_squeeze(args))
         return _unsqueeze(state), _unsqueeze(out)
 
     if with_checkify:
@@ -199,25 +209,19 @@ def sharded(
 
         plain = per_shard
 
-        def per_shard(params, draft_params, state, *args):
-            err, out = checkify.checkify(plain, errors=probes.PROBE_ERRORS)(
-                params, draft_params, state, *args
-            )
+        def per_shard(weights, state, *args):
+            err, out = checkify.checkify(plain, errors=probes.PROBE_ERRORS)(weights, state, *args)
             return out, _unsqueeze(err)
 
-    donate = () if with_checkify else (2,)  # see the docstring: keep the state on a probe
+    donate = () if with_checkify else (1,)  # see the docstring: keep the state on a probe
     if num_devices * tp == 1:
         return jax.jit(per_shard, donate_argnums=donate, compiler_options=options)
     mesh = make_mesh(num_devices, tp)
 
-    def fn(params, draft_params, state, *args):
+    def fn(weights, state, *args):
         st_specs = state_specs(state, tp)
-        operands = (params, draft_params, state, *args)
-        in_specs = (
-            param_specs(target, params, tp),
-            param_specs(draft, draft_params, tp),
-            st_specs,
-        ) + (P(DP_AXIS),) * len(args)
+        operands = (weights, state, *args)
+        in_specs = (weight_specs(runner, weights), st_specs) + (P(DP_AXIS),) * len(args)
         # The new state has the input state's leaves, shapes and specs (the bodies' contract).
         ins, st = _Holes(operands, in_specs, mesh), _Holes(state, st_specs, mesh)
 

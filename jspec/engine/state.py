@@ -1,20 +1,15 @@
 """Engine configuration and the device-resident engine state (one data-parallel shard).
 
-The state holds everything a decode step reads and writes, as one pytree, so a step is a pure
-jitted function ``state' = step(state, ...)`` with the state donated:
+The state holds everything a step reads and writes, as one pytree, so a step is a pure jitted
+function ``state' = step(runner, weights, state, ...)`` with the state donated. It has two
+parts:
 
-* the bookkeeping: paged allocator, req_to_token rows and their row allocator (``jspec.kv``);
-* the target and draft KV pools (``jspec.kv.pool.KVPool``; they share slot ids, allocator and
-  req_to_token, as in sglang where the draft worker reuses the target's pools' indexing);
-* per **batch slot** (capacity ``max_running_requests``, host scheduler decides which slot a
-  request occupies) the request's KV lengths, row and speculative carry.
+* ``kv``: the KV backend's state (``jspec.engine.kv_backend``): allocation, per-slot lengths
+  and liveness, the target and draft pools. jspec's is ``jspec.engine.paged_kv.PagedKVState``
+  (paged allocator, req_to_token rows, sglang's layout);
+* ``carry``: the speculative carry per **batch slot** (:class:`SpecCarry`; capacity
+  ``max_running_requests``, the host scheduler decides which slot a request occupies)::
 
-Per-slot arrays (``M`` = max_running_requests)::
-
-    committed_lens   i32[M]   sglang kv_committed_len = L (KV-ready prefix)
-    allocated_lens   i32[M]   sglang kv_allocated_len (row positions backed by pages)
-    req_pool_indices i32[M]   req_to_token row (0 = padding row, free batch slot)
-    live             bool[M]
     bonus_tokens     i32[M]   last generated token (the next tree root; no KV yet)
     topk_p           f32[M, K], topk_index i32[M, K] (TARGET ids), draft_hidden dtype[M, Hd]
                               the draft's proposal for the first tree level (from the
@@ -22,7 +17,8 @@ Per-slot arrays (``M`` = max_running_requests)::
 
 The configuration is model-agnostic: the target pool's geometry comes from the target model
 (:func:`make_engine_config`), the draft pool's from the draft model (:func:`draft_pool_spec`);
-the models themselves (``jspec.engine.protocol``) are passed beside the config.
+the models themselves (``jspec.engine.protocol``) are bundled with it in
+``jspec.engine.runner.Runner``.
 """
 
 from __future__ import annotations
@@ -37,12 +33,8 @@ from jspec._compact import compact
 from jspec._pytree import pytree_dataclass
 from jspec.config import BatchBuckets, SpecConfig, ceil_div
 from jspec.engine.attention import PagedAttentionBackend
-from jspec.engine.protocol import DTYPES, check_models
+from jspec.engine.protocol import DTYPES
 from jspec.kernels.policy import KernelPolicy, resolve_kernel_policy
-from jspec.kv.allocator import PagedAllocator, init_allocator
-from jspec.kv.decode_alloc import ReqKVState
-from jspec.kv.pool import KVPool, init_kv_pool
-from jspec.kv.req_to_token import ReqRowAllocator, init_req_rows, init_req_to_token
 
 DRAFT_ATTENTION = ("cascade", "kv_indices")
 # chunked_prefill_size: prompt tokens per prefill call (sglang --chunked-prefill-size; its
@@ -60,7 +52,7 @@ class EngineConfig:
     Attributes:
       spec: bookkeeping config (page_size, topk, num_steps, num_draft_tokens, context_len,
         max_running_requests, num_pages) whose pool geometry (num_layers, num_kv_heads,
-        head_dim, dtype) is the target model's (:func:`check_engine_models`).
+        head_dim, dtype) is the target model's (``jspec.engine.runner.check_engine_models``).
       max_prompt_len: static prompt padding for prefill.
       batch_buckets: decode batch sizes compiled (sglang cuda-graph ``capture_bs``).
       prefill_batch: prompts admitted per prefill call (per shard).
@@ -318,22 +310,29 @@ def make_engine_config(
 
 
 @pytree_dataclass
-class EngineState:
-    """Device state of one shard (see the module docstring for the per-slot arrays)."""
+class SpecCarry:
+    """The speculative carry of every batch slot: what the next step starts its tree from
+    (written by prefill's last chunk, by every spec / plain step; ``M`` batch slots)."""
 
-    allocator: PagedAllocator
-    req_rows: ReqRowAllocator
-    req_to_token: jax.Array  # i32[M+1, R]
-    target_pool: KVPool
-    draft_pool: KVPool | None  # None in a plain greedy engine
-    committed_lens: jax.Array  # i32[M]
-    allocated_lens: jax.Array  # i32[M]
-    req_pool_indices: jax.Array  # i32[M]
-    live: jax.Array  # bool[M]
-    bonus_tokens: jax.Array  # i32[M]
-    topk_p: jax.Array  # f32[M, K]
-    topk_index: jax.Array  # i32[M, K]
-    draft_hidden: jax.Array  # dtype[M, Hd] (Hd = draft.hidden_size; [M, 0] without a draft)
+    # i32[M]: last generated token (the next tree root; no KV yet)
+    bonus_tokens: jax.Array
+    # f32[M, K] / i32[M, K] (TARGET ids): the draft's proposal for the first tree level (from
+    # the last draft extend / draft prefill)
+    topk_p: jax.Array
+    topk_index: jax.Array
+    # dtype[M, Hd] (Hd = draft.hidden_size; [M, 0] without a draft): the draft hidden state
+    # that produced them
+    draft_hidden: jax.Array
+
+
+@pytree_dataclass
+class EngineState:
+    """Device state of one shard: the KV backend's state and the speculative carry."""
+
+    # the KV backend's state (jspec.engine.paged_kv.PagedKVState for jspec's): allocation,
+    # lengths, liveness and the two pools
+    kv: Any
+    carry: SpecCarry
 
 
 def draft_pool_spec(ecfg: EngineConfig, draft: Any) -> SpecConfig:
@@ -347,59 +346,12 @@ def draft_pool_spec(ecfg: EngineConfig, draft: Any) -> SpecConfig:
     )
 
 
-def check_engine_models(ecfg: EngineConfig, target: Any, draft: Any = None) -> None:
-    """Static checks: the models follow the protocol, fit each other and ``ecfg``.
-
-    Raises:
-      ValueError naming the field (TypeError for a missing protocol member).
-    """
-
-    check_models(target, draft)
-    s = ecfg.spec
-    for field in ("num_layers", "num_kv_heads", "head_dim", "dtype"):
-        if getattr(s, field) != getattr(target, field):
-            raise ValueError(
-                f"target.{field}={getattr(target, field)!r} does not match the "
-                f"engine config's spec.{field}={getattr(s, field)!r} (build the "
-                "config with make_engine_config(target, ...))"
-            )
-    tp = ecfg.tensor_parallel
-    for name, model in (("target", target), ("draft", draft)):
-        if model is None or tp == 1:
-            continue
-        if not hasattr(model, "param_specs"):
-            raise ValueError(
-                f"tensor_parallel={tp}: the {name} model {type(model).__name__} "
-                "defines no param_specs (jspec.engine.protocol)"
-            )
-        if model.num_kv_heads % tp:
-            raise ValueError(
-                f"tensor_parallel={tp} must divide {name}.num_kv_heads={model.num_kv_heads}"
-            )
-        if hasattr(model, "check_tensor_parallel"):
-            model.check_tensor_parallel(tp)
-
-
-def init_engine_state(ecfg: EngineConfig, draft: Any = None) -> EngineState:
-    """Empty state: every page and row free, every batch slot free.
-
-    Args:
-      draft: the draft model (its pool geometry and hidden size), or None for a plain greedy
-        engine (no draft pool: ``draft_pool`` is None, ``draft_hidden`` is ``[M, 0]``).
-    """
+def init_spec_carry(ecfg: EngineConfig, draft: Any = None) -> SpecCarry:
+    """Zeros for every batch slot (``draft`` None: ``draft_hidden`` is ``[M, 0]``)."""
     s = ecfg.spec
     cap, k = s.max_running_requests, s.topk
     hidden = (0, s.dtype) if draft is None else (draft.hidden_size, draft.dtype)
-    return EngineState(
-        allocator=init_allocator(s.num_pages, s.page_size),
-        req_rows=init_req_rows(s),
-        req_to_token=init_req_to_token(s),
-        target_pool=init_kv_pool(s),
-        draft_pool=None if draft is None else init_kv_pool(draft_pool_spec(ecfg, draft)),
-        committed_lens=jnp.zeros((cap,), jnp.int32),
-        allocated_lens=jnp.zeros((cap,), jnp.int32),
-        req_pool_indices=jnp.zeros((cap,), jnp.int32),
-        live=jnp.zeros((cap,), bool),
+    return SpecCarry(
         bonus_tokens=jnp.zeros((cap,), jnp.int32),
         topk_p=jnp.zeros((cap, k), jnp.float32),
         topk_index=jnp.zeros((cap, k), jnp.int32),
@@ -417,17 +369,6 @@ def gather_slots(x: jax.Array, slot_idx: jax.Array, live: jax.Array, fill=0) -> 
     return jnp.where(mask, rows, jnp.asarray(fill, x.dtype))
 
 
-def gather_req_kv_state(state: EngineState, slot_idx: jax.Array, live: jax.Array) -> ReqKVState:
-    """The bucket's rows as a :class:`jspec.kv.decode_alloc.ReqKVState` (non-live rows: 0,
-    invalid). ``slot_idx: i32[Bb]``, ``live: bool[Bb]`` as :func:`gather_slots`."""
-    return ReqKVState(
-        committed_lens=gather_slots(state.committed_lens, slot_idx, live),
-        allocated_lens=gather_slots(state.allocated_lens, slot_idx, live),
-        req_pool_indices=gather_slots(state.req_pool_indices, slot_idx, live),
-        valid=live,
-    )
-
-
 def scatter_slots(
     x: jax.Array, slot_idx: jax.Array, live: jax.Array, values: jax.Array
 ) -> jax.Array:
@@ -439,3 +380,21 @@ def scatter_slots(
 def pack_valid(values: jax.Array, valid: jax.Array) -> jax.Array:
     """Stable compaction of ``values[valid]`` to the front of an i32 buffer (0 tail)."""
     return compact(values, valid, dtype=jnp.int32)
+
+
+def commit_carry(
+    carry: SpecCarry,
+    slot_idx: jax.Array,
+    live: jax.Array,
+    bonus: jax.Array,
+    topk_p: jax.Array,
+    topk_index: jax.Array,
+    hidden: jax.Array,
+) -> SpecCarry:
+    """The live entries' next tree roots and first tree levels into their batch slots."""
+    return SpecCarry(
+        bonus_tokens=scatter_slots(carry.bonus_tokens, slot_idx, live, bonus),
+        topk_p=scatter_slots(carry.topk_p, slot_idx, live, topk_p),
+        topk_index=scatter_slots(carry.topk_index, slot_idx, live, topk_index),
+        draft_hidden=scatter_slots(carry.draft_hidden, slot_idx, live, hidden),
+    )

@@ -3,43 +3,30 @@
 A speculative step (``jspec.engine.spec_step``) is a chain of pure phases, each taking the
 previous phase's dataclass and returning its own::
 
-    phase_prepare(state)  -> DraftPlan      1-2  pages, draft layout, draft attention passes
+    phase_prepare(kv)     -> DraftPlan      1-2  pages, draft layout, draft attention passes
     phase_draft           -> DraftResult    3    draft loop, organize_draft_results
     phase_tree            -> VerifyPlan     4    verify tree + verify window slots
     phase_verify          -> VerifyResult   5    target forward over the tree
     phase_accept          -> AcceptResult   6-7  greedy verify, accepted-KV move, compaction
     phase_extend          -> ExtendResult   8    draft extend, next first tree level
-    phase_commit(state, ExtendResult) -> EngineState, SpecStepOutput   9
+    phase_commit(state, ExtendResult) -> EngineState, SpecStepOutput   9  lengths, carry
 
 Shapes: ``Bb`` the batch bucket, ``K`` topk, ``S`` num_steps, ``N`` num_draft_tokens,
 ``H`` the target hidden size, ``Hd`` the draft's (the target feature reaches the phases already
 combined by ``draft.combine_hidden_states``), ``V`` the target vocab,
-``M`` max_running_requests, ``R`` the req_to_token row width. Padding entries of the bucket are
-invalid rows (row 0, length 0, slot 0).
+``M`` max_running_requests, ``R`` the token table's row width. Padding entries of the bucket
+are invalid rows (row 0, length 0, slot 0).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 
 from jspec._pytree import pytree_dataclass
-from jspec.kv.allocator import PagedAllocator
-from jspec.kv.decode_alloc import ReqKVState
-from jspec.kv.pool import KVPool
+from jspec.engine.kv_backend import KVView
 from jspec.tree.build import BuildTreeOutput
-
-
-@pytree_dataclass
-class StepBuffers:
-    """What a step updates in place (threaded through every phase)."""
-
-    allocator: PagedAllocator
-    # i32[M+1, R]: token slot of every row position (row 0 = padding row)
-    req_to_token: jax.Array
-    # the target KV pool, [num_layers, num_slots, Hkv, D]
-    target_pool: KVPool
-    # the draft KV pool, [draft.num_layers, num_slots, draft Hkv, draft D]
-    draft_pool: KVPool
 
 
 @pytree_dataclass
@@ -50,8 +37,9 @@ class StepBatch:
     slot_idx: jax.Array
     # bool[Bb]: live entries (all False when ok is False)
     live: jax.Array
-    # the entries' rows and lengths after prepare_for_decode (padding: row 0, length 0)
-    reqs: ReqKVState
+    # the entries' token slots and committed lengths L after prepare_decode (padding: row 0,
+    # length 0; jspec.engine.kv_backend.KVView)
+    view: KVView
     # bool[]: the pages sufficed (else the step changes no state)
     ok: jax.Array
 
@@ -60,7 +48,8 @@ class StepBatch:
 class DraftPlan:
     """Phase 1-2 output: the draft loop's inputs."""
 
-    buffers: StepBuffers
+    # the KV backend's state, threaded through every phase (its pools updated in place)
+    kv: Any
     batch: StepBatch
     # i32[Bb, K, S]: draft-pool slot of every branch token of every draft step
     out_cache_loc: jax.Array
@@ -81,7 +70,7 @@ class DraftPlan:
 class DraftResult:
     """Phase 3 output: the draft tree (sglang ``organize_draft_results``)."""
 
-    buffers: StepBuffers
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     # i32[Bb]: the tree roots
     bonus_tokens: jax.Array
@@ -97,7 +86,7 @@ class DraftResult:
 class VerifyPlan:
     """Phase 4 output: the verify tree and where its N nodes' target KV goes."""
 
-    buffers: StepBuffers
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     # tree mask (QLEN_ONLY, bool[Bb, N, N]), positions i32[Bb*N], retrive_* i32[Bb, N],
     # draft_tokens i32[Bb*N] (root then the N-1 drafts)
@@ -110,7 +99,7 @@ class VerifyPlan:
 class VerifyResult:
     """Phase 5 output: the target over the tree (target pool written at verify_loc)."""
 
-    buffers: StepBuffers
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     tree: BuildTreeOutput
     verify_loc: jax.Array  # i32[Bb*N]
@@ -124,7 +113,7 @@ class VerifyResult:
 class AcceptResult:
     """Phase 6-7 output: the accepted paths, compacted to the front of each request's block."""
 
-    buffers: StepBuffers
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     verify_loc: jax.Array  # i32[Bb*N]
     # i32[Bb*N]: the token after each accepted node (argmax or sampled), accepted path first
@@ -143,7 +132,7 @@ class AcceptResult:
 class ExtendResult:
     """Phase 8 output: the draft's first tree level for the next step."""
 
-    buffers: StepBuffers
+    kv: Any  # the KV backend's state (pools updated in place)
     batch: StepBatch
     accept_lens: jax.Array  # i32[Bb]
     accept_tokens: jax.Array  # i32[Bb, S+1]

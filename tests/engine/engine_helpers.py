@@ -96,7 +96,7 @@ def assert_same_state(before, after, page_size: int) -> None:
     def same(path, b, a):
         name = jax.tree_util.keystr(path)
         a = np.asarray(a)
-        if name.startswith((".target_pool", ".draft_pool")):
+        if name.startswith((".kv.target_pool", ".kv.draft_pool")):
             b, a = b[:, page_size:], a[:, page_size:]
         np.testing.assert_array_equal(a, b, err_msg=name)
 
@@ -108,15 +108,15 @@ def check_engine_state(ecfg, state, what: str = "") -> None:
     and request rows (free + live == all), against the live slots."""
     from jspec.kv.integrity import check_integrity, check_req_rows_integrity, owned_page_mask
 
-    spec = ecfg.spec
-    live = np.asarray(state.live)
+    spec, kv = ecfg.spec, state.kv
+    live = np.asarray(kv.live)
     owned = owned_page_mask(
-        state.req_to_token,
-        state.req_pool_indices,
-        state.allocated_lens,
+        kv.req_to_token,
+        kv.req_pool_indices,
+        kv.allocated_lens,
         num_pages=spec.num_pages,
         page_size=spec.page_size,
-        valid=state.live,
+        valid=kv.live,
     )
-    check_integrity(state.allocator, owned, what=what)
-    check_req_rows_integrity(state.req_rows, np.asarray(state.req_pool_indices)[live], what=what)
+    check_integrity(kv.allocator, owned, what=what)
+    check_req_rows_integrity(kv.req_rows, np.asarray(kv.req_pool_indices)[live], what=what)

@@ -19,6 +19,8 @@ from engine_helpers import DRAFT, TARGET, TINY, snapshot, tiny_model
 from jspec import probes
 from jspec._pytree import replace
 from jspec.engine import (
+    Runner,
+    Weights,
     greedy_step,
     init_engine_state,
     make_engine_config,
@@ -39,6 +41,7 @@ ECFG = make_engine_config(
     batch_buckets=(2,),
     prefill_batch=2,
 )
+SPEC, GREEDY = Runner(ECFG, TARGET, DRAFT), Runner(ECFG, TARGET)
 PAGE = ECFG.spec.page_size
 PROMPTS = ([1, 2, 3, 4, 5], [7, 8, 9])
 
@@ -67,15 +70,7 @@ def spec_state():
     params, dparams = tiny_model()
     ids, lens = _prompt_batch(PROMPTS)
     st, out = prefill(
-        ECFG,
-        TARGET,
-        params,
-        DRAFT,
-        dparams,
-        init_engine_state(ECFG, DRAFT),
-        _i32([0, 1]),
-        ids,
-        lens,
+        SPEC, Weights(params, dparams), init_engine_state(SPEC), _i32([0, 1]), ids, lens
     )
     assert bool(out.ok)
     return st
@@ -85,23 +80,19 @@ def greedy_state(slots=(0, 1)):
     params, _ = tiny_model()
     ids, lens = _prompt_batch(PROMPTS[: len(slots)] + ((),) * (2 - len(slots)))
     slot_idx = _i32(list(slots) + [2] * (2 - len(slots)))
-    st, out = prefill(
-        ECFG, TARGET, params, None, None, init_engine_state(ECFG), slot_idx, ids, lens
-    )
+    st, out = prefill(GREEDY, Weights(params), init_engine_state(GREEDY), slot_idx, ids, lens)
     assert bool(out.ok)
     return st
 
 
 def spec_step(st, slots, live):
     params, dparams = tiny_model()
-    return spec_decode_step(
-        ECFG, TARGET, params, DRAFT, dparams, st, _i32(slots), jnp.asarray(live)
-    )
+    return spec_decode_step(SPEC, Weights(params, dparams), st, _i32(slots), jnp.asarray(live))
 
 
 def greedy(st, slots, live):
     params, _ = tiny_model()
-    return greedy_step(ECFG, TARGET, params, st, _i32(slots), jnp.asarray(live))
+    return greedy_step(GREEDY, Weights(params), st, _i32(slots), jnp.asarray(live))
 
 
 # ---- release ---------------------------------------------------------------------------------------
@@ -114,16 +105,16 @@ def test_release_bad_slot_releases_nothing(slots, finished) -> None:
     """Was: release([5]) with M = 2 freed slot 1's pages while slot 1 stayed live on them."""
     st = spec_state()
     before = snapshot(st)
-    st, ok = release(ECFG, st, _i32(slots), jnp.asarray(finished), return_ok=True)
+    st, ok = release(SPEC, st, _i32(slots), jnp.asarray(finished), return_ok=True)
     assert not bool(ok)
     assert_same_state(before, st)
     check_state(st, "after a refused release")
-    st, ok = release(ECFG, st, _i32([1, 0]), jnp.asarray([True, True]), return_ok=True)
-    assert bool(ok) and not np.asarray(st.live).any()
+    st, ok = release(SPEC, st, _i32([1, 0]), jnp.asarray([True, True]), return_ok=True)
+    assert bool(ok) and not np.asarray(st.kv.live).any()
     check_state(st, "after a good release")
-    st, ok = release(ECFG, st, _i32([1, 0]), jnp.asarray([True, False]), return_ok=True)
+    st, ok = release(SPEC, st, _i32([1, 0]), jnp.asarray([True, False]), return_ok=True)
     assert not bool(ok)  # slot 1 is no longer live: a second release is refused
-    assert int(st.allocator.num_free) == ECFG.spec.num_pages
+    assert int(st.kv.allocator.num_free) == ECFG.spec.num_pages
 
 
 # ---- decode steps ------------------------------------------------------------------------------------
@@ -137,7 +128,7 @@ def test_step_bad_slot_changes_nothing(mode, slots, live) -> None:
     """Was: a duplicate slot leaked 8 pages; a never-prefilled live slot wrote the padding row."""
     st = spec_state() if mode == "spec" else greedy_state(slots=(0,))
     if mode == "spec" and slots == [0, 1]:
-        st = release(ECFG, st, _i32([1, 0]), jnp.asarray([True, False]))  # slot 1 never again
+        st = release(SPEC, st, _i32([1, 0]), jnp.asarray([True, False]))  # slot 1 never again
     before = snapshot(st)
     st, out = (spec_step if mode == "spec" else greedy)(st, slots, live)
     assert not bool(out.ok)
@@ -165,10 +156,10 @@ def test_prefill_bad_input_changes_nothing(slots, prompts) -> None:
     params, dparams = tiny_model()
     st = spec_state()
     free = [1, 0] if slots == [0, 0] else [1, 2]  # slot 1 free (and slot 0 for "twice")
-    st = release(ECFG, st, _i32(free), jnp.asarray([True, free[1] == 0]))
+    st = release(SPEC, st, _i32(free), jnp.asarray([True, free[1] == 0]))
     before = snapshot(st)
     ids, lens = _prompt_batch(prompts)
-    st, out = prefill(ECFG, TARGET, params, DRAFT, dparams, st, _i32(slots), ids, lens)
+    st, out = prefill(SPEC, Weights(params, dparams), st, _i32(slots), ids, lens)
     assert not bool(out.ok) and not np.asarray(out.first_tokens).any()
     assert_same_state(before, st)
     check_state(st, "after a refused prefill")
@@ -176,10 +167,10 @@ def test_prefill_bad_input_changes_nothing(slots, prompts) -> None:
 
 def test_prefill_prompt_len_past_the_padding_changes_nothing() -> None:
     params, dparams = tiny_model()
-    st = init_engine_state(ECFG, DRAFT)
+    st = init_engine_state(SPEC)
     before = snapshot(st)
     ids, _ = _prompt_batch(PROMPTS)
-    st, out = prefill(ECFG, TARGET, params, DRAFT, dparams, st, _i32([0, 1]), ids, _i32([9, 3]))
+    st, out = prefill(SPEC, Weights(params, dparams), st, _i32([0, 1]), ids, _i32([9, 3]))
     assert not bool(out.ok)
     assert_same_state(before, st)
 
@@ -193,13 +184,16 @@ def _checked(fn, **kw):
 def test_probes_name_the_bad_entry() -> None:
     params, dparams = tiny_model()
     st = spec_state()
-    models = {"ecfg": ECFG, "target": TARGET, "params": params}
-    spec_kw = {**models, "draft": DRAFT, "draft_params": dparams, "state": st}
+    spec_kw = {"runner": SPEC, "weights": Weights(params, dparams), "state": st}
     with pytest.raises(probes.ProbeError, match=r"spec_decode_step: entry 0: slot 0 given twice"):
         _checked(spec_decode_step, **spec_kw, slot_idx=_i32([0, 0]), live=jnp.asarray([1, 1], bool))
     with pytest.raises(probes.ProbeError, match=r"release: entry 0: slot 5 outside \[0, "):
         _checked(
-            release, ecfg=ECFG, state=st, slot_idx=_i32([5, 0]), finished=jnp.asarray([1, 0], bool)
+            release,
+            runner=SPEC,
+            state=st,
+            slot_idx=_i32([5, 0]),
+            finished=jnp.asarray([1, 0], bool),
         )
     ids, lens = _prompt_batch(([1, 999], ()))
     with pytest.raises(
@@ -207,7 +201,7 @@ def test_probes_name_the_bad_entry() -> None:
         match=r"prefill: entry 0: slot 0 is not free \(live, or holding a request\)",
     ):
         _checked(prefill, **spec_kw, slot_idx=_i32([0, 2]), prompt_ids=ids, prompt_lens=lens)
-    st = release(ECFG, st, _i32([1, 0]), jnp.asarray([True, False]))
+    st = release(SPEC, st, _i32([1, 0]), jnp.asarray([True, False]))
     spec_kw["state"] = st
     with pytest.raises(probes.ProbeError, match=r"prefill: entry 0: token id 999 outside"):
         _checked(prefill, **spec_kw, slot_idx=_i32([1, 2]), prompt_ids=ids, prompt_lens=lens)
@@ -218,11 +212,11 @@ def test_probes_name_the_bad_entry() -> None:
 def test_static_mistakes_name_the_field() -> None:
     st = spec_state()
     with pytest.raises(ValueError, match=r"release: finished.shape=\(3,\) must be"):
-        release(ECFG, st, _i32([0, 1]), jnp.ones(3, bool))
+        release(SPEC, st, _i32([0, 1]), jnp.ones(3, bool))
     params, dparams = tiny_model()
     ids, lens = _prompt_batch(PROMPTS)
     with pytest.raises(ValueError, match=r"prefill: prompt_ids.dtype=float32"):
-        prefill(ECFG, TARGET, params, DRAFT, dparams, st, _i32([0, 1]), ids.astype(float), lens)
+        prefill(SPEC, Weights(params, dparams), st, _i32([0, 1]), ids.astype(float), lens)
 
 
 # ---- NaN target logits: a probe in prefill, greedy and the spec step ----------------------------------
@@ -243,17 +237,17 @@ def test_nan_target_logits_are_named_by_a_probe() -> None:
     greedy_st, spec_st = (jax.tree.map(jnp.asarray, s) for s in _good_states())
     live = {"slot_idx": _i32([0, 1]), "live": jnp.asarray([True, True])}
     with pytest.raises(probes.ProbeError, match=r"greedy_step: target logits: \d+ NaN"):
-        _checked(greedy_step, ecfg=ECFG, target=TARGET, params=bad, state=greedy_st, **live)
+        _checked(greedy_step, runner=GREEDY, weights=Weights(bad), state=greedy_st, **live)
     with pytest.raises(probes.ProbeError, match=r"spec_decode_step: target logits: \d+ NaN"):
         _checked(
-            spec_decode_step, ecfg=ECFG, target=TARGET, params=bad, draft=DRAFT,
-            draft_params=dparams, state=spec_st, **live,
+            spec_decode_step, runner=SPEC, weights=Weights(bad, dparams), state=spec_st,
+            **live,
         )  # fmt: skip
     ids, lens = _prompt_batch(PROMPTS)
     with pytest.raises(probes.ProbeError, match=r"prefill: target logits: \d+ NaN"):
         _checked(
-            prefill, ecfg=ECFG, target=TARGET, params=bad, draft=None, draft_params=None,
-            state=init_engine_state(ECFG), slot_idx=_i32([0, 1]), prompt_ids=ids, prompt_lens=lens,
+            prefill, runner=GREEDY, weights=Weights(bad), state=init_engine_state(GREEDY),
+            slot_idx=_i32([0, 1]), prompt_ids=ids, prompt_lens=lens,
         )  # fmt: skip
 
 
@@ -263,7 +257,7 @@ def test_logit_probes_off_add_nothing() -> None:
     st = jax.tree.map(jnp.asarray, _good_states()[0])
 
     def step(p, s):
-        return greedy_step(ECFG, TARGET, p, s, _i32([0, 1]), jnp.asarray([True, True]))
+        return greedy_step(GREEDY, Weights(p), s, _i32([0, 1]), jnp.asarray([True, True]))
 
     assert not probes.probes_on()
     assert "check" not in str(jax.make_jaxpr(step)(params, st))

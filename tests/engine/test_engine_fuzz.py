@@ -26,6 +26,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jspec.engine import (
+    Runner,
+    Weights,
     greedy_step,
     init_engine_state,
     make_engine_config,
@@ -47,6 +49,7 @@ ECFG = make_engine_config(
     batch_buckets=(M,),
     prefill_batch=M,
 )
+SPEC, GREEDY = Runner(ECFG, TARGET, DRAFT), Runner(ECFG, TARGET)
 LP, VOCAB = ECFG.max_prompt_len, TINY.vocab_size
 MAX_OPS = 6  # short runs: committed stays far below the context (no width refusal)
 
@@ -86,28 +89,26 @@ def expected_ok(kind, slots, mask, ids, live: np.ndarray) -> bool:
 
 def run(state, kind, slots, mask, ids, spec: bool):
     params, dparams = tiny_model()
+    runner, weights = (SPEC, Weights(params, dparams)) if spec else (GREEDY, Weights(params))
     slot_idx = jnp.asarray(slots, jnp.int32)
     if kind == "prefill":
-        draft, dp = (DRAFT, dparams) if spec else (None, None)
         prompt_ids, lens = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32)
-        state, out = prefill(ECFG, TARGET, params, draft, dp, state, slot_idx, prompt_ids, lens)
+        state, out = prefill(runner, weights, state, slot_idx, prompt_ids, lens)
         return state, bool(out.ok)
     live = jnp.asarray(mask)
     if kind == "release":
-        state, ok = release(ECFG, state, slot_idx, live, return_ok=True)
+        state, ok = release(runner, state, slot_idx, live, return_ok=True)
         return state, bool(ok)
-    if spec:
-        state, out = spec_decode_step(ECFG, TARGET, params, DRAFT, dparams, state, slot_idx, live)
-    else:
-        state, out = greedy_step(ECFG, TARGET, params, state, slot_idx, live)
+    step = spec_decode_step if spec else greedy_step
+    state, out = step(runner, weights, state, slot_idx, live)
     return state, bool(out.ok)
 
 
 @given(spec=st.booleans(), ops=st.lists(op(), min_size=1, max_size=MAX_OPS))
 def test_index_misuse_never_corrupts_the_state(spec, ops) -> None:
-    state = init_engine_state(ECFG, DRAFT if spec else None)
+    state = init_engine_state(SPEC if spec else GREEDY)
     for i, (kind, slots, mask, ids) in enumerate(ops):
-        want = expected_ok(kind, slots, mask, ids, np.asarray(state.live))
+        want = expected_ok(kind, slots, mask, ids, np.asarray(state.kv.live))
         before = snapshot(state)
         state, ok = run(state, kind, slots, mask, ids, spec)
         what = f"op {i} {kind}({slots}, {mask})"

@@ -44,7 +44,7 @@ def test_interrupted_generate_is_followed_by_a_clean_run(exc) -> None:
 
     with pytest.raises(exc):
         engine.generate(PROMPTS, MAX_NEW, progress=boom)
-    assert np.asarray(engine.state.live).any()  # left as it was, for inspection
+    assert np.asarray(engine.state.kv.live).any()  # left as it was, for inspection
     out, stats = engine.generate(PROMPTS, MAX_NEW)
     assert out == want and stats.leak_check.startswith("ok")
 

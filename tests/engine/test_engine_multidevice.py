@@ -77,11 +77,11 @@ _TP_SCRIPT = textwrap.dedent("""
     # 2 data-parallel shards x 2 tensor-parallel devices: spec and plain greedy.
     eng = Engine(ecfg(TINY, 2), TARGET, params, DRAFT, draft, num_devices=2)
     # The layers and the pools really are split over tp (1 of the 2 KV heads per device).
-    wqkv = eng.params.layers[0].wqkv
+    wqkv = eng.weights.target.layers[0].wqkv
     assert wqkv.sharding.spec == jax.sharding.PartitionSpec(None, "tp", None, None)
     assert wqkv.addressable_shards[0].data.shape == (32, 1, 4, 8)  # 1 KV head, its 2 q heads
-    assert eng.state.target_pool.k.addressable_shards[0].data.shape[1:] == (2, 688, 1, 8)
-    assert eng.state.allocator.free_pages.addressable_shards[0].data.shape[0] == 1
+    assert eng.state.kv.target_pool.k.addressable_shards[0].data.shape[1:] == (2, 688, 1, 8)
+    assert eng.state.kv.allocator.free_pages.addressable_shards[0].data.shape[0] == 1
     out, stats = eng.generate(prompts, MAX_NEW, arrivals=arrivals)
     assert out == ref, (out, ref)
     assert stats.request_accept_lens == ref_stats.request_accept_lens
@@ -199,7 +199,10 @@ _ZERO_ELEMENT_SCRIPT = textwrap.dedent("""
     class Cfg(NamedTuple):
         tensor_parallel: int = 1
 
-    def body(ecfg, target, params, draft, draft_params, state, slot_idx, empty_arg):
+    class Run(NamedTuple):
+        ecfg: Cfg = Cfg()
+
+    def body(runner, params, state, slot_idx, empty_arg):
         # The greedy state's pattern: a zero-element leaf (draft_hidden [M, 0]) carried through.
         assert state["hidden"].shape == (4, 0) and empty_arg.shape == (0, 3), state
         assert params["empty"].shape == (0,)
@@ -211,12 +214,12 @@ _ZERO_ELEMENT_SCRIPT = textwrap.dedent("""
     params = {{"w": jnp.ones(()), "empty": jnp.zeros((0,))}}
     args = (jnp.array([[1], [2]]), jnp.zeros((2, 0, 3)))
     for checkify in (False, True):
-        fn = sharding.sharded(body, Cfg(), None, None, 2, checkify)
-        text = fn.lower(params, None, state, *args).as_text()
+        fn = sharding.sharded(body, Run(), 2, checkify)
+        text = fn.lower(params, state, *args).as_text()
         edges = [line for line in text.splitlines()
                  if "sdy.manual_computation" in line or "sdy.return" in line]
         assert edges and not any(re.search(r"tensor<(?:[0-9]+x)*0x", e) for e in edges), edges
-        outs = fn(params, None, state, *args)
+        outs = fn(params, state, *args)
         state, out = outs[0] if checkify else outs
         assert state["hidden"].shape == (2, 4, 0) and state["hidden"].dtype == jnp.bfloat16
         assert out.tolist() == [1.0 + checkify] * 2, out

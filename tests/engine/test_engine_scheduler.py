@@ -125,11 +125,11 @@ def test_validation_errors():
 
 def test_warmup_is_a_no_op_on_the_bookkeeping():
     engine = _spec_engine(num_pages=_small_pool())
-    before = np.asarray(engine.state.allocator.free_pages)
+    before = np.asarray(engine.state.kv.allocator.free_pages)
     engine.warmup()
-    np.testing.assert_array_equal(np.asarray(engine.state.allocator.free_pages), before)
+    np.testing.assert_array_equal(np.asarray(engine.state.kv.allocator.free_pages), before)
     assert engine.check_leaks().startswith("ok")
-    assert not np.any(np.asarray(engine.state.live))
+    assert not np.any(np.asarray(engine.state.kv.live))
 
 
 def test_spec_step_with_pages_short_changes_no_state():
@@ -166,7 +166,7 @@ def test_spec_step_with_pages_short_changes_no_state():
 
     def same(path, b, a):
         name = jax.tree_util.keystr(path)
-        if name.startswith((".target_pool", ".draft_pool")):  # [D, layers, slots, ...]
+        if name.startswith((".kv.target_pool", ".kv.draft_pool")):  # [D, layers, slots, ...]
             b, a = b[:, :, page:], a[:, :, page:]
         np.testing.assert_array_equal(a, b, err_msg=name)
 

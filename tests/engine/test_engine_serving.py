@@ -105,10 +105,10 @@ def test_step_workspace_does_not_grow_with_the_pool():
 
     def workspace(num_pages, body, spec, *args):
         engine = tiny_engine(_cfg(num_pages=num_pages), spec=spec)
-        fn = sharding.sharded(body, engine.ecfg, engine.target, engine.draft_model, 1)
+        fn = sharding.sharded(body, engine.runner, 1)
         host = [np.asarray(a)[None] for a in args]
-        compiled = fn.lower(engine.params, engine.draft, engine.state, *host).compile()
-        pool = sum(x.nbytes for x in jax.tree.leaves(engine.state.target_pool))
+        compiled = fn.lower(engine.weights, engine.state, *host).compile()
+        pool = sum(x.nbytes for x in jax.tree.leaves(engine.state.kv.target_pool))
         return compiled_workspace_bytes(compiled), pool
 
     m = 4

@@ -1,0 +1,104 @@
+"""What a step is given: one hashable :class:`Runner` (static) and one :class:`Weights` pytree.
+
+Every public step takes ``(runner, weights, state, ...)``::
+
+    runner  = Runner(ecfg, target, draft)   # static jit argument: config, models, KV backend
+    weights = Weights(target_params, draft_params)
+    state   = init_engine_state(runner)     # EngineState(kv, carry), donated by each step
+
+The runner's constructor checks once that the models follow ``jspec.engine.protocol`` and fit
+the config (:func:`check_engine_models`); the steps trust it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jspec._pytree import pytree_dataclass
+from jspec.engine.kv_backend import KVBackend
+from jspec.engine.paged_kv import PagedKVBackend
+from jspec.engine.protocol import DraftModel, TargetModel, check_models
+from jspec.engine.state import EngineConfig, EngineState, init_spec_carry
+
+
+def check_engine_models(
+    ecfg: EngineConfig, target: TargetModel, draft: DraftModel | None = None
+) -> None:
+    """Static checks: the models follow the protocol, fit each other and ``ecfg``.
+
+    Raises:
+      ValueError naming the field (TypeError for a missing protocol member).
+    """
+    check_models(target, draft)
+    s = ecfg.spec
+    for field in ("num_layers", "num_kv_heads", "head_dim", "dtype"):
+        if getattr(s, field) != getattr(target, field):
+            raise ValueError(
+                f"target.{field}={getattr(target, field)!r} does not match the "
+                f"engine config's spec.{field}={getattr(s, field)!r} (build the "
+                "config with make_engine_config(target, ...))"
+            )
+    tp = ecfg.tensor_parallel
+    for name, model in (("target", target), ("draft", draft)):
+        if model is None or tp == 1:
+            continue
+        if not hasattr(model, "param_specs"):
+            raise ValueError(
+                f"tensor_parallel={tp}: the {name} model {type(model).__name__} "
+                "defines no param_specs (jspec.engine.protocol)"
+            )
+        if model.num_kv_heads % tp:
+            raise ValueError(
+                f"tensor_parallel={tp} must divide {name}.num_kv_heads={model.num_kv_heads}"
+            )
+        if hasattr(model, "check_tensor_parallel"):
+            model.check_tensor_parallel(tp)
+
+
+@dataclasses.dataclass(frozen=True)
+class Runner:
+    """The static half of every step (hashable: a static jit argument).
+
+    Attributes:
+      ecfg: the engine config (``make_engine_config(target, ...)``).
+      target: the target model (``jspec.engine.protocol.TargetModel``).
+      draft: the draft head (``DraftModel``), or None for a plain greedy engine.
+      kv: the KV backend (``jspec.engine.kv_backend.KVBackend``); None: jspec's paged
+        allocator over ``ecfg.spec`` (:class:`jspec.engine.paged_kv.PagedKVBackend`).
+    """
+
+    ecfg: EngineConfig
+    target: TargetModel
+    draft: DraftModel | None = None
+    kv: KVBackend | None = None
+
+    def __post_init__(self) -> None:
+        check_engine_models(self.ecfg, self.target, self.draft)
+        if self.kv is None:
+            object.__setattr__(self, "kv", PagedKVBackend(self.ecfg))
+
+
+@pytree_dataclass
+class Weights:
+    """The runner's weights: the target's params pytree and the draft's (None without one)."""
+
+    target: Any
+    draft: Any = None
+
+
+def init_engine_state(runner: Runner, kv: Any = None) -> EngineState:
+    """Empty state: every batch slot free (the KV backend's ``init_state`` unless ``kv`` is
+    given), the carry zero (``draft_hidden`` is ``[M, 0]`` without a draft)."""
+    if kv is None:
+        kv = runner.kv.init_state(runner.target, runner.draft)
+    return EngineState(kv=kv, carry=init_spec_carry(runner.ecfg, runner.draft))
+
+
+def jit_step(body: Callable[..., Any]) -> Callable[..., Any]:
+    """The public jitted form of a step body ``body(runner, weights, state, ...)``: one compile
+    per runner (static) and shapes, the state donated (updated in place)."""
+    return jax.jit(body, static_argnames=("runner",), donate_argnames=("state",))
