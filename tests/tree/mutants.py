@@ -65,8 +65,8 @@ _CALLERS = {
     "jspec.tree.sampling_probs": (("jspec.engine.sampling", "target_probs_from_logits"),),
     "jspec.engine.sampling": (
         ("jspec.engine.spec_step", "sample_tree"),
-        ("jspec.engine.greedy", "sample_plain"),
-        ("jspec.engine.lifecycle", "sample_plain"),
+        ("jspec.engine.greedy", "next_tokens"),
+        ("jspec.engine.lifecycle", "next_tokens"),
     ),
 }
 
