@@ -23,7 +23,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 
 IMPLS = ("xla", "pallas")
 # Positions copied per loop iteration of one program (power of 2, masked tail).
@@ -123,13 +123,12 @@ def assign_req_to_token_pool(
     kernel = functools.partial(
         _assign_req_to_token_pool_kernel, block=block, width=width, num_locs=num_locs
     )
-    flat = pl.pallas_call(
+    flat = pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((num_rows * width,), jnp.int32),
         grid=(num_req,),
         input_output_aliases={5: 0},
         interpret=interpret,
-        compiler_params=None if interpret else triton_params(num_warps=4, num_stages=1),
         name="assign_req_to_token_pool",
     )(
         req_pool_indices.astype(jnp.int32),

@@ -37,7 +37,7 @@ from jspec import probes
 from jspec._compact import pack_to
 from jspec._layout import draft_footprint, holey_geometry
 from jspec.config import INT32_LIMIT, TreeGeometry, check_geometry, next_power_of_2
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 from jspec.sentinels import PAD_SLOT_ID
 
 IMPLS = ("xla", "pallas")
@@ -256,7 +256,6 @@ def _draft_cache_loc_pallas(
     interpret,
 ):
     """Launch the kernel; the pair buffers start as padding pairs ``(PAD_SLOT_ID, PAD_SLOT_ID)``."""
-    from jax.experimental import pallas as pl
 
     batch = req_pool_indices.shape[0]
     _rows, width = req_to_token.shape
@@ -287,13 +286,12 @@ def _draft_cache_loc_pallas(
     )
     tgt_init = jnp.full((buf,), PAD_SLOT_ID, jnp.int32)
     src_init = jnp.full((buf,), PAD_SLOT_ID, jnp.int32)
-    loc, tgt, src = pl.pallas_call(
+    loc, tgt, src = pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(batch,),
         input_output_aliases={5: 1, 6: 2},
         interpret=interpret,
-        compiler_params=None if interpret else triton_params(num_warps=4),
         name="draft_cache_loc",
     )(
         req_pool_indices,

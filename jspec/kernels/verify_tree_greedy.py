@@ -40,7 +40,7 @@ from jax.experimental import pallas as pl
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 from jspec.sentinels import NO_NODE, NOT_ACCEPTED
 
 IMPLS = ("xla", "pallas")
@@ -184,12 +184,12 @@ def _verify_tree_greedy_pallas(
         predicts_init=predicts_init,
     )
     interpret = resolve_interpret(interpret)
-    predicts, accept_index, accept_num = pl.pallas_call(
+    predicts, accept_index, accept_num = pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(bsz,),
         interpret=interpret,
-        compiler_params=None if interpret else triton_params(num_warps=1 if block <= 32 else 2),
+        num_warps=1 if block <= 32 else 2,
         name="verify_tree_greedy",
     )(*(x.reshape(-1) for x in (candidates, retrive_index, next_token, next_sibling)), target_flat)
     return predicts, accept_index.reshape(bsz, num_spec_steps), accept_num
