@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jspec import probes
+from jspec._tree_walk import TreeWalk, at_node, finish_predicts, start_walk, step_walk
 from jspec.config import next_power_of_2
 from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 from jspec.sentinels import NO_NODE, NOT_ACCEPTED
@@ -210,62 +211,27 @@ def verify_tree_greedy_reference(
     bsz, n = candidates.shape
     total = bsz * n
     max_depth = num_spec_steps - 1
-    rows = jnp.arange(bsz)
     target_flat = target_predict.reshape(-1).astype(jnp.int32)
     tgt = target_flat[jnp.clip(retrive_index, 0, total - 1)]  # (B, N) target after each node
 
-    def at(x, i):  # x[b, i[b]] with i clipped (callers mask invalid i)
-        return x[rows, jnp.clip(i, 0, n - 1)]
-
-    def body(_, state):
-        cur, last, depth, num, done, pred, written, acc = state
-        cur_ok = ~done & (cur >= 0) & (cur < n)
-        target = at(tgt, last)
-        match = cur_ok & (at(candidates, cur) == target)
-        onehot_last = jnp.arange(n)[None, :] == last[:, None]
-        pred = jnp.where(match[:, None] & onehot_last, target[:, None], pred)
-        written = written | (match[:, None] & onehot_last)
-        num = num + match
-        acc = jnp.where(
-            match[:, None] & (jnp.arange(num_spec_steps)[None, :] == num[:, None]),
-            at(retrive_index, cur)[:, None],
-            acc,
-        )
-        last = jnp.where(match, cur, last)
-        depth = depth + match
-        cur = jnp.where(
+    def body(_, walk: TreeWalk) -> TreeWalk:
+        target = at_node(tgt, walk.last)
+        match = walk.cur_ok(n) & (at_node(candidates, walk.cur) == target)
+        return step_walk(
+            walk,
             match,
-            at(retrive_next_token, cur),
-            jnp.where(cur_ok, at(retrive_next_sibling, cur), cur),
+            target,
+            retrive_index,
+            retrive_next_token,
+            retrive_next_sibling,
+            max_depth=max_depth,
         )
-        done = done | ~cur_ok | (match & (depth > max_depth))
-        return cur, last, depth, num, done, pred, written, acc
 
-    zeros = jnp.zeros((bsz,), jnp.int32)
-    acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32)
-    acc0 = acc0.at[:, 0].set(retrive_index[:, 0])
-    state = (
-        retrive_next_token[:, 0],
-        zeros,
-        zeros + 1,
-        zeros,
-        jnp.full((bsz,), max_depth == 0),
-        jnp.zeros((bsz, n), jnp.int32),
-        jnp.zeros((bsz, n), bool),
-        acc0,
-    )
-    _, last, _, num, _, pred, written, acc = jax.lax.fori_loop(0, n, body, state)
-    onehot_last = jnp.arange(n)[None, :] == last[:, None]
-    pred = jnp.where(onehot_last, at(tgt, last)[:, None], pred)
-    written = written | onehot_last
-    # Scatter by global node id; unwritten nodes keep predicts_init.
-    dest = jnp.where(written, retrive_index, total)
-    predicts = (
-        jnp.full((total,), predicts_init, jnp.int32)
-        .at[dest.reshape(-1)]
-        .set(pred.reshape(-1), mode="drop")
-    )
-    return predicts, acc, num.astype(jnp.int32)
+    walk = start_walk(retrive_next_token, retrive_index, num_spec_steps=num_spec_steps)
+    walk = jax.lax.fori_loop(0, n, body, walk)
+    bonus = at_node(tgt, walk.last)
+    predicts = finish_predicts(walk, bonus, retrive_index, predicts_init=predicts_init)
+    return predicts, walk.acc, walk.num.astype(jnp.int32)
 
 
 # ---- public wrapper -----------------------------------------------------------------------------
