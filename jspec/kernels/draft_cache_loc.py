@@ -107,15 +107,18 @@ def _probe_positions(
     seq_lens: jax.Array,
     valid: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
 ) -> None:
     """Probes: row indices in range and the draft footprint ``base + K*nnp*P`` inside the row."""
     if not probes.probes_on():  # the footprint is computed for the probe only
         return
     rows, width = req_to_token.shape
-    footprint = draft_footprint(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
+    footprint = draft_footprint(
+        seq_lens,
+        topk=geometry.topk,
+        num_steps=geometry.num_steps,
+        page_size=geometry.page_size,
+    )
     probes.detect_oob(req_pool_indices, 0, rows, "draft_cache_loc: req_pool_indices", where=valid)
     probes.detect_in_closed_range(seq_lens, 0, width, "draft_cache_loc: seq_lens", where=valid)
     probes.detect_in_closed_range(
@@ -351,15 +354,7 @@ def draft_cache_loc(
         valid = jnp.ones(req_pool_indices.shape, bool)
     probes.static_check_shape(valid, req_pool_indices.shape, "valid")
     valid = valid.astype(bool)
-    _probe_positions(
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        valid,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
-    )
+    _probe_positions(req_to_token, req_pool_indices, seq_lens, valid, geometry=geometry)
     # A bad row (draft_rows_ok) makes every row padding: slot 0, no pairs.
     valid = valid & draft_rows_ok(
         req_to_token, req_pool_indices, seq_lens, valid, geometry=geometry
