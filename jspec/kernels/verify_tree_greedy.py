@@ -276,18 +276,16 @@ def verify_tree_greedy(
         num_spec_steps,
     )
     impl = resolve_impl(impl, IMPLS, "verify_tree_greedy")
-    candidates, retrive_index, retrive_next_token, retrive_next_sibling = (
+    tree = tuple(
         x.astype(jnp.int32)
         for x in (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
     )
+    candidates, retrive_index, retrive_next_token, retrive_next_sibling = tree
     target_predict = target_predict.astype(jnp.int32)
     _probe_inputs(retrive_index, retrive_next_token, retrive_next_sibling)
     if impl == "pallas" and candidates.shape[0] > 0:
         out = _verify_tree_greedy_pallas(
-            candidates,
-            retrive_index,
-            retrive_next_token,
-            retrive_next_sibling,
+            *tree,
             target_predict.reshape(-1),
             num_spec_steps=num_spec_steps,
             predicts_init=predicts_init,
@@ -295,13 +293,7 @@ def verify_tree_greedy(
         )
     else:
         out = verify_tree_greedy_reference(
-            candidates,
-            retrive_index,
-            retrive_next_token,
-            retrive_next_sibling,
-            target_predict,
-            num_spec_steps=num_spec_steps,
-            predicts_init=predicts_init,
+            *tree, target_predict, num_spec_steps=num_spec_steps, predicts_init=predicts_init
         )
     _probe_outputs(out[1], candidates.size)
     return out
