@@ -89,6 +89,22 @@ def triton_params(num_warps: int = 4, num_stages: int = 1):
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
+def pallas_call(
+    kernel: Callable[..., Any],
+    *,
+    interpret: bool,
+    num_warps: int = 4,
+    num_stages: int = 1,
+    **kwargs: Any,
+) -> Callable[..., Any]:
+    """``pl.pallas_call(kernel, **kwargs)`` with the Triton lowering's launch params (none in
+    interpret mode): the one place a Pallas kernel meets :func:`triton_params`."""
+    from jax.experimental import pallas as pl
+
+    params = None if interpret else triton_params(num_warps=num_warps, num_stages=num_stages)
+    return pl.pallas_call(kernel, interpret=interpret, compiler_params=params, **kwargs)
+
+
 def validate_tuning(**knobs: int | None) -> None:
     """Trace-time check of launch knobs (``block_*``, ``num_warps``): each None (the default)
     or a power of 2 >= 1; ``ValueError`` naming the knob otherwise."""

@@ -24,7 +24,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 
 IMPLS = ("xla", "pallas")
 # Requests per program (power of 2, masked tail).
@@ -119,13 +119,12 @@ def alloc_decode_slots(
     kernel = functools.partial(
         _alloc_decode_kernel, block=block, page_size=page_size, num_req=num_req
     )
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((num_req,), jnp.int32),
         grid=(pl.cdiv(num_req, block),),
         input_output_aliases={3: 0},
         interpret=interpret,
-        compiler_params=None if interpret else triton_params(num_warps=4, num_stages=1),
         name="alloc_decode_slots",
     )(last_loc.astype(jnp.int32), rank, free_pages.astype(jnp.int32), fill)
 

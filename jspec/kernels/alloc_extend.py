@@ -28,7 +28,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 
 IMPLS = ("xla", "pallas")
 # Slots written per loop iteration of one program (power of 2, masked tail).
@@ -155,13 +155,12 @@ def alloc_extend_slots(
     kernel = functools.partial(
         _alloc_extend_kernel, page_size=page_size, block=block, max_new_slots=max_new_slots
     )
-    return pl.pallas_call(
+    return pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((max_new_slots,), jnp.int32),
         grid=(prefix_lens.shape[0],),
         input_output_aliases={6: 0},
         interpret=interpret,
-        compiler_params=None if interpret else triton_params(num_warps=4, num_stages=1),
         name="alloc_extend_slots",
     )(
         prefix_lens,

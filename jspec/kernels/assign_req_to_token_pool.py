@@ -23,7 +23,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 
 IMPLS = ("xla", "pallas")
 # Positions copied per loop iteration of one program (power of 2, masked tail).
@@ -80,6 +80,16 @@ def _check_args(req_to_token, req_pool_indices, start_offset, end_offset, out_ca
     )
 
 
+def _segments(
+    start_offset: jax.Array, end_offset: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """i32[B] each: ``start_offset``, the lengths ``max(end - start, 0)`` and their exclusive
+    cumsum (where each request's slots start in ``out_cache_loc``)."""
+    start_offset = start_offset.astype(jnp.int32)
+    lengths = jnp.maximum(end_offset.astype(jnp.int32) - start_offset, 0)
+    return start_offset, lengths, jnp.cumsum(lengths) - lengths
+
+
 @functools.partial(jax.jit, static_argnames=("impl", "interpret"))
 def assign_req_to_token_pool(
     req_to_token: jax.Array,
@@ -106,30 +116,25 @@ def assign_req_to_token_pool(
     """
     impl = resolve_impl(impl, IMPLS, "assign_req_to_token_pool")
     _check_args(req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc)
-    if impl == "xla":
+    num_req = req_pool_indices.shape[0]
+    num_locs = out_cache_loc.shape[0]
+    if impl == "xla" or num_req == 0 or num_locs == 0:
         return assign_req_to_token_pool_reference(
             req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc
         )
-    num_req = req_pool_indices.shape[0]
-    num_locs = out_cache_loc.shape[0]
     num_rows, width = req_to_token.shape
-    if num_req == 0 or num_locs == 0:
-        return req_to_token
-    start_offset = start_offset.astype(jnp.int32)
-    lengths = jnp.maximum(end_offset.astype(jnp.int32) - start_offset, 0)
-    src_start = jnp.cumsum(lengths) - lengths
+    start_offset, lengths, src_start = _segments(start_offset, end_offset)
     interpret = resolve_interpret(interpret)
     block = min(MAX_BLOCK, next_power_of_2(min(num_locs, width)))
     kernel = functools.partial(
         _assign_req_to_token_pool_kernel, block=block, width=width, num_locs=num_locs
     )
-    flat = pl.pallas_call(
+    flat = pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((num_rows * width,), jnp.int32),
         grid=(num_req,),
         input_output_aliases={5: 0},
         interpret=interpret,
-        compiler_params=None if interpret else triton_params(num_warps=4, num_stages=1),
         name="assign_req_to_token_pool",
     )(
         req_pool_indices.astype(jnp.int32),
@@ -155,9 +160,7 @@ def assign_req_to_token_pool_reference(
     num_rows, width = req_to_token.shape
     if num_req == 0 or num_locs == 0:
         return req_to_token
-    start_offset = start_offset.astype(jnp.int32)
-    lengths = jnp.maximum(end_offset.astype(jnp.int32) - start_offset, 0)
-    src_start = jnp.cumsum(lengths) - lengths
+    start_offset, lengths, src_start = _segments(start_offset, end_offset)
     total = jnp.sum(lengths)
     j = jnp.arange(num_locs, dtype=jnp.int32)
     # Owner request of source j (row-start marks + running max, like alloc_extend_slots).

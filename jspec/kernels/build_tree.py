@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jspec.config import next_power_of_2
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 from jspec.sentinels import NO_NODE
 
 IMPLS = ("xla", "pallas")
@@ -215,12 +215,12 @@ def _build_tree_pallas(parent_list, sel, seq_lens, bonus, drafts, *, topk, word_
         rounds=num_closure_rounds(n),
         word_dtype=word_dtype,
     )
-    outs = pl.pallas_call(
+    outs = pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(bsz,),
         interpret=interpret,
-        compiler_params=None if interpret else triton_params(num_warps=4 if block <= 64 else 8),
+        num_warps=4 if block <= 64 else 8,
         name="build_tree_kernel_efficient",
     )(parent_list.reshape(-1), sel.reshape(-1), seq_lens, bonus, drafts.reshape(-1))
     next_token, next_sibling, positions, mask, first_invalid, ridx, tokens, is_valid = outs

@@ -37,7 +37,7 @@ from jspec import probes
 from jspec._compact import pack_to
 from jspec._layout import draft_footprint, holey_geometry
 from jspec.config import INT32_LIMIT, TreeGeometry, check_geometry, next_power_of_2
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 from jspec.sentinels import PAD_SLOT_ID
 
 IMPLS = ("xla", "pallas")
@@ -107,15 +107,18 @@ def _probe_positions(
     seq_lens: jax.Array,
     valid: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
 ) -> None:
     """Probes: row indices in range and the draft footprint ``base + K*nnp*P`` inside the row."""
     if not probes.probes_on():  # the footprint is computed for the probe only
         return
     rows, width = req_to_token.shape
-    footprint = draft_footprint(seq_lens, topk=topk, num_steps=num_steps, page_size=page_size)
+    footprint = draft_footprint(
+        seq_lens,
+        topk=geometry.topk,
+        num_steps=geometry.num_steps,
+        page_size=geometry.page_size,
+    )
     probes.detect_oob(req_pool_indices, 0, rows, "draft_cache_loc: req_pool_indices", where=valid)
     probes.detect_in_closed_range(seq_lens, 0, width, "draft_cache_loc: seq_lens", where=valid)
     probes.detect_in_closed_range(
@@ -256,7 +259,6 @@ def _draft_cache_loc_pallas(
     interpret,
 ):
     """Launch the kernel; the pair buffers start as padding pairs ``(PAD_SLOT_ID, PAD_SLOT_ID)``."""
-    from jax.experimental import pallas as pl
 
     batch = req_pool_indices.shape[0]
     _rows, width = req_to_token.shape
@@ -287,13 +289,12 @@ def _draft_cache_loc_pallas(
     )
     tgt_init = jnp.full((buf,), PAD_SLOT_ID, jnp.int32)
     src_init = jnp.full((buf,), PAD_SLOT_ID, jnp.int32)
-    loc, tgt, src = pl.pallas_call(
+    loc, tgt, src = pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(batch,),
         input_output_aliases={5: 1, 6: 2},
         interpret=interpret,
-        compiler_params=None if interpret else triton_params(num_warps=4),
         name="draft_cache_loc",
     )(
         req_pool_indices,
@@ -353,15 +354,7 @@ def draft_cache_loc(
         valid = jnp.ones(req_pool_indices.shape, bool)
     probes.static_check_shape(valid, req_pool_indices.shape, "valid")
     valid = valid.astype(bool)
-    _probe_positions(
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        valid,
-        topk=topk,
-        num_steps=num_steps,
-        page_size=page_size,
-    )
+    _probe_positions(req_to_token, req_pool_indices, seq_lens, valid, geometry=geometry)
     # A bad row (draft_rows_ok) makes every row padding: slot 0, no pairs.
     valid = valid & draft_rows_ok(
         req_to_token, req_pool_indices, seq_lens, valid, geometry=geometry

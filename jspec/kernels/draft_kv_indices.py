@@ -229,13 +229,13 @@ def _draft_kv_indices_pallas(
         block_seqs=next_power_of_2(num_seqs),
         block_steps=next_power_of_2(num_steps),
     )
-    return pl.pallas_call(
+    return _common.pallas_call(
         kernel,
         out_shape=_out_shape(num_seqs, topk, num_steps, width),
         grid=(num_seqs, topk),
         input_output_aliases={3: 0},
         interpret=interpret,
-        compiler_params=None if interpret else _common.triton_params(num_warps=NUM_WARPS),
+        num_warps=NUM_WARPS,
         name="jspec_draft_kv_indices",
     )(req_pool_indices, req_to_token, seq_lens, kv_indices_buffer)
 

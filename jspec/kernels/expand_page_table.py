@@ -224,7 +224,7 @@ def _expand_page_table_pallas(
         block_rows=block_rows,
         block_cols=next_power_of_2(page_table_width),
     )
-    return pl.pallas_call(
+    return _common.pallas_call(
         kernel,
         out_shape=(
             jax.ShapeDtypeStruct((num_rows,), jnp.int32),
@@ -232,7 +232,7 @@ def _expand_page_table_pallas(
         ),
         grid=(pl.cdiv(num_rows, block_rows),),
         interpret=interpret,
-        compiler_params=None if interpret else _common.triton_params(num_warps=NUM_WARPS),
+        num_warps=NUM_WARPS,
         name="jspec_expand_page_table",
     )(last_page_lens, cache_loc)
 

@@ -42,7 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 from jspec.kernels.move_kv_plan import (
     MODE_DIRECT,
     MODE_SKIP,
@@ -184,31 +184,30 @@ def _move_pallas(
     """The Pallas passes on the pool viewed as ``k3, v3: dtype[num_layers, num_slots, H*D]``."""
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
     static = {"n": n, "block_rows": rows, "block_cols": cols, "row_width": row_width}
-    params = {} if interpret else {"compiler_params": triton_params(num_warps=num_warps)}
     stashed = plan.stashed
     extra = ()
     if stashed:
         mode = pair_modes(tgt, src, num_slots, rows)
         stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k3.dtype)
-        stash = pl.pallas_call(
+        stash = pallas_call(
             functools.partial(_stash_kv_kernel, **static),
             out_shape=(stash_shape, stash_shape),
             grid=grid,
             interpret=interpret,
+            num_warps=num_warps,
             name="stash_kv_rows",
-            **params,
         )(src, mode, k3, v3)
         extra = (mode, *stash)
     first = 2 + len(extra)
     pool_shape = jax.ShapeDtypeStruct(k3.shape, k3.dtype)
-    return pl.pallas_call(
+    return pallas_call(
         functools.partial(_move_kv_kernel, stashed=stashed, barrier=not interpret, **static),
         out_shape=(pool_shape, pool_shape),
         grid=grid,
         interpret=interpret,
+        num_warps=num_warps,
         input_output_aliases={first: 0, first + 1: 1},
         name="move_kv_rows",
-        **params,
     )(tgt, src, *extra, k3, v3)
 
 

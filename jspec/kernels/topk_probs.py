@@ -199,7 +199,7 @@ def _topk_probs_pallas(
         block_cols=next_power_of_2(vocab),
         block_k=next_power_of_2(topk),
     )
-    return pl.pallas_call(
+    return _common.pallas_call(
         kernel,
         out_shape=(
             jax.ShapeDtypeStruct((num_rows, topk), jnp.float32),
@@ -207,7 +207,7 @@ def _topk_probs_pallas(
         ),
         grid=(pl.cdiv(num_rows, block_rows),),
         interpret=interpret,
-        compiler_params=None if interpret else _common.triton_params(num_warps=num_warps),
+        num_warps=num_warps,
         name="jspec_topk_probs",
     )(logits)
 

@@ -39,8 +39,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jspec import probes
+from jspec._tree_walk import TreeWalk, at_node, finish_predicts, start_walk, step_walk
 from jspec.config import next_power_of_2
-from jspec.kernels._common import resolve_impl, resolve_interpret, triton_params
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 from jspec.sentinels import NO_NODE, NOT_ACCEPTED
 
 IMPLS = ("xla", "pallas")
@@ -184,12 +185,12 @@ def _verify_tree_greedy_pallas(
         predicts_init=predicts_init,
     )
     interpret = resolve_interpret(interpret)
-    predicts, accept_index, accept_num = pl.pallas_call(
+    predicts, accept_index, accept_num = pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(bsz,),
         interpret=interpret,
-        compiler_params=None if interpret else triton_params(num_warps=1 if block <= 32 else 2),
+        num_warps=1 if block <= 32 else 2,
         name="verify_tree_greedy",
     )(*(x.reshape(-1) for x in (candidates, retrive_index, next_token, next_sibling)), target_flat)
     return predicts, accept_index.reshape(bsz, num_spec_steps), accept_num
@@ -210,62 +211,27 @@ def verify_tree_greedy_reference(
     bsz, n = candidates.shape
     total = bsz * n
     max_depth = num_spec_steps - 1
-    rows = jnp.arange(bsz)
     target_flat = target_predict.reshape(-1).astype(jnp.int32)
     tgt = target_flat[jnp.clip(retrive_index, 0, total - 1)]  # (B, N) target after each node
 
-    def at(x, i):  # x[b, i[b]] with i clipped (callers mask invalid i)
-        return x[rows, jnp.clip(i, 0, n - 1)]
-
-    def body(_, state):
-        cur, last, depth, num, done, pred, written, acc = state
-        cur_ok = ~done & (cur >= 0) & (cur < n)
-        target = at(tgt, last)
-        match = cur_ok & (at(candidates, cur) == target)
-        onehot_last = jnp.arange(n)[None, :] == last[:, None]
-        pred = jnp.where(match[:, None] & onehot_last, target[:, None], pred)
-        written = written | (match[:, None] & onehot_last)
-        num = num + match
-        acc = jnp.where(
-            match[:, None] & (jnp.arange(num_spec_steps)[None, :] == num[:, None]),
-            at(retrive_index, cur)[:, None],
-            acc,
-        )
-        last = jnp.where(match, cur, last)
-        depth = depth + match
-        cur = jnp.where(
+    def body(_, walk: TreeWalk) -> TreeWalk:
+        target = at_node(tgt, walk.last)
+        match = walk.cur_ok(n) & (at_node(candidates, walk.cur) == target)
+        return step_walk(
+            walk,
             match,
-            at(retrive_next_token, cur),
-            jnp.where(cur_ok, at(retrive_next_sibling, cur), cur),
+            target,
+            retrive_index,
+            retrive_next_token,
+            retrive_next_sibling,
+            max_depth=max_depth,
         )
-        done = done | ~cur_ok | (match & (depth > max_depth))
-        return cur, last, depth, num, done, pred, written, acc
 
-    zeros = jnp.zeros((bsz,), jnp.int32)
-    acc0 = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32)
-    acc0 = acc0.at[:, 0].set(retrive_index[:, 0])
-    state = (
-        retrive_next_token[:, 0],
-        zeros,
-        zeros + 1,
-        zeros,
-        jnp.full((bsz,), max_depth == 0),
-        jnp.zeros((bsz, n), jnp.int32),
-        jnp.zeros((bsz, n), bool),
-        acc0,
-    )
-    _, last, _, num, _, pred, written, acc = jax.lax.fori_loop(0, n, body, state)
-    onehot_last = jnp.arange(n)[None, :] == last[:, None]
-    pred = jnp.where(onehot_last, at(tgt, last)[:, None], pred)
-    written = written | onehot_last
-    # Scatter by global node id; unwritten nodes keep predicts_init.
-    dest = jnp.where(written, retrive_index, total)
-    predicts = (
-        jnp.full((total,), predicts_init, jnp.int32)
-        .at[dest.reshape(-1)]
-        .set(pred.reshape(-1), mode="drop")
-    )
-    return predicts, acc, num.astype(jnp.int32)
+    walk = start_walk(retrive_next_token, retrive_index, num_spec_steps=num_spec_steps)
+    walk = jax.lax.fori_loop(0, n, body, walk)
+    bonus = at_node(tgt, walk.last)
+    predicts = finish_predicts(walk, bonus, retrive_index, predicts_init=predicts_init)
+    return predicts, walk.acc, walk.num.astype(jnp.int32)
 
 
 # ---- public wrapper -----------------------------------------------------------------------------
@@ -310,18 +276,16 @@ def verify_tree_greedy(
         num_spec_steps,
     )
     impl = resolve_impl(impl, IMPLS, "verify_tree_greedy")
-    candidates, retrive_index, retrive_next_token, retrive_next_sibling = (
+    tree = tuple(
         x.astype(jnp.int32)
         for x in (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
     )
+    candidates, retrive_index, retrive_next_token, retrive_next_sibling = tree
     target_predict = target_predict.astype(jnp.int32)
     _probe_inputs(retrive_index, retrive_next_token, retrive_next_sibling)
     if impl == "pallas" and candidates.shape[0] > 0:
         out = _verify_tree_greedy_pallas(
-            candidates,
-            retrive_index,
-            retrive_next_token,
-            retrive_next_sibling,
+            *tree,
             target_predict.reshape(-1),
             num_spec_steps=num_spec_steps,
             predicts_init=predicts_init,
@@ -329,13 +293,7 @@ def verify_tree_greedy(
         )
     else:
         out = verify_tree_greedy_reference(
-            candidates,
-            retrive_index,
-            retrive_next_token,
-            retrive_next_sibling,
-            target_predict,
-            num_spec_steps=num_spec_steps,
-            predicts_init=predicts_init,
+            *tree, target_predict, num_spec_steps=num_spec_steps, predicts_init=predicts_init
         )
     _probe_outputs(out[1], candidates.size)
     return out

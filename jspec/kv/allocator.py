@@ -122,6 +122,19 @@ def alloc(
     return _alloc(a, num_slots, max_slots=max_slots)
 
 
+def _commit(
+    a: PagedAllocator,
+    work: PagedAllocator,
+    ok: jax.Array,
+    num_pages: jax.Array,
+    slot_ids: jax.Array,
+) -> tuple[PagedAllocator, jax.Array, jax.Array]:
+    """All or nothing: where ``ok``, ``work`` less its first ``num_pages`` free pages and
+    ``slot_ids``; else ``a`` unchanged and slot ids 0. Returns ``(allocator, slot_ids, ok)``."""
+    new = _fl.select(ok, _fl.pop_front(work, jnp.where(ok, num_pages, 0)), a)
+    return new, jnp.where(ok, slot_ids, 0), ok
+
+
 @functools.partial(jax.jit, static_argnames=("max_slots",))
 def _alloc(
     a: PagedAllocator, num_slots: jax.Array, *, max_slots: int
@@ -139,8 +152,8 @@ def _alloc(
     ok = valid_size & (n_pages <= work.num_free)
     j = jnp.arange(max_slots, dtype=jnp.int32)
     page = work.free_pages[jnp.minimum(j // p, a.num_pages - 1)]
-    slot_ids = jnp.where(ok & (j < num_slots), page * p + j % p, 0)
-    return _fl.select(ok, _fl.pop_front(work, jnp.where(ok, n_pages, 0)), a), slot_ids, ok
+    slot_ids = jnp.where(j < num_slots, page * p + j % p, 0)
+    return _commit(a, work, ok, n_pages, slot_ids)
 
 
 @functools.partial(jax.jit, static_argnames=("max_new_slots", "impl", "interpret", "merge_rule"))
@@ -231,8 +244,7 @@ def alloc_extend(
         impl=impl,
         interpret=interpret,
     )
-    slot_ids = jnp.where(ok, slot_ids, 0)
-    return _fl.select(ok, _fl.pop_front(work, jnp.where(ok, total_pages, 0)), a), slot_ids, ok
+    return _commit(a, work, ok, total_pages, slot_ids)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "interpret", "merge_rule"))
@@ -300,8 +312,7 @@ def alloc_decode(
         impl=impl,
         interpret=interpret,
     )
-    slot_ids = jnp.where(ok, slot_ids, 0)
-    return _fl.select(ok, _fl.pop_front(work, jnp.where(ok, total_pages, 0)), a), slot_ids, ok
+    return _commit(a, work, ok, total_pages, slot_ids)
 
 
 # ---- freeing ------------------------------------------------------------------------------------

@@ -117,6 +117,21 @@ def _ids(x: np.ndarray, limit: int = 16) -> str:
     return str(x[:limit]) + (f" (+{len(x) - limit} more)" if len(x) > limit else "")
 
 
+def _distinct_in_range(
+    ids: np.ndarray, cap: int, prefix: str, *, outside: str, duplicate: str
+) -> np.ndarray:
+    """``np.unique(ids)`` once every id is in ``[1, cap]`` (id 0 is padding) and none repeats;
+    else :class:`AllocatorIntegrityError` with ``prefix + outside`` / ``prefix + duplicate``,
+    their ``{ids}`` naming the offenders."""
+    bad = ids[(ids < 1) | (ids > cap)]
+    if bad.size:
+        raise AllocatorIntegrityError(prefix + outside.format(ids=_ids(bad)))
+    unique, counts = np.unique(ids, return_counts=True)
+    if np.any(counts > 1):
+        raise AllocatorIntegrityError(prefix + duplicate.format(ids=_ids(unique[counts > 1])))
+    return unique
+
+
 def check_integrity(
     a: PagedAllocator, owned_mask: jax.Array | None = None, *, what: str = ""
 ) -> None:
@@ -139,15 +154,13 @@ def check_integrity(
         raise AllocatorIntegrityError(
             f"{prefix}bad free-list counts num_free={nf} num_staged={ns} (num_pages={n})"
         )
-    bad_range = live[(live < 1) | (live > n)]
-    if bad_range.size:
-        raise AllocatorIntegrityError(
-            f"{prefix}free list holds page ids outside [1, {n}]: "
-            f"{_ids(bad_range)} (page 0 is the padding page)"
-        )
-    ids, counts = np.unique(live, return_counts=True)
-    if np.any(counts > 1):
-        raise AllocatorIntegrityError(f"{prefix}duplicate free pages {_ids(ids[counts > 1])}")
+    ids = _distinct_in_range(
+        live,
+        n,
+        prefix,
+        outside=f"free list holds page ids outside [1, {n}]: {{ids}} (page 0 is the padding page)",
+        duplicate="duplicate free pages {ids}",
+    )
     if owned_mask is None:
         return
     owned = np.asarray(owned_mask)[1 : n + 1]
@@ -188,17 +201,14 @@ def check_req_rows_integrity(r: ReqRowAllocator, live_rows: Any = None, *, what:
             f"{prefix}bad request-row count num_free={nf} (max_running_requests={cap})"
         )
     free = np.asarray(r.free_rows)[:nf]
-    bad = free[(free < 1) | (free > cap)]
-    if bad.size:
-        raise AllocatorIntegrityError(
-            f"{prefix}request-row free list holds rows outside "
-            f"[1, {cap}]: {_ids(bad)} (row 0 is the padding row)"
-        )
-    ids, counts = np.unique(free, return_counts=True)
-    if np.any(counts > 1):
-        raise AllocatorIntegrityError(
-            f"{prefix}duplicate free request rows {_ids(ids[counts > 1])} (double free)"
-        )
+    ids = _distinct_in_range(
+        free,
+        cap,
+        prefix,
+        outside=f"request-row free list holds rows outside [1, {cap}]: {{ids}} "
+        "(row 0 is the padding row)",
+        duplicate="duplicate free request rows {ids} (double free)",
+    )
     if live_rows is None:
         return
     live = np.unique(np.asarray(live_rows, np.int64).reshape(-1))

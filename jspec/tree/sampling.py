@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
-from jspec.sentinels import NOT_ACCEPTED
+from jspec._tree_walk import at_node, finish_predicts, start_walk, step_walk
 from jspec.tree.sampling_probs import target_probs_from_logits
 
 __all__ = [
@@ -152,23 +152,16 @@ def _sibling_walk(
     max_depth = num_spec_steps - 1
     rows = jnp.arange(bsz)
     nodes = jnp.arange(n)
-    steps = jnp.arange(num_spec_steps)
 
-    def at(x, i):
-        return x[rows, jnp.clip(i, 0, n - 1)]
-
-    # Per request: cur (node being walked), last (last accepted node), depth (of cur), num
-    # (accepted), done, prob_acc, coin, rejected (bool[B, N]: children of `last` rejected so
-    # far), pred / written (predicts by local node), acc (accept_index).
-    cur, last, depth, num = next_token[:, 0], rows * 0, rows * 0 + 1, rows * 0
-    done = jnp.full((bsz,), max_depth == 0)
+    # Per request: the walk (jspec._tree_walk: cur, last, depth, num, done, pred / written,
+    # acc), prob_acc, coin, rejected (bool[B, N]: children of `last` rejected so far).
+    walk = start_walk(next_token, retrive_index, num_spec_steps=num_spec_steps)
     prob_acc, coin = jnp.zeros((bsz,), jnp.float32), coins[:, 0]
     rejected = jnp.zeros((bsz, n), bool)
-    pred, written = jnp.zeros((bsz, n), jnp.int32), jnp.zeros((bsz, n), bool)
-    acc = jnp.full((bsz, num_spec_steps), NOT_ACCEPTED, jnp.int32).at[:, 0].set(retrive_index[:, 0])
     for _ in range(n):  # each node is visited at most once: N visits suffice
-        cur_ok = ~done & (cur >= 0) & (cur < n)
-        token = at(candidates, cur)
+        cur_ok = walk.cur_ok(n)
+        cur, last = walk.cur, walk.last
+        token = at_node(candidates, cur)
         q_tok = target_probs[rows, jnp.clip(last, 0, n - 1), jnp.clip(token, 0, v - 1)]
         if exact:
             seen = jnp.any(rejected & (candidates == token[:, None]), axis=-1)
@@ -179,41 +172,25 @@ def _sibling_walk(
         else:
             prob_acc = jnp.where(cur_ok, prob_acc + q_tok, prob_acc)
             match = cur_ok & ((coin <= prob_acc / t_acc) | (q_tok >= t_single))
-        onehot_last = nodes[None, :] == last[:, None]
-        pred = jnp.where(match[:, None] & onehot_last, token[:, None], pred)
-        written = written | (match[:, None] & onehot_last)
-        num = num + match
-        put = match[:, None] & (steps[None, :] == num[:, None])
-        acc = jnp.where(put, at(retrive_index, cur)[:, None], acc)
         onehot_cur = nodes[None, :] == cur[:, None]
         rejected = jnp.where(
             match[:, None], False, rejected | ((cur_ok & ~match)[:, None] & onehot_cur)
         )
         prob_acc = jnp.where(match, 0.0, prob_acc)
-        coin = jnp.where(match, at(coins, cur), coin)
-        last = jnp.where(match, cur, last)
-        depth = depth + match
-        cur = jnp.where(match, at(next_token, cur), jnp.where(cur_ok, at(next_sibling, cur), cur))
-        done = done | ~cur_ok | (match & (depth > max_depth))
+        coin = jnp.where(match, at_node(coins, cur), coin)
+        walk = step_walk(
+            walk, match, token, retrive_index, next_token, next_sibling, max_depth=max_depth
+        )
     # Bonus: a draw from relu(q_last - removed) = q_last without the rejected children's tokens.
-    q_last = jnp.maximum(target_probs[rows, last], 0.0)  # (B, V)
+    q_last = jnp.maximum(target_probs[rows, walk.last], 0.0)  # (B, V)
     rej_tokens = jnp.where(rejected, candidates, v)  # v = out of range (dropped)
     removed = jnp.zeros((bsz, v), bool).at[rows[:, None], rej_tokens].set(True, mode="drop")
     residual = jnp.where(removed, 0.0, q_last)
     if exact:  # NOTE: rounding can leave no mass (coin ~ 1 walked past every token): q_last
         residual = jnp.where(jnp.any(residual > 0, axis=-1, keepdims=True), residual, q_last)
     sampled = _inverse_cdf(residual, final_coins)
-    onehot_last = nodes[None, :] == last[:, None]
-    pred = jnp.where(onehot_last, sampled[:, None], pred)
-    written = written | onehot_last
-    total = bsz * n
-    dest = jnp.where(written, retrive_index, total)
-    predicts = (
-        jnp.full((total,), predicts_init, jnp.int32)
-        .at[dest.reshape(-1)]
-        .set(pred.reshape(-1), mode="drop")
-    )
-    return predicts, acc, num.astype(jnp.int32)
+    predicts = finish_predicts(walk, sampled, retrive_index, predicts_init=predicts_init)
+    return predicts, walk.acc, walk.num.astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("num_spec_steps", "lossy", "predicts_init"))
