@@ -98,3 +98,17 @@ def test_with_kernel_policy_sets_the_models_norm():
     assert with_kernel_policy(None, KernelPolicy()) is None
     with pytest.raises(ValueError, match="rms_norm_impl='auto' must be one of"):
         LlamaTarget(CFG, rms_norm_impl="auto")
+
+
+def test_the_runner_hands_the_policy_to_the_models():
+    from jspec.engine import Runner, make_engine_config
+
+    target = LlamaTarget(CFG)
+    ecfg = make_engine_config(
+        target, context_len=64, max_running_requests=1, max_prompt_len=8, rms_norm_impl="triton"
+    )
+    assert ecfg.kernels.rms_norm == "triton" and target.rms_norm_impl == "xla"
+    runner = Runner(ecfg, target)
+    assert runner.target.rms_norm_impl == "triton"  # one policy, whatever the model came with
+    same = make_engine_config(target, context_len=64, max_running_requests=1, max_prompt_len=8)
+    assert Runner(same, target).target is target  # nothing to change: the model itself

@@ -65,8 +65,9 @@ class Runner:
 
     Attributes:
       ecfg: the engine config (``make_engine_config(target, ...)``).
-      target: the target model (``jspec.engine.protocol.TargetModel``).
-      draft: the draft head (``DraftModel``), or None for a plain greedy engine.
+      target: the target model (``jspec.engine.protocol.TargetModel``); a model with a
+        ``rms_norm_impl`` dataclass field gets the engine's ``ecfg.kernels.rms_norm`` there.
+      draft: the draft head (``DraftModel``), or None for a plain greedy engine (the same).
       kv: the KV backend (``jspec.engine.kv_backend.KVBackend``); None: jspec's paged
         allocator over ``ecfg.spec`` (:class:`jspec.engine.paged_kv.PagedKVBackend`).
     """
@@ -77,9 +78,23 @@ class Runner:
     kv: KVBackend | None = None
 
     def __post_init__(self) -> None:
+        for name in ("target", "draft"):  # the kernel policy reaches the models here, once
+            object.__setattr__(self, name, _with_rms_norm(getattr(self, name), self.ecfg))
         check_engine_models(self.ecfg, self.target, self.draft)
         if self.kv is None:
             object.__setattr__(self, "kv", PagedKVBackend(self.ecfg))
+
+
+def _with_rms_norm(model: Any, ecfg: EngineConfig) -> Any:
+    """``model`` with its ``rms_norm_impl`` field (if it has one: jspec's models do) set to the
+    engine's ``ecfg.kernels.rms_norm``."""
+    if not dataclasses.is_dataclass(model) or not any(
+        f.name == "rms_norm_impl" for f in dataclasses.fields(model)
+    ):
+        return model
+    if model.rms_norm_impl == ecfg.kernels.rms_norm:
+        return model
+    return dataclasses.replace(model, rms_norm_impl=ecfg.kernels.rms_norm)
 
 
 @pytree_dataclass
