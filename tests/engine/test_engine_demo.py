@@ -99,6 +99,8 @@ def test_demo_with_the_probe_switch_env():
             "2",
             "--max-new-tokens",
             "6",
+            "--temperature",
+            "0",  # the switch is the point; sampled checkified runs: test_demo_checkify_tiny
         ],
         env=env,
         capture_output=True,

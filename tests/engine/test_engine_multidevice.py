@@ -107,7 +107,7 @@ _TP_SCRIPT = textwrap.dedent("""
     # The demo's flags: 2 shards x 2 tensor-parallel devices.
     from test_engine_demo import TINY_ARGS
     from jspec.apps.demo import main
-    assert main(TINY_ARGS + ["--devices", "2", "--tensor-parallel", "2"]) == 0
+    assert main(TINY_ARGS + ["--devices", "2", "--tensor-parallel", "2", "--temperature", "0"]) == 0
     print("TENSOR PARALLEL OK", stats.num_decode_steps, wstats.mean_accept_len)
 """)
 

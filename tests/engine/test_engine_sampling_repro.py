@@ -126,7 +126,7 @@ _LAYOUT_SCRIPT = textwrap.dedent("""
                 SamplingParams(temperature=0.7, top_p=0.8, seed=13), None,
                 SamplingParams(temperature=1.0, top_p=0.99, seed=14)]
     outs = {{}}
-    for dp, tp in [(1, 1), (4, 1), (2, 2), (1, 4)]:
+    for dp, tp in [(1, 1), (2, 2), (1, 4)]:
         ecfg = make_engine_config(target, page_size=16, topk=4, num_steps=3, num_draft_tokens=8,
                                   context_len=CONTEXT_LEN, max_running_requests=2,
                                   max_prompt_len=MAX_PROMPT, batch_buckets=(2,),
@@ -140,7 +140,7 @@ _LAYOUT_SCRIPT = textwrap.dedent("""
 
 
 def test_same_tokens_on_every_device_layout():
-    """1x1, 4x1, 2x2, 1x4 (data x tensor parallel, 4 CPU devices): identical tokens per
+    """1x1, 2x2, 1x4 (data x tensor parallel, 4 CPU devices): identical tokens per
     request, sampled and greedy mixed (tp > 1 takes the sampled outputs of tp rank 0)."""
     import json
 
