@@ -412,7 +412,6 @@ def make_engine(
     ``batches`` are per data-parallel shard, each of ``tensor_parallel`` devices."""
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
-    from jspec.models import with_kernel_policy
 
     top = max(batches)
     ecfg = make_engine_config(
@@ -430,7 +429,6 @@ def make_engine(
         attention_impl=attn,
         tensor_parallel=tensor_parallel,
     )
-    target, draft = (with_kernel_policy(m, ecfg.kernels) for m in (target, draft))
     if mode == "spec":
         return Engine(
             ecfg, target, params, draft, dparams, num_devices=num_devices, adaptive=adaptive

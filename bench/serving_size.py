@@ -128,7 +128,6 @@ def decode_floor(g, params, dparams, mode, bs, ctx, bw_tbs, tflops) -> dict:
 def make_engine(g, target, params, draft, dparams, mode, cells, args):
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
-    from jspec.models import with_kernel_policy
 
     top_bs = max(bs for bs, _ in cells)
     top_ctx = max(ctx for _, ctx in cells)
@@ -156,7 +155,6 @@ def make_engine(g, target, params, draft, dparams, mode, cells, args):
         draft=draft if mode == "spec" else None,
         **kw,
     )
-    target, draft = (with_kernel_policy(m, ecfg.kernels) for m in (target, draft))
     if mode == "spec":
         return Engine(ecfg, target, params, draft, dparams)
     return Engine(ecfg, target, params)

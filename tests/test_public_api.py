@@ -437,7 +437,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "page_size: 'int') -> 'KVView'",
     },
     "jspec.models": {
-        "with_kernel_policy": "def(model: 'Any', kernels: 'Any') -> 'Any'",
+        "with_kernel_policy": "def(model: 'Any', kernels: 'KernelPolicy') -> 'Any'",
         "MODEL_SCOPE": "= 'jspec_model'",
         "AttnFn": "alias of collections.abc.Callable",
         "Eagle1Draft": "class(config: 'LlamaConfig', capture_layers: 'tuple[int, ...]' = (), "

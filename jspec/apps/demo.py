@@ -222,7 +222,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
     from jspec import probes
     from jspec.engine.scheduler import Engine
-    from jspec.models import with_kernel_policy
 
     t_build = time.perf_counter()
     target, draft_model, nbytes = _plan_models(args)
@@ -243,8 +242,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     check_run_memory(ecfg, target, draft_model, weight_bytes=nbytes, num_devices=args.devices)
     params, draft_model, draft = _build_models(args, target)
-    # The models' RMSNorm kernel from the engine's policy (their own field).
-    target, draft_model = (with_kernel_policy(m, ecfg.kernels) for m in (target, draft_model))
     devices = jax.devices()
     layout = (
         f"{args.devices} x {args.tensor_parallel} (data x tensor parallel)"

@@ -73,11 +73,8 @@ def build_engine(
     for the requests' ``sampling`` (one resolved ``SamplingParams`` each)."""
     from jspec import probes
     from jspec.engine.scheduler import Engine
-    from jspec.models import with_kernel_policy
 
     target, params, draft, draft_params = models
-    # The models' RMSNorm kernel from the engine's policy (their own field).
-    target, draft = (with_kernel_policy(m, ecfg.kernels) for m in (target, draft))
     # The weights are resident now (counted in the free memory already).
     check_run_memory(ecfg, target, draft, weight_bytes=0, num_devices=args.devices)
     checkify = args.checkify or probes.probes_on()

@@ -23,6 +23,7 @@ from jspec.engine.kv_backend import KVBackend
 from jspec.engine.paged_kv import PagedKVBackend
 from jspec.engine.protocol import DraftModel, TargetModel, check_models
 from jspec.engine.state import EngineConfig, EngineState, init_spec_carry
+from jspec.kernels.policy import with_kernel_policy
 
 
 def check_engine_models(
@@ -79,22 +80,12 @@ class Runner:
 
     def __post_init__(self) -> None:
         for name in ("target", "draft"):  # the kernel policy reaches the models here, once
-            object.__setattr__(self, name, _with_rms_norm(getattr(self, name), self.ecfg))
+            object.__setattr__(
+                self, name, with_kernel_policy(getattr(self, name), self.ecfg.kernels)
+            )
         check_engine_models(self.ecfg, self.target, self.draft)
         if self.kv is None:
             object.__setattr__(self, "kv", PagedKVBackend(self.ecfg))
-
-
-def _with_rms_norm(model: Any, ecfg: EngineConfig) -> Any:
-    """``model`` with its ``rms_norm_impl`` field (if it has one: jspec's models do) set to the
-    engine's ``ecfg.kernels.rms_norm``."""
-    if not dataclasses.is_dataclass(model) or not any(
-        f.name == "rms_norm_impl" for f in dataclasses.fields(model)
-    ):
-        return model
-    if model.rms_norm_impl == ecfg.kernels.rms_norm:
-        return model
-    return dataclasses.replace(model, rms_norm_impl=ecfg.kernels.rms_norm)
 
 
 @pytree_dataclass

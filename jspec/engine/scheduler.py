@@ -313,7 +313,7 @@ class Engine:
             raise ValueError("draft and draft_params: give both (spec) or neither (greedy)")
         self.runner = Runner(ecfg, target, draft)  # checks the models against the config
         sharding.check_devices(num_devices, ecfg.tensor_parallel)
-        self.ecfg, self.target, self.draft_model = ecfg, target, draft
+        self.ecfg, self.target, self.draft_model = ecfg, self.runner.target, self.runner.draft
         self.mode = "greedy" if draft is None else "spec"
         self.num_devices = num_devices
         self.eos_token_id = eos_token_id

@@ -253,7 +253,7 @@ def make_engine_config(
     widest hidden size and vocabulary of ``target`` and ``draft`` (``ValueError`` naming the
     keyword for an unknown name). The models read their RMSNorm impl from their own
     ``rms_norm_impl`` field, which :class:`jspec.engine.runner.Runner` sets from
-    ``kernels.rms_norm`` (outside an engine: :func:`jspec.models.with_kernel_policy`).
+    ``kernels.rms_norm`` (:func:`jspec.kernels.policy.with_kernel_policy`).
     """
     spec_like = {
         "page_size": page_size,

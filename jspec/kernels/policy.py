@@ -169,3 +169,17 @@ def resolve_kernel_policy(
         rms_norm=norm,
         topk_probs=topk,
     )
+
+
+def with_kernel_policy(model: Any, kernels: KernelPolicy) -> Any:
+    """``model`` with its ``rms_norm_impl`` set to ``kernels.rms_norm``: jspec's models
+    (``LlamaTarget``, ``Eagle3Draft``, ``Eagle1Draft``) read their RMSNorm kernel from that
+    field. ``None``, models without the field and models already set are returned as they are.
+    ``jspec.engine.runner.Runner`` applies it to its models; ``jspec.models`` re-exports it."""
+    if not dataclasses.is_dataclass(model) or not any(
+        f.name == "rms_norm_impl" for f in dataclasses.fields(model)
+    ):
+        return model
+    if model.rms_norm_impl == kernels.rms_norm:
+        return model
+    return dataclasses.replace(model, rms_norm_impl=kernels.rms_norm)

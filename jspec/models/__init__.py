@@ -18,7 +18,7 @@ are :mod:`jspec.engine.protocol`'s), ``llama`` (LlamaTarget), ``eagle3`` / ``eag
 from __future__ import annotations
 
 from jspec.engine.protocol import MODEL_SCOPE, AttnFn
-from jspec.models._geometry import with_kernel_policy
+from jspec.kernels.policy import with_kernel_policy
 from jspec.models.checkpoint import load_draft, load_eagle1, load_eagle3, load_llama
 from jspec.models.eagle1 import Eagle1Draft, Eagle1Params
 from jspec.models.eagle3 import Eagle3Draft, Eagle3Params, random_eagle3_params

@@ -1,10 +1,8 @@
 """The protocol's geometry fields of a model object, read from its ``config``: one mixin for
-the Llama target and the EAGLE heads (each a frozen dataclass with a ``config`` field), and
-:func:`with_kernel_policy` (a model's RMSNorm kernel from the engine's policy)."""
+the Llama target and the EAGLE heads (each a frozen dataclass with a ``config`` field)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -57,15 +55,3 @@ class ConfigGeometry:
             num_kv_heads=self.config.num_kv_heads,
             intermediate_size=self.config.intermediate_size,
         )
-
-
-def with_kernel_policy(model: Any, kernels: Any) -> Any:
-    """``model`` with its ``rms_norm_impl`` set to ``kernels.rms_norm`` (a
-    :class:`jspec.kernels.policy.KernelPolicy`, e.g. ``EngineConfig.kernels``): jspec's models
-    (``LlamaTarget``, ``Eagle3Draft``, ``Eagle1Draft``) read their RMSNorm kernel from that
-    field. ``None`` and models without the field are returned as they are."""
-    if not dataclasses.is_dataclass(model) or not any(
-        f.name == "rms_norm_impl" for f in dataclasses.fields(model)
-    ):
-        return model
-    return dataclasses.replace(model, rms_norm_impl=kernels.rms_norm)

@@ -50,7 +50,7 @@ class Eagle1Draft(ConfigGeometry):
         target's; the head has no embedding or LM head of its own).
       capture_layers: always ``()`` (the head reads the target's final hidden state).
       rms_norm_impl: the RMSNorm kernel, ``"xla"`` | ``"triton"`` (GPU): the engine's
-        ``KernelPolicy.rms_norm`` (:func:`jspec.models.with_kernel_policy`).
+        ``KernelPolicy.rms_norm`` (:func:`jspec.kernels.policy.with_kernel_policy`).
     """
 
     config: LlamaConfig

@@ -68,7 +68,7 @@ class Eagle3Draft(ConfigGeometry):
       capture_layers: target layers whose incoming residual the head fuses
         (``config.capture_layers(target.num_layers)``).
       rms_norm_impl: the RMSNorm kernel, ``"xla"`` | ``"triton"`` (GPU): the engine's
-        ``KernelPolicy.rms_norm`` (:func:`jspec.models.with_kernel_policy`).
+        ``KernelPolicy.rms_norm`` (:func:`jspec.kernels.policy.with_kernel_policy`).
     """
 
     config: Eagle3Config

@@ -207,7 +207,7 @@ class LlamaTarget(ConfigGeometry):
       config: the model's :class:`LlamaConfig` (``dtype`` is the weights / activations / pool
         dtype).
       rms_norm_impl: the RMSNorm kernel, ``"xla"`` | ``"triton"`` (GPU): the engine's
-        ``KernelPolicy.rms_norm`` (:func:`jspec.models.with_kernel_policy`).
+        ``KernelPolicy.rms_norm`` (:func:`jspec.kernels.policy.with_kernel_policy`).
     """
 
     config: LlamaConfig
