@@ -158,6 +158,7 @@ class SpecPolicy:
     plain_dispatches: int = 0
     plain_streak: int = 0
     failed_probes: int = 0
+    probe_interval: int | None = None  # plain dispatches before the next probe (None: probe_every)
     retired: bool = False
 
     KINDS = ("spec", "plain", "probe", "greedy")
@@ -171,6 +172,10 @@ class SpecPolicy:
         if self.accept_len is None or self.t_spec is None or self.t_plain is None:
             return None
         return self.accept_len * self.t_plain / self.t_spec
+
+    @property
+    def _interval(self) -> int:
+        return self.probe_every if self.probe_interval is None else self.probe_interval
 
     @property
     def pays(self) -> bool | None:
@@ -195,7 +200,7 @@ class SpecPolicy:
             return "spec"  # timed twice and still unknown: never learns
         if pays:
             return "spec"
-        return "probe" if self.plain_streak >= self.probe_every else "plain"
+        return "probe" if self.plain_streak >= self._interval else "plain"
 
     def observe(self, kind: str, rounds: int, wall: float, accept_len: float) -> None:
         """One dispatch's outcome: ``rounds`` rounds of ``kind`` in ``wall`` seconds,
@@ -220,11 +225,11 @@ class SpecPolicy:
             return
         if self.pays is False:
             self.failed_probes += 1
-            self.probe_every = min(2 * self.probe_every, self.max_probe_every)
+            self.probe_interval = min(2 * self._interval, self.max_probe_every)
             self.retired = self.failed_probes >= self.retire_after
-        else:
+        else:  # back to the configured interval
             self.failed_probes = 0
-            self.probe_every = type(self).probe_every
+            self.probe_interval = None
 
 
 @dataclasses.dataclass

@@ -84,8 +84,16 @@ def test_policy_a_probe_that_pays_goes_back_to_spec():
     assert r.choose() == "probe"
     _feed(r, "probe", 3.8, 6e-3)  # the draft starts matching
     assert r.pays and r.choose() == "spec" and r.failed_probes == 0
+    assert r.probe_interval is None  # the configured interval again
     with pytest.raises(ValueError, match="kind"):
         r.observe("bogus", 1, 1.0, 1.0)
+
+
+def test_policy_backoff_starts_from_the_configured_interval():
+    q = SpecPolicy(probe_every=3, retire_after=3)
+    _feed(q, "spec", 1.0, 6e-3)
+    assert _run(q, 3 + 1 + 6 + 1, 1.0) == ["plain"] * 3 + ["probe"] + ["plain"] * 6 + ["probe"]
+    assert q.probe_interval == 12 and q.probe_every == 3
 
 
 class _Alternate(SpecPolicy):
