@@ -41,6 +41,7 @@ import dataclasses
 import gc
 import itertools
 import json
+import re
 import statistics
 import sys
 import time
@@ -61,11 +62,12 @@ COLUMNS = (
     "layout", "mode", "bs", "step ms (wall)", "step ms (device)", "floor ms", "x floor (device)",
     "x floor (wall)", "memory floor ms", "compute floor ms", "all-reduce floor ms", "all-reduce MB",
     "weights GB/GPU", "tok/s", "step x", "tok/s x", "accept len", "same as 1 GPU", "leak check",
-    "note",
+    "note", "kernels (device ms / step)",
 )
 # fmt: on
 AR_COLUMNS = ("tp", "rows", "MB", "device us", "wall us", "GB/s")
 PROFILED_STEPS = 4
+TOP_KERNELS = 8
 
 
 def parse_layouts(arg: str) -> list[tuple[int, int]]:
@@ -191,9 +193,9 @@ def compare_rows(rows: list[dict], outputs: dict) -> None:
         row["same as 1 GPU"] = f"{same}/{len(theirs)}"
 
 
-def step_device_ms(engine, prompts: list, new_tokens: int) -> float | None:
-    """Device ms of one decode step of ``prompts`` on the busiest GPU (module docstring), or
-    None on CPU. Admits them, runs one untimed step, traces ``PROFILED_STEPS`` steps, then gives
+def step_device_ms(engine, prompts: list, new_tokens: int) -> tuple[float, str] | None:
+    """Device ms of one decode step of ``prompts`` on the busiest GPU (module docstring) and
+    that GPU's :func:`kernel_breakdown`, or None on CPU. Admits them, runs one untimed step, traces ``PROFILED_STEPS`` steps, then gives
     the engine a fresh state."""
     from bench.e2e import admit_all
     from jspec.engine.scheduler import RunStats
@@ -216,7 +218,19 @@ def step_device_ms(engine, prompts: list, new_tokens: int) -> float | None:
     if planes is None:
         return None
     rounds = max(stats.num_decode_steps - before, 1)
-    return max(sum(d for *_, d in events) for events in planes.values()) / rounds / 1e6
+    busiest = max(planes.values(), key=lambda events: sum(d for *_, d in events))
+    return sum(d for *_, d in busiest) / rounds / 1e6, kernel_breakdown(busiest, rounds)
+
+
+def kernel_breakdown(events: list, rounds: int, top: int = TOP_KERNELS) -> str:
+    """The ``top`` kernel families of one GPU's events by device ms per round, as one cell
+    (``"nccl 1.02; gemm 2.10; ..."``); a family is the kernel name up to its first digit or
+    bracket, NCCL kernels as ``nccl``."""
+    totals: collections.Counter = collections.Counter()
+    for name, _, ns in events:
+        family = "nccl" if "nccl" in name.lower() else re.split(r"[0-9(<\[]", name, 1)[0]
+        totals[family[:40] or name[:40]] += ns / rounds / 1e6
+    return "; ".join(f"{k} {v:.2f}" for k, v in totals.most_common(top))
 
 
 def run_config(engine, prompts: list, new_tokens: int, outputs: dict, key: tuple) -> dict:
@@ -226,13 +240,17 @@ def run_config(engine, prompts: list, new_tokens: int, outputs: dict, key: tuple
     outputs[key] = out
     spec = engine.mode == "spec"
     tokens = sum(stats.accept_lens) if spec else sum(stats.batch_sizes)
-    return {
+    row = {
         "step ms (wall)": statistics.median(stats.step_s) * 1e3,
         "tok/s": tokens / stats.decode_s,
         "accept len": stats.mean_accept_len if spec else 1.0,
         "leak check": stats.leak_check,
-        "step ms (device)": step_device_ms(engine, prompts, new_tokens),
+        "step ms (device)": None,
     }
+    device = step_device_ms(engine, prompts, new_tokens)
+    if device is not None:
+        row["step ms (device)"], row["kernels (device ms / step)"] = device
+    return row
 
 
 def write(path: str, text: str, payload: dict) -> None:

@@ -13,6 +13,10 @@ Llama-3-8B geometry (32 / 8 heads x 128, bf16 pool, page 16), ``impl="triton"``,
 * causal prefill chunks: 2k and 8k prompts in one chunk, a 32k prompt as 4 chunks of 8k (and
   their sum, the 32k time-to-first-token of attention).
 
+``--capacity`` runs instead decode (bs 1 / 16 / 64) and verify (bs 1 / 16) passes over 128 keys
+in page tables 128, 8k and 128k keys wide (``kv128 in 8192``): what a short batch pays for the
+engine's capacity.
+
 Page tables are random permutations over one shared pool, a different table per timed call
 (``--sets``), so a pass reads K/V from HBM, not from the L2 left by the previous call. Columns:
 ``device us`` (kernel time per call from a profiler trace, the split merge included), ``KV MB``
@@ -85,11 +89,13 @@ class Pass:
     causal: bool = False
     tail_len: int = 0
     start: int = 0  # prefill: keys before the chunk
+    width: int = 0  # the page table's width in keys (0: the context's pages)
 
     @property
     def label(self) -> str:
         tail = f" +{self.tail_len} tail" if self.tail_len else ""
-        return f"bs{self.batch} q{self.qp} kv{self.context}{tail}"
+        wide = f" in {self.width}" if self.width > self.context else ""
+        return f"bs{self.batch} q{self.qp} kv{self.context}{tail}{wide}"
 
 
 def full_passes() -> list[Pass]:
@@ -101,6 +107,16 @@ def full_passes() -> list[Pass]:
     out += [Pass("prefill", 1, n, n, causal=True) for n in (2048, 8192)]
     out += [Pass("prefill", 1, 8192, s + 8192, causal=True, start=s) for s in (8192, 16384, 24576)]
     out.append(Pass("prefill", 1, 32768, 32768, causal=True))  # one chunk: vs cuDNN
+    return out
+
+
+def capacity_passes() -> list[Pass]:
+    """128-key passes in page tables 128 / 8k / 128k keys wide: what a short batch pays for an
+    engine's capacity (the split plan follows the table's width, not the keys read)."""
+    out = []
+    for width in (128, 8192, 131072):
+        out += [Pass("decode", bs, 1, 128, width=width) for bs in (1, 16, 64)]
+        out += [Pass("verify", bs, 8, 128, tail_len=8, width=width) for bs in (1, 16)]
     return out
 
 
@@ -169,7 +185,7 @@ def _kv_lens(rng, p: Pass, g: Geometry) -> np.ndarray:
 def make_args(rng, p: Pass, g: Geometry, pools, num_pages: int) -> tuple:
     """``paged_attention``'s array args for one timed call (a fresh random page table)."""
     k_pool, v_pool = pools
-    width = -(-p.context // g.page_size)
+    width = -(-max(p.width, p.context) // g.page_size)
     pages = rng.permutation(num_pages)
     if p.kind == "draftB":  # branches of a request share its last prefix page
         rows = pages[: p.batch * width].reshape(p.batch, width)
@@ -261,7 +277,7 @@ def _max_err(p: Pass, g: Geometry, op, args: tuple, cudnn_out) -> float | str:
     got = np.asarray(jax.jit(op)(*args)[0], np.float32)
     if cudnn_out is not None:
         return float(np.max(np.abs(got - np.asarray(cudnn_out, np.float32))))
-    width = -(-p.context // g.page_size) * g.page_size
+    width = -(-max(p.width, p.context) // g.page_size) * g.page_size
     scores = p.batch * p.qp * g.num_heads * (width + p.tail_len)
     if scores > 1 << 27 or p.batch * width * g.num_kv_heads * g.head_dim > 1 << 29:
         return ""  # the reference's scores or gathered K / V would not fit
@@ -309,7 +325,7 @@ def _plan(p: Pass, g: Geometry, knobs: dict[str, Any]) -> tuple:
         g.num_heads,
         g.num_kv_heads,
         g.head_dim,
-        -(-p.context // g.page_size),
+        -(-max(p.width, p.context) // g.page_size),
         g.page_size,
         p.tail_len,
         jnp.dtype(g.dtype),
@@ -357,6 +373,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--quick", action="store_true", help="toy shapes (CPU smoke run)")
     parser.add_argument("--sweep", action="store_true", help="also time other launch knobs")
     parser.add_argument("--passes", default="", help="only these kinds (decode,draftA,...)")
+    parser.add_argument(
+        "--capacity", action="store_true", help="128-key passes in wide page tables only"
+    )
     parser.add_argument("--sets", type=int, default=0, help="page tables per timing")
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop the sweep here")
     parser.add_argument("--out", default="", help="write paged_attention.{json,md} here")
@@ -366,12 +385,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     g = LLAMA_8B if on_gpu and not args.quick else TOY
     impl = "triton" if on_gpu else "xla"
     passes = quick_passes() if args.quick or not on_gpu else full_passes()
+    if args.capacity:
+        passes = (
+            capacity_passes()
+            if on_gpu and not args.quick
+            else [Pass("decode", 2, 1, 32, width=256)]
+        )
     kinds = [k for k in args.passes.split(",") if k]
     passes = [p for p in passes if not kinds or p.kind in kinds]
     sets = args.sets or (2 if args.quick else 3)
     env = {"copy_tbs": copy_bandwidth_tbs(), "matmul_tflops": matmul_tflops()}
     # One pool for every pass: enough distinct pages for the largest (plus tails).
-    need = max(p.batch * (-(-p.context // g.page_size) + p.tail_len) for p in passes)
+    need = max(p.batch * (-(-max(p.width, p.context) // g.page_size) + p.tail_len) for p in passes)
     num_pages = need + 64
     num_slots = num_pages * g.page_size
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
