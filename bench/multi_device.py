@@ -343,13 +343,21 @@ def run_real_size(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def demo_models() -> tuple:
+    """``(target, params, draft_model, draft_params)``: ``jspec demo``'s models at its defaults."""
+    from jspec.apps.demo import _build_models, _parser, _plan_models
+
+    demo_args = _parser().parse_args([])
+    target, _, _ = _plan_models(demo_args)
+    return (target, *_build_models(demo_args, target))
+
+
 def run_demo(args: argparse.Namespace) -> list[dict]:
     """Every layout x (greedy, spec) on the demo model: the tokens equal one device's."""
-    from jspec.apps.demo import _build_models, _parser
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
-    target, params, draft_model, draft = _build_models(_parser().parse_args([]))
+    target, params, draft_model, draft = demo_models()
     cfg = target.config
     rng = np.random.default_rng(0)
     lens = rng.integers(4, 41, args.num_prompts)

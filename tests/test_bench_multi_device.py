@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+import bench.multi_device as md
 from bench.multi_device import (
     compare_rows,
     layout_batches,
@@ -73,6 +74,26 @@ def test_compare_rows_tensor_and_data_parallel():
     # Data parallel at bs 4 beside one device at bs 2: its first two prompts are compared.
     assert (dp["step x"], dp["tok/s x"], dp["same as 1 GPU"]) == (1.0, 1.9, "2/2")
     assert "step x" not in spec
+
+
+def test_kernel_breakdown_groups_families_per_round():
+    events = [
+        ("ncclDevKernel_AllReduce_Sum_bf16", "psum", 3e6),
+        ("gemm_fusion_dot_12", "dot", 2e6),
+        ("gemm_fusion_dot_7", "dot", 4e6),
+        ("_rms_norm_kernel", "rms", 1e6),
+    ]
+    assert md.kernel_breakdown(events, rounds=2) == (
+        "gemm_fusion_dot_ 3.00; nccl 1.50; _rms_norm_kernel 0.50"
+    )
+    assert md.kernel_breakdown(events, rounds=1, top=1) == "gemm_fusion_dot_ 6.00"
+
+
+def test_demo_models_build():
+    """``--model demo``'s models: the demo's target and its draft head, weights made."""
+    target, params, draft_model, draft = md.demo_models()
+    assert params.embed.shape == (target.config.vocab_size, target.config.hidden_size)
+    assert draft_model is not None and draft is not None
 
 
 def test_report_and_write(tmp_path):
