@@ -15,7 +15,8 @@ Llama-3-8B geometry (32 / 8 heads x 128, bf16 pool, page 16), ``impl="triton"``,
 
 ``--capacity`` runs instead decode (bs 1 / 16 / 64) and verify (bs 1 / 16) passes over 128 keys
 in page tables 128, 8k and 128k keys wide (``kv128 in 8192``): what a short batch pays for the
-engine's capacity.
+engine's capacity (``kernels us``: each kernel's time, the attention kernel vs XLA's split
+merge); with ``--sweep``, the 8k-wide rows at other split counts.
 
 Page tables are random permutations over one shared pool, a different table per timed call
 (``--sets``), so a pass reads K/V from HBM, not from the L2 left by the previous call. Columns:
@@ -46,7 +47,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench._timing import copy_bandwidth_tbs, device_name, format_table, time_device
+from bench._timing import (
+    copy_bandwidth_tbs,
+    device_name,
+    format_table,
+    time_device,
+    trace_gpu_events,
+)
 from jspec.kernels.paged_attention import paged_attention
 
 COLUMNS = [
@@ -61,6 +68,7 @@ COLUMNS = [
     "% floor",
     "cudnn us",
     "max err",
+    "kernels us",
     "error",
 ]
 
@@ -166,11 +174,14 @@ PREFILL_SWEEP = [
     {"block_m": 64, "num_warps": 4, "num_stages": 5},
     {"block_n": 128, "num_stages": 5},
 ]
+CAPACITY_SWEEP = [{"num_splits": n} for n in (1, 4, 16)] + [{"block_n": 32}]
 DRAFT_B_SWEEP = [{"block_n": 16}, {"block_n": 64}, {"num_stages": 1}, {"num_stages": 3}]
 # Knob sets (the sweep's lists) launching the default plan are skipped (:func:`_resolve`).
 
 
 def _sweep_for(p: Pass) -> list[dict[str, Any]]:
+    if p.width:
+        return CAPACITY_SWEEP
     return {"prefill": PREFILL_SWEEP, "draftB": DRAFT_B_SWEEP}.get(p.kind, DECODE_SWEEP)
 
 
@@ -307,6 +318,14 @@ def bench_pass(rng, p: Pass, g: Geometry, pools, num_pages, impl, knobs, sets, e
                 "% floor": 100 * floor / us,
             }
         )
+        if p.width and jax.default_backend() == "gpu":  # --capacity: the kernel vs the merge
+            jitted = jax.jit(op)
+            jax.block_until_ready(jitted(*arg_sets[0]))
+            events = trace_gpu_events(lambda: [jitted(*a) for a in arg_sets]) or []
+            per: dict[str, float] = {}
+            for name, _, ns in events:
+                per[name[:32]] = per.get(name[:32], 0.0) + ns / 1e3 / len(arg_sets)
+            row["kernels us"] = "; ".join(f"{k} {v:.1f}" for k, v in per.items())
         if check:
             cudnn_us, cudnn_out = _cudnn(p, g, arg_sets[0])
             row["cudnn us"] = cudnn_us
@@ -435,6 +454,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         _write(args.out, report, text)
     if args.sweep:  # off GPU: the toy passes through impl="xla" (knobs ignored; a smoke run)
         shapes = SWEEP_SHAPES if g is LLAMA_8B else quick_passes()
+        if args.capacity:
+            shapes = [p for p in passes if p.width == 8192] or passes
         sweep_rows, best, skipped = [], [], []
         report.update({"sweep": sweep_rows, "best": best, "skipped": skipped})
         for p in [p for p in shapes if not kinds or p.kind in kinds]:
