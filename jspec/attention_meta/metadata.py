@@ -36,6 +36,9 @@ class AttentionMetadata:
       tail_mask: bool[B, Qp, N] which query sees which tail key (None with no tail).
       page_size: static tokens per page-table entry (the pool's ``P``; 1 for token indices).
       causal: static; queries see the prefix causally (prefill chunks).
+      max_kv_len: static launch hint, the most prefix keys a row reads (FlashAttention's
+        ``max_seqlen_k``): kernels plan their key splits for it rather than for ``C * P``. Not
+        a bound (a longer row is read whole, only slower); None: ``C * P``.
     """
 
     # (B, C) page ids
@@ -50,6 +53,7 @@ class AttentionMetadata:
     tail_mask: jax.Array | None = None
     page_size: int = static_field(default=1)
     causal: bool = static_field(default=False)
+    max_kv_len: int | None = static_field(default=None)
 
     @property
     def num_rows(self) -> int:

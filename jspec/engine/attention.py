@@ -85,6 +85,7 @@ class PagedAttentionBackend:
             page_size=meta.page_size,
             causal=meta.causal,
             impl=self.impl,
+            max_kv_len=meta.max_kv_len,
         )
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from jspec._pytree import replace
 from jspec.attention_meta.metadata import AttentionMetadata, causal_tail_mask
-from jspec.config import SpecConfig, ceil_div
+from jspec.config import ceil_div
 from jspec.engine.attention import AttnPlan
 from jspec.engine.kv_backend import KVView, row_metadata
 from jspec.engine.model_calls import draft_topk, run_draft
@@ -23,8 +23,11 @@ from jspec.engine.step_types import AcceptResult, DraftPlan, DraftResult, Extend
 from jspec.tree.select import organize_draft_results, select_top_k_tokens
 
 
-def draft_decode_passes(ecfg: EngineConfig, view: KVView, out_cache_loc: jax.Array) -> list[tuple]:
-    """Attention passes of draft steps ``0 .. S-2`` for the B*K branch queries.
+def draft_decode_passes(
+    ecfg: EngineConfig, view: KVView, out_cache_loc: jax.Array, max_kv_len: int | None = None
+) -> list[tuple]:
+    """Attention passes of draft steps ``0 .. S-2`` for the B*K branch queries (``max_kv_len``:
+    pass A's launch hint, :attr:`jspec.engine.runner.Runner.max_kv_len`).
 
     ``cascade`` (FA3, SPEC §5): pass A reads the full prefix pages ``[0, L - L%P)`` through
     ``draft_decode_normal_metadata`` (K queries per request, non-causal); pass B reads
@@ -79,7 +82,10 @@ def draft_decode_passes(ecfg: EngineConfig, view: KVView, out_cache_loc: jax.Arr
     )
     normal, expand = meta.normal, meta.expand
     pass_a = AttentionMetadata(
-        page_table=normal.page_table, kv_lens=normal.cache_seqlens, page_size=p
+        page_table=normal.page_table,
+        kv_lens=normal.cache_seqlens,
+        page_size=p,
+        max_kv_len=max_kv_len,
     )
     return [
         (
@@ -95,12 +101,19 @@ def draft_decode_passes(ecfg: EngineConfig, view: KVView, out_cache_loc: jax.Arr
 
 
 def window_metadata(
-    spec: SpecConfig, view: KVView, window_slots: jax.Array, mask: jax.Array
+    runner: Runner, view: KVView, window_slots: jax.Array, mask: jax.Array
 ) -> AttentionMetadata:
     """One pass over an N-token window at ``row[L : L+N]`` (target verify, draft extend): the
     prefix pages ``[0, L)`` read once for all N queries, the window slots i32[Bb, N] as the tail
     with ``mask`` bool[Bb, N, N] (the tree's ancestors, or causal)."""
-    return row_metadata(spec, view, view.seq_lens, tail_slot_ids=window_slots, tail_mask=mask)
+    return row_metadata(
+        runner.ecfg.spec,
+        view,
+        view.seq_lens,
+        tail_slot_ids=window_slots,
+        tail_mask=mask,
+        max_kv_len=runner.max_kv_len,
+    )
 
 
 def phase_draft(runner: Runner, weights: Weights, plan: DraftPlan) -> DraftResult:
@@ -148,7 +161,7 @@ def phase_extend(runner: Runner, weights: Weights, res: AcceptResult) -> ExtendR
     batch = res.batch.live.shape[0]
     ext_pos = (view.seq_lens[:, None] + jnp.arange(n, dtype=jnp.int32)[None, :]).reshape(-1)
     meta = window_metadata(
-        runner.ecfg.spec, view, res.verify_loc.reshape(batch, n), causal_tail_mask(batch, n)
+        runner, view, res.verify_loc.reshape(batch, n), causal_tail_mask(batch, n)
     )
     attn = AttnPlan(write_slot_ids=res.verify_loc, passes=(meta,))
     dpool, ext_hidden = run_draft(

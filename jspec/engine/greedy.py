@@ -90,7 +90,9 @@ def _plain_step(runner, weights, state, slot_idx, live, sampling, *, keep_draft:
     ok = ok & ok_in
     live, seq = view.valid, view.seq_lens
     tokens = gather_slots(state.carry.bonus_tokens, slot_idx, live)
-    meta = row_metadata(runner.ecfg.spec, view, jnp.where(live, seq + 1, 0))
+    meta = row_metadata(
+        runner.ecfg.spec, view, jnp.where(live, seq + 1, 0), max_kv_len=runner.max_kv_len
+    )
     plan = AttnPlan(write_slot_ids=view.slot_ids(seq[:, None])[:, 0], passes=(meta,))
     tpool, hidden, feature = run_target(
         runner, weights, kv.target_pool, tokens, seq, plan, feature=has_draft

@@ -71,12 +71,19 @@ class Runner:
       draft: the draft head (``DraftModel``), or None for a plain greedy engine (the same).
       kv: the KV backend (``jspec.engine.kv_backend.KVBackend``); None: jspec's paged
         allocator over ``ecfg.spec`` (:class:`jspec.engine.paged_kv.PagedKVBackend`).
+      max_kv_len: a launch hint for the decode passes: no request of a call reads more than
+        this many prefix keys (``AttentionMetadata.max_kv_len``: the attention kernels plan
+        their key splits for it, not for ``context_len``, so short batches in a long-context
+        engine do not pay for its capacity). Not a bound: a longer request is still read whole,
+        only slower. None: ``context_len``. The Engine picks it per dispatch from
+        ``ecfg.kv_len_buckets``.
     """
 
     ecfg: EngineConfig
     target: TargetModel
     draft: DraftModel | None = None
     kv: KVBackend | None = None
+    max_kv_len: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("target", "draft"):  # the kernel policy reaches the models here, once
@@ -84,6 +91,9 @@ class Runner:
                 self, name, with_kernel_policy(getattr(self, name), self.ecfg.kernels)
             )
         check_engine_models(self.ecfg, self.target, self.draft)
+        hint = self.max_kv_len
+        if hint is not None and (not isinstance(hint, int) or isinstance(hint, bool) or hint < 1):
+            raise ValueError(f"max_kv_len={hint!r} must be None or an int >= 1")
         if self.kv is None:
             object.__setattr__(self, "kv", PagedKVBackend(self.ecfg))
 

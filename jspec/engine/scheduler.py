@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -357,13 +358,17 @@ class Engine:
         """Run checkified: asked for, or probes on now (they would be traced into the step)."""
         return self.checkify or probes.probes_on()
 
-    def _fn(self, body, num_tokens: int = 0):
+    def _fn(self, body, num_tokens: int = 0, kv_len: int | None = None):
         """The jitted ``body`` for calls whose target forward holds ``num_tokens`` tokens (the
-        GEMM compile options depend on it: ``KernelPolicy.gemm_compiler_options``)."""
-        key = (body, self._checked, num_tokens)
+        GEMM compile options depend on it: ``KernelPolicy.gemm_compiler_options``) and whose
+        requests read at most ``kv_len`` prefix keys (``Runner.max_kv_len``; None: any)."""
+        key = (body, self._checked, num_tokens, kv_len)
         if key not in self._fns:  # NOTE: cached here: hashing ecfg per host step costs
             options = self.ecfg.kernels.gemm_compiler_options(num_tokens)
-            self._fns[key] = sharding.sharded(body, self.runner, self.num_devices, key[1], options)
+            runner = self.runner
+            if kv_len is not None:
+                runner = dataclasses.replace(runner, max_kv_len=kv_len)
+            self._fns[key] = sharding.sharded(body, runner, self.num_devices, key[1], options)
         return self._fns[key]
 
     def _step_tokens(self, bucket: int) -> int:
@@ -376,13 +381,13 @@ class Engine:
         ``bucket``-request batch."""
         return self._fn(self._step_body, self._step_tokens(bucket))
 
-    def _call(self, body, num_tokens: int, *args):
+    def _call(self, body, num_tokens: int, *args, kv_len: int | None = None):
         # NOTE: device_put, not jnp.asarray: jnp.asarray dispatches an eager convert op per
         # argument (~0.3 ms each on the GPU host, measured), which the host loop paid every step.
         # One device_put of the host arguments (one batched transfer, not one per argument).
         checked = self._checked
         host = [jax.tree.map(np.asarray, a) for a in args if a is not None]
-        out = self._fn(body, num_tokens)(self.weights, self.state, *jax.device_put(host))
+        out = self._fn(body, num_tokens, kv_len)(self.weights, self.state, *jax.device_put(host))
         if checked:
             out, errors = out
             msg = sharding.first_error(errors, self.num_devices)
@@ -433,12 +438,19 @@ class Engine:
         return pack_sampling(padded, self.lossy_thresholds)
 
     def _call_rounds(
-        self, slot_idx, live, budget, num_rounds: int, sampling=None, kind: str = "spec"
+        self,
+        slot_idx,
+        live,
+        budget,
+        num_rounds: int,
+        sampling=None,
+        kind: str = "spec",
+        kv_len: int | None = None,
     ):
         """Up to ``num_rounds`` decode rounds in one dispatch (:mod:`jspec.engine.rounds`);
         ``kind`` (a spec engine's, :class:`SpecPolicy`): ``"plain"`` the greedy step with the
         draft kept current (:mod:`jspec.engine.greedy`), ``"greedy"`` its target-only variant,
-        else the engine's step."""
+        else the engine's step; ``kv_len``: the launch hint (:meth:`_kv_len_for`)."""
         from jspec.engine.rounds import rounds_body
 
         d = self.num_devices
@@ -455,7 +467,19 @@ class Engine:
             np.broadcast_to(eos, (d, eos.size)),
             np.full((d,), num_rounds, np.int32),
             sampling,
+            kv_len=kv_len,
         )
+
+    def _kv_len_for(self, running: list[dict], num_rounds: int) -> int | None:
+        """The launch hint of a dispatch (``EngineConfig.kv_len_bucket_for``): the longest
+        request's prompt + output, grown by ``num_rounds`` rounds of at most ``num_steps + 1``
+        tokens, plus a page."""
+        if not self.ecfg.kv_len_buckets:
+            return None
+        longest = max(len(r.prompt) + len(r.output) for shard in running for r in shard.values())
+        grow = self.ecfg.spec.num_steps + 1 if self.mode == "spec" else 1
+        need = longest + num_rounds * grow + self.ecfg.spec.page_size
+        return self.ecfg.kv_len_bucket_for(need)
 
     def _eos_array(self) -> np.ndarray:
         """The stop ids as i32[E] (-1 pads; E >= 1)."""
@@ -474,7 +498,7 @@ class Engine:
 
     def warmup(self, sampling: SamplingParams | None = None) -> None:
         """Compile prefill (every chunk bucket), release and the decode rounds of every batch
-        bucket (all-padding inputs: no state changes); with a sampled ``sampling``, also the
+        bucket and launch hint (``kv_len_buckets``; all-padding inputs: no state changes); with a sampled ``sampling``, also the
         sampled prefill and rounds its filters need."""
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
         bp = self.ecfg.prefill_batch
@@ -495,15 +519,18 @@ class Engine:
                     np.zeros((d, bp), np.int32),
                     sampling=batch(bp),
                 )
-            for bucket in self.ecfg.batch_buckets:
+            hints = (*self.ecfg.kv_len_buckets, None)
+            for bucket, hint in itertools.product(self.ecfg.batch_buckets, hints):
                 idx = np.full((d, bucket), m, np.int32)
                 none = np.zeros((d, bucket), bool)
                 zeros = np.zeros((d, bucket), np.int32)
-                self._call_rounds(idx, none, zeros, 1, batch(bucket))
+                self._call_rounds(idx, none, zeros, 1, batch(bucket), kv_len=hint)
                 if self.policy is not None:  # the steps adaptive speculation may take
                     for kind in ("plain", "greedy"):
-                        self._call_rounds(idx, none, zeros, 1, batch(bucket), kind=kind)
-                if params is None:
+                        self._call_rounds(
+                            idx, none, zeros, 1, batch(bucket), kind=kind, kv_len=hint
+                        )
+                if params is None and hint is None:
                     self._call_release(idx, none)
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -781,8 +808,9 @@ class Engine:
             kind = "spec" if self.policy is None else self.policy.choose()
             if kind == "probe":  # one spec round
                 rounds = 1
+            hint = self._kv_len_for(running, rounds)
             t0 = time.perf_counter()
-            out = self._call_rounds(slot_idx, live, budget, rounds, sampling, kind)
+            out = self._call_rounds(slot_idx, live, budget, rounds, sampling, kind, hint)
             wall = time.perf_counter() - t0
             num = np.asarray(out.num_rounds).reshape(-1)
             stuck = [s for s in range(self.num_devices) if num[s] == 0 and not out.ok[s]]

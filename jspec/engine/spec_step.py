@@ -99,12 +99,14 @@ def phase_prepare(
     state: EngineState,
     slot_idx: jax.Array,
     live: jax.Array,
+    max_kv_len: int | None = None,
 ) -> DraftPlan:
     """1-2: prepare_decode (the KV backend), draft layout + hole duplication, draft attention
     metadata.
 
     Args:
       slot_idx: i32[Bb] batch slots (padding entries: any value); live: bool[Bb].
+      max_kv_len: the draft passes' launch hint (``Runner.max_kv_len``).
     """
     spec = ecfg.spec
     # Pages short (ok False): nothing was allocated; every entry becomes padding (row 0,
@@ -130,7 +132,7 @@ def phase_prepare(
         batch=StepBatch(slot_idx=slot_idx, live=live, view=view, ok=ok),
         out_cache_loc=out_cache_loc,
         positions=positions,
-        passes=tuple(draft_decode_passes(ecfg, view, out_cache_loc)),
+        passes=tuple(draft_decode_passes(ecfg, view, out_cache_loc, max_kv_len)),
         bonus_tokens=gather_slots(carry.bonus_tokens, slot_idx, live),
         topk_p=gather_slots(carry.topk_p, slot_idx, live),
         topk_index=gather_slots(carry.topk_index, slot_idx, live),
@@ -166,7 +168,7 @@ def phase_verify(runner: Runner, weights: Weights, plan: VerifyPlan) -> VerifyRe
     batch, n = plan.batch.live.shape[0], runner.ecfg.spec.num_draft_tokens
     tree = plan.tree
     meta = window_metadata(
-        runner.ecfg.spec, plan.batch.view, plan.verify_loc.reshape(batch, n), tree.tree_mask
+        runner, plan.batch.view, plan.verify_loc.reshape(batch, n), tree.tree_mask
     )
     attn = AttnPlan(write_slot_ids=plan.verify_loc, passes=(meta,))
     tpool, hidden, feature = run_target(
@@ -302,7 +304,7 @@ def spec_step_body(
     """
     status = runner.kv.slot_status(state.kv)
     ok_in = guards.validate_step_slots(status, slot_idx, live, "spec_decode_step")
-    x = phase_prepare(runner.ecfg, runner.kv, state, slot_idx, live & ok_in)
+    x = phase_prepare(runner.ecfg, runner.kv, state, slot_idx, live & ok_in, runner.max_kv_len)
     x = replace(x, batch=replace(x.batch, ok=x.batch.ok & ok_in))  # bad slots: a skipped step
     for kind, phase in PHASES:
         x = call_phase(kind, phase, runner, weights, x, sampling)

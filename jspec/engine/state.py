@@ -42,6 +42,12 @@ DRAFT_ATTENTION = ("cascade", "kv_indices")
 # by default the largest chunk and its quarters down to MIN_PREFILL_BUCKET.
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192
 MIN_PREFILL_BUCKET = 64
+# Decode launch hints (EngineConfig.kv_len_buckets, Runner.max_kv_len) with the Triton
+# attention: 512 keys and every 4x above it, below context_len. Measured on the H100
+# (2026-11-26, bench.paged_attention --capacity): a 128-key pass in an 8k-key page table costs
+# 2-3x the same pass planned for its length (decode bs 1: 12.2 vs 4.3 us; verify bs 16: 30.9
+# vs 14.6 us), the key splits planned for the width being launched and merged empty.
+KV_LEN_BUCKET_MIN, KV_LEN_BUCKET_RATIO = 512, 4
 DP_AXIS, TP_AXIS = "dp", "tp"  # mesh axes: data-parallel shards, tensor-parallel heads
 
 
@@ -86,6 +92,13 @@ class EngineConfig:
         ``--mem-fraction-static``) when the pool was sized from free memory
         (:func:`make_engine_config`); None: ``num_pages`` was given or sized for the worst
         case. Informational here.
+      kv_len_buckets: the decode launch hints compiled (ascending ints in ``[1,
+        context_len)``): a dispatch whose requests read at most ``b`` prefix keys runs the
+        step compiled with ``Runner.max_kv_len = b``, the smallest such bucket (none: the
+        whole width), like batch buckets for lengths. Only a plan: tokens are the same
+        whatever the bucket. :func:`make_engine_config` gives the Triton attention 512 keys
+        and every 4x above, below ``context_len``, and other attention none (the reference
+        ignores the hint).
     """
 
     spec: SpecConfig
@@ -99,6 +112,7 @@ class EngineConfig:
     chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL_SIZE
     prefill_buckets: tuple[int, ...] | None = None
     mem_fraction_static: float | None = None
+    kv_len_buckets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         s = self.spec
@@ -151,6 +165,17 @@ class EngineConfig:
                 f"attention_backend={self.attention_backend!r} must define write_kv and attend "
                 "(jspec.engine.attention.AttentionBackend)"
             )
+        kb = self.kv_len_buckets
+        if (
+            not isinstance(kb, tuple)
+            or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in kb)
+            or list(kb) != sorted(set(kb))
+            or (kb and kb[-1] >= s.context_len)
+        ):
+            raise ValueError(
+                f"kv_len_buckets={kb!r} must be a tuple of ascending distinct ints in "
+                f"[1, context_len={s.context_len})"
+            )
         if self.draft_attention not in DRAFT_ATTENTION:
             raise ValueError(
                 f"draft_attention={self.draft_attention!r} must be one of {DRAFT_ATTENTION}"
@@ -202,6 +227,11 @@ class EngineConfig:
         """Smallest batch bucket holding ``num_running`` requests (``BatchBuckets``)."""
         return BatchBuckets(tuple(self.batch_buckets)).bucket_for(num_running)
 
+    def kv_len_bucket_for(self, num_keys: int) -> int | None:
+        """The launch hint of a dispatch whose requests read at most ``num_keys`` prefix keys:
+        the smallest of :attr:`kv_len_buckets` holding it, None (the whole width) if none."""
+        return next((b for b in self.kv_len_buckets if b >= num_keys), None)
+
 
 def default_num_pages(spec_like: dict, max_running_requests: int) -> int:
     """Pages so that ``max_running_requests`` requests at full context never exhaust the pool."""
@@ -235,6 +265,7 @@ def make_engine_config(
     prefill_buckets: tuple[int, ...] | None = None,
     mem_fraction_static: float | None = None,
     draft: Any = None,
+    kv_len_buckets: tuple[int, ...] | None = None,
 ) -> EngineConfig:
     """An :class:`EngineConfig` whose target pool matches ``target``.
 
@@ -254,6 +285,10 @@ def make_engine_config(
     keyword for an unknown name). The models read their RMSNorm impl from their own
     ``rms_norm_impl`` field, which :class:`jspec.engine.runner.Runner` sets from
     ``kernels.rms_norm`` (:func:`jspec.kernels.policy.with_kernel_policy`).
+
+    ``kv_len_buckets``: None gives the Triton attention (``kernels.attention == "triton"``, no
+    ``attention_backend``) :data:`KV_LEN_BUCKET_MIN` keys and every
+    :data:`KV_LEN_BUCKET_RATIO` x above it below ``context_len``, any other attention none.
     """
     spec_like = {
         "page_size": page_size,
@@ -284,28 +319,37 @@ def make_engine_config(
         batch_buckets = tuple(
             sorted({b for b in powers if b < max_running_requests} | {max_running_requests})
         )
+    kernels = resolve_kernel_policy(
+        impl=impl,
+        attention_impl=attention_impl,
+        gemm_impl=gemm_impl,
+        rms_norm_impl=rms_norm_impl,
+        topk_probs_impl=topk_probs_impl,
+        dtype=target.dtype,
+        hidden_size=max(getattr(m, "hidden_size", 0) for m in (target, draft)),
+        # topk_probs reads the draft's logits (the target's vocabulary bounds them).
+        vocab_size=getattr(draft if draft is not None else target, "vocab_size", 0),
+    )
+    if kv_len_buckets is None:
+        kv_len_buckets = []
+        if kernels.attention == "triton" and attention_backend is None:
+            b = KV_LEN_BUCKET_MIN
+            while b < context_len:
+                kv_len_buckets.append(b)
+                b *= KV_LEN_BUCKET_RATIO
     return EngineConfig(
         spec=spec,
         max_prompt_len=max_prompt_len,
         batch_buckets=tuple(batch_buckets),
         prefill_batch=prefill_batch,
         draft_attention=draft_attention,
-        kernels=resolve_kernel_policy(
-            impl=impl,
-            attention_impl=attention_impl,
-            gemm_impl=gemm_impl,
-            rms_norm_impl=rms_norm_impl,
-            topk_probs_impl=topk_probs_impl,
-            dtype=target.dtype,
-            hidden_size=max(getattr(m, "hidden_size", 0) for m in (target, draft)),
-            # topk_probs reads the draft's logits (the target's vocabulary bounds them).
-            vocab_size=getattr(draft if draft is not None else target, "vocab_size", 0),
-        ),
+        kernels=kernels,
         tensor_parallel=tensor_parallel,
         attention_backend=attention_backend,
         chunked_prefill_size=chunked_prefill_size,
         prefill_buckets=None if prefill_buckets is None else tuple(prefill_buckets),
         mem_fraction_static=mem_fraction_static,
+        kv_len_buckets=tuple(kv_len_buckets),
     )
 
 

@@ -78,6 +78,9 @@ DEFAULT_NUM_STAGES_SMALL_M, DEFAULT_NUM_STAGES = 2, 2
 # causal kernel on the same problem: 915 us).
 PREFILL_BLOCK_M, PREFILL_BLOCK_N = 128, 128
 PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 8, 5
+# f32 pools (IEEE dots; tests and the f32 demo): 64 x 64 tiles, 2 stages. The bf16 plan's
+# 128 x 128 x 5 stages asks for 394 KB of shared memory in f32 (the H100 / H200 have 227 KB).
+F32_PREFILL_BLOCK, F32_PREFILL_NUM_STAGES = 64, 2
 # Splits of the keys: enough programs to fill the GPU, each split at least MIN_SPLIT_BLOCKS
 # key blocks of the page table's width.
 TARGET_PROGRAMS = 4 * NUM_SMS
@@ -326,13 +329,15 @@ def launch_plan(
     rows = qp * group
     width = num_pages * page_size
     prefill = is_prefill_shaped(qp, hq, hkv, causal)
+    f32 = jnp.dtype(pool_dtype) == jnp.float32
     if block_m is None:
-        block_m = PREFILL_BLOCK_M if prefill else min(MAX_DECODE_ROWS, next_power_of_2(rows))
+        prefill_m = F32_PREFILL_BLOCK if f32 else PREFILL_BLOCK_M
+        block_m = prefill_m if prefill else min(MAX_DECODE_ROWS, next_power_of_2(rows))
     block_m = max(MIN_DOT, block_m)
     if block_n is None:
         keys = next_power_of_2(max(width, tail_len))
         block_n = (
-            PREFILL_BLOCK_N
+            (F32_PREFILL_BLOCK if f32 else PREFILL_BLOCK_N)
             if prefill
             else min(MAX_BLOCK_N, max(MIN_BLOCK_N, next_power_of_2(width) // 4), keys)
         )
@@ -365,13 +370,23 @@ def launch_plan(
         "IEEE": bool(jnp.dtype(pool_dtype) == jnp.float32),
         "INTERPRET": interpreting(),
     }
-    if prefill:
+    if prefill and f32:
+        default_warps, default_stages = PREFILL_NUM_WARPS, F32_PREFILL_NUM_STAGES
+    elif prefill:
         default_warps, default_stages = PREFILL_NUM_WARPS, PREFILL_NUM_STAGES
     else:
         default_warps = DEFAULT_NUM_WARPS
         default_stages = DEFAULT_NUM_STAGES_SMALL_M if block_m <= MIN_DOT else DEFAULT_NUM_STAGES
     opts = {"num_warps": num_warps or default_warps, "num_stages": num_stages or default_stages}
     return (row_blocks * batch * hkv, num_splits), meta, opts
+
+
+def plan_pages(num_pages: int, page_size: int, max_kv_len: int | None) -> int:
+    """The page-table width :func:`launch_plan` plans for: ``C``, or with the launch hint
+    ``max_kv_len`` the pages it spans (at least 1, at most ``C``)."""
+    if max_kv_len is None:
+        return num_pages
+    return max(1, min(num_pages, -(-max_kv_len // page_size)))
 
 
 def merge_splits(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -414,6 +429,7 @@ def paged_attention_triton(
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    max_kv_len: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`jspec.kernels.paged_attention.paged_attention` through ``jax_triton`` (GPU only).
 
@@ -422,7 +438,8 @@ def paged_attention_triton(
     ``layer`` an int or a traced i32 scalar, ``page_table: i32[B, C]``, ``kv_lens: i32[B]``,
     ``q_lens: i32[B] | None`` (causal; None: ``Qp``), ``tail_slot_ids: i32[B, N] | None``,
     ``tail_mask: bool[B, Qp, N] | None``; static ``page_size``, ``causal`` and the launch
-    knobs of :func:`launch_plan`.
+    knobs of :func:`launch_plan`; ``max_kv_len``: the launch hint (the key splits planned for
+    ``ceil(max_kv_len / P)`` pages instead of ``C``; a longer row is still read whole).
 
     Returns:
       ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``; a query that sees nothing: 0, -inf.
@@ -446,7 +463,7 @@ def paged_attention_triton(
         hq,
         hkv,
         dim,
-        page_table.shape[1],
+        plan_pages(page_table.shape[1], page_size, max_kv_len),
         page_size,
         tail_len,
         k_pool.dtype,

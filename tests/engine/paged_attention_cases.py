@@ -337,13 +337,15 @@ def launch_interpreted(case: Case, *, kernel: Any = None, **tuning: Any):
     batch, qp, hq, dim = case.q.shape
     _, num_slots, hkv, _ = case.k_pool.shape
     tail_len = 0 if case.tail_slot_ids is None else case.tail_slot_ids.shape[1]
+    tuning = dict(tuning)
+    hint = tuning.pop("max_kv_len", None)  # as paged_attention_triton plans it
     grid, meta, opts = pat.launch_plan(
         batch,
         qp,
         hq,
         hkv,
         dim,
-        case.page_table.shape[1],
+        pat.plan_pages(case.page_table.shape[1], case.page_size, hint),
         case.page_size,
         tail_len,
         jnp.dtype(case.dtype),

@@ -6,6 +6,8 @@ Every run is checked token for token against the plain greedy baseline (f32) and
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from engine_helpers import (
@@ -13,6 +15,7 @@ from engine_helpers import (
     CONTEXT_LEN,
     MAX_NEW,
     MAX_PROMPT,
+    TARGET,
     TINY,
     greedy_baseline,
     tiny_engine,
@@ -20,6 +23,7 @@ from engine_helpers import (
 )
 
 from jspec.engine.memory import kv_bytes_per_token, num_pages_for_memory
+from jspec.engine.runner import Runner
 from jspec.engine.state import make_engine_config
 
 
@@ -67,6 +71,40 @@ def test_prefill_buckets_validation():
     big = _cfg(context_len=8192, max_prompt_len=8192, chunked_prefill_size=8192)
     assert big.prefill_chunk_buckets == (128, 512, 2048, 8192)
     assert big.prefill_bucket_for(513) == 2048
+
+
+def test_kv_len_buckets_default_and_validation():
+    """The launch hints: 512 keys and every 4x below context_len for the Triton attention,
+    none for the reference (it ignores them); explicit buckets validated, naming the field."""
+    assert _cfg(attention_impl="xla", context_len=8192, max_prompt_len=64).kv_len_buckets == ()
+    tri = _cfg(attention_impl="triton", context_len=8192, max_prompt_len=64)
+    assert tri.kv_len_buckets == (512, 2048)
+    assert _cfg(attention_impl="triton", context_len=512).kv_len_buckets == ()
+    assert _cfg(attention_impl="triton", context_len=513).kv_len_buckets == (512,)
+    assert [tri.kv_len_bucket_for(n) for n in (1, 512, 513, 2048, 2049)] == [
+        512,
+        512,
+        2048,
+        2048,
+        None,
+    ]
+    for bad in ((16, 8), (8, 8), (0,), (CONTEXT_LEN,), [8]):
+        with pytest.raises(ValueError, match="kv_len_buckets"):
+            _cfg(kv_len_buckets=bad) if not isinstance(bad, list) else dataclasses.replace(
+                _cfg(), kv_len_buckets=bad
+            )
+    with pytest.raises(ValueError, match="max_kv_len=0"):
+        Runner(_cfg(), TARGET, max_kv_len=0)
+
+
+def test_kv_len_buckets_change_no_token():
+    """Spec dispatches compiled per launch hint (short ones under 16 / 32 keys, the rest for
+    the width) give the baseline tokens; the hints were used (a jitted step per hint)."""
+    engine = tiny_engine(_cfg(kv_len_buckets=(16, 32)), spec=True, check_every_step=True)
+    out, stats = engine.generate(tiny_prompts(), MAX_NEW, arrivals=ARRIVALS)
+    assert out == _baseline() and stats.leak_check.startswith("ok")
+    hints = {key[3] for key in engine._fns}
+    assert {32, None} <= hints, hints
 
 
 @pytest.mark.parametrize("spec", [False, True], ids=["greedy", "spec"])

@@ -63,6 +63,9 @@ KERNEL_CASES = [
     pytest.param("causal-tail-ragged", {"block_n": 16, "num_splits": 2}, id="causal-tail"),
     pytest.param("d80-p16", {}, id="d80"),
     pytest.param("tail-only", {}, id="tail-only"),
+    # the launch hint below the rows' lengths (fewer, longer splits: still every key read)
+    pytest.param("decode-gqa4-p16", {"max_kv_len": 16}, id="decode-hint-short"),
+    pytest.param("verify-tree-n8", {"max_kv_len": 1}, id="verify-hint-short"),
 ]
 BF16_CASES = {"decode-default-splits", "verify-tree-split3", "prefill-plan", "causal-full"}
 F32_TOL = {"atol": 2e-5, "lse_atol": 2e-5}
@@ -196,6 +199,15 @@ def test_launch_plan():
     grid, meta, opts = _plan(1, 8192, 8192, causal=True, block_n=128, num_warps=4)
     assert meta["BLOCK_N"] == 128 and opts["num_warps"] == 4
     assert _plan(1, 1, 64, num_splits=50)[0][1] == 2  # 64 keys: two blocks of 32
+    # the launch hint: a 128-key batch in an 8k-key table planned for 128 keys (one split, as
+    # a 128-key table), not 64 splits for the width; the plan's width never exceeds C.
+    wide = pat.launch_plan(1, 1, 32, 8, 128, 512, 16, 0, jnp.bfloat16, causal=False)
+    hinted = pat.launch_plan(
+        1, 1, 32, 8, 128, pat.plan_pages(512, 16, 128), 16, 0, jnp.bfloat16, causal=False
+    )
+    assert wide[0] == (8, 64) and hinted[0][1] < 8 and hinted == _plan(1, 1, 128)
+    assert pat.plan_pages(512, 16, None) == 512 and pat.plan_pages(512, 16, 10**9) == 512
+    assert pat.plan_pages(512, 16, 1) == 1 and pat.plan_pages(512, 16, 17) == 2
 
 
 def test_merge_splits():
@@ -323,8 +335,13 @@ def test_jax_triton_vs_reference_on_gpu(name, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "knobs",
-    [{"num_splits": 1}, {"num_splits": 3, "block_n": 32}, {"block_m": 64, "num_stages": 2}],
-    ids=["nosplit", "split3", "bm64"],
+    [
+        {"num_splits": 1},
+        {"num_splits": 3, "block_n": 32},
+        {"block_m": 64, "num_stages": 2},
+        {"max_kv_len": 16},
+    ],
+    ids=["nosplit", "split3", "bm64", "hint-short"],
 )
 def test_jax_triton_knobs_on_gpu(knobs):
     case = _gpu_case("verify-tree-n8", "bfloat16")
