@@ -206,6 +206,15 @@ def _steady_state(engine, prompts, max_new: int):
     return engine._shard_state(0), jnp.asarray(slot_idx[0]), jnp.asarray(live[0])
 
 
+def steady_max_len(engine, prompts) -> int:
+    """An upper bound on the tokens a request holds in :func:`_steady_state` and one step
+    after it (the prompt, three dispatches of ``max_rounds`` rounds of at most ``num_steps + 1``
+    tokens, a page): the timed step's launch hint (``Engine._step_for``)."""
+    spec = engine.ecfg.spec
+    per_round = spec.num_steps + 1 if engine.mode == "spec" else 1
+    return max(map(len, prompts)) + 3 * engine.max_rounds * per_round + spec.page_size
+
+
 def admit_all(engine, prompts, max_new: int, stats=None, sampling=None):
     """The engine's host loop up to "every prompt is live": admission and prefill rounds (no
     decode step); returns the loop bookkeeping (``jspec.engine.scheduler._Loop``).
@@ -337,7 +346,7 @@ def _split(
     ms["bookkeeping"] += _median_ms(commit, lambda: (_copy(state), _copy(ctx)), iters)
     # The engine's own (already compiled) step on the stacked one-shard snapshot.
     stacked = jax.tree.map(lambda x: x[None], state)
-    step = engine._step_for(int(slot_idx.shape[-1]))
+    step = engine._step_for(int(slot_idx.shape[-1]), steady_max_len(engine, prompts))
     ms["fused"] = _median_ms(
         lambda st: step(weights, st, slot_idx[None], live[None]),
         lambda: (_copy(stacked),),

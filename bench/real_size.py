@@ -94,6 +94,7 @@ COLUMNS = (
 )
 PAGE, TOPK, STEPS, DRAFT_TOKENS, PROMPT, NEW = 16, 4, 3, 8, 128, 64
 CAPACITY = (256, None)  # the engine's (context_len, num_pages): --context, --num-pages
+KV_LEN_BUCKETS = None  # --no-kv-len-hints: () (every step planned for the width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,7 +337,7 @@ def _device_split(engine, prompts, sampling=None) -> tuple[dict[str, float] | No
     """(device split of one steady-state step, its command-buffer setting, the jitted step's
     median wall ms alone: dispatch + launch gaps, no host loop); ``sampling``: one
     ``SamplingParams`` per prompt (a sampled step) or None."""
-    from bench.e2e import _copy, _median_ms, _op_key, _steady_state
+    from bench.e2e import _copy, _median_ms, _op_key, _steady_state, steady_max_len
 
     extra = ()
     if sampling is None:
@@ -345,7 +346,7 @@ def _device_split(engine, prompts, sampling=None) -> tuple[dict[str, float] | No
         state, slot_idx, live, batch = _sampled_steady_state(engine, prompts, sampling)
         extra = (batch,)
     stacked = jax.tree.map(lambda x: x[None], state)
-    step = engine._step_for(int(slot_idx.shape[-1]))
+    step = engine._step_for(int(slot_idx.shape[-1]), steady_max_len(engine, prompts))
 
     def make_args():
         return (engine.weights, _copy(stacked), slot_idx[None], live[None]) + extra
@@ -428,6 +429,7 @@ def make_engine(
         prefill_batch=min(top, 16),
         attention_impl=attn,
         tensor_parallel=tensor_parallel,
+        kv_len_buckets=KV_LEN_BUCKETS,
     )
     if mode == "spec":
         return Engine(
@@ -568,11 +570,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--num-pages", type=int, default=None, help="KV pool pages (default: the worst case)"
     )
+    parser.add_argument(
+        "--no-kv-len-hints",
+        action="store_true",
+        help="kv_len_buckets=(): every step's attention planned for the engine's context",
+    )
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     globals()["NEW"] = args.new  # the module's NEW is read by its helpers
     globals()["CAPACITY"] = (args.context, args.num_pages)
+    globals()["KV_LEN_BUCKETS"] = () if args.no_kv_len_hints else None
     geos = ["quick"] if args.quick else [x for x in args.geometry.split(",") if x]
     batches = [1, 2] if args.quick else [int(b) for b in args.batches.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -581,7 +589,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header = (
         f"real_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} "
         f"TFLOP/s; page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
-        f"prompts {PROMPT}, {NEW} new tokens; engine context {CAPACITY[0]}, pages {CAPACITY[1]}; "
+        f"prompts {PROMPT}, {NEW} new tokens; engine context {CAPACITY[0]}, pages {CAPACITY[1]}, "
+        f"launch hints {'off' if args.no_kv_len_hints else 'auto'}; "
         f"attention {args.attention_impl}; "
         f"draft head {args.draft}; "
         "LlamaTarget + matched EAGLE-3 head, bf16 (precision by dtype)"

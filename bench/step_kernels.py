@@ -79,7 +79,7 @@ def _is_matmul(row: dict) -> bool:
 
 
 def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
-    from bench.e2e import _copy, _op_key, _steady_state
+    from bench.e2e import _copy, _op_key, _steady_state, steady_max_len
     from bench.real_size import NEW, SPLIT_COMPILER_OPTIONS, _classify
 
     state, slot_idx, live = _steady_state(engine, prompts, NEW)
@@ -89,7 +89,7 @@ def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
         return (engine.weights, _copy(stacked), slot_idx[None], live[None])
 
     args = make_args()
-    step = engine._step_for(int(slot_idx.shape[-1]))
+    step = engine._step_for(int(slot_idx.shape[-1]), steady_max_len(engine, prompts))
     compiled = step.lower(*args).compile(SPLIT_COMPILER_OPTIONS)
     hlo = compiled.as_text()
     op_names, desc = hlo_op_names(hlo), _describe(hlo)

@@ -376,10 +376,12 @@ class Engine:
         per_request = self.ecfg.spec.num_draft_tokens if self.mode == "spec" else 1
         return bucket * per_request
 
-    def _step_for(self, bucket: int):
+    def _step_for(self, bucket: int, max_len: int | None = None):
         """The jitted decode step ``f(weights, state, slot_idx, live)`` of a
-        ``bucket``-request batch."""
-        return self._fn(self._step_body, self._step_tokens(bucket))
+        ``bucket``-request batch whose requests hold at most ``max_len`` tokens (its launch
+        hint, ``ecfg.kv_len_bucket_for``; None: planned for the width)."""
+        hint = None if max_len is None else self.ecfg.kv_len_bucket_for(max_len)
+        return self._fn(self._step_body, self._step_tokens(bucket), hint)
 
     def _call(self, body, num_tokens: int, *args, kv_len: int | None = None):
         # NOTE: device_put, not jnp.asarray: jnp.asarray dispatches an eager convert op per
