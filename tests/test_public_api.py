@@ -287,8 +287,8 @@ RECORDED: dict[str, dict[str, str]] = {
     "jspec.attention_meta": {
         "AttentionMetadata": "class(page_table: 'jax.Array', kv_lens: 'jax.Array', "
         "q_lens: 'jax.Array | None' = None, tail_slot_ids: 'jax.Array | None' = None, "
-        "tail_mask: 'jax.Array | None' = None, page_size: 'int' = 1, "
-        "causal: 'bool' = False) -> None",
+        "tail_mask: 'jax.Array | None' = None, page_size: 'int' = 1, causal: 'bool' = False, "
+        "max_kv_len: 'int | None' = None) -> None",
         "DraftDecodeMetadata": "class(normal: 'NormalMetadata', expand: 'ExpandMetadata') -> None",
         "ExpandMetadata": "class(cache_seqlens: 'jax.Array', cu_seqlens_q: 'jax.Array', "
         "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
@@ -340,7 +340,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "gemm='xla', cublas_min_tokens=0, rms_norm='xla', topk_probs='xla'), "
         "tensor_parallel: 'int' = 1, attention_backend: 'Any' = None, "
         "chunked_prefill_size: 'int' = 8192, prefill_buckets: 'tuple[int, "
-        "...] | None' = None, mem_fraction_static: 'float | None' = None) -> None",
+        "...] | None' = None, mem_fraction_static: 'float | None' = None, "
+        "kv_len_buckets: 'tuple[int, ...]' = ()) -> None",
         "EngineState": "class(kv: 'Any', carry: 'SpecCarry') -> None",
         "GreedyStepOutput": "class(next_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "InputError": "exception(ValueError)",
@@ -377,7 +378,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "sampling: 'list[SamplingParams]' = <factory>, policy: 'list[tuple[str, "
         "int]]' = <factory>) -> None",
         "Runner": "class(ecfg: 'EngineConfig', target: 'TargetModel', "
-        "draft: 'DraftModel | None' = None, kv: 'KVBackend | None' = None) -> None",
+        "draft: 'DraftModel | None' = None, kv: 'KVBackend | None' = None, "
+        "max_kv_len: 'int | None' = None) -> None",
         "SamplingBatch": "class(temperature: 'jax.Array', seed: 'jax.Array', "
         "top_k: 'jax.Array | None' = None, top_p: 'jax.Array | None' = None, "
         "min_p: 'jax.Array | None' = None, lossy: 'LossyThresholds | None' = None) -> None",
@@ -409,7 +411,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "topk_probs_impl: 'str' = 'auto', attention_backend: 'Any' = None, "
         "chunked_prefill_size: 'int' = 8192, prefill_buckets: 'tuple[int, "
         "...] | None' = None, mem_fraction_static: 'float | None' = None, "
-        "draft: 'Any' = None) -> 'EngineConfig'",
+        "draft: 'Any' = None, kv_len_buckets: 'tuple[int, "
+        "...] | None' = None) -> 'EngineConfig'",
         "num_pages_for_memory": "def(target: 'Any', draft: 'Any', *, page_size: 'int', mem_fraction_static: 'float', "
         "tensor_parallel: 'int' = 1, memory: 'tuple[int, int] | None' = None, "
         "workspace_bytes: 'int' = 0) -> 'int'",
