@@ -95,6 +95,7 @@ COLUMNS = (
 PAGE, TOPK, STEPS, DRAFT_TOKENS, PROMPT, NEW = 16, 4, 3, 8, 128, 64
 CAPACITY = (256, None)  # the engine's (context_len, num_pages): --context, --num-pages
 KV_LEN_BUCKETS = None  # --no-kv-len-hints: () (every step planned for the width)
+PROFILE_COPY_BYTES = 12 << 30  # state copies made ahead of a profiled run (_device_split)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,11 +353,17 @@ def _device_split(engine, prompts, sampling=None) -> tuple[dict[str, float] | No
         return (engine.weights, _copy(stacked), slot_idx[None], live[None]) + extra
 
     jit_ms = _median_ms(step, make_args, 10)
+    # The profiled calls' state copies are all made before the trace: as many as fit in
+    # PROFILE_COPY_BYTES (a long-context engine's pools are tens of GiB).
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves(stacked))
+    num_calls = int(max(1, min(5, PROFILE_COPY_BYTES // max(state_bytes, 1))))
     try:
         split = profile_split_us(
             step,
             make_args,
             _classify,
+            num_calls=num_calls,
+            warmup=1,
             compiler_options=SPLIT_COMPILER_OPTIONS,
             breakdown=_op_key,
         )
@@ -369,7 +376,11 @@ def _device_split(engine, prompts, sampling=None) -> tuple[dict[str, float] | No
         return split, "off", jit_ms
     except Exception as e:  # noqa: BLE001 - an XLA that rejects the option: split as compiled
         print(f"split with command buffers off failed ({type(e).__name__}: {e})", flush=True)
-        return profile_split_us(step, make_args, _classify), "default", jit_ms
+        return (
+            profile_split_us(step, make_args, _classify, num_calls=num_calls, warmup=1),
+            "default",
+            jit_ms,
+        )
 
 
 def parse_mode(mode: str):
