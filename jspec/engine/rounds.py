@@ -76,7 +76,12 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
       slot_idx: i32[Bb]; live: bool[Bb] (as the step's).
       budget: i32[Bb] tokens each entry may still emit (its max_new_tokens left).
       eos_ids: i32[E] stop tokens (-1 pads).
-      num_rounds: i32[] rounds to run at most (``<= max_rounds``, the static capacity).
+      num_rounds: i32[] rounds to run at most (``<= max_rounds``, the static capacity); a
+        negative ``-k``: a warm-up dispatch, ``k`` rounds even with no entry live (all-padding
+        inputs change nothing, but the step's kernels run once: the first-use costs of the
+        loop body, kernel loading and CUDA-graph capture, are paid then, not by the first
+        request; measured on CPU, the first dispatch after a warm-up that skipped the body
+        cost 2.3 ms a round against 0.3).
       sampling: None or the entries' ``jspec.engine.sampling.SamplingBatch`` (each round's
         coins come from the request's seed and positions, so rounds need no fresh key).
     """
@@ -98,11 +103,13 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
         bb = slot_idx.shape[0]
         tokens0 = jnp.zeros((max_rounds, bb, width), jnp.int32)
         lens0 = jnp.zeros((max_rounds, bb), jnp.int32)
-        n = jnp.minimum(jnp.asarray(n, jnp.int32), max_rounds)
+        n = jnp.asarray(n, jnp.int32)
+        warm = n < 0
+        n = jnp.minimum(jnp.abs(n), max_rounds)
 
         def cond(carry):
             _, r, alive, _, _, _, ok = carry
-            return (r < n) & jnp.any(alive) & ok
+            return (r < n) & (jnp.any(alive) | warm) & ok
 
         def step(carry):
             st, r, alive, left, tokens, lens, _ = carry

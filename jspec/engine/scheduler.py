@@ -526,14 +526,16 @@ class Engine:
                 idx = np.full((d, bucket), m, np.int32)
                 none = np.zeros((d, bucket), bool)
                 zeros = np.zeros((d, bucket), np.int32)
-                self._call_rounds(idx, none, zeros, 1, batch(bucket), kv_len=hint)
+                # -1: one all-padding round that runs the loop body (rounds_body)
+                self._call_rounds(idx, none, zeros, -1, batch(bucket), kv_len=hint)
                 if self.policy is not None:  # the steps adaptive speculation may take
                     for kind in ("plain", "greedy"):
                         self._call_rounds(
-                            idx, none, zeros, 1, batch(bucket), kind=kind, kv_len=hint
+                            idx, none, zeros, -1, batch(bucket), kind=kind, kv_len=hint
                         )
                 if params is None and hint is None:
                     self._call_release(idx, none)
+        self.check_leaks()  # compiles the end-of-run check (its first run compiled mid-run)
 
     # ---- the loop -------------------------------------------------------------------------------
     def generate(

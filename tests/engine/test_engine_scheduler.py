@@ -11,7 +11,9 @@ from engine_helpers import (
     MAX_PROMPT,
     TARGET,
     TINY,
+    assert_same_state,
     greedy_baseline,
+    snapshot,
     tiny_model,
     tiny_prompts,
 )
@@ -124,12 +126,21 @@ def test_validation_errors():
 
 
 def test_warmup_is_a_no_op_on_the_bookkeeping():
+    """Warm-up runs every compiled call once on all-padding inputs, the decode rounds' loop
+    body included (num_rounds -1): the state stays bit-identical but for the padding page."""
     engine = _spec_engine(num_pages=_small_pool())
-    before = np.asarray(engine.state.kv.allocator.free_pages)
+    before = snapshot(engine.state)
     engine.warmup()
-    np.testing.assert_array_equal(np.asarray(engine.state.kv.allocator.free_pages), before)
+    assert_same_state(before, snapshot(engine.state), page_size=16)
     assert engine.check_leaks().startswith("ok")
     assert not np.any(np.asarray(engine.state.kv.live))
+    # the warm-up dispatch ran its round (a plain all-padding dispatch runs none)
+    m, d = engine.ecfg.spec.max_running_requests, engine.num_devices
+    idx, none = np.full((d, 2), m, np.int32), np.zeros((d, 2), bool)
+    zeros = np.zeros((d, 2), np.int32)
+    assert int(np.max(engine._call_rounds(idx, none, zeros, -1).num_rounds)) == 1
+    assert int(np.max(engine._call_rounds(idx, none, zeros, 1).num_rounds)) == 0
+    assert_same_state(before, snapshot(engine.state), page_size=16)
 
 
 def test_spec_step_with_pages_short_changes_no_state():
