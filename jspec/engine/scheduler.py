@@ -478,7 +478,9 @@ class Engine:
         tokens, plus a page."""
         if not self.ecfg.kv_len_buckets:
             return None
-        longest = max(len(r.prompt) + len(r.output) for shard in running for r in shard.values())
+        longest = max(
+            (len(r.prompt) + len(r.output) for shard in running for r in shard.values()), default=0
+        )
         grow = self.ecfg.spec.num_steps + 1 if self.mode == "spec" else 1
         need = longest + num_rounds * grow + self.ecfg.spec.page_size
         return self.ecfg.kv_len_bucket_for(need)
