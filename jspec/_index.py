@@ -14,7 +14,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["first_bad", "out_of_range", "repeated"]
+from jspec import probes
+
+__all__ = ["first_bad", "out_of_range", "repeated", "valid_mask"]
+
+
+def valid_mask(valid: jax.Array | None, shape: tuple[int, ...]) -> jax.Array:
+    """bool[shape]: ``valid`` (its shape checked at trace time: ``ValueError`` naming it), or
+    every entry when None."""
+    if valid is None:
+        return jnp.ones(shape, bool)
+    probes.static_check_shape(valid, shape, "valid")
+    return valid.astype(bool)
 
 
 def out_of_range(idx: jax.Array, valid: jax.Array, low: int, high: int) -> jax.Array:

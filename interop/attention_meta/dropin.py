@@ -25,7 +25,7 @@ import torch
 from interop._adapt import jspec_module as _mod
 from interop._adapt import run_jspec, tree_geometry
 from interop._adapt import to_jax_default as _j
-from interop.attention_meta.reference import check_default_launch
+from interop.attention_meta.reference import check_default_launch, launch_grid
 from interop.dlpack import to_jax, to_torch
 
 __all__ = ["draft_decode_set_expand_metadata", "generate_draft_decode_kv_indices"]
@@ -95,12 +95,9 @@ def generate_draft_decode_kv_indices(
 ) -> None:
     """In place into ``kv_indices`` [S, W] and ``kv_indptr`` [S, >= B*K+1] (see module doc)."""
     check_default_launch(window_size, sink_size, ENTRY_PAGE_SIZE, v2p, TRANSLATE)
-    num_seqs = req_pool_indices.numel()
-    if bs_upper < num_seqs:
-        raise ValueError(f"bs_upper={bs_upper} must be >= the number of sequences {num_seqs}")
-    if num_steps is None:
-        num_steps = NUM_STEPS or kv_indices.shape[0]
-    topk = positions.numel() // max(num_seqs, 1) if topk is None else topk
+    num_seqs, num_steps, topk = launch_grid(
+        req_pool_indices, kv_indices, positions, bs_upper, NUM_STEPS, num_steps, topk
+    )
     indices, indptr = run_jspec(
         _mod("jspec.attention_meta.kv_indices").generate_draft_decode_kv_indices,
         _j(req_pool_indices, "req_pool_indices"),

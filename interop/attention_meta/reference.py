@@ -61,6 +61,27 @@ def check_default_launch(window_size, sink_size, entry_page_size, v2p, translate
             )
 
 
+def launch_grid(
+    req_pool_indices: torch.Tensor,
+    kv_indices: torch.Tensor,
+    positions: torch.Tensor,
+    bs_upper: int,
+    NUM_STEPS: int,
+    num_steps: int | None,
+    topk: int | None,
+) -> tuple[int, int, int]:
+    """The grid ``(num_seqs, num_steps, topk)`` that sglang 0.5.23 launches implicitly:
+    ``num_steps = NUM_STEPS or kv_indices.shape[0]`` and ``topk = positions.numel() // num_seqs``
+    unless given; ``ValueError`` unless ``bs_upper >= num_seqs``."""
+    num_seqs = req_pool_indices.numel()
+    if bs_upper < num_seqs:
+        raise ValueError(f"bs_upper={bs_upper} must be >= the number of sequences {num_seqs}")
+    if num_steps is None:
+        num_steps = NUM_STEPS or kv_indices.shape[0]
+    topk = positions.numel() // max(num_seqs, 1) if topk is None else topk
+    return num_seqs, num_steps, topk
+
+
 def generate_draft_decode_kv_indices(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -95,12 +116,9 @@ def generate_draft_decode_kv_indices(
     launch features (window, ENTRY_PAGE_SIZE, TRANSLATE) are not modelled: non-defaults raise.
     """
     check_default_launch(window_size, sink_size, ENTRY_PAGE_SIZE, v2p, TRANSLATE)
-    num_seqs = req_pool_indices.numel()
-    if bs_upper < num_seqs:
-        raise ValueError(f"bs_upper={bs_upper} must be >= the number of sequences {num_seqs}")
-    if num_steps is None:
-        num_steps = NUM_STEPS or kv_indices.shape[0]
-    topk = positions.numel() // max(num_seqs, 1) if topk is None else topk
+    num_seqs, num_steps, topk = launch_grid(
+        req_pool_indices, kv_indices, positions, bs_upper, NUM_STEPS, num_steps, topk
+    )
     assert row_stride == req_to_token.shape[1], (row_stride, tuple(req_to_token.shape))
     flat_indices = kv_indices.reshape(-1)
     flat_indptr = kv_indptr.reshape(-1)

@@ -107,6 +107,17 @@ def add_kernel_args(group: Any) -> None:
         )
 
 
+def add_spec_args(group: Any) -> None:
+    """The spec flags of ``jspec demo`` and ``jspec generate`` (read by
+    :func:`engine_config_from_args`, checked by :func:`check_spec_args`), then the kernel flags."""
+    group.add_argument("--page-size", type=int, default=16)
+    group.add_argument("--topk", type=int, default=4)
+    group.add_argument("--steps", type=int, default=3, help="speculative_num_steps")
+    group.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
+    group.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
+    add_kernel_args(group)
+
+
 def kernel_impls(args: argparse.Namespace) -> dict[str, str]:
     """The kernel flags as ``make_engine_config`` keywords."""
     return {dest: getattr(args, dest) for dest, _family, _text in KERNEL_FLAGS.values()}

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from jspec.apps._cli import (
-    add_kernel_args,
     add_sampling_args,
+    add_spec_args,
     check_context,
     check_run_memory,
     check_spec_args,
@@ -45,12 +45,7 @@ MAX_NUM_PROMPTS = 4096
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jspec demo", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("speculative decoding")
-    g.add_argument("--page-size", type=int, default=16)
-    g.add_argument("--topk", type=int, default=4)
-    g.add_argument("--steps", type=int, default=3, help="speculative_num_steps")
-    g.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
-    g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
-    add_kernel_args(g)
+    add_spec_args(g)
     g = p.add_argument_group("workload")
     g.add_argument("--num-prompts", type=int, default=6)
     g.add_argument("--max-new-tokens", type=int, default=48)

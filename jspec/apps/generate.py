@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jspec.apps._cli import (
-    add_kernel_args,
     add_sampling_args,
+    add_spec_args,
     check_context,
     check_run_memory,
     check_spec_args,
@@ -111,12 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         help="speculate every round (default: decode plainly while the draft's acceptance does "
         "not pay for the spec step, jspec.engine.SpecPolicy)",
     )
-    g.add_argument("--page-size", type=int, default=16)
-    g.add_argument("--topk", type=int, default=4)
-    g.add_argument("--steps", type=int, default=3, help="speculative_num_steps")
-    g.add_argument("--draft-tokens", type=int, default=8, help="speculative_num_draft_tokens")
-    g.add_argument("--draft-attention", choices=("cascade", "kv_indices"), default="cascade")
-    add_kernel_args(g)
+    add_spec_args(g)
     g = p.add_argument_group("serving size")
     g.add_argument(
         "--chunked-prefill-size",

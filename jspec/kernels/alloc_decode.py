@@ -23,6 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
+from jspec._index import valid_mask
 from jspec.config import next_power_of_2
 from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 
@@ -100,8 +101,7 @@ def alloc_decode_slots(
     probes.static_check_power_of_2(page_size, "page_size")
     probes.static_check(seq_lens.ndim == 1, f"seq_lens.ndim={seq_lens.ndim} must be 1")
     probes.static_check_shape(last_loc, seq_lens.shape, "last_loc")
-    if valid is not None:
-        probes.static_check_shape(valid, seq_lens.shape, "valid")
+    valid = valid_mask(valid, seq_lens.shape)
     if out is not None:
         probes.static_check_shape(out, seq_lens.shape, "out")
     if impl == "xla":
@@ -112,7 +112,6 @@ def alloc_decode_slots(
     fill = jnp.zeros((num_req,), jnp.int32) if out is None else out.astype(jnp.int32)
     if num_req == 0:
         return fill
-    valid = jnp.ones((num_req,), bool) if valid is None else valid.astype(bool)
     rank = _ranks(seq_lens.astype(jnp.int32), valid, page_size)
     interpret = resolve_interpret(interpret)
     block = min(MAX_BLOCK, next_power_of_2(num_req))

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from jspec import probes
 from jspec._compact import pack_to
+from jspec._index import valid_mask
 from jspec._layout import draft_footprint, holey_geometry
 from jspec.config import INT32_LIMIT, TreeGeometry, check_geometry, next_power_of_2
 from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
@@ -350,10 +351,7 @@ def draft_cache_loc(
     topk, num_steps, page_size = geometry.topk, geometry.num_steps, geometry.page_size
     impl = resolve_impl(impl, IMPLS, "draft_cache_loc")
     _static_validate(req_to_token, req_pool_indices, seq_lens, max_pairs=max_pairs)
-    if valid is None:
-        valid = jnp.ones(req_pool_indices.shape, bool)
-    probes.static_check_shape(valid, req_pool_indices.shape, "valid")
-    valid = valid.astype(bool)
+    valid = valid_mask(valid, req_pool_indices.shape)
     _probe_positions(req_to_token, req_pool_indices, seq_lens, valid, geometry=geometry)
     # A bad row (draft_rows_ok) makes every row padding: slot 0, no pairs.
     valid = valid & draft_rows_ok(

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._index import valid_mask
 from jspec.config import SpecConfig, ceil_div
 from jspec.kernels.alloc_decode import alloc_decode_slots
 from jspec.kernels.alloc_extend import alloc_extend_slots
@@ -201,10 +202,8 @@ def alloc_extend(
     _fl.check_1d_int(prefix_lens, "prefix_lens")
     probes.static_check_shape(seq_lens, prefix_lens.shape, "seq_lens")
     probes.static_check_shape(last_loc, prefix_lens.shape, "last_loc")
-    if valid is not None:
-        probes.static_check_shape(valid, prefix_lens.shape, "valid")
+    valid = valid_mask(valid, prefix_lens.shape)
     p = a.page_size
-    valid = jnp.ones(prefix_lens.shape, bool) if valid is None else valid.astype(bool)
     prefix_lens = prefix_lens.astype(jnp.int32)
     # Invalid rows become empty padding rows (seq == prefix), so every kernel skips them.
     seq_lens = jnp.where(valid, seq_lens.astype(jnp.int32), prefix_lens)
@@ -279,12 +278,10 @@ def alloc_decode(
     _fl.check_merge_rule(merge_rule, MERGE_RULES)
     _fl.check_1d_int(seq_lens, "seq_lens")
     probes.static_check_shape(last_loc, seq_lens.shape, "last_loc")
-    if valid is not None:
-        probes.static_check_shape(valid, seq_lens.shape, "valid")
+    valid = valid_mask(valid, seq_lens.shape)
     p = a.page_size
     seq_lens = seq_lens.astype(jnp.int32)
     last_loc = last_loc.astype(jnp.int32)
-    valid = jnp.ones(seq_lens.shape, bool) if valid is None else valid.astype(bool)
     probes.detect_oob(seq_lens, 1, jnp.iinfo(jnp.int32).max, "alloc_decode: seq_lens", where=valid)
     aligned = _fl.aligned_rows(last_loc, seq_lens, valid, p, 2)
     if probes.probes_on():

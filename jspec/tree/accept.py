@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from jspec import probes
 from jspec._compact import compact, pack_to
+from jspec._index import valid_mask
 from jspec.kv.pool import KVPool, move_kv_cache
 from jspec.sentinels import NOT_ACCEPTED, PAD_SLOT_ID
 
@@ -35,13 +36,6 @@ __all__ = [
     "move_accept_tokens_to_target_kvcache",
     "verify_out_cache_loc",
 ]
-
-
-def _valid_or_all(valid: jax.Array | None, batch: int) -> jax.Array:
-    if valid is None:
-        return jnp.ones((batch,), bool)
-    probes.static_check_shape(valid, (batch,), "valid")
-    return valid.astype(bool)
 
 
 def _row_gather(
@@ -74,7 +68,7 @@ def verify_out_cache_loc(
       i32[B*N] target KV write slots, request-major; padding rows 0.
     """
     batch = req_pool_indices.shape[0]
-    valid = _valid_or_all(valid, batch)
+    valid = valid_mask(valid, (batch,))
     probes.detect_in_closed_range(
         seq_lens + num_draft_tokens,
         0,
@@ -114,7 +108,7 @@ def accept_kv_move_pairs(
     """
     batch, width = accept_index.shape
     size = batch * width
-    valid = _valid_or_all(valid, batch)
+    valid = valid_mask(valid, (batch,))
     accepted = (accept_index != NOT_ACCEPTED) & valid[:, None]  # bool[B, S+1]
     accept_lens = jnp.where(valid, accept_lens, 0)
     probes.detect_oob(
@@ -208,7 +202,7 @@ def get_src_tgt_cache_loc(
     """
     batch, width = accept_index.shape
     n, p = num_draft_tokens, page_size
-    valid = _valid_or_all(valid, batch)
+    valid = valid_mask(valid, (batch,))
     probes.static_check_shape(out_cache_loc, (batch * n,), "out_cache_loc")
     size = batch * width
     accepted = (accept_index != NOT_ACCEPTED) & valid[:, None]
