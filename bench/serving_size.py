@@ -2,12 +2,14 @@
 
     python -m bench.serving_size [--quick] [--cells 1x2k,16x2k,64x2k,...] [--modes greedy,spec]
                                  [--mem-fraction 0.9] [--chunk 8192] [--steps 8]
-                                 [--png serving.png] [--out serving.md]
+                                 [--png serving.png] [--out serving.md] [--no-kv-len-hints]
 
 The model is bench/real_size.py's (8B Llama geometry, random bf16 weights on the device, the
 matched EAGLE-3 head: high acceptance), page 16, topk 4, steps 3, 8 draft tokens. One engine per
 mode whose KV pools are sized from device memory (``mem_fraction_static``) and whose context
-covers the largest cell; prompts are chunk-prefilled (``chunked_prefill_size``). Per cell
+covers the largest cell; prompts are chunk-prefilled (``chunked_prefill_size``); its decode
+launch hints (``kv_len_buckets``) are one per cell context (``--no-kv-len-hints``: none, every
+step planned for the whole context). Per cell
 ``B x C`` (B requests with C-token prompts from the head's hot ids):
 
 * ``TTFT ms``: wall time of the prefill calls of the cell's first request (bs 1 cells: the
@@ -75,6 +77,7 @@ COLUMNS = (
     "KV capacity",
     "note",
 )
+MAX_ROUNDS = 8  # Engine(max_rounds=...): rounds per decode dispatch
 DEFAULT_CELLS = "1x128,16x128,64x128,1x2k,16x2k,64x2k,1x8k,16x8k,64x8k,1x32k,4x32k,16x32k,1x128k"
 
 
@@ -134,7 +137,12 @@ def make_engine(g, target, params, draft, dparams, mode, cells, args):
     buckets = tuple(sorted({bs for bs, _ in cells}))
     chunk = min(args.chunk, top_ctx)
     prefill_buckets = tuple(sorted({min(chunk, max(c, 16)) for _, c in cells}))
-    kw = {}
+    context_len = top_ctx + 2 * args.steps * (STEPS + 1) + 128
+    # Launch hints (EngineConfig.kv_len_buckets): one per cell context, what the cell's
+    # dispatches read (its prompt + the timed rounds' growth), so warm-up compiles only those.
+    grow = (args.steps + 2 * MAX_ROUNDS) * (STEPS + 1) + PAGE
+    hints = () if args.no_kv_len_hints else {c + grow for _, c in cells}
+    kw = {"kv_len_buckets": tuple(sorted(h for h in hints if h < context_len))}
     if args.quick:
         kw["num_pages"] = sum(bs * -(-(ctx + 512) // PAGE) for bs, ctx in cells[-1:]) + 64
     else:
@@ -145,7 +153,7 @@ def make_engine(g, target, params, draft, dparams, mode, cells, args):
         topk=TOPK,
         num_steps=STEPS,
         num_draft_tokens=DRAFT_TOKENS,
-        context_len=top_ctx + 2 * args.steps * (STEPS + 1) + 128,
+        context_len=context_len,
         max_running_requests=top_bs,
         max_prompt_len=top_ctx,
         batch_buckets=buckets,
@@ -273,6 +281,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--quick", action="store_true", help="tiny geometry (CPU smoke)")
     parser.add_argument("--geometry", default="8b")
     parser.add_argument("--cells", default=DEFAULT_CELLS)
+    parser.add_argument(
+        "--no-kv-len-hints", action="store_true", help="plan every step for the engine's width"
+    )
     parser.add_argument("--modes", default="greedy,spec")
     parser.add_argument("--mem-fraction", type=float, default=0.9)
     parser.add_argument("--chunk", type=int, default=8192, help="chunked_prefill_size")
