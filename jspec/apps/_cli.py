@@ -6,6 +6,7 @@ read or anything compiles."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -211,9 +212,12 @@ def engine_config_from_args(
     context_len: int,
     max_running_requests: int,
     max_prompt_len: int,
+    shortest_prompt: int = 0,
 ) -> Any:
     """The ``EngineConfig`` that the spec flags ask for, checked against the models and the
-    devices; a bad value raises ``InputError`` naming it (before any compile)."""
+    devices; a bad value raises ``InputError`` naming it (before any compile). Decode launch
+    hints (``kv_len_buckets``) shorter than ``shortest_prompt`` are dropped: no dispatch of
+    these prompts could use them, and warm-up would compile each."""
     from jspec.engine.inputs import InputError
     from jspec.engine.runner import check_engine_models
     from jspec.engine.sharding import check_devices
@@ -236,6 +240,8 @@ def engine_config_from_args(
             mem_fraction_static=getattr(args, "mem_fraction_static", None),
             draft=draft,
         )
+        hints = tuple(b for b in ecfg.kv_len_buckets if b > shortest_prompt)
+        ecfg = dataclasses.replace(ecfg, kv_len_buckets=hints)
         check_engine_models(ecfg, target, draft)
         check_devices(args.devices, args.tensor_parallel)
         if draft is not None and args.topk > draft.vocab_size:

@@ -342,6 +342,7 @@ def run_config(
         context_len=context_len,
         max_running_requests=1,
         max_prompt_len=len(prompt_ids),
+        shortest_prompt=len(prompt_ids),
     )
     validate_requests(
         [list(prompt_ids)],

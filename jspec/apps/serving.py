@@ -139,6 +139,7 @@ def many_config(
         context_len=context_len,
         max_running_requests=min(args.max_running, len(lines)),
         max_prompt_len=max(len(line.ids) for line in lines),
+        shortest_prompt=min(len(line.ids) for line in lines),
     )
 
 

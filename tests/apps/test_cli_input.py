@@ -315,3 +315,29 @@ def test_bad_kernel_impl_is_one_line(flag, capsys, no_weight_read_no_compile):
     _one_line(2, capsys.readouterr().err, "demo", rf"{flag}='cuda' must be one of auto\|")
     code, err = _gen(capsys, "m", "--prompt-ids", "1", "--max-new-tokens", "1", flag, "cuda")
     _one_line(code, err, "generate", rf"{flag}='cuda' must be one of auto\|")
+
+
+def test_launch_hints_shorter_than_the_prompts_are_dropped():
+    """Decode launch hints no dispatch of these prompts could use are not compiled."""
+    from jspec.apps._cli import engine_config_from_args
+
+    argv = ["--model", "x", "--prompt-ids", "1", "--attention-impl", "triton"]
+    args = generate._parser().parse_args(argv)
+
+    def hints(shortest: int) -> tuple[int, ...]:
+        return engine_config_from_args(
+            args,
+            TARGET,
+            None,
+            context_len=10_000,
+            max_running_requests=1,
+            max_prompt_len=9_000,
+            shortest_prompt=shortest,
+        ).kv_len_buckets
+
+    assert [hints(n) for n in (0, 600, 5000, 9000)] == [
+        (512, 2048, 8192),
+        (2048, 8192),
+        (8192,),
+        (),
+    ]
