@@ -10,6 +10,7 @@ accepted-KV bookkeeping of sampled paths is exercised too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -90,8 +91,10 @@ def test_bad_sampling_fails_before_compiling():
 
 
 def test_unseeded_requests_draw_and_report_a_seed():
-    engine = tiny_engine(_ecfg((1,)))
-    params = SamplingParams(temperature=1.0)
+    # SAMPLED's config and filters without its seed: the steps compiled for its lone run above
+    # (the property is the seed's, not the filters')
+    engine = tiny_engine(_ecfg())
+    params = dataclasses.replace(SAMPLED, seed=None)
     out, stats = engine.generate([tiny_prompts()[0]], 4, sampling=params)
     seed = stats.sampling[0].seed
     assert seed is not None and 0 <= seed < 2**63
