@@ -20,6 +20,7 @@ token 0 without a word.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import re
 from collections.abc import Callable, Iterable
@@ -37,6 +38,7 @@ INT_DTYPES = ("I64", "I32")
 # Buffers some conversions saved beside the weights; jspec computes RoPE from the config.
 ROTARY_BUFFERS = r"(.+\.)?rotary_emb\.inv_freq"
 _LAYER = re.compile(r"(?:model\.)?layers\.(\d+)\.")
+_READ_THREADS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +130,15 @@ def _transpose_checked(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 _all_finite = jax.jit(_finite)
 
 
+def _platform(device: Any) -> str:
+    """The platform of a load's target (a ``Device``, a ``Sharding``, or None: the default)."""
+    if device is None:
+        return jax.devices()[0].platform
+    if isinstance(device, jax.Device):
+        return device.platform
+    return next(iter(device.device_set)).platform
+
+
 def _to_device(arr: np.ndarray, want: Want, dtype: Any, device: Any) -> tuple[jax.Array, Any]:
     """One file tensor in the jspec layout on ``device`` and its finiteness flag (a device bool;
     None for integer tensors). ``nn.Linear`` weights are transposed on the device when it is one
@@ -137,6 +148,10 @@ def _to_device(arr: np.ndarray, want: Want, dtype: Any, device: Any) -> tuple[ja
         return jax.device_put(np.asarray(arr, np.int32), device), None
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is named below
         host = np.asarray(arr, dtype=dtype)  # no copy when the file holds ``dtype``
+    if host is arr and _platform(device) == "cpu":
+        # XLA:CPU may alias an aligned host array: never the checkpoint file's mapped pages
+        # (a rewrite of the file would change the weights, a truncation fault on read).
+        host = host.copy()
     if not want.transpose:
         out = jax.device_put(host, device)
         return out, _all_finite(out)
@@ -166,21 +181,27 @@ def load(
     progress: Progress | None,
 ) -> dict[str, jax.Array]:
     """Read file by file, each tensor straight to ``device`` in ``dtype`` (checked finite);
-    the headers must have passed :func:`check_source`."""
+    the headers must have passed :func:`check_source`. The copies to the device run on
+    ``_READ_THREADS`` threads (a host-to-device copy releases the GIL; one thread left the
+    link idle while Python moved to the next tensor)."""
     by_name = {w.name: key for key, w in wants.items() if source.has(w.name)}
     out: dict[str, jax.Array] = {}
-    for arrays in source.read(list(by_name)):
-        flags: list[tuple[str, Any]] = []
-        for name, arr in arrays:
-            want = wants[by_name[name]]
-            out[by_name[name]], flag = _to_device(arr, want, dtype, device)
-            del arr
-            if flag is not None:
-                flags.append((name, flag))
-            if progress is not None:
-                progress(len(out), len(by_name))
-        if flags:  # one shard's host buffers in flight at most
-            _raise_nonfinite(source, flags, dtype)
+    with concurrent.futures.ThreadPoolExecutor(_READ_THREADS) as pool:
+        for arrays in source.read(list(by_name)):
+            futures = {
+                pool.submit(_to_device, arr, wants[by_name[name]], dtype, device): name
+                for name, arr in arrays
+            }
+            flags: list[tuple[str, Any]] = []
+            for future in concurrent.futures.as_completed(futures):
+                name = futures[future]
+                out[by_name[name]], flag = future.result()
+                if flag is not None:
+                    flags.append((name, flag))
+                if progress is not None:
+                    progress(len(out), len(by_name))
+            if flags:  # per file: a NaN is named before the next file is read
+                _raise_nonfinite(source, sorted(flags), dtype)
     return out
 
 

@@ -390,3 +390,41 @@ def test_inspect_reads_no_weight_and_sizes_the_model(tmp_path, monkeypatch):
     draft, head_bytes = checkpoint.inspect_draft(head, TARGET, dtype="float32")
     want = sum(t.nbytes for k, t in eagle3_tensors().items() if k not in ("t2d", "d2t")) + 4 * 40
     assert head_bytes == want and checkpoint.weight_bytes(draft) == want + 4 * 32  # + fc.bias
+
+
+def _aligned_safetensors(path, name, array):
+    """A one-tensor safetensors file whose data starts 64-byte aligned (header padded with
+    spaces, as the format allows): the alignment at which XLA:CPU may alias a host array."""
+    header = {name: {"dtype": "F32", "shape": list(array.shape), "data_offsets": [0, array.nbytes]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-(8 + len(text)) % 64)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + array.astype("<f4").tobytes())
+
+
+def test_loaded_weights_are_copies_not_the_mapped_file(tmp_path):
+    """Tensors are read as views of the file mapped into memory; the device arrays must not
+    alias them (a later rewrite of the checkpoint would change the weights)."""
+    tensors = llama_tensors(3)
+    write_llama(tmp_path, tensors)
+    name = "model.norm.weight"  # loaded untransposed: the host array goes to device_put as is
+    _aligned_safetensors(tmp_path / "norm.safetensors", name, tensors.pop(name))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    _, params = load_llama(tmp_path)
+    before = np.asarray(params.final_norm).copy()
+    data = bytearray((tmp_path / "norm.safetensors").read_bytes())
+    data[-before.nbytes :] = np.full_like(before, -7.0).tobytes()
+    with open(tmp_path / "norm.safetensors", "r+b") as f:  # in place: the same pages
+        f.write(bytes(data))
+    np.testing.assert_array_equal(np.asarray(params.final_norm), before)
+
+
+def test_file_truncated_after_the_header_check_names_the_tensor(tmp_path):
+    from jspec.models.checkpoint import _plan_llama
+
+    write_llama(tmp_path, llama_tensors())
+    plan = _plan_llama(tmp_path, None)  # headers checked
+    path = tmp_path / "model.safetensors"
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 4)
+    with pytest.raises(ValueError, match=r"model\.safetensors: tensor '.+' spans bytes"):
+        plan.read(None, None)
