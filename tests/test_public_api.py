@@ -392,7 +392,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "accept_len: 'float | None' = None, t_spec: 'float | None' = None, "
         "t_plain: 'float | None' = None, spec_dispatches: 'int' = 0, "
         "plain_dispatches: 'int' = 0, plain_streak: 'int' = 0, failed_probes: 'int' = 0, "
-        "probe_interval: 'int | None' = None, retired: 'bool' = False) -> None",
+        "probe_interval: 'int | None' = None, accepted_any: 'bool' = False, "
+        "retired: 'bool' = False) -> None",
         "SpecStepOutput": "class(accept_tokens: 'jax.Array', accept_lens: 'jax.Array', ok: 'jax.Array') -> None",
         "TargetModel": "class(*args, **kwargs)",
         "Weights": "class(target: 'Any', draft: 'Any' = None) -> None",

@@ -141,7 +141,10 @@ class SpecPolicy:
       ``max_probe_every``), one that finds a gain goes back to ``"spec"``.
     * ``"greedy"``: after ``retire_after`` probes in a row found no gain, the draft is retired
       for the rest of the engine's life: the target alone, without the draft forward (a plain
-      greedy step's cost; the draft's state goes stale, so no more probes).
+      greedy step's cost; the draft's state goes stale, so no more probes). A draft that has
+      never had a token accepted (every spec round and probe emitted exactly one token per
+      request: a head that does not match the target at all) is retired by its first failed
+      probe: each plain dispatch before that costs the draft's forward for nothing.
 
     Host-side only; tokens are the target's whatever the kind (lossless).
     """
@@ -160,6 +163,7 @@ class SpecPolicy:
     plain_streak: int = 0
     failed_probes: int = 0
     probe_interval: int | None = None  # plain dispatches before the next probe (None: probe_every)
+    accepted_any: bool = False  # some spec round or probe had a draft token accepted
     retired: bool = False
 
     KINDS = ("spec", "plain", "probe", "greedy")
@@ -220,6 +224,7 @@ class SpecPolicy:
         if kind == "spec" and self.spec_dispatches:  # a probe's one round is not timed
             self.t_spec = self._avg(self.t_spec, per_round)
         self.accept_len = self._avg(self.accept_len, accept_len)
+        self.accepted_any = self.accepted_any or accept_len > 1.0 + 1e-6
         self.spec_dispatches += 1
         self.plain_streak = 0
         if kind != "probe":
@@ -227,7 +232,7 @@ class SpecPolicy:
         if self.pays is False:
             self.failed_probes += 1
             self.probe_interval = min(2 * self._interval, self.max_probe_every)
-            self.retired = self.failed_probes >= self.retire_after
+            self.retired = self.failed_probes >= self.retire_after or not self.accepted_any
         else:  # back to the configured interval
             self.failed_probes = 0
             self.probe_interval = None

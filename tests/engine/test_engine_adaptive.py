@@ -91,9 +91,24 @@ def test_policy_a_probe_that_pays_goes_back_to_spec():
 
 def test_policy_backoff_starts_from_the_configured_interval():
     q = SpecPolicy(probe_every=3, retire_after=3)
-    _feed(q, "spec", 1.0, 6e-3)
-    assert _run(q, 3 + 1 + 6 + 1, 1.0) == ["plain"] * 3 + ["probe"] + ["plain"] * 6 + ["probe"]
-    assert q.probe_interval == 12 and q.probe_every == 3
+    _feed(q, "spec", 1.05, 6e-3, n=3)
+    _feed(q, "plain", 1.0, 4e-3, n=2)
+    assert _run(q, 1 + 1 + 6 + 1, 1.05) == ["plain"] + ["probe"] + ["plain"] * 6 + ["probe"]
+    assert q.probe_interval == 12 and q.probe_every == 3 and not q.retired
+
+
+def test_policy_retires_a_draft_that_never_matched_at_its_first_failed_probe():
+    never = SpecPolicy()
+    _feed(never, "spec", 1.0, 6e-3)  # not one draft token accepted
+    assert _run(never, 4 + 1 + 3, 1.0) == ["plain"] * 4 + ["probe"] + ["greedy"] * 3
+    assert never.retired and never.failed_probes == 1 and not never.accepted_any
+    once = SpecPolicy()  # one early round accepted a token, then nothing: backoff as usual
+    _feed(once, "spec", 1.0 + 1 / 8, 6e-3)
+    _feed(once, "spec", 1.0, 6e-3, n=2)
+    _feed(once, "plain", 1.0, 4e-3, n=2)
+    assert once.pays is False
+    assert _run(once, 2 + 1 + 3, 1.0) == ["plain"] * 2 + ["probe"] + ["plain"] * 3
+    assert once.accepted_any and not once.retired
 
 
 class _Alternate(SpecPolicy):
