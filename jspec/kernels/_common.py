@@ -123,8 +123,12 @@ def import_jax_triton():
     NOTE (shared/PLATFORM.md §8): importing jax-triton 0.3.1 sets ``TRITON_CACHE_DIR=""`` for
     the whole process, which breaks torch's own Triton launches ("Could not create or locate
     cache dir"). The previous value is restored (or the variable removed) after the import.
+    Its kernel compiles are stored beside JAX's persistent compilation cache when that is on
+    (:mod:`jspec.kernels.triton_cache`: jax-triton itself keeps them for the process only).
     """
     import os
+
+    from jspec.kernels import triton_cache
 
     previous = os.environ.get("TRITON_CACHE_DIR")
     import jax_triton
@@ -134,4 +138,5 @@ def import_jax_triton():
             del os.environ["TRITON_CACHE_DIR"]
     else:
         os.environ["TRITON_CACHE_DIR"] = previous
+    triton_cache.install(jax_triton)
     return jax_triton
