@@ -31,7 +31,9 @@ After every run the allocator must be back to all pages free and all rows free (
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -342,6 +344,10 @@ class Engine:
         self.policy = SpecPolicy() if adaptive and draft is not None else None
         self._step_body = spec_step_body if self.mode == "spec" else greedy_step_body
         self._fns: dict[tuple, Any] = {}
+        # ahead-of-time compiles running in the background (warmup(fallbacks="background")):
+        # (function key, argument shapes) -> Future of a jax.stages.Compiled
+        self._ahead: dict[tuple, concurrent.futures.Future] = {}
+        self._compiler: concurrent.futures.ThreadPoolExecutor | None = None
         self._needs_reset = False  # a generate() ended by an exception
 
     def reset(self) -> None:
@@ -394,7 +400,11 @@ class Engine:
         # One device_put of the host arguments (one batched transfer, not one per argument).
         checked = self._checked
         host = [jax.tree.map(np.asarray, a) for a in args if a is not None]
-        out = self._fn(body, num_tokens, kv_len)(self.weights, self.state, *jax.device_put(host))
+        fn = self._fn(body, num_tokens, kv_len)
+        if self._ahead:  # compiled in the background: wait for it rather than compile again
+            ahead = self._ahead.get(self._ahead_key(body, num_tokens, kv_len, host))
+            fn = fn if ahead is None else ahead.result()
+        out = fn(self.weights, self.state, *jax.device_put(host))
         if checked:
             out, errors = out
             msg = sharding.first_error(errors, self.num_devices)
@@ -402,6 +412,37 @@ class Engine:
                 raise probes.ProbeError(msg)
         self.state, result = out
         return _tree_to_host(result)
+
+    def _ahead_key(self, body, num_tokens: int, kv_len: int | None, host: list) -> tuple:
+        shapes = tuple((x.shape, x.dtype.str) for x in jax.tree.leaves(host))
+        return (body, self._checked, num_tokens, kv_len, shapes)
+
+    def _compile_ahead(self, body, num_tokens: int, *args, kv_len: int | None = None) -> None:
+        """Compile what ``_call(body, num_tokens, *args, kv_len=kv_len)`` runs on a background
+        thread (the weights and state as shapes and shardings, the host arguments placed as
+        ``_call`` places them); ``_call`` waits for it instead of compiling again."""
+        host = [jax.tree.map(np.asarray, a) for a in args if a is not None]
+        key = self._ahead_key(body, num_tokens, kv_len, host)
+        fn = self._fn(body, num_tokens, kv_len)
+        abstract = functools.partial(
+            jax.tree.map, lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        )
+        operands = (abstract(self.weights), abstract(self.state), *jax.device_put(host))
+        probes_on = probes.probes_on()  # JAX's config contexts are per thread: carry it over
+
+        def compile_it():
+            with probes.probes_enabled(probes_on, runtime_errors=False):
+                return fn.lower(*operands).compile()
+
+        if self._compiler is None:
+            self._compiler = concurrent.futures.ThreadPoolExecutor(1, "jspec-compile")
+        self._ahead[key] = self._compiler.submit(compile_it)
+
+    def wait_compiles(self) -> None:
+        """Block until every background compile of :meth:`warmup` finished (re-raising its
+        error, if one failed)."""
+        for future in list(self._ahead.values()):
+            future.result()
 
     def _call_prefill(
         self,
@@ -453,11 +494,13 @@ class Engine:
         sampling=None,
         kind: str = "spec",
         kv_len: int | None = None,
+        ahead: bool = False,
     ):
         """Up to ``num_rounds`` decode rounds in one dispatch (:mod:`jspec.engine.rounds`);
         ``kind`` (a spec engine's, :class:`SpecPolicy`): ``"plain"`` the greedy step with the
         draft kept current (:mod:`jspec.engine.greedy`), ``"greedy"`` its target-only variant,
-        else the engine's step; ``kv_len``: the launch hint (:meth:`_kv_len_for`)."""
+        else the engine's step; ``kv_len``: the launch hint (:meth:`_kv_len_for`); ``ahead``:
+        compile it in the background instead (:meth:`_compile_ahead`; returns None)."""
         from jspec.engine.rounds import rounds_body
 
         d = self.num_devices
@@ -465,7 +508,7 @@ class Engine:
         step = {"plain": greedy_step_body, "greedy": target_only_step_body}.get(kind)
         body = rounds_body(step or self._step_body, self.max_rounds)
         tokens = slot_idx.shape[-1] if step else self._step_tokens(slot_idx.shape[-1])
-        return self._call(
+        return (self._compile_ahead if ahead else self._call)(
             body,
             tokens,
             slot_idx,
@@ -505,10 +548,20 @@ class Engine:
                 "live, given twice, or pages / rows not the allocator's (state unchanged)"
             )
 
-    def warmup(self, sampling: SamplingParams | None = None) -> None:
+    def warmup(self, sampling: SamplingParams | None = None, fallbacks: str = "now") -> None:
         """Compile prefill (every chunk bucket), release and the decode rounds of every batch
-        bucket and launch hint (``kv_len_buckets``; all-padding inputs: no state changes); with a sampled ``sampling``, also the
-        sampled prefill and rounds its filters need."""
+        bucket and launch hint (``kv_len_buckets``; all-padding inputs: no state changes); with
+        a sampled ``sampling``, also the sampled prefill and rounds its filters need.
+
+        ``fallbacks`` (adaptive speculation's plain and target-only rounds, which only a draft
+        that does not pay ever runs): ``"now"`` compiled and run here like the rest;
+        ``"background"`` compiled on a background thread after this returns (a start that does
+        not wait for them; a dispatch that needs one before it is ready waits for it, and
+        host work of the decode loop shares the interpreter with that thread meanwhile;
+        :meth:`wait_compiles` blocks until they are done).
+        """
+        if fallbacks not in ("now", "background"):
+            raise ValueError(f"fallbacks={fallbacks!r} must be 'now' or 'background'")
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
         bp = self.ecfg.prefill_batch
         variants = [None]
@@ -538,7 +591,14 @@ class Engine:
                 if self.policy is not None:  # the steps adaptive speculation may take
                     for kind in ("plain", "greedy"):
                         self._call_rounds(
-                            idx, none, zeros, -1, batch(bucket), kind=kind, kv_len=hint
+                            idx,
+                            none,
+                            zeros,
+                            -1,
+                            batch(bucket),
+                            kind=kind,
+                            kv_len=hint,
+                            ahead=fallbacks == "background",
                         )
                 if params is None and hint is None:
                     self._call_release(idx, none)

@@ -136,3 +136,25 @@ def test_adaptive_is_opt_in_and_spec_only():
     assert tiny_engine(_ecfg()).policy is None  # default: every round speculates
     assert isinstance(tiny_engine(_ecfg(), adaptive=True).policy, SpecPolicy)
     assert tiny_engine(_ecfg(), spec=False, adaptive=True).policy is None
+
+
+def test_fallbacks_compiled_in_the_background_serve_the_plain_rounds():
+    """warmup(fallbacks="background"): the plain and target-only rounds compile on a thread
+    after warmup returns; the dispatches that need them run those executables (their jitted
+    functions are never called, so nothing compiles twice) and the tokens stay greedy's."""
+    from jspec.engine.greedy import greedy_step_body, target_only_step_body
+    from jspec.engine.rounds import rounds_body
+
+    engine = tiny_engine(_ecfg(), max_rounds=2, adaptive=True)
+    engine.warmup(fallbacks="background")
+    assert len(engine._ahead) == 2  # plain and target-only, one batch bucket, no launch hint
+    engine.policy = _Alternate()
+    out, stats = engine.generate(tiny_prompts(), MAX_NEW)
+    assert out == [list(o) for o in greedy_baseline()]
+    assert {"plain", "greedy"} <= {k for k, _ in stats.policy}
+    fallback_bodies = {rounds_body(b, 2) for b in (greedy_step_body, target_only_step_body)}
+    jitted = [fn for key, fn in engine._fns.items() if key[0] in fallback_bodies]
+    assert len(jitted) == 2 and all(fn._cache_size() == 0 for fn in jitted)
+    engine.wait_compiles()
+    with pytest.raises(ValueError, match="fallbacks"):
+        engine.warmup(fallbacks="later")
