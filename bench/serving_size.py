@@ -21,6 +21,8 @@ step planned for the whole context). Per cell
   under the profiler (no state copy: the pools are far too large to copy); the floor = the
   larger of (weights + KV bytes each step must read) / the measured copy bandwidth and FLOPs /
   the matmul rate; spec reads the draft's weights and its KV once per draft forward;
+* ``kernels (device ms / round)``: the profiled dispatch's kernel families by device time
+  (``bench.multi_device.kernel_breakdown``: the name up to its first digit or bracket);
 * ``peak GiB``: ``peak_bytes_in_use`` after the cell; ``pool GiB`` / ``KV capacity`` (tokens);
   ``weights GiB``; ``tok/s`` (decode), acceptance, and (spec) requests whose tokens equal a
   greedy run's on the same cell (``same as greedy``).
@@ -42,6 +44,7 @@ import jax
 import numpy as np
 
 from bench._timing import copy_bandwidth_tbs, device_name, format_table, trace_gpu_events
+from bench.multi_device import kernel_breakdown
 from bench.real_size import (
     DRAFT_TOKENS,
     GEOMETRIES,
@@ -75,6 +78,7 @@ COLUMNS = (
     "peak GiB",
     "pool GiB",
     "KV capacity",
+    "kernels (device ms / round)",
     "note",
 )
 MAX_ROUNDS = 8  # Engine(max_rounds=...): rounds per decode dispatch
@@ -208,6 +212,7 @@ def run_cell(engine, g, mode: str, bs: int, ctx: int, steps: int, outputs: dict)
     prof_rounds = stats.num_decode_steps - before
     if events and prof_rounds:
         row["step ms (device)"] = sum(dur for _, _, dur in events) / prof_rounds / 1e6
+        row["kernels (device ms / round)"] = kernel_breakdown(events, prof_rounds)
     row["accept len"] = stats.mean_accept_len if mode == "spec" else 1.0
     out = [loop.running[0][s].output[: steps + 1] for s in sorted(loop.running[0])]
     # (requests that hit their budget were retired inside _decode_step's loop: compare those
