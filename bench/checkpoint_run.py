@@ -202,7 +202,7 @@ def bench_decode(root: Path, models: tuple, prompt: list[int], max_new: int) -> 
     (its ``run_config`` + ``build_engine``: ``Engine.warmup`` included), on in-memory
     ``models`` (target, params, draft or None, draft params or None). Returns two runs:
     ``"bench 1st"``, the first ``generate`` after the warm-up (the CLI's only one), and
-    ``"bench"``, timed as bench.real_size times it (after the fallback rounds' background
+    ``"bench"``, timed as bench.real_size times it (after warmup's background
     compiles finished, a 2-token ``generate``, then the timed one); ``compile_s``:
     ``build_engine``'s seconds, on the first."""
     from jspec.apps._cli import sampling_from_args
@@ -231,7 +231,7 @@ def bench_decode(root: Path, models: tuple, prompt: list[int], max_new: int) -> 
         }
 
     first = {**timed(), "compile_s": compile_s}
-    engine.wait_compiles()  # run "bench" without the background compiles of the fallbacks
+    engine.wait_compiles()  # run "bench" without warmup's background compiles running
     engine.generate([prompt], [2], sampling=[sampling])
     return {"bench 1st": first, "bench": timed()}
 

@@ -96,9 +96,9 @@ def build_engine(
             f"(context {ecfg.spec.context_len}, page size {ecfg.spec.page_size}) ..."
         )
         with count_cache_events() as cached:
-            # adaptive speculation's fallback rounds compile while the run starts (a draft
-            # that pays never runs them; one that does not waits for them at its switch)
-            engine.warmup(_warm_sampling(sampling), fallbacks="background")
+            # release and adaptive speculation's fallback rounds compile while the run starts
+            # (the first tokens need neither)
+            engine.warmup(_warm_sampling(sampling), background=True)
     note = cached.describe()
     say(f"compiled [{time.perf_counter() - t0:.1f} s]" + (f" ({note})" if note else ""))
     return engine

@@ -349,7 +349,7 @@ class Engine:
         self.policy = SpecPolicy() if adaptive and draft is not None else None
         self._step_body = spec_step_body if self.mode == "spec" else greedy_step_body
         self._fns: dict[tuple, Any] = {}
-        # ahead-of-time compiles running in the background (warmup(fallbacks="background")):
+        # ahead-of-time compiles running in the background (warmup(background=True)):
         # (function key, argument shapes) -> Future of a jax.stages.Compiled
         self._ahead: dict[tuple, concurrent.futures.Future] = {}
         self._compiler: concurrent.futures.ThreadPoolExecutor | None = None
@@ -561,22 +561,22 @@ class Engine:
                 "live, given twice, or pages / rows not the allocator's (state unchanged)"
             )
 
-    def warmup(self, sampling: SamplingParams | None = None, fallbacks: str = "now") -> None:
+    def warmup(self, sampling: SamplingParams | None = None, *, background: bool = False) -> None:
         """Compile prefill (every chunk bucket), release and the decode rounds of every batch
         bucket and launch hint (``kv_len_buckets``; all-padding inputs: no state changes); with
-        a sampled ``sampling``, also the sampled prefill and rounds its filters need.
+        a sampled ``sampling``, also the sampled prefill and rounds its filters need; with
+        adaptive speculation, the plain and target-only rounds it may switch to.
 
-        ``fallbacks`` (adaptive speculation's plain and target-only rounds, which only a draft
-        that does not pay ever runs): ``"now"`` compiled and run here like the rest;
-        ``"background"`` compiled on a background thread after this returns (a start that does
-        not wait for them; a dispatch that needs one before it is ready waits for it, and
-        host work of the decode loop shares the interpreter with that thread meanwhile;
-        :meth:`wait_compiles` blocks until they are done).
+        ``background``: what a run needs only after its tokens started, release (a request's
+        end) and adaptive speculation's rounds (which only a draft that does not pay runs),
+        compiles on a background thread after this returns instead of here, release first
+        (a start that does not wait for them; a call that needs one before it is ready waits
+        for it, and the decode loop's host work shares the interpreter with that thread
+        meanwhile; :meth:`wait_compiles` blocks until they are done).
         """
-        if fallbacks not in ("now", "background"):
-            raise ValueError(f"fallbacks={fallbacks!r} must be 'now' or 'background'")
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
         bp = self.ecfg.prefill_batch
+        later: list[Callable[[], None]] = []  # background: submitted in this order at the end
         variants = [None]
         if sampling is not None and not sampling.is_greedy:
             variants.append(dataclasses.replace(sampling, seed=0))
@@ -603,18 +603,19 @@ class Engine:
                 self._call_rounds(idx, none, zeros, -1, batch(bucket), kv_len=hint)
                 if self.policy is not None:  # the steps adaptive speculation may take
                     for kind in ("plain", "greedy"):
-                        self._call_rounds(
-                            idx,
-                            none,
-                            zeros,
-                            -1,
-                            batch(bucket),
-                            kind=kind,
-                            kv_len=hint,
-                            ahead=fallbacks == "background",
+                        args = (idx, none, zeros, -1, batch(bucket))
+                        later.append(
+                            functools.partial(
+                                self._call_rounds, *args, kind=kind, kv_len=hint, ahead=background
+                            )
                         )
                 if params is None and hint is None:
-                    self._call_release(idx, none)
+                    if background:
+                        self._compile_ahead(release_body, 0, idx, none)
+                    else:
+                        self._call_release(idx, none)
+        for call in later:
+            call()
         self.check_leaks()  # compiles the end-of-run check (its first run compiled mid-run)
 
     # ---- the loop -------------------------------------------------------------------------------

@@ -138,23 +138,23 @@ def test_adaptive_is_opt_in_and_spec_only():
     assert tiny_engine(_ecfg(), spec=False, adaptive=True).policy is None
 
 
-def test_fallbacks_compiled_in_the_background_serve_the_plain_rounds():
-    """warmup(fallbacks="background"): the plain and target-only rounds compile on a thread
-    after warmup returns; the dispatches that need them run those executables (their jitted
+def test_background_compiles_serve_release_and_the_plain_rounds():
+    """warmup(background=True): release and the plain and target-only rounds compile on a
+    thread after warmup returns; the calls that need them run those executables (their jitted
     functions are never called, so nothing compiles twice) and the tokens stay greedy's."""
     from jspec.engine.greedy import greedy_step_body, target_only_step_body
+    from jspec.engine.lifecycle import release_body
     from jspec.engine.rounds import rounds_body
 
     engine = tiny_engine(_ecfg(), max_rounds=2, adaptive=True)
-    engine.warmup(fallbacks="background")
-    assert len(engine._ahead) == 2  # plain and target-only, one batch bucket, no launch hint
+    engine.warmup(background=True)
+    assert len(engine._ahead) == 3  # release, plain, target-only (one batch bucket, no hint)
     engine.policy = _Alternate()
     out, stats = engine.generate(tiny_prompts(), MAX_NEW)
     assert out == [list(o) for o in greedy_baseline()]
     assert {"plain", "greedy"} <= {k for k, _ in stats.policy}
-    fallback_bodies = {rounds_body(b, 2) for b in (greedy_step_body, target_only_step_body)}
-    jitted = [fn for key, fn in engine._fns.items() if key[0] in fallback_bodies]
-    assert len(jitted) == 2 and all(fn._cache_size() == 0 for fn in jitted)
+    assert stats.leak_check.startswith("ok")  # every request released
+    bodies = {rounds_body(b, 2) for b in (greedy_step_body, target_only_step_body)}
+    jitted = [fn for key, fn in engine._fns.items() if key[0] in bodies | {release_body}]
+    assert len(jitted) == 3 and all(fn._cache_size() == 0 for fn in jitted)
     engine.wait_compiles()
-    with pytest.raises(ValueError, match="fallbacks"):
-        engine.warmup(fallbacks="later")
