@@ -113,17 +113,22 @@ def generate_all(
     say: Callable[[str], None],
     on_tokens: Callable[[int, list[int]], None] | None = None,
 ) -> tuple[list[list[int]], Any]:
-    """``engine.generate`` of every request (under ``--checkify``'s probes when asked)."""
+    """``engine.generate`` of every request (under ``--checkify``'s probes when asked); then
+    the background compiles nothing will use any more are dropped (the process's exit waits
+    only for one already running)."""
     from jspec import probes
 
     say(f"generating {sum(max_new_tokens)} tokens for {len(prompts)} request(s)")
-    with probes.probes_enabled(True) if args.checkify else contextlib.nullcontext():
-        return engine.generate(
-            [list(p) for p in prompts],
-            list(max_new_tokens),
-            sampling=list(sampling),
-            on_tokens=on_tokens,
-        )
+    try:
+        with probes.probes_enabled(True) if args.checkify else contextlib.nullcontext():
+            return engine.generate(
+                [list(p) for p in prompts],
+                list(max_new_tokens),
+                sampling=list(sampling),
+                on_tokens=on_tokens,
+            )
+    finally:
+        engine.cancel_compiles()
 
 
 def many_config(

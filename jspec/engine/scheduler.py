@@ -408,7 +408,11 @@ class Engine:
         fn = self._fn(body, num_tokens, kv_len)
         if self._ahead:  # compiled in the background: wait for it rather than compile again
             ahead = self._ahead.get(self._ahead_key(body, num_tokens, kv_len, host))
-            fn = fn if ahead is None else ahead.result()
+            if ahead is not None:
+                try:
+                    fn = ahead.result()
+                except concurrent.futures.CancelledError:  # cancel_compiles: jit compiles it
+                    pass
         out = fn(self.weights, self.state, *jax.device_put(host))
         if checked:
             out, errors = out
@@ -451,11 +455,18 @@ class Engine:
             self._compiler = concurrent.futures.ThreadPoolExecutor(1, "jspec-compile")
         self._ahead[key] = self._compiler.submit(compile_it)
 
+    def cancel_compiles(self) -> None:
+        """Drop the background compiles that have not started (a later call that needs one
+        compiles it then); one already running finishes."""
+        for future in self._ahead.values():
+            future.cancel()
+
     def wait_compiles(self) -> None:
         """Block until every background compile of :meth:`warmup` finished (re-raising its
         error, if one failed)."""
         for future in list(self._ahead.values()):
-            future.result()
+            if not future.cancelled():
+                future.result()
 
     def _call_prefill(
         self,

@@ -158,3 +158,20 @@ def test_background_compiles_serve_release_and_the_plain_rounds():
     jitted = [fn for key, fn in engine._fns.items() if key[0] in bodies | {release_body}]
     assert len(jitted) == 3 and all(fn._cache_size() == 0 for fn in jitted)
     engine.wait_compiles()
+
+
+def test_cancelled_background_compiles_fall_back_to_jit():
+    """cancel_compiles drops what has not started; a call that needs it compiles it then."""
+    import concurrent.futures
+
+    engine = tiny_engine(_ecfg(), max_rounds=2, adaptive=True)
+    engine.warmup(background=True)
+    engine.cancel_compiles()
+    for key in list(engine._ahead):  # as if none had started yet
+        cancelled = concurrent.futures.Future()
+        cancelled.cancel()
+        engine._ahead[key] = cancelled
+    engine.policy = _Alternate()
+    out, stats = engine.generate(tiny_prompts(), MAX_NEW)
+    assert out == [list(o) for o in greedy_baseline()] and stats.leak_check.startswith("ok")
+    engine.wait_compiles()  # cancelled ones are skipped, not raised
