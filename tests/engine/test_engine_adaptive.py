@@ -139,10 +139,11 @@ def test_adaptive_is_opt_in_and_spec_only():
 
 
 def test_background_compiles_serve_release_and_the_plain_rounds():
-    """warmup(background=True): release and the plain and target-only rounds compile on a
-    thread after warmup returns; the calls that need them run those executables (their jitted
-    functions are never called, so nothing compiles twice) and the tokens stay greedy's. After
-    cancel_compiles, a call whose compile never started compiles it through jit then."""
+    """warmup(background=True): release compiles on a thread after warmup returns, the plain
+    and target-only rounds once the policy first wants one; the calls that need them run those
+    executables (their jitted functions are never called, so nothing compiles twice) and the
+    tokens stay greedy's. After cancel_compiles, a call whose compile never started compiles it
+    through jit then."""
     import concurrent.futures
 
     from jspec.engine.greedy import greedy_step_body, target_only_step_body
@@ -151,8 +152,8 @@ def test_background_compiles_serve_release_and_the_plain_rounds():
 
     engine = tiny_engine(_ecfg(), max_rounds=2, adaptive=True)
     engine.warmup(background=True)
-    assert len(engine._ahead) == 3  # release, plain, target-only (one batch bucket, no hint)
-    engine.policy = _Alternate()
+    assert len(engine._ahead) == 1 and len(engine._deferred) == 2  # release; plain, target-only
+    engine.policy = _Alternate()  # its 2nd dispatch is plain: the deferred compiles start
     out, stats = engine.generate(tiny_prompts(), MAX_NEW)
     assert out == [list(o) for o in greedy_baseline()]
     assert {"plain", "greedy"} <= {k for k, _ in stats.policy}
@@ -160,6 +161,7 @@ def test_background_compiles_serve_release_and_the_plain_rounds():
     bodies = {rounds_body(b, 2) for b in (greedy_step_body, target_only_step_body)}
     jitted = [fn for key, fn in engine._fns.items() if key[0] in bodies | {release_body}]
     assert len(jitted) == 3 and all(fn._cache_size() == 0 for fn in jitted)
+    assert len(engine._ahead) == 3 and not engine._deferred
     engine.wait_compiles()
 
     engine.cancel_compiles()  # all done: nothing to cancel; as if none had started:
@@ -172,3 +174,22 @@ def test_background_compiles_serve_release_and_the_plain_rounds():
     assert out == [list(o) for o in greedy_baseline()] and stats.leak_check.startswith("ok")
     assert all(fn._cache_size() == 1 for fn in jitted)  # compiled through jit this time
     engine.wait_compiles()  # cancelled ones are skipped, not raised
+
+
+def test_background_fallbacks_wait_for_poor_acceptance():
+    """A draft that pays never compiles the fallback rounds; the first dispatch whose
+    acceptance falls below try_plain_below submits them (before the policy switches)."""
+
+    class AlwaysSpec(SpecPolicy):  # observes acceptance, never switches
+        def choose(self) -> str:
+            return "spec"
+
+    engine = tiny_engine(_ecfg(), max_rounds=2, adaptive=True)
+    engine.warmup(background=True)
+    engine.policy = AlwaysSpec(try_plain_below=0.5)  # every dispatch emits >= 1 per request
+    engine.generate(tiny_prompts(), MAX_NEW)
+    assert len(engine._deferred) == 2 and len(engine._ahead) == 1
+    engine.policy = AlwaysSpec(try_plain_below=10.0)  # "poor" from the first dispatch
+    engine.generate(tiny_prompts(), MAX_NEW)
+    assert not engine._deferred and len(engine._ahead) == 3
+    engine.cancel_compiles()
