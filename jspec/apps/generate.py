@@ -183,6 +183,22 @@ def hf_loader(
     return target, params, draft, draft_params
 
 
+def hf_abstract(
+    model_dir: str, draft_dir: str | None, dtype: str | None
+) -> tuple[Any, Any, Any, Any]:
+    """:func:`hf_loader`'s result with every array a ``jax.ShapeDtypeStruct`` (headers only)."""
+    from jspec.models.checkpoint import abstract_draft, abstract_llama
+
+    try:
+        target, params = abstract_llama(model_dir, dtype=dtype)
+        if draft_dir is None:
+            return target, params, None, None
+        draft, draft_params = abstract_draft(draft_dir, target, dtype=dtype)
+    except (ValueError, OSError) as e:
+        raise InputError(str(e)) from None
+    return target, params, draft, draft_params
+
+
 def hf_inspect(model_dir: str, draft_dir: str | None, dtype: str | None) -> tuple[Any, Any, int]:
     """``(target, draft | None, weight bytes)`` of the directories :func:`hf_loader` would load,
     from their configs and file headers only (every check before a weight is read)."""
@@ -290,13 +306,25 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
         else:
             ecfg, _ = run_config(args, target, draft, prompt_ids)
         check_run_memory(ecfg, target, draft, weight_bytes=nbytes, num_devices=args.devices)
-    t0 = time.perf_counter()
-    target, params, draft, draft_params = loader(args.model, args.draft, args.dtype, say)
-    say(
-        f"loaded {type(target).__name__}"
-        + (f" + {type(draft).__name__}" if draft else "")
-        + f" [{time.perf_counter() - t0:.1f} s]"
-    )
+
+    def load() -> tuple[Any, Any, Any, Any]:
+        t0 = time.perf_counter()
+        target, params, draft, draft_params = loader(args.model, args.draft, args.dtype, say)
+        say(
+            f"loaded {type(target).__name__}"
+            + (f" + {type(draft).__name__}" if draft else "")
+            + f" [{time.perf_counter() - t0:.1f} s]"
+        )
+        return target, params, draft, draft_params
+
+    # One device and jspec's loader: the engine compiles against the weights' shapes (from
+    # the file headers) on a background thread while they load; else load, then compile.
+    deferred = None
+    if loader is hf_loader and args.devices == 1 and args.tensor_parallel == 1:
+        target, params, draft, draft_params = hf_abstract(args.model, args.draft, args.dtype)
+        deferred = lambda: load()[1::2]  # noqa: E731 (params, draft params)
+    else:
+        target, params, draft, draft_params = load()
     from jspec.probes import ProbeError
 
     eos = [] if args.ignore_eos else _eos_ids(args.model, target)
@@ -304,7 +332,9 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
         if lines is not None:
             ecfg = many_config(args, target, draft, lines)
             models = (target, params, draft, draft_params)
-            return run_many(args, ecfg, models, lines, say, eos=eos, tokenizer=tokenizer)
+            return run_many(
+                args, ecfg, models, lines, say, eos=eos, tokenizer=tokenizer, load=deferred
+            )
         stream = StreamPrinter(tokenizer)
         try:
             out, stats = generate_ids(
@@ -318,6 +348,7 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
                 eos=eos,
                 sampling=sampling,
                 on_tokens=lambda _, new_ids: stream.push(new_ids),
+                load=deferred,
             )
         finally:
             stream.finish()
@@ -366,13 +397,15 @@ def generate_ids(
     eos: Sequence[int] = (),
     sampling: Any = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
+    load: Callable[[], tuple[Any, Any]] | None = None,
 ) -> tuple[list[int], Any]:
     """Validate, build the engine, compile (with progress) and generate for one prompt
     (``sampling``: its resolved ``jspec.engine.SamplingParams``, None = greedy; ``on_tokens``:
-    ``Engine.generate``'s, request 0's tokens as they come)."""
+    ``Engine.generate``'s, request 0's tokens as they come; ``load``: ``build_engine``'s, the
+    params then being shapes)."""
     ecfg, _ = run_config(args, target, draft, prompt_ids)
     models = (target, params, draft, draft_params)
-    engine = build_engine(args, ecfg, models, [sampling], say, eos=eos)
+    engine = build_engine(args, ecfg, models, [sampling], say, eos=eos, load=load)
     max_new = [args.max_new_tokens]
     outs, stats = generate_all(args, engine, [prompt_ids], max_new, [sampling], say, on_tokens)
     return outs[0], stats

@@ -68,15 +68,21 @@ def build_engine(
     say: Callable[[str], None],
     *,
     eos: Sequence[int] = (),
+    load: Callable[[], tuple[Any, Any]] | None = None,
 ) -> Any:
     """The engine of ``models`` (target, params, draft, draft params), compiled with progress
-    for the requests' ``sampling`` (one resolved ``SamplingParams`` each)."""
+    for the requests' ``sampling`` (one resolved ``SamplingParams`` each).
+
+    ``load``: None (the params are the weights), or a callable returning ``(params, draft
+    params)``: then ``models``' params are their shapes (``jax.ShapeDtypeStruct`` leaves) and
+    prefill and the decode rounds compile on a background thread while ``load`` runs
+    (``Engine.precompile``, ``Engine.set_weights``)."""
     from jspec import probes
     from jspec.engine.scheduler import Engine
 
     target, params, draft, draft_params = models
-    # The weights are resident now (counted in the free memory already).
-    check_run_memory(ecfg, target, draft, weight_bytes=0, num_devices=args.devices)
+    if load is None:  # the weights are resident now (counted in the free memory already)
+        check_run_memory(ecfg, target, draft, weight_bytes=0, num_devices=args.devices)
     checkify = args.checkify or probes.probes_on()
     with probes.probes_enabled(True) if args.checkify else contextlib.nullcontext():
         engine = Engine(
@@ -95,10 +101,18 @@ def build_engine(
             f"compiling prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
             f"(context {ecfg.spec.context_len}, page size {ecfg.spec.page_size}) ..."
         )
+        warm = _warm_sampling(sampling)
         with count_cache_events() as cached:
+            if load is not None:
+                engine.precompile(warm)
+                try:
+                    engine.set_weights(*load())
+                except BaseException:
+                    engine.cancel_compiles()
+                    raise
             # release and adaptive speculation's fallback rounds compile while the run starts
             # (the first tokens need neither)
-            engine.warmup(_warm_sampling(sampling), background=True)
+            engine.warmup(warm, background=True)
     note = cached.describe()
     say(f"compiled [{time.perf_counter() - t0:.1f} s]" + (f" ({note})" if note else ""))
     return engine
@@ -194,15 +208,16 @@ def run_many(
     *,
     eos: Sequence[int],
     tokenizer: Any,
+    load: Callable[[], tuple[Any, Any]] | None = None,
 ) -> int:
     """Run a prompts file's requests; JSON lines on stdout, stats on stderr; exit status (130
-    after Ctrl-C, with the finished requests' lines printed)."""
+    after Ctrl-C, with the finished requests' lines printed); ``load``: ``build_engine``'s."""
     prompts = [line.ids for line in lines]
     max_new = [line.max_new_tokens for line in lines]
     sampling = [line.sampling for line in lines]
     tracker = _Tracker(lines, eos)
     try:
-        engine = build_engine(args, ecfg, models, sampling, say, eos=eos)
+        engine = build_engine(args, ecfg, models, sampling, say, eos=eos, load=load)
         tracker.t_start = time.perf_counter()
         outs, stats = generate_all(args, engine, prompts, max_new, sampling, say, tracker)
     except KeyboardInterrupt:

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import itertools
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -125,6 +127,28 @@ class RunStats:
 
 # Python's GIL switch interval while a background compile runs (Engine._compile_ahead).
 _COMPILE_SWITCH_INTERVAL_S = 2e-4
+_switch_lock = threading.Lock()
+_switch_users = [0, 0.0]  # background compiles running, the interval before the first
+
+
+@contextlib.contextmanager
+def _short_switch_interval() -> Iterator[None]:
+    """The GIL switch interval at ``_COMPILE_SWITCH_INTERVAL_S`` while any background compile
+    runs (restored when the last one ends). NOTE: tracing holds the GIL for long stretches; at
+    Python's default 5 ms the decode loop's host steps waited for it (measured on the 8B start:
+    spec decode -22..27%, TTFT 10 -> 150 ms while these compiles ran)."""
+    with _switch_lock:
+        if _switch_users[0] == 0:
+            _switch_users[1] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_users[1], _COMPILE_SWITCH_INTERVAL_S))
+        _switch_users[0] += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users[0] -= 1
+            if _switch_users[0] == 0:
+                sys.setswitchinterval(_switch_users[1])
 
 
 @dataclasses.dataclass
@@ -442,16 +466,8 @@ class Engine:
         probes_on = probes.probes_on()  # JAX's config contexts are per thread: carry it over
 
         def compile_it():
-            # NOTE: tracing holds the GIL for long stretches; at Python's default 5 ms switch
-            # interval the decode loop's host steps waited for it (measured on the 8B start:
-            # spec decode -22..27% and TTFT 10 -> 150 ms while these compiles ran).
-            interval = sys.getswitchinterval()
-            sys.setswitchinterval(min(interval, _COMPILE_SWITCH_INTERVAL_S))
-            try:
-                with probes.probes_enabled(probes_on, runtime_errors=False):
-                    return fn.lower(*operands).compile()
-            finally:
-                sys.setswitchinterval(interval)
+            with _short_switch_interval(), probes.probes_enabled(probes_on, runtime_errors=False):
+                return fn.lower(*operands).compile()
 
         if self._compiler is None:
             self._compiler = concurrent.futures.ThreadPoolExecutor(1, "jspec-compile")
@@ -486,13 +502,18 @@ class Engine:
         is_last=None,
         next_ids=None,
         sampling=None,
+        ahead: bool = False,
     ):
         """One prefill call (``[D, Bp]`` entries of ``[D, Bp, Cq]`` tokens); by default every
-        entry is a whole prompt (start 0, last chunk); ``sampling``: a SamplingBatch or None."""
+        entry is a whole prompt (start 0, last chunk); ``sampling``: a SamplingBatch or None;
+        ``ahead``: compile it in the background instead (:meth:`_compile_ahead`)."""
         starts = np.zeros_like(chunk_lens) if starts is None else starts
         is_last = (chunk_lens > 0) if is_last is None else is_last
         next_ids = np.zeros_like(chunk_lens) if next_ids is None else next_ids
         num_tokens = token_ids.shape[-2] * token_ids.shape[-1]
+        if ahead:
+            args = (slot_idx, token_ids, chunk_lens, starts, is_last, next_ids, sampling)
+            return self._compile_ahead(prefill_chunk_body, num_tokens, *args)
         out = self._call(
             prefill_chunk_body,
             num_tokens,
@@ -581,24 +602,15 @@ class Engine:
                 "live, given twice, or pages / rows not the allocator's (state unchanged)"
             )
 
-    def warmup(self, sampling: SamplingParams | None = None, *, background: bool = False) -> None:
-        """Compile prefill (every chunk bucket), release and the decode rounds of every batch
-        bucket and launch hint (``kv_len_buckets``; all-padding inputs: no state changes); with
-        a sampled ``sampling``, also the sampled prefill and rounds its filters need; with
-        adaptive speculation, the plain and target-only rounds it may switch to.
-
-        ``background``: what a run needs only after its tokens started compiles on a background
-        thread instead of here: release (a request's end) after this returns; adaptive
-        speculation's rounds (which only a draft that does not pay runs) once a dispatch's
-        acceptance falls below ``SpecPolicy.try_plain_below`` or the policy first picks one
-        (with a draft that pays they never compile). A call that needs one before it is ready
-        waits for it; the decode loop's host work shares the interpreter with that thread
-        meanwhile (measured: -25% decode tokens/s at the 5 ms GIL switch interval, within 5%
-        at 0.2 ms); :meth:`wait_compiles` blocks until the submitted ones are done.
-        """
+    def _warmup_plan(self, sampling: SamplingParams | None) -> list[tuple[str, Callable]]:
+        """What :meth:`warmup` compiles and runs, in order: ``(group, call)`` with ``call(ahead)``
+        running it (``ahead=False``) or compiling it in the background (``True``); groups
+        ``"start"`` (prefill, the decode rounds), ``"release"``, ``"fallback"`` (adaptive
+        speculation's rounds)."""
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
         bp = self.ecfg.prefill_batch
-        fallbacks: list[Callable[[], None]] = []  # adaptive speculation's rounds, compiled last
+        plan: list[tuple[str, Callable]] = []
+        fallbacks: list[tuple[str, Callable]] = []
         variants = [None]
         if sampling is not None and not sampling.is_greedy:
             variants.append(dataclasses.replace(sampling, seed=0))
@@ -610,37 +622,86 @@ class Engine:
                 return pack_sampling([[params] * width] * d, self.lossy_thresholds)
 
             for cq in self.ecfg.prefill_chunk_buckets:
-                self._call_prefill(
-                    np.full((d, bp), m, np.int32),
-                    np.zeros((d, bp, cq), np.int32),
-                    np.zeros((d, bp), np.int32),
-                    sampling=batch(bp),
-                )
+                args = (np.full((d, bp), m, np.int32), np.zeros((d, bp, cq), np.int32))
+                args += (np.zeros((d, bp), np.int32),)
+                call = functools.partial(self._call_prefill, *args, sampling=batch(bp))
+                plan.append(("start", lambda ahead, call=call: call(ahead=ahead)))
             hints = (*self.ecfg.kv_len_buckets, None)
             for bucket, hint in itertools.product(self.ecfg.batch_buckets, hints):
                 idx = np.full((d, bucket), m, np.int32)
                 none = np.zeros((d, bucket), bool)
-                zeros = np.zeros((d, bucket), np.int32)
                 # -1: one all-padding round that runs the loop body (rounds_body)
-                self._call_rounds(idx, none, zeros, -1, batch(bucket), kv_len=hint)
-                if self.policy is not None:  # the steps adaptive speculation may take
-                    for kind in ("plain", "greedy"):
-                        args = (idx, none, zeros, -1, batch(bucket))
-                        fallbacks.append(
-                            functools.partial(
-                                self._call_rounds, *args, kind=kind, kv_len=hint, ahead=background
-                            )
-                        )
+                args = (idx, none, np.zeros((d, bucket), np.int32), -1, batch(bucket))
+                for kind in ("spec", "plain", "greedy") if self.policy else ("spec",):
+                    call = functools.partial(self._call_rounds, *args, kind=kind, kv_len=hint)
+                    group = "start" if kind == "spec" else "fallback"
+                    (plan if kind == "spec" else fallbacks).append(
+                        (group, lambda ahead, call=call: call(ahead=ahead))
+                    )
                 if params is None and hint is None:
-                    if background:
-                        self._compile_ahead(release_body, 0, idx, none)
-                    else:
-                        self._call_release(idx, none)
-        if background:
-            self._deferred = fallbacks
-        else:
-            for call in fallbacks:
-                call()
+
+                    def release(ahead, idx=idx, none=none):
+                        if ahead:
+                            self._compile_ahead(release_body, 0, idx, none)
+                        else:
+                            self._call_release(idx, none)
+
+                    plan.append(("release", release))
+        return plan + fallbacks
+
+    def precompile(self, sampling: SamplingParams | None = None) -> None:
+        """Start compiling what :meth:`warmup` compiles (prefill, the decode rounds, release;
+        not adaptive speculation's rounds) on a background thread; the weights may still be shapes (``jax.ShapeDtypeStruct`` leaves:
+        an Engine built before they load, then :meth:`set_weights`). :meth:`warmup` then runs
+        those executables instead of compiling them again."""
+        for group, call in self._warmup_plan(sampling):
+            if group != "fallback":
+                call(True)
+
+    def set_weights(self, target_params: Any, draft_params: Any = None) -> None:
+        """Replace the weights with ``target_params`` / ``draft_params`` of the same structure,
+        shapes and dtypes (``ValueError`` naming the first that differs): the loaded weights of
+        an Engine built on their shapes (:meth:`precompile`)."""
+        tp = self.ecfg.tensor_parallel
+        new = Weights(
+            target=sharding.replicate(self.target, target_params, self.num_devices, tp),
+            draft=sharding.replicate(self.draft_model, draft_params, self.num_devices, tp),
+        )
+        old_leaves, old_tree = jax.tree.flatten_with_path(self.weights)
+        new_leaves, new_tree = jax.tree.flatten_with_path(new)
+        if old_tree != new_tree:
+            raise ValueError(f"set_weights: the params' structure differs ({new_tree})")
+        for (path, a), (_, b) in zip(old_leaves, new_leaves, strict=True):
+            if (a.shape, a.dtype) != (b.shape, b.dtype):
+                raise ValueError(
+                    f"set_weights: {jax.tree_util.keystr(path)} is {b.dtype}{list(b.shape)}, "
+                    f"the engine was built for {a.dtype}{list(a.shape)}"
+                )
+        self.weights = new
+
+    def warmup(self, sampling: SamplingParams | None = None, *, background: bool = False) -> None:
+        """Compile prefill (every chunk bucket), release and the decode rounds of every batch
+        bucket and launch hint (``kv_len_buckets``; all-padding inputs: no state changes); with
+        a sampled ``sampling``, also the sampled prefill and rounds its filters need; with
+        adaptive speculation, the plain and target-only rounds it may switch to.
+
+        ``background``: adaptive speculation's rounds (which only a draft that does not pay
+        runs) compile on a background thread, once a dispatch's acceptance falls below
+        ``SpecPolicy.try_plain_below`` or the policy first picks one (with a draft that pays
+        they never compile), not here. A dispatch that needs one before it is ready waits for
+        it; the decode loop's host work shares the interpreter with that thread meanwhile
+        (measured: -25% decode tokens/s at the 5 ms GIL switch interval, within 5% at 0.2 ms);
+        :meth:`wait_compiles` blocks until the submitted ones are done. (Release, compiled in
+        the background too at first, cost a 256-request batched run 3x its tokens/s: every
+        batch bucket's first release waited for its compile.)
+        """
+        deferred = []
+        for group, call in self._warmup_plan(sampling):
+            if background and group == "fallback":
+                deferred.append(functools.partial(call, True))
+            else:
+                call(False)
+        self._deferred = deferred
         self.check_leaks()  # compiles the end-of-run check (its first run compiled mid-run)
 
     # ---- the loop -------------------------------------------------------------------------------

@@ -215,6 +215,15 @@ class Plan:
     dtype: Any  # the jnp dtype the weights load in
 
     @property
+    def avals(self) -> dict[str, jax.ShapeDtypeStruct]:
+        """What :meth:`read` returns, as shapes and dtypes (integer tensors as i32)."""
+        return {
+            key: jax.ShapeDtypeStruct(w.shape, jnp.int32 if w.integer else self.dtype)
+            for key, w in self.wants.items()
+            if self.source.has(w.name)
+        }
+
+    @property
     def num_bytes(self) -> int:
         return num_bytes((w for w in self.wants.values() if self.source.has(w.name)), self.dtype)
 

@@ -175,18 +175,30 @@ def load_llama(
         weight is read), a tensor holding NaN or Inf (while reading).
     """
     plan = _plan_llama(directory, dtype)
-    target, cfg = plan.model, plan.model.config
-    arrays = plan.read(device, progress)
+    return plan.model, _assemble_llama(plan.read(device, progress), plan.model, device)
+
+
+def _assemble_llama(arrays: dict, target: LlamaTarget, device: Any) -> LlamaParams:
+    cfg = target.config
     layers = tuple(
         _fuse_layer(arrays, f"layers.{i}.", cfg.head_dim, device) for i in range(cfg.num_layers)
     )
-    params = LlamaParams(
+    return LlamaParams(
         embed=arrays["embed"],
         layers=layers,
         final_norm=arrays["final_norm"],
         lm_head=arrays.get("lm_head"),
     )
-    return target, params
+
+
+def abstract_llama(
+    directory: str | os.PathLike, *, dtype: str | None = None
+) -> tuple[LlamaTarget, LlamaParams]:
+    """:func:`inspect_llama`'s checks, and the params :func:`load_llama` would return as
+    ``jax.ShapeDtypeStruct`` leaves (no weight read): what a caller compiles against while
+    the weights load."""
+    plan = _plan_llama(directory, dtype)
+    return plan.model, jax.eval_shape(lambda a: _assemble_llama(a, plan.model, None), plan.avals)
 
 
 # ---- drafts ------------------------------------------------------------------------------------
@@ -261,26 +273,29 @@ def load_eagle3(
 def _read_eagle3(plan: Plan, target: LlamaTarget, device: Any, progress: Any) -> tuple:
     draft, vd = plan.model, plan.model.config.draft_vocab_size
     arrays = plan.read(device, progress)
+    if arrays.get("d2t") is not None:
+        mapped = np.arange(vd) + np.asarray(arrays["d2t"])
+        if mapped.min() < 0 or mapped.max() >= target.vocab_size:
+            raise ValueError(
+                f"d2t maps draft ids to [{mapped.min()}, {mapped.max()}], outside the "
+                f"target's vocab_size={target.vocab_size}"
+            )
+    return draft, _assemble_eagle3(arrays, draft, device)
+
+
+def _assemble_eagle3(arrays: dict, draft: Eagle3Draft, device: Any) -> Eagle3Params:
     d2t = arrays.get("d2t")
     if d2t is None:  # identity
-        d2t = jax.device_put(np.zeros(vd, np.int32), device)
-    mapped = np.arange(vd) + np.asarray(d2t)
-    if mapped.min() < 0 or mapped.max() >= target.vocab_size:
-        raise ValueError(
-            f"d2t maps draft ids to [{mapped.min()}, {mapped.max()}], outside the "
-            f"target's vocab_size={target.vocab_size}"
-        )
-    layer = _fuse_layer(arrays, "", draft.config.head_dim, device)
-    params = Eagle3Params(
+        d2t = jax.device_put(np.zeros(draft.config.draft_vocab_size, np.int32), device)
+    return Eagle3Params(
         fc=arrays["fc"],
         fc_bias=arrays.get("fc_bias"),
         hidden_norm=arrays["hidden_norm"],
-        layer=layer,
+        layer=_fuse_layer(arrays, "", draft.config.head_dim, device),
         final_norm=arrays["final_norm"],
         lm_head=arrays["lm_head"],
         d2t=d2t,
     )
-    return draft, params
 
 
 def _plan_eagle1(directory: str | os.PathLike, target: LlamaTarget, dtype: str | None) -> Plan:
@@ -322,15 +337,16 @@ def load_eagle1(
 
 def _read_eagle1(plan: Plan, target: LlamaTarget, device: Any, progress: Any) -> tuple:
     del target
-    arrays = plan.read(device, progress)
-    layer = _fuse_layer(arrays, "", plan.model.config.head_dim, device)
-    params = Eagle1Params(
+    return plan.model, _assemble_eagle1(plan.read(device, progress), plan.model, device)
+
+
+def _assemble_eagle1(arrays: dict, draft: Eagle1Draft, device: Any) -> Eagle1Params:
+    return Eagle1Params(
         fc=arrays["fc"],
         fc_bias=arrays.get("fc_bias"),
-        layer=layer,
+        layer=_fuse_layer(arrays, "", draft.config.head_dim, device),
         final_norm=arrays.get("final_norm"),
     )
-    return plan.model, params
 
 
 def _plan_draft(directory: str | os.PathLike, target: LlamaTarget, dtype: str | None) -> Plan:
@@ -357,6 +373,17 @@ def inspect_draft(
     """
     plan = _plan_draft(directory, target, dtype)
     return plan.model, plan.num_bytes
+
+
+def abstract_draft(
+    directory: str | os.PathLike, target: LlamaTarget, *, dtype: str | None = None
+) -> tuple[Eagle3Draft | Eagle1Draft, Eagle3Params | Eagle1Params]:
+    """:func:`inspect_draft`'s checks, and the params :func:`load_draft` would return as
+    ``jax.ShapeDtypeStruct`` leaves (no weight read; ``d2t``'s range is checked when it
+    loads)."""
+    plan = _plan_draft(directory, target, dtype)
+    assemble = _assemble_eagle3 if isinstance(plan.model, Eagle3Draft) else _assemble_eagle1
+    return plan.model, jax.eval_shape(lambda a: assemble(a, plan.model, None), plan.avals)
 
 
 def load_draft(

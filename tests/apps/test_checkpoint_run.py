@@ -36,8 +36,8 @@ def test_quick_checkpoint_greedy_and_spec_agree(tmp_path):
     assert spec["bytes on disk"] > greedy["bytes on disk"] > 0
     assert all(isinstance(r["compile s"], float) and r["process wall s"] > 0 for r in rows)
     assert all(r["cache"] == "" for r in rows)  # --no-compilation-cache
-    for r in rows:  # launch -> first token: after the load and compile, within the process
-        assert r["load s"] + r["compile s"] < r["start s"] < r["process wall s"], r
+    for r in rows:  # launch -> first token: after the load and the compile (which overlap)
+        assert max(r["load s"], r["compile s"]) < r["start s"] < r["process wall s"], r
         assert r["decode tok/s"] > 0 and r["total tok/s"] > 0 and r["ttft s"] >= 0
     assert list((tmp_path / "ckpt").iterdir()) == []  # the directories are removed (no --keep)
     assert "| " + " | ".join(COLUMNS) + " |" in out.read_text()

@@ -3,15 +3,21 @@ a spec engine (the draft kept current) giving exactly the greedy tokens."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+
 import numpy as np
 import pytest
 from engine_helpers import (
     CONTEXT_LEN,
+    DRAFT,
     MAX_NEW,
     MAX_PROMPT,
+    TARGET,
     TINY,
     greedy_baseline,
     tiny_engine,
+    tiny_model,
     tiny_prompts,
 )
 
@@ -138,30 +144,48 @@ def test_adaptive_is_opt_in_and_spec_only():
     assert tiny_engine(_ecfg(), spec=False, adaptive=True).policy is None
 
 
+def _jit_calls(engine) -> collections.Counter:
+    """Count the calls that reach each body's jitted function (the path that traces and
+    compiles), not the ahead-of-time executables of Engine._compile_ahead."""
+    calls: collections.Counter = collections.Counter()
+    make = engine._fn
+
+    def fn(body, num_tokens=0, kv_len=None):
+        jitted = make(body, num_tokens, kv_len)
+
+        def counted(*args):
+            calls[body] += 1
+            return jitted(*args)
+
+        counted.lower = jitted.lower
+        return counted
+
+    engine._fn = fn
+    return calls
+
+
 def test_background_compiles_serve_release_and_the_plain_rounds():
-    """warmup(background=True): release compiles on a thread after warmup returns, the plain
-    and target-only rounds once the policy first wants one; the calls that need them run those
-    executables (their jitted functions are never called, so nothing compiles twice) and the
-    tokens stay greedy's. After cancel_compiles, a call whose compile never started compiles it
-    through jit then."""
+    """warmup(background=True): the plain and target-only rounds compile on a thread once the
+    policy first wants one; the dispatches that need them run those executables (their jitted
+    functions are never called, so nothing compiles twice) and the tokens stay greedy's. After
+    cancel_compiles, a call whose compile never started compiles it through jit then."""
     import concurrent.futures
 
     from jspec.engine.greedy import greedy_step_body, target_only_step_body
-    from jspec.engine.lifecycle import release_body
     from jspec.engine.rounds import rounds_body
 
     engine = tiny_engine(_ecfg(), max_rounds=2, adaptive=True)
+    calls = _jit_calls(engine)
     engine.warmup(background=True)
-    assert len(engine._ahead) == 1 and len(engine._deferred) == 2  # release; plain, target-only
+    assert not engine._ahead and len(engine._deferred) == 2  # plain, target-only
     engine.policy = _Alternate()  # its 2nd dispatch is plain: the deferred compiles start
     out, stats = engine.generate(tiny_prompts(), MAX_NEW)
     assert out == [list(o) for o in greedy_baseline()]
     assert {"plain", "greedy"} <= {k for k, _ in stats.policy}
     assert stats.leak_check.startswith("ok")  # every request released
     bodies = {rounds_body(b, 2) for b in (greedy_step_body, target_only_step_body)}
-    jitted = [fn for key, fn in engine._fns.items() if key[0] in bodies | {release_body}]
-    assert len(jitted) == 3 and all(fn._cache_size() == 0 for fn in jitted)
-    assert len(engine._ahead) == 3 and not engine._deferred
+    assert not any(calls[b] for b in bodies) and len(bodies) == 2
+    assert len(engine._ahead) == 2 and not engine._deferred
     engine.wait_compiles()
 
     engine.cancel_compiles()  # all done: nothing to cancel; as if none had started:
@@ -172,7 +196,7 @@ def test_background_compiles_serve_release_and_the_plain_rounds():
     engine.policy = _Alternate()
     out, stats = engine.generate(tiny_prompts(), MAX_NEW)
     assert out == [list(o) for o in greedy_baseline()] and stats.leak_check.startswith("ok")
-    assert all(fn._cache_size() == 1 for fn in jitted)  # compiled through jit this time
+    assert all(calls[b] for b in bodies)  # through jit this time
     engine.wait_compiles()  # cancelled ones are skipped, not raised
 
 
@@ -188,8 +212,38 @@ def test_background_fallbacks_wait_for_poor_acceptance():
     engine.warmup(background=True)
     engine.policy = AlwaysSpec(try_plain_below=0.5)  # every dispatch emits >= 1 per request
     engine.generate(tiny_prompts(), MAX_NEW)
-    assert len(engine._deferred) == 2 and len(engine._ahead) == 1
+    assert len(engine._deferred) == 2 and not engine._ahead
     engine.policy = AlwaysSpec(try_plain_below=10.0)  # "poor" from the first dispatch
     engine.generate(tiny_prompts(), MAX_NEW)
-    assert not engine._deferred and len(engine._ahead) == 3
+    assert not engine._deferred and len(engine._ahead) == 2
     engine.cancel_compiles()
+
+
+def test_an_engine_built_on_weight_shapes_precompiles_then_takes_the_weights():
+    """Engine(... shapes ...).precompile() compiles prefill and the decode rounds in the
+    background while the weights are not there yet (jspec generate loads them meanwhile);
+    set_weights then warmup run those executables (their jitted functions never called) and
+    the tokens are greedy's. set_weights refuses weights of other shapes, naming the leaf."""
+    import jax
+
+    from jspec.engine.lifecycle import prefill_chunk_body, release_body
+    from jspec.engine.rounds import rounds_body
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.spec_step import spec_step_body
+
+    params, draft_params = tiny_model()
+    shapes = jax.eval_shape(lambda: (params, draft_params))
+    engine = Engine(_ecfg(), TARGET, shapes[0], DRAFT, shapes[1], max_rounds=2)
+    engine.precompile()
+    bad = jax.tree.map(lambda x: x, params)
+    bad = dataclasses.replace(bad, final_norm=bad.final_norm[:-1])
+    with pytest.raises(ValueError, match=r"set_weights: .*final_norm.* the engine was built for"):
+        engine.set_weights(bad, draft_params)
+    engine.set_weights(params, draft_params)
+    calls = _jit_calls(engine)
+    engine.warmup(background=True)
+    out, stats = engine.generate(tiny_prompts(), MAX_NEW)
+    assert out == [list(o) for o in greedy_baseline()] and stats.leak_check.startswith("ok")
+    assert calls[prefill_chunk_body] == 0 and calls[rounds_body(spec_step_body, 2)] == 0
+    assert calls[release_body] == 0 and len(engine._ahead) == 3
+    engine.wait_compiles()

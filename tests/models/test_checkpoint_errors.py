@@ -428,3 +428,34 @@ def test_file_truncated_after_the_header_check_names_the_tensor(tmp_path):
         f.truncate(path.stat().st_size - 4)
     with pytest.raises(ValueError, match=r"model\.safetensors: tensor '.+' spans bytes"):
         plan.read(None, None)
+
+
+def _avals(tree):
+    import jax
+
+    return jax.tree.structure(tree), [(x.shape, x.dtype) for x in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_abstract_params_are_what_the_load_returns(tmp_path, monkeypatch, tied):
+    """abstract_llama / abstract_draft give the loaded pytrees' structure, shapes and dtypes
+    without reading a weight (what jspec generate compiles against while the weights load)."""
+    from jspec.models import checkpoint
+
+    tensors = llama_tensors()
+    raw = RAW
+    if tied:
+        tensors.pop("lm_head.weight")
+        raw = {**RAW, "tie_word_embeddings": True}
+    write_llama(tmp_path, tensors, raw)
+    heads = [write_head(tmp_path / "head", eagle3_tensors(), eagle3_config())]
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint.Plan, "read", lambda *a: pytest.fail("read a weight"))
+        target, abstract = checkpoint.abstract_llama(tmp_path, dtype="bfloat16")
+        drafts = [checkpoint.abstract_draft(h, TARGET) for h in heads]
+    assert target.config.tie_word_embeddings == tied
+    assert _avals(abstract) == _avals(load_llama(tmp_path, dtype="bfloat16")[1])
+    for head, (draft, abstract_head) in zip(heads, drafts, strict=True):
+        loaded = load_draft(head, TARGET)
+        assert type(draft) is type(loaded[0])
+        assert _avals(abstract_head) == _avals(loaded[1])
