@@ -67,10 +67,22 @@ class TritonLaunch(NamedTuple):
     options: dict[str, int]  # constexpr metaparameters, num_warps, num_stages
 
 
-def triton_call(launch: TritonLaunch, *args: Any, **kwargs: Any) -> Any:
-    """``jax_triton.triton_call`` of a launch on JAX arrays (imports jax_triton: GPU only)."""
+def jax_triton_call(*args: Any, **kwargs: Any) -> Any:
+    """``jax_triton.triton_call`` (imports jax_triton: GPU only) through jaxlib's
+    command-buffer-compatible FFI target where it is registered (:mod:`jspec.kernels.triton_ffi`):
+    the one way jspec launches a raw Triton kernel."""
+    from jspec.kernels import triton_ffi
+
     jt = import_jax_triton()
-    return jt.triton_call(*args, kernel=launch.kernel, grid=launch.grid, **launch.options, **kwargs)
+    kwargs.setdefault("custom_call_target_name", triton_ffi.target_name())
+    return jt.triton_call(*args, **kwargs)
+
+
+def triton_call(launch: TritonLaunch, *args: Any, **kwargs: Any) -> Any:
+    """:func:`jax_triton_call` of a launch on JAX arrays."""
+    return jax_triton_call(
+        *args, kernel=launch.kernel, grid=launch.grid, **launch.options, **kwargs
+    )
 
 
 def on_gpu() -> bool:
@@ -128,7 +140,7 @@ def import_jax_triton():
     """
     import os
 
-    from jspec.kernels import triton_cache
+    from jspec.kernels import triton_cache, triton_ffi
 
     previous = os.environ.get("TRITON_CACHE_DIR")
     import jax_triton
@@ -139,4 +151,5 @@ def import_jax_triton():
     else:
         os.environ["TRITON_CACHE_DIR"] = previous
     triton_cache.install(jax_triton)
+    triton_ffi.install()
     return jax_triton

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
-from jspec.kernels._common import import_jax_triton
+from jspec.kernels._common import jax_triton_call
 from jspec.kernels.move_kv_plan import (
     MODE_DIRECT,
     MODE_SKIP,
@@ -143,7 +143,6 @@ def move_kv_triton(
     Returns:
       ``(k3, v3)`` with rows ``src`` copied to rows ``tgt`` in every layer.
     """
-    jt = import_jax_triton()
     num_layers, num_slots, row_width, n, rows, cols, n_pad, grid = plan
     static = {
         "N": n,
@@ -157,7 +156,7 @@ def move_kv_triton(
     if stashed:
         mode = pair_modes(tgt, src, num_slots, rows)
         stash_shape = jax.ShapeDtypeStruct((num_layers, n_pad, row_width), k3.dtype)
-        stash = jt.triton_call(
+        stash = jax_triton_call(
             src,
             mode,
             k3,
@@ -173,7 +172,7 @@ def move_kv_triton(
         mode = src
         stash = (jnp.zeros((1,), k3.dtype), jnp.zeros((1,), k3.dtype))
     pool_shape = jax.ShapeDtypeStruct(k3.shape, k3.dtype)
-    k3, v3 = jt.triton_call(
+    k3, v3 = jax_triton_call(
         tgt,
         src,
         mode,

@@ -450,7 +450,6 @@ def paged_attention_triton(
             jnp.zeros((bsz, qp, hq, dim), jnp.float32),
             jnp.full((bsz, qp, hq), -jnp.inf, jnp.float32),
         )
-    jt = _common.import_jax_triton()
     num_slots, hkv = k_pool.shape[1], k_pool.shape[2]
     if page_table.shape[1] == 0:  # no prefix column (kv_lens are 0): a pointer to something
         page_table = jnp.zeros((bsz, 1), jnp.int32)
@@ -479,7 +478,7 @@ def paged_attention_triton(
         jax.ShapeDtypeStruct((bsz, ns, qp, hq, dim), jnp.float32),
         jax.ShapeDtypeStruct((bsz, ns, qp, hq), jnp.float32),
     )
-    out, lse = jt.triton_call(
+    out, lse = _common.jax_triton_call(
         q.astype(k_pool.dtype),
         k_pool,
         v_pool,

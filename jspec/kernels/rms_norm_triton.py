@@ -76,10 +76,9 @@ def rms_norm_triton(
 ) -> tuple[jax.Array, jax.Array]:
     """``(out, residual')`` through ``jax_triton`` (``residual`` None: ``residual'`` is ``x``).
     Inputs as validated by :mod:`jspec.kernels.rms_norm` (``T >= 1``)."""
-    jt = _common.import_jax_triton()
     add = residual is not None
     res_out = jax.ShapeDtypeStruct(x.shape if add else (1,), x.dtype)
-    out, new_residual = jt.triton_call(
+    out, new_residual = _common.jax_triton_call(
         x,
         residual if add else x,
         weight,

@@ -163,7 +163,6 @@ def topk_probs_triton(
     Returns:
       ``(topk_p f32[R, K], topk_index i32[R, K])``.
     """
-    jt = _common.import_jax_triton()
     num_rows = logits.shape[0]
     meta, merge, opts = launch_plan(
         logits.shape[1], topk, block_cols=block_cols, num_warps=num_warps
@@ -179,7 +178,7 @@ def topk_probs_triton(
     unused = (jnp.zeros((1,), i32), jnp.zeros((1,), f32), jnp.zeros((1,), f32))
     kernel = get_kernel()
     if not merge:
-        p, index, _, _ = jt.triton_call(
+        p, index, _, _ = _common.jax_triton_call(
             logits,
             *unused,
             kernel=kernel,
@@ -190,7 +189,7 @@ def topk_probs_triton(
             **opts,
         )
         return p, index
-    parts = jt.triton_call(
+    parts = _common.jax_triton_call(
         logits,
         *unused,
         kernel=kernel,
@@ -205,7 +204,7 @@ def topk_probs_triton(
         **meta,
         **opts,
     )
-    p, index, _, _ = jt.triton_call(
+    p, index, _, _ = _common.jax_triton_call(
         *parts,
         kernel=kernel,
         out_shape=result,

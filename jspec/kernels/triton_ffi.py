@@ -1,0 +1,74 @@
+"""jax-triton's kernel launches through jaxlib's typed-FFI target, which XLA's command buffers
+(CUDA graphs) capture.
+
+jax-triton 0.3.1 lowers every raw Triton kernel to the legacy custom call ``triton_kernel_call``
+(``api_version=2``, the launch in ``backend_config``). XLA never puts a legacy custom call in a
+command buffer, and the flag that once allowed it (``--legacy_command_buffer_custom_call_targets``)
+is gone from jax 0.11.2's XLA: every Triton launch in a step split XLA's CUDA graphs and was
+launched from the host. jaxlib 0.11.2 also registers ``triton_kernel_call_ffi``: the same
+launch (the same serialized kernel call, as an ``opaque`` attribute) behind an FFI handler with
+the command-buffer trait (measured on an H100: a jitted chain of 64 tiny Triton kernels, 367 us
+through the legacy call, 184 us through the FFI one; with command buffers off, 468 / 597 us).
+
+:func:`install` wraps ``jax.ffi.ffi_lowering`` once so that a lowering asked for the target
+:data:`FFI_TARGET` in jax-triton's legacy form becomes the typed-FFI form; every other call
+passes through unchanged. :func:`target_name` is what :func:`jspec.kernels._common.triton_call`
+passes as jax-triton's ``custom_call_target_name``: the FFI target when jaxlib registers it,
+else the legacy one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+LEGACY_TARGET = "triton_kernel_call"
+FFI_TARGET = "triton_kernel_call_ffi"
+_installed = False
+
+
+@functools.cache
+def ffi_target_registered() -> bool:
+    """Whether jaxlib's GPU plugin registers :data:`FFI_TARGET` (jaxlib 0.11.2 does)."""
+    try:
+        from jax._src.lib import gpu_triton
+
+        return FFI_TARGET in dict(gpu_triton._cuda_triton.registrations())
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+
+
+def target_name() -> str:
+    """jax-triton's ``custom_call_target_name`` for jspec's launches (``JSPEC_TRITON_FFI=0``:
+    the legacy one, for comparison)."""
+    from jspec import env
+
+    return FFI_TARGET if env.TRITON_FFI and ffi_target_registered() else LEGACY_TARGET
+
+
+def typed_ffi(original: Any) -> Any:
+    """``original`` (``jax.ffi.ffi_lowering``) with :data:`FFI_TARGET`'s legacy form (``api_version
+    2``, the kernel call in ``backend_config``) turned into the typed-FFI form (``api_version 4``,
+    the same bytes as the ``opaque`` attribute); any other call unchanged."""
+
+    def ffi_lowering(call_target_name: str, *args: Any, **kwargs: Any) -> Any:
+        if call_target_name != FFI_TARGET or kwargs.get("api_version") != 2:
+            return original(call_target_name, *args, **kwargs)
+        opaque = kwargs.pop("backend_config")
+        kwargs["api_version"] = 4
+        rule = original(call_target_name, *args, **kwargs)
+        return lambda ctx, *operands: rule(ctx, *operands, opaque=opaque)
+
+    ffi_lowering.original = original
+    return ffi_lowering
+
+
+def install() -> None:
+    """Wrap ``jax.ffi.ffi_lowering`` with :func:`typed_ffi` (once per process)."""
+    global _installed
+    if _installed:
+        return
+    import jax.ffi
+
+    jax.ffi.ffi_lowering = typed_ffi(jax.ffi.ffi_lowering)
+    _installed = True
