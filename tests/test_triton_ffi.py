@@ -1,6 +1,7 @@
 """jspec.kernels.triton_ffi: jax-triton's legacy lowering turned into jaxlib's typed-FFI call
-(the launch XLA's command buffers capture). The rewrite is checked on a stand-in lowering here;
-every raw Triton kernel's GPU test runs through it compiled."""
+(the launch XLA's command buffers capture), opt-in with JSPEC_TRITON_FFI=1. The rewrite is
+checked on a stand-in lowering here; the kernels' GPU tests with JSPEC_TRITON_FFI=1 are the
+check still to run on a device."""
 
 from __future__ import annotations
 
@@ -61,8 +62,17 @@ def test_the_legacy_target_where_jaxlib_has_no_ffi_one():
     assert triton_ffi.target_name() == triton_ffi.LEGACY_TARGET
 
 
+def test_the_ffi_target_is_opt_in(monkeypatch):
+    from jspec import env
+
+    monkeypatch.setattr(triton_ffi, "ffi_target_registered", lambda: True)
+    monkeypatch.setattr(env, "TRITON_FFI", False)
+    assert triton_ffi.target_name() == triton_ffi.LEGACY_TARGET
+    monkeypatch.setattr(env, "TRITON_FFI", True)
+    assert triton_ffi.target_name() == triton_ffi.FFI_TARGET
+
+
 @pytest.mark.gpu
 def test_gpu_jaxlib_registers_the_ffi_target():
-    # jaxlib 0.11.2 does (a device probe, 2026-11-26); jspec's launches then use it
+    # jaxlib 0.11.2 does (a device probe, 2026-11-26)
     assert triton_ffi.ffi_target_registered()
-    assert triton_ffi.target_name() == triton_ffi.FFI_TARGET
