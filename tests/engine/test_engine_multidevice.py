@@ -7,6 +7,7 @@ XLA's host device count must be set before JAX starts, so the checks run in subp
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -67,12 +68,13 @@ _TP_SCRIPT = textwrap.dedent("""
                                   max_prompt_len=MAX_PROMPT, batch_buckets=(running,),
                                   tensor_parallel=tp)
 
-    lens = (3, 17, 9, 30, 5, 12)
+    lens = {lens!r}
     prompts = tiny_prompts(lens)
-    arrivals = [0, 0, 1, 2, 3, 3]
+    arrivals = {arrivals!r}
     params, draft = tiny_model()
-    ref, ref_stats = Engine(ecfg(TINY, 1), TARGET, params, DRAFT, draft).generate(
-        prompts, MAX_NEW, arrivals=arrivals)
+    # The one-device run (this ecfg(TINY, 1), these prompts and arrivals): the test's process
+    # computed it (_one_device_spec), its compile shared with the two-process test's reference.
+    ref, ref_accept_lens = {ref!r}, {ref_accept_lens!r}
 
     # 2 data-parallel shards x 2 tensor-parallel devices: spec and plain greedy.
     eng = Engine(ecfg(TINY, 2), TARGET, params, DRAFT, draft, num_devices=2)
@@ -84,7 +86,7 @@ _TP_SCRIPT = textwrap.dedent("""
     assert eng.state.kv.allocator.free_pages.addressable_shards[0].data.shape[0] == 1
     out, stats = eng.generate(prompts, MAX_NEW, arrivals=arrivals)
     assert out == ref, (out, ref)
-    assert stats.request_accept_lens == ref_stats.request_accept_lens
+    assert stats.request_accept_lens == ref_accept_lens
     assert stats.leak_check.startswith("ok: 2 x"), stats.leak_check
     greedy, _ = Engine(ecfg(TINY, 2), TARGET, params, num_devices=2).generate(
         prompts, MAX_NEW, arrivals=arrivals)
@@ -112,11 +114,11 @@ _TP_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(script: str, marker: str) -> None:
+def _run(script: str, marker: str, **fields: object) -> None:
     helpers = os.path.dirname(os.path.abspath(__file__))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run(
-        [sys.executable, "-c", script.format(helpers=helpers)],
+        [sys.executable, "-c", script.format(helpers=helpers, **fields)],
         env=env,
         check=False,
         capture_output=True,
@@ -131,10 +133,61 @@ def test_four_shards_equal_one_device():
     _run(_SCRIPT, "MULTIDEVICE OK")
 
 
+_LENS = (3, 17, 9, 30, 5, 12)
+_ARRIVALS = (0, 0, 1, 2, 3, 3)
+
+
+@functools.cache
+def _one_device_spec(arrivals: tuple[int, ...] | None) -> tuple[list, list]:
+    """Tokens and per-request accept lengths of the one-device spec engine (page 16, topk 4,
+    3 steps, 8 draft tokens, 2 running) on the ``_LENS`` prompts: the reference of the
+    tensor-parallel script and of the two-process test (one compile in this process serves both)."""
+    from engine_helpers import (
+        CONTEXT_LEN,
+        DRAFT,
+        MAX_NEW,
+        MAX_PROMPT,
+        TARGET,
+        TINY,
+        tiny_model,
+        tiny_prompts,
+    )
+
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.state import make_engine_config
+
+    params, draft = tiny_model()
+    ecfg = make_engine_config(
+        TINY,
+        page_size=16,
+        topk=4,
+        num_steps=3,
+        num_draft_tokens=8,
+        context_len=CONTEXT_LEN,
+        max_running_requests=2,
+        max_prompt_len=MAX_PROMPT,
+        batch_buckets=(2,),
+    )
+    kw = {} if arrivals is None else {"arrivals": list(arrivals)}
+    out, stats = Engine(ecfg, TARGET, params, DRAFT, draft).generate(
+        tiny_prompts(_LENS), MAX_NEW, **kw
+    )
+    accept = [[int(a) for a in r] for r in stats.request_accept_lens]
+    return out, accept
+
+
 def test_tensor_parallel_equals_one_device():
     """dp=2 x tp=2 (spec and greedy) and dp=1 x tp=4 (spec, checkify on) == one device; the
     demo runs with --devices 2 --tensor-parallel 2."""
-    _run(_TP_SCRIPT, "TENSOR PARALLEL OK")
+    ref, ref_accept_lens = _one_device_spec(_ARRIVALS)
+    _run(
+        _TP_SCRIPT,
+        "TENSOR PARALLEL OK",
+        lens=_LENS,
+        arrivals=list(_ARRIVALS),
+        ref=ref,
+        ref_accept_lens=ref_accept_lens,
+    )
 
 
 def _two_device_layouts_give_one_device_tokens() -> None:
@@ -270,21 +323,6 @@ def test_two_processes_with_jax_distributed():
     import json
     import socket
 
-    from engine_helpers import (
-        CONTEXT_LEN,
-        DRAFT,
-        MAX_NEW,
-        MAX_PROMPT,
-        TARGET,
-        TINY,
-        tiny_model,
-        tiny_prompts,
-    )
-
-    from jspec.engine.scheduler import Engine
-    from jspec.engine.state import make_engine_config
-
-    lens = (3, 17, 9, 30, 5, 12)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -295,7 +333,7 @@ def test_two_processes_with_jax_distributed():
             [
                 sys.executable,
                 "-c",
-                _PROCESS_SCRIPT.format(helpers=helpers, port=port, pid=pid, lens=lens),
+                _PROCESS_SCRIPT.format(helpers=helpers, port=port, pid=pid, lens=_LENS),
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -307,19 +345,7 @@ def test_two_processes_with_jax_distributed():
     results = [p.communicate(timeout=600) for p in procs]
     for p, (stdout, stderr) in zip(procs, results, strict=True):
         assert p.returncode == 0, stdout + stderr
-    params, draft = tiny_model()
-    ecfg = make_engine_config(
-        TINY,
-        page_size=16,
-        topk=4,
-        num_steps=3,
-        num_draft_tokens=8,
-        context_len=CONTEXT_LEN,
-        max_running_requests=2,
-        max_prompt_len=MAX_PROMPT,
-        batch_buckets=(2,),
-    )
-    ref, _ = Engine(ecfg, TARGET, params, DRAFT, draft).generate(tiny_prompts(lens), MAX_NEW)
+    ref, _ = _one_device_spec(None)  # no arrivals
     for stdout, _ in results:
         out, leak = json.loads(stdout.split("OUT", 1)[1])
         assert out == ref

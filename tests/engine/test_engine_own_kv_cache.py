@@ -4,23 +4,38 @@ decoding over jspec's paged allocator, and jspec's paged backend is never called
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import runpy
 
 import numpy as np
 import pytest
 
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "own_kv_cache.py"
+
+
+def _prompts() -> list[list[int]]:
+    rng = np.random.default_rng(3)
+    return [rng.integers(0, 64, n).tolist() for n in (3, 9)]
+
+
+@functools.cache
+def _greedy() -> list[list[int]]:
+    """Plain greedy decoding of the prompts over jspec's paged allocator (page 4), run once for
+    every case: greedy tokens do not depend on the page size or topk (the lossless grid checks
+    pages 1 / 16 / 64 against one greedy baseline), so each case compiled its own for nothing."""
+    greedy, _ = runpy.run_path(str(EXAMPLE))["run"](_prompts(), 12, spec=False, own_kv=False)
+    return greedy
+
 
 @pytest.mark.parametrize(
     "page_size,topk", [(4, 2), (1, 2), (2, 3)], ids=["holey_P4_K2", "P1_K2", "holey_P2_K3"]
 )
 def test_block_table_kv_backend_is_lossless(monkeypatch, page_size, topk):
-    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "own_kv_cache.py"
-    ns = runpy.run_path(str(path))
-    rng = np.random.default_rng(3)
-    prompts = [rng.integers(0, 64, n).tolist() for n in (3, 9)]
+    ns = runpy.run_path(str(EXAMPLE))
+    prompts = _prompts()
     kw = {"page_size": page_size, "topk": topk}
-    greedy, _ = ns["run"](prompts, 12, spec=False, own_kv=False, **kw)
+    greedy = _greedy()
 
     from jspec.engine import PagedKVBackend
 
@@ -49,8 +64,7 @@ def test_block_table_kv_backend_bad_slots_change_nothing():
         spec_decode_step,
     )
 
-    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "own_kv_cache.py"
-    ns = runpy.run_path(str(path))
+    ns = runpy.run_path(str(EXAMPLE))
     target, params, draft, dparams = ns["toy_models"]()
     ecfg = make_engine_config(
         target, page_size=4, topk=2, num_steps=3, num_draft_tokens=6, context_len=64,

@@ -99,8 +99,13 @@ def test_kv_len_buckets_default_and_validation():
 
 def test_kv_len_buckets_change_no_token():
     """Spec dispatches compiled per launch hint (short ones under 16 / 32 keys, the rest for
-    the width) give the baseline tokens; the hints were used (a jitted step per hint)."""
-    engine = tiny_engine(_cfg(kv_len_buckets=(16, 32)), spec=True, check_every_step=True)
+    the width) give the baseline tokens; the hints were used (a jitted step per hint).
+
+    One batch bucket (4): a dispatch's hint is a function of its requests' lengths only, not of
+    the batch width (``Engine._kv_len_for``), and the attention plans from the hint and the page
+    table alone; every other bucket would compile each hint's step again for the same check."""
+    ecfg = _cfg(kv_len_buckets=(16, 32), batch_buckets=(4,))
+    engine = tiny_engine(ecfg, spec=True, check_every_step=True)
     out, stats = engine.generate(tiny_prompts(), MAX_NEW, arrivals=ARRIVALS)
     assert out == _baseline() and stats.leak_check.startswith("ok")
     hints = {key[3] for key in engine._fns}
