@@ -57,7 +57,7 @@ Columns of the single-prompt runs (and of run ``bench``, where they apply):
 * ``bytes on disk`` / ``write s``: the directories the run loads (target; spec: target + head;
   the write times the ``save_*`` calls: device-to-host copies, transposes, file writes).
 * ``load s`` / ``compile s``: from ``jspec generate``'s progress lines on stderr (``loaded ...
-  [x s]``, ``compiled [x s]``; on one device the engine compiles while the weights load, and
+  [x s]``, ``compiled [x s]``; the engine compiles while the weights load, and
   ``compile s`` spans both); ``cache``: that line's note, ``hits/stored`` (the persistent
   cache's hits and writes during the compile; empty with the cache off).
 * ``start s``: seconds from this process launching the subprocess (``Popen``: interpreter

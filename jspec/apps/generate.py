@@ -317,10 +317,10 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
         )
         return target, params, draft, draft_params
 
-    # One device and jspec's loader: the engine compiles against the weights' shapes (from
-    # the file headers) on a background thread while they load; else load, then compile.
+    # jspec's loader: the engine compiles against the weights' shapes (from the file headers)
+    # on a background thread while they load; another loader: load, then compile.
     deferred = None
-    if loader is hf_loader and args.devices == 1 and args.tensor_parallel == 1:
+    if loader is hf_loader:
         target, params, draft, draft_params = hf_abstract(args.model, args.draft, args.dtype)
         deferred = lambda: load()[1::2]  # noqa: E731 (params, draft params)
     else:

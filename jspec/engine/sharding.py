@@ -257,8 +257,19 @@ def first_error(errors: Any, num_devices: int) -> str | None:
 
 # ---- placement ---------------------------------------------------------------------------------
 def _place(tree: Any, specs: Any, mesh: Mesh) -> Any:
-    """``device_put`` of ``tree`` by ``specs`` (PartitionSpecs, a pytree prefix of ``tree``)."""
-    return jax.device_put(tree, jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs))
+    """``device_put`` of ``tree`` by ``specs`` (PartitionSpecs, a pytree prefix of ``tree``); a
+    tree of ``jax.ShapeDtypeStruct`` (weights not loaded yet) gets the shardings instead."""
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
+    leaves = jax.tree.leaves(tree)
+    if leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+        return jax.tree.map(
+            lambda sharding, sub: jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), sub
+            ),
+            shardings,
+            tree,
+        )
+    return jax.device_put(tree, shardings)
 
 
 def init_states(make_state: Callable[[], Any], num_devices: int, tensor_parallel: int = 1) -> Any:

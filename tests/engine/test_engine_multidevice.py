@@ -350,3 +350,25 @@ def test_two_processes_with_jax_distributed():
         out, leak = json.loads(stdout.split("OUT", 1)[1])
         assert out == ref
         assert leak.startswith("ok: 2 x"), leak
+
+
+def test_weight_shapes_get_the_shardings_replicate_would_place_them_by():
+    """sharding.replicate of jax.ShapeDtypeStruct weights (an engine built before they load:
+    jspec generate on any layout) gives each leaf the NamedSharding its loaded array gets."""
+    import jax
+    from engine_helpers import TARGET, tiny_model
+
+    from jspec.engine import sharding
+
+    params, _ = tiny_model()
+    shapes = jax.eval_shape(lambda: params)
+    placed = sharding.replicate(TARGET, params, 1, 1)  # one device: as it is
+    assert placed is params and sharding.replicate(TARGET, shapes, 1, 1) is shapes
+    mesh = sharding.make_mesh(1, 1)
+    specs = sharding.param_specs(TARGET, params, 1)
+    real = sharding._place(params, specs, mesh)
+    abstract = sharding._place(shapes, specs, mesh)
+    assert jax.tree.structure(real) == jax.tree.structure(abstract)
+    for x, a in zip(jax.tree.leaves(real), jax.tree.leaves(abstract), strict=True):
+        assert isinstance(a, jax.ShapeDtypeStruct)
+        assert (a.shape, a.dtype, a.sharding) == (x.shape, x.dtype, x.sharding)
