@@ -101,3 +101,29 @@ def test_generate_matched_eagle3_head_accepts_well(tmp_path, capsys):
     spec = _generate(capsys, *flags, "--draft", str(tmp_path / "head"), prompt=prompt)
     assert spec["token_ids"] == greedy["token_ids"] and len(spec["token_ids"]) == MAX_NEW
     assert spec["mean_accept_len"] > 1.5, spec
+
+
+def test_generate_tensor_parallel_2_compiles_on_sharded_shapes_and_matches(tmp_path, capsys):
+    """--tensor-parallel 2 (two CPU host devices, a fresh process): the engine compiles on the
+    weights' shapes with their shardings while they load, then decodes transformers' ids."""
+    import subprocess
+
+    model = save_hf_llama(tmp_path / "target")
+    want = _hf_greedy(model)
+    config = eagle3_config(
+        torch_dtype="float32", eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    )
+    head = write_head(tmp_path / "head", eagle3_tensors(3), config)
+    flags = ["--prompt-ids", " ".join(map(str, PROMPT)), "--max-new-tokens", str(MAX_NEW)]
+    flags += ["--page-size", "4", "--topk", "2", "--steps", "3", "--draft-tokens", "6"]
+    flags += ["--model", str(tmp_path / "target"), "--draft", str(head), "--tensor-parallel", "2"]
+    run = subprocess.run(
+        [sys.executable, "-m", "jspec.cli", "generate", *flags, "--json", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "JAX_PLATFORMS": "cpu", "JSPEC_COMPILATION_CACHE": "0"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["mode"] == "spec" and result["token_ids"] == want
