@@ -164,28 +164,39 @@ def _jit_calls(engine) -> collections.Counter:
     return calls
 
 
-def test_background_compiles_serve_release_and_the_plain_rounds():
-    """warmup(background=True): the plain and target-only rounds compile on a thread once the
-    policy first wants one; the dispatches that need them run those executables (their jitted
-    functions are never called, so nothing compiles twice) and the tokens stay greedy's. After
+def test_background_compiles_wait_for_poor_acceptance_then_serve_the_fallbacks():
+    """warmup(background=True): a draft that pays never compiles the plain and target-only
+    rounds; the first dispatch whose acceptance falls below try_plain_below submits them to the
+    background thread, and the dispatches that need them run those executables (their jitted
+    functions are never called, so nothing compiles twice), tokens greedy's. After
     cancel_compiles, a call whose compile never started compiles it through jit then."""
     import concurrent.futures
 
     from jspec.engine.greedy import greedy_step_body, target_only_step_body
     from jspec.engine.rounds import rounds_body
 
+    class AlwaysSpec(SpecPolicy):  # observes acceptance, never switches
+        def choose(self) -> str:
+            return "spec"
+
     engine = tiny_engine(_ecfg(), max_rounds=2, adaptive=True)
     calls = _jit_calls(engine)
     engine.warmup(background=True)
     assert not engine._ahead and len(engine._deferred) == 2  # plain, target-only
-    engine.policy = _Alternate()  # its 2nd dispatch is plain: the deferred compiles start
+    engine.policy = AlwaysSpec(try_plain_below=0.5)  # every dispatch emits >= 1 per request
+    engine.generate(tiny_prompts(), MAX_NEW)
+    assert len(engine._deferred) == 2 and not engine._ahead  # paid: nothing compiled
+    engine.policy = AlwaysSpec(try_plain_below=10.0)  # "poor" from the first dispatch
+    engine.generate(tiny_prompts(), MAX_NEW)
+    assert not engine._deferred and len(engine._ahead) == 2  # submitted
+
+    engine.policy = _Alternate()  # spec, plain, probe, ..., target-only rounds
     out, stats = engine.generate(tiny_prompts(), MAX_NEW)
     assert out == [list(o) for o in greedy_baseline()]
     assert {"plain", "greedy"} <= {k for k, _ in stats.policy}
     assert stats.leak_check.startswith("ok")  # every request released
     bodies = {rounds_body(b, 2) for b in (greedy_step_body, target_only_step_body)}
     assert not any(calls[b] for b in bodies) and len(bodies) == 2
-    assert len(engine._ahead) == 2 and not engine._deferred
     engine.wait_compiles()
 
     engine.cancel_compiles()  # all done: nothing to cancel; as if none had started:
@@ -198,25 +209,6 @@ def test_background_compiles_serve_release_and_the_plain_rounds():
     assert out == [list(o) for o in greedy_baseline()] and stats.leak_check.startswith("ok")
     assert all(calls[b] for b in bodies)  # through jit this time
     engine.wait_compiles()  # cancelled ones are skipped, not raised
-
-
-def test_background_fallbacks_wait_for_poor_acceptance():
-    """A draft that pays never compiles the fallback rounds; the first dispatch whose
-    acceptance falls below try_plain_below submits them (before the policy switches)."""
-
-    class AlwaysSpec(SpecPolicy):  # observes acceptance, never switches
-        def choose(self) -> str:
-            return "spec"
-
-    engine = tiny_engine(_ecfg(), max_rounds=2, adaptive=True)
-    engine.warmup(background=True)
-    engine.policy = AlwaysSpec(try_plain_below=0.5)  # every dispatch emits >= 1 per request
-    engine.generate(tiny_prompts(), MAX_NEW)
-    assert len(engine._deferred) == 2 and not engine._ahead
-    engine.policy = AlwaysSpec(try_plain_below=10.0)  # "poor" from the first dispatch
-    engine.generate(tiny_prompts(), MAX_NEW)
-    assert not engine._deferred and len(engine._ahead) == 2
-    engine.cancel_compiles()
 
 
 def test_an_engine_built_on_weight_shapes_precompiles_then_takes_the_weights():
