@@ -1,11 +1,13 @@
 """Load Hugging Face checkpoint directories: Llama targets, EAGLE-3 and EAGLE-1 heads.
 
-Weights are read with ``safetensors.safe_open(..., framework="np")`` (no torch; bf16 arrives
-through ``ml_dtypes``) from ``model.safetensors`` or the shards named by
-``model.safetensors.index.json``. Every name and shape is checked from the file headers before a
-byte of weights is read (:func:`inspect_llama` / :func:`inspect_draft` run those checks alone and
-size the weights), then the tensors go to the device one by one, shard by shard, in the model
-dtype (no full host copy, never an f32 copy of a bf16 checkpoint), each checked finite.
+Weights are read from ``model.safetensors`` or the shards named by
+``model.safetensors.index.json`` as views of the files mapped into memory (no torch; bf16
+through ``ml_dtypes``; :mod:`jspec.models._sources`). Every name and shape is checked from the
+file headers before a byte of weights is read (:func:`inspect_llama` / :func:`inspect_draft` run
+those checks alone and size the weights; :func:`abstract_llama` / :func:`abstract_draft` also
+give the params as shapes, to compile against while the weights load), then the tensors go to
+the device shard by shard, in the model dtype (no full host copy, never an f32 copy of a bf16
+checkpoint), each checked finite.
 
 One table per model maps HF names to params (:data:`LAYER_TABLE`, :data:`LLAMA_TABLE`,
 :data:`EAGLE3_TABLE`, :data:`EAGLE1_TABLE`); ``nn.Linear`` weights (``[out, in]``) are transposed
