@@ -110,8 +110,7 @@ def build_engine(
                 except BaseException:
                     engine.cancel_compiles()
                     raise
-            # release and adaptive speculation's fallback rounds compile while the run starts
-            # (the first tokens need neither)
+            # adaptive speculation's fallback rounds compile only if acceptance looks poor
             engine.warmup(warm, background=True)
     note = cached.describe()
     say(f"compiled [{time.perf_counter() - t0:.1f} s]" + (f" ({note})" if note else ""))

@@ -593,7 +593,11 @@ class Engine:
         ids = [] if eos is None else [int(eos)] if isinstance(eos, (int, np.integer)) else eos
         return np.asarray(list(ids) or [-1], np.int32)
 
-    def _call_release(self, slot_idx, finished):
+    def _call_release(self, slot_idx, finished, ahead: bool = False):
+        """Release the ``finished`` entries (``RuntimeError`` if refused); ``ahead``: compile it
+        in the background instead (:meth:`_compile_ahead`)."""
+        if ahead:
+            return self._compile_ahead(release_body, 0, slot_idx, finished)
         ok = self._call(release_body, 0, slot_idx, finished)
         if not np.all(ok):
             raise RuntimeError(
@@ -602,15 +606,14 @@ class Engine:
                 "live, given twice, or pages / rows not the allocator's (state unchanged)"
             )
 
-    def _warmup_plan(self, sampling: SamplingParams | None) -> list[tuple[str, Callable]]:
-        """What :meth:`warmup` compiles and runs, in order: ``(group, call)`` with ``call(ahead)``
-        running it (``ahead=False``) or compiling it in the background (``True``); groups
-        ``"start"`` (prefill, the decode rounds), ``"release"``, ``"fallback"`` (adaptive
-        speculation's rounds)."""
+    def _warmup_plan(self, sampling: SamplingParams | None) -> tuple[list, list]:
+        """What :meth:`warmup` compiles and runs, in order, as calls taking ``ahead`` (False:
+        run it; True: compile it in the background): ``(calls, fallbacks)``, the fallbacks
+        being adaptive speculation's rounds."""
         d, m = self.num_devices, self.ecfg.spec.max_running_requests
         bp = self.ecfg.prefill_batch
-        plan: list[tuple[str, Callable]] = []
-        fallbacks: list[tuple[str, Callable]] = []
+        calls: list[Callable[..., Any]] = []
+        fallbacks: list[Callable[..., Any]] = []
         variants = [None]
         if sampling is not None and not sampling.is_greedy:
             variants.append(dataclasses.replace(sampling, seed=0))
@@ -624,8 +627,7 @@ class Engine:
             for cq in self.ecfg.prefill_chunk_buckets:
                 args = (np.full((d, bp), m, np.int32), np.zeros((d, bp, cq), np.int32))
                 args += (np.zeros((d, bp), np.int32),)
-                call = functools.partial(self._call_prefill, *args, sampling=batch(bp))
-                plan.append(("start", lambda ahead, call=call: call(ahead=ahead)))
+                calls.append(functools.partial(self._call_prefill, *args, sampling=batch(bp)))
             hints = (*self.ecfg.kv_len_buckets, None)
             for bucket, hint in itertools.product(self.ecfg.batch_buckets, hints):
                 idx = np.full((d, bucket), m, np.int32)
@@ -634,29 +636,20 @@ class Engine:
                 args = (idx, none, np.zeros((d, bucket), np.int32), -1, batch(bucket))
                 for kind in ("spec", "plain", "greedy") if self.policy else ("spec",):
                     call = functools.partial(self._call_rounds, *args, kind=kind, kv_len=hint)
-                    group = "start" if kind == "spec" else "fallback"
-                    (plan if kind == "spec" else fallbacks).append(
-                        (group, lambda ahead, call=call: call(ahead=ahead))
-                    )
+                    (calls if kind == "spec" else fallbacks).append(call)
                 if params is None and hint is None:
-
-                    def release(ahead, idx=idx, none=none):
-                        if ahead:
-                            self._compile_ahead(release_body, 0, idx, none)
-                        else:
-                            self._call_release(idx, none)
-
-                    plan.append(("release", release))
-        return plan + fallbacks
+                    calls.append(functools.partial(self._call_release, idx, none))
+        return calls, fallbacks
 
     def precompile(self, sampling: SamplingParams | None = None) -> None:
         """Start compiling what :meth:`warmup` compiles (prefill, the decode rounds, release;
-        not adaptive speculation's rounds) on a background thread; the weights may still be shapes (``jax.ShapeDtypeStruct`` leaves:
-        an Engine built before they load, then :meth:`set_weights`). :meth:`warmup` then runs
-        those executables instead of compiling them again."""
-        for group, call in self._warmup_plan(sampling):
-            if group != "fallback":
-                call(True)
+        not adaptive speculation's rounds) on a background thread; the weights may still be
+        shapes (``jax.ShapeDtypeStruct`` leaves: an Engine built before they load, then
+        :meth:`set_weights`). :meth:`warmup` then runs those executables instead of compiling
+        them again."""
+        calls, _ = self._warmup_plan(sampling)
+        for call in calls:
+            call(ahead=True)
 
     def set_weights(self, target_params: Any, draft_params: Any = None) -> None:
         """Replace the weights with ``target_params`` / ``draft_params`` of the same structure,
@@ -695,13 +688,10 @@ class Engine:
         the background too at first, cost a 256-request batched run 3x its tokens/s: every
         batch bucket's first release waited for its compile.)
         """
-        deferred = []
-        for group, call in self._warmup_plan(sampling):
-            if background and group == "fallback":
-                deferred.append(functools.partial(call, True))
-            else:
-                call(False)
-        self._deferred = deferred
+        calls, fallbacks = self._warmup_plan(sampling)
+        for call in calls if background else calls + fallbacks:
+            call()
+        self._deferred = [functools.partial(c, ahead=True) for c in fallbacks] if background else []
         self.check_leaks()  # compiles the end-of-run check (its first run compiled mid-run)
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -1002,8 +992,8 @@ class Engine:
         if self.policy is not None:
             num = int(np.asarray(out.num_rounds).max())
             self.policy.observe(kind, num, wall, emitted)
-            poor = self.policy.accept_len is not None
-            if poor and self.policy.accept_len < self.policy.try_plain_below:
+            accept_len = self.policy.accept_len
+            if accept_len is not None and accept_len < self.policy.try_plain_below:
                 self._submit_deferred()  # speculation may stop paying: compile its fallbacks
             stats.policy.append((kind, num))
 
