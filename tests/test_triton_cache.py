@@ -188,3 +188,41 @@ def test_gpu_second_process_compiles_no_triton_kernel(tmp_path):
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
     assert int(outs[0][0]) >= 1 and int(outs[1][0]) == 0, outs
     assert outs[0][1] == outs[1][1]  # the same result from the rebuilt kernel
+
+
+def test_concurrent_compiles_do_not_record_each_other(jax_cache):
+    """The Engine's background compiles lower kernels on another thread: a miss swaps the
+    module's gpu_triton for a recorder, so compiles run one at a time and each stored entry is
+    its own kernel."""
+    import threading
+    import time
+
+    module = FakeTritonLib()
+    inside, overlap = [0], []
+    compile_one = module.get_or_create_triton_kernel
+
+    def slow(*args, **kw):
+        inside[0] += 1
+        overlap.append(inside[0])
+        time.sleep(0.05)
+        try:
+            return compile_one(*args, **kw)
+        finally:
+            inside[0] -= 1
+
+    get = triton_cache.cached(slow, module, VERSIONS)
+    threads = [
+        threading.Thread(target=get, args=(None, "cuda", FakeFn(f"src{i}"), ["i32"], []), kwargs=KW)
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(overlap) == 1 and module.compiles == 4
+    for path in (jax_cache / "jax_triton").iterdir():
+        name = json.loads(path.read_text())["kernel"][0]
+        assert path.name == triton_cache.cache_key(
+            FakeFn(name.split("hash-of-")[1].rsplit("_", 1)[0]), ["i32"], [],
+            {**{k: v for k, v in KW.items() if k != "dump"}, "compute_capability": 90}, VERSIONS,
+        ) + ".json"  # fmt: skip

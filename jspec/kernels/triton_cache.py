@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from typing import Any
 
 _SUBDIR = "jax_triton"
@@ -105,8 +106,15 @@ def cached(original: Any, module: Any, versions: tuple) -> Any:
     ``triton_lib``) served from and stored into :func:`cache_dir`; ``versions`` (Triton's and
     jax-triton's) are part of every key."""
     memory: dict[str, tuple[Any, dict]] = {}
+    # One compile at a time: a miss swaps the module's gpu_triton for a recorder, which must
+    # not record a compile another thread (the Engine's background compiles) runs meanwhile.
+    lock = threading.Lock()
 
-    def get_or_create_triton_kernel(backend_init_func, platform, fn, arg_dtypes, scalar_args, **kw):
+    def get_or_create_triton_kernel(*args: Any, **kw: Any) -> Any:
+        with lock:
+            return lookup(*args, **kw)
+
+    def lookup(backend_init_func, platform, fn, arg_dtypes, scalar_args, **kw):
         directory = cache_dir()
         if directory is None or platform != "cuda":
             return original(backend_init_func, platform, fn, arg_dtypes, scalar_args, **kw)
