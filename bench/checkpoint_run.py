@@ -363,18 +363,22 @@ def run_generate(
     result = json.loads(child.stdout.strip().splitlines()[-1])
     row.update(_timings(child))
     generating = child.line_time(r"jspec generate: generating \d+ tokens")
-    row.update(
-        {
-            "start s": generating + result["ttft_s"] if generating is not None else "",
-            "ttft s": result["ttft_s"],
-            "decode tok/s": result["decode_tokens_per_s"],
-            "total tok/s": result["tokens_per_s"],
-            "accept len": result["mean_accept_len"],
-            "tokens": len(result["token_ids"]),
-            "token_ids": result["token_ids"],
-        }
-    )
+    row["start s"] = generating + result["ttft_s"] if generating is not None else ""
+    row.update(_result_columns(result))
     return row
+
+
+def _result_columns(result: dict) -> dict:
+    """A row's columns from a single-prompt run's JSON (``jspec generate --json``, or the
+    bench part's same fields)."""
+    return {
+        "ttft s": result["ttft_s"],
+        "decode tok/s": result["decode_tokens_per_s"],
+        "total tok/s": result["tokens_per_s"],
+        "accept len": result["mean_accept_len"],
+        "tokens": len(result["token_ids"]),
+        "token_ids": result["token_ids"],
+    }
 
 
 def make_prompts(n: int, prompt_len: int, max_new: int, hot: int, seed: int = 2) -> list[dict]:
@@ -549,18 +553,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 row = {"geometry": g.name, "mode": mode, "run": run, "error": writer.error}
                 result = bench.get(mode, {}).get(run)
                 if result is not None:
-                    row.update(
-                        {
-                            "compile s": result.get("compile_s", ""),
-                            "ttft s": result["ttft_s"],
-                            "decode tok/s": result["decode_tokens_per_s"],
-                            "total tok/s": result["tokens_per_s"],
-                            "accept len": result["mean_accept_len"],
-                            "tokens": len(result["token_ids"]),
-                            "token_ids": result["token_ids"],
-                            "error": "",
-                        }
-                    )
+                    row.update(_result_columns(result), error="")
+                    row["compile s"] = result.get("compile_s", "")
                 add_run(row)
         draft_dir = {"greedy": None, "spec": root / "draft"}
         runs = ["cold"] if "cold" in parts else []
