@@ -42,8 +42,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/jspec demo
 
+# --max-worker-restart=0: a worker that crashes ends the run, naming its test (xdist 3.8 under
+# --dist loadfile can hang forever after replacing a crashed worker: pytest-xdist #784, #1378).
 test: $(STAMP)
-	JAX_PLATFORMS=cpu $(VPY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+	JAX_PLATFORMS=cpu $(VPY) -m pytest -q -n 2 --dist loadfile --max-worker-restart=0 $(PYTEST_ARGS)
 
 compare: $(STAMP)
 	$(VENV)/bin/jspec compare
