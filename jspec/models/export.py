@@ -17,7 +17,7 @@ import numpy as np
 from jspec.models.checkpoint import EAGLE3_TABLE, LAYER_TABLE, LLAMA_TABLE
 from jspec.models.eagle3 import Eagle3Draft, Eagle3Params
 from jspec.models.hf_config import RopeScaling
-from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget
+from jspec.models.llama import LlamaParams, LlamaTarget
 
 
 def _rope_json(theta: float, scaling: RopeScaling | None) -> dict[str, Any]:
@@ -41,11 +41,17 @@ def _host(x: Any, transpose: bool) -> np.ndarray:
     return np.ascontiguousarray(x.T if transpose else x)
 
 
-def _layer_tensors(prefix: str, lp: LayerParams) -> dict[str, np.ndarray]:
+def _table_tensors(
+    table: dict[str, tuple[str, bool]], params: Any, prefix: str = ""
+) -> dict[str, np.ndarray]:
+    """The file tensors of ``params`` by a loader table (``field -> (name, transpose)``, e.g.
+    :data:`jspec.models.checkpoint.LLAMA_TABLE`): ``{prefix + name: host array}`` in table
+    order, each in the model dtype and shape (``[in, out]`` weights transposed to HF's
+    ``[out, in]``); fields that are None (an untied head, no ``fc_bias``) are left out."""
     return {
-        prefix + name: _host(getattr(lp, field), transpose)
-        for field, (name, transpose) in LAYER_TABLE.items()
-        if getattr(lp, field) is not None
+        prefix + name: _host(getattr(params, field), transpose)
+        for field, (name, transpose) in table.items()
+        if getattr(params, field) is not None
     }
 
 
@@ -116,13 +122,9 @@ def save_llama(
         "eos_token_id": _ids_json(cfg.eos_token_ids),
         **_rope_json(cfg.rope_theta, cfg.rope_scaling),
     }
-    tensors = {
-        name: _host(getattr(params, field), transpose)
-        for field, (name, transpose) in LLAMA_TABLE.items()
-        if getattr(params, field) is not None
-    }
+    tensors = _table_tensors(LLAMA_TABLE, params)
     for i, lp in enumerate(params.layers):
-        tensors.update(_layer_tensors(f"model.layers.{i}.", lp))
+        tensors.update(_table_tensors(LAYER_TABLE, lp, f"model.layers.{i}."))
     _write(directory, config, tensors, max_shard_bytes)
 
 
@@ -165,11 +167,7 @@ def save_eagle3(
         ids = tuple(i - 1 for i in draft.capture_layers)
     if ids is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(ids)}
-    tensors = {
-        name: _host(getattr(params, field), transpose)
-        for field, (name, transpose) in EAGLE3_TABLE.items()
-        if getattr(params, field) is not None
-    }
+    tensors = _table_tensors(EAGLE3_TABLE, params)
     tensors["d2t"] = np.asarray(params.d2t).astype(np.int64)
-    tensors.update(_layer_tensors("midlayer.", params.layer))
+    tensors.update(_table_tensors(LAYER_TABLE, params.layer, "midlayer."))
     _write(directory, config, tensors, None)
