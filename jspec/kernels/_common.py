@@ -1,4 +1,5 @@
-"""Shared kernel plumbing: ``impl=`` selection and Pallas-Triton launch settings.
+"""Shared kernel plumbing: ``impl=`` selection, Pallas-Triton launch settings, and the packed
+segment bookkeeping of the references (:func:`segment_owners`).
 
 Every op with a kernel exposes ``impl: "xla" | "pallas" | "triton"``:
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 IMPLS = ("xla", "pallas", "triton")
 
@@ -153,3 +155,28 @@ def import_jax_triton():
     triton_cache.install(jax_triton)
     triton_ffi.install()
     return jax_triton
+
+
+def segment_owners(seg_start: jax.Array, seg_len: jax.Array, size: int) -> jax.Array:
+    """Owner segment of every entry of a packed buffer (the references' inverse of packing)::
+
+        seg_start [0 2 2 5]   seg_len [2 0 3 1]   size 7
+        owners    [0 0 2 2 2 3 3]   (entries past the total: the last segment)
+
+    Args:
+      seg_start: i32[num_segs] where each segment starts in the buffer (an exclusive cumsum
+        of ``seg_len``).
+      seg_len: i32[num_segs] segment lengths; empty segments (``<= 0``) own nothing.
+      size: static buffer length ``M`` (``>= 1``); ``num_segs >= 1``.
+
+    Returns:
+      i32[size]: the last non-empty segment starting at or before each entry, clipped to
+      ``[0, num_segs)`` (row-start marks, then a running max: O(M + B), no searchsorted).
+    """
+    num_segs = seg_start.shape[0]
+    marks = (
+        jnp.full((size,), -1, jnp.int32)
+        .at[jnp.where(seg_len > 0, seg_start, size)]
+        .max(jnp.arange(num_segs, dtype=jnp.int32), mode="drop")
+    )
+    return jnp.clip(jax.lax.cummax(marks), 0, num_segs - 1)

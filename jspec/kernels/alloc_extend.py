@@ -28,7 +28,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret, segment_owners
 
 IMPLS = ("xla", "pallas")
 # Slots written per loop iteration of one program (power of 2, masked tail).
@@ -194,14 +194,8 @@ def alloc_extend_slots_reference(
     num_slots, out_start, page_start = _layout(prefix_lens, seq_lens, page_size)
     total = jnp.sum(num_slots)
     j = jnp.arange(max_new_slots, dtype=jnp.int32)
-    # Owner request of output slot j: the last growing row whose segment starts at or before j
-    # (row-start marks, then a running max: O(M + B), no searchsorted).
-    marks = (
-        jnp.full((max_new_slots,), -1, jnp.int32)
-        .at[jnp.where(num_slots > 0, out_start, max_new_slots)]
-        .max(jnp.arange(num_req, dtype=jnp.int32), mode="drop")
-    )
-    b = jnp.clip(jax.lax.cummax(marks), 0, num_req - 1)
+    # Owner request of output slot j: the last growing row whose segment starts at or before j.
+    b = segment_owners(out_start, num_slots, max_new_slots)
     t = j - out_start[b]
     pre = prefix_lens[b]
     pos = pre + t

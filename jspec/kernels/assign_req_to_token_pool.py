@@ -23,7 +23,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
+from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret, segment_owners
 
 IMPLS = ("xla", "pallas")
 # Positions copied per loop iteration of one program (power of 2, masked tail).
@@ -163,13 +163,7 @@ def assign_req_to_token_pool_reference(
     start_offset, lengths, src_start = _segments(start_offset, end_offset)
     total = jnp.sum(lengths)
     j = jnp.arange(num_locs, dtype=jnp.int32)
-    # Owner request of source j (row-start marks + running max, like alloc_extend_slots).
-    marks = (
-        jnp.full((num_locs,), -1, jnp.int32)
-        .at[jnp.where(lengths > 0, src_start, num_locs)]
-        .max(jnp.arange(num_req, dtype=jnp.int32), mode="drop")
-    )
-    b = jnp.clip(jax.lax.cummax(marks), 0, num_req - 1)
+    b = segment_owners(src_start, lengths, num_locs)  # owner request of source j
     col = start_offset[b] + (j - src_start[b])
     row = req_pool_indices.astype(jnp.int32)[b]
     # Sources past the total (and cells outside the row) are dropped through an out-of-range
