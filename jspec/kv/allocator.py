@@ -313,8 +313,15 @@ def alloc_decode(
 
 
 # ---- freeing ------------------------------------------------------------------------------------
-def _valid_or_all(x: jax.Array, valid: jax.Array | None) -> jax.Array:
-    return jnp.ones(x.shape, bool) if valid is None else valid.astype(bool)
+def _flat_ids(ids: jax.Array, valid: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """``(ids i32[M], valid bool[M])``, both flattened; ``valid`` None means every entry.
+
+    ``ValueError`` naming ``valid`` at trace time unless it holds the ``M`` entries of ``ids``.
+    """
+    ids = ids.reshape(-1).astype(jnp.int32)
+    valid = jnp.ones(ids.shape, bool) if valid is None else valid.astype(bool).reshape(-1)
+    probes.static_check_shape(valid, ids.shape, "valid")
+    return ids, valid
 
 
 def _result(new: PagedAllocator, old: PagedAllocator, ok: jax.Array, return_ok: bool) -> Any:
@@ -347,9 +354,7 @@ def free(
       ``need_sort``), or ``(state, ok: bool[])`` with ``return_ok``. All-invalid / empty input
       is a no-op with ``ok=True``.
     """
-    slot_ids = slot_ids.reshape(-1).astype(jnp.int32)
-    valid = _valid_or_all(slot_ids, valid).reshape(-1)
-    probes.static_check_shape(valid, slot_ids.shape, "valid")
+    slot_ids, valid = _flat_ids(slot_ids, valid)
     p = a.page_size
     probes.detect_oob(slot_ids, p, (a.num_pages + 1) * p, "free: slot_ids", where=valid)
     # NOTE: floor division keeps negative slots negative, so they land out of range.
@@ -381,9 +386,7 @@ def free_page_ids(
       valid: bool[M] or None; invalid entries are skipped (the rest keep their order).
       return_ok: static; also return the ``ok`` flag.
     """
-    page_ids = page_ids.reshape(-1).astype(jnp.int32)
-    valid = _valid_or_all(page_ids, valid).reshape(-1)
-    probes.static_check_shape(valid, page_ids.shape, "valid")
+    page_ids, valid = _flat_ids(page_ids, valid)
     ok = _fl.free_ok(a, page_ids, valid, "free_page_ids", repeats_ok=False)
     pages, count = _fl.compact(page_ids, valid)
     return _result(_fl.release(a, pages, count), a, ok, return_ok)
