@@ -62,6 +62,16 @@ BLOCK_ROWS = 16
 BLOCK_ELEMS = 8192
 NUM_WARPS = 8
 SINGLE_BLOCK_ROWS = 64
+# The static arguments of move_kv_cache: impl and the tuning knobs above (jspec.kv.pool's
+# move_kv_cache takes and forwards the same ones).
+STATIC_ARGNAMES = (
+    "impl",
+    "interpret",
+    "block_rows",
+    "block_elems",
+    "num_warps",
+    "single_block_rows",
+)
 
 
 # ---- kernels --------------------------------------------------------------------------------
@@ -221,18 +231,7 @@ def _check_locs(x: jax.Array, name: str) -> jax.Array:
     return x.astype(jnp.int32)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "impl",
-        "interpret",
-        "block_rows",
-        "block_elems",
-        "num_warps",
-        "single_block_rows",
-    ),
-    donate_argnames=("k", "v"),
-)
+@functools.partial(jax.jit, static_argnames=STATIC_ARGNAMES, donate_argnames=("k", "v"))
 def move_kv_cache(
     k: jax.Array,
     v: jax.Array,

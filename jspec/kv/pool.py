@@ -174,18 +174,7 @@ def get_kv(pool: KVPool, layer: int, slot_ids: jax.Array) -> tuple[jax.Array, ja
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "impl",
-        "interpret",
-        "block_rows",
-        "block_elems",
-        "num_warps",
-        "single_block_rows",
-    ),
-    donate_argnames=("pool",),
-)
+@functools.partial(jax.jit, static_argnames=_move.STATIC_ARGNAMES, donate_argnames=("pool",))
 def move_kv_cache(
     pool: KVPool,
     tgt_slot_ids: jax.Array,
