@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jspec import probes
 
-__all__ = ["first_bad", "out_of_range", "repeated", "valid_mask"]
+__all__ = ["first_bad", "int32_ids", "out_of_range", "repeated", "valid_mask"]
 
 
 def valid_mask(valid: jax.Array | None, shape: tuple[int, ...]) -> jax.Array:
@@ -26,6 +26,17 @@ def valid_mask(valid: jax.Array | None, shape: tuple[int, ...]) -> jax.Array:
         return jnp.ones(shape, bool)
     probes.static_check_shape(valid, shape, "valid")
     return valid.astype(bool)
+
+
+def int32_ids(ids: jax.Array, name: str) -> jax.Array:
+    """i32[n]: ``ids`` (slot, row or page ids of any integer dtype) cast to int32; trace-time
+    ``ValueError`` naming ``name`` unless it is 1-D with an integer dtype."""
+    probes.static_check(ids.ndim == 1, f"{name}.shape={tuple(ids.shape)} must be 1-D")
+    probes.static_check(
+        jnp.issubdtype(ids.dtype, jnp.integer),
+        f"{name}.dtype={ids.dtype} must be an integer dtype (int32)",
+    )
+    return ids.astype(jnp.int32)
 
 
 def out_of_range(idx: jax.Array, valid: jax.Array, low: int, high: int) -> jax.Array:

@@ -42,6 +42,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
+from jspec._index import int32_ids
 from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 from jspec.kernels.move_kv_plan import (
     MODE_DIRECT,
@@ -222,15 +223,6 @@ def _move_pallas(
 
 
 # ---- public wrapper and reference -----------------------------------------------------------
-def _check_locs(x: jax.Array, name: str) -> jax.Array:
-    probes.static_check(x.ndim == 1, f"{name}.shape={tuple(x.shape)} must be 1-D")
-    probes.static_check(
-        jnp.issubdtype(x.dtype, jnp.integer),
-        f"{name}.dtype={x.dtype} must be an integer dtype (int32)",
-    )
-    return x.astype(jnp.int32)
-
-
 @functools.partial(jax.jit, static_argnames=STATIC_ARGNAMES, donate_argnames=("k", "v"))
 def move_kv_cache(
     k: jax.Array,
@@ -269,8 +261,8 @@ def move_kv_cache(
     ``2 * num_layers * n_pad * H*D`` elements (512 MiB for n=4096, 32 layers, 2 KB rows),
     sized for the worst case although only stashed pairs use it.
     """
-    tgt = _check_locs(tgt_slot_ids, "tgt_slot_ids")
-    src = _check_locs(src_slot_ids, "src_slot_ids")
+    tgt = int32_ids(tgt_slot_ids, "tgt_slot_ids")
+    src = int32_ids(src_slot_ids, "src_slot_ids")
     probes.static_check(
         tgt.shape == src.shape,
         f"tgt_slot_ids.shape={tgt.shape} must equal src_slot_ids.shape={src.shape}",

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._index import int32_ids
 from jspec._pytree import pytree_dataclass, replace, static_field
 from jspec.config import SpecConfig
 from jspec.kernels import move_kv_cache as _move
@@ -96,15 +97,6 @@ def _check_layer(pool: KVPool, layer: int, op: str) -> None:
     )
 
 
-def _check_slot_ids(slot_ids: jax.Array, name: str) -> jax.Array:
-    probes.static_check(slot_ids.ndim == 1, f"{name}.shape={tuple(slot_ids.shape)} must be 1-D")
-    probes.static_check(
-        jnp.issubdtype(slot_ids.dtype, jnp.integer),
-        f"{name}.dtype={slot_ids.dtype} must be an integer dtype (int32)",
-    )
-    return slot_ids.astype(jnp.int32)
-
-
 @functools.partial(jax.jit, static_argnames=("layer",), donate_argnames=("pool",))
 def set_kv_buffer(
     pool: KVPool, layer: int, slot_ids: jax.Array, k: jax.Array, v: jax.Array
@@ -126,7 +118,7 @@ def set_kv_buffer(
       routed to the padding slot ``PAD_SLOT_ID`` (a write sink) when ``T == 1``.
     """
     _check_layer(pool, layer, "set_kv_buffer")
-    slot_ids = _check_slot_ids(slot_ids, "slot_ids")
+    slot_ids = int32_ids(slot_ids, "slot_ids")
     row = (slot_ids.shape[0],) + pool.k.shape[2:]
     probes.static_check_shape(k, row, "k")
     probes.static_check_shape(v, row, "v")
@@ -165,7 +157,7 @@ def get_kv(pool: KVPool, layer: int, slot_ids: jax.Array) -> tuple[jax.Array, ja
       (negative ones included) reads NaN (JAX's fill for inexact dtypes), never a real slot.
     """
     _check_layer(pool, layer, "get_kv")
-    slot_ids = _check_slot_ids(slot_ids, "slot_ids")
+    slot_ids = int32_ids(slot_ids, "slot_ids")
     probes.detect_oob(slot_ids, 0, pool.num_slots, "get_kv: slot_ids out of range")
     slot_ids = jnp.where(slot_ids < 0, pool.num_slots, slot_ids)  # never wrap
     return (
