@@ -16,6 +16,12 @@ passes through unchanged. :func:`target_name` is what :func:`jspec.kernels._comm
 passes as jax-triton's ``custom_call_target_name``: the FFI target when ``JSPEC_TRITON_FFI=1``
 and jaxlib registers it, else the legacy one.
 
+jax-triton's own main branch (after 0.3.1) made the same move: its ``CUSTOM_CALL_TARGET_NAME`` is
+``triton_kernel_call_ffi`` and its lowering is ``jax.ffi.ffi_lowering(FFI_TARGET, api_version=4,
+operand_output_aliases=..., has_side_effect=...)`` called with ``opaque=zlib.compress(call
+proto)``, autotuned calls included: the translation :func:`typed_ffi` makes of 0.3.1's legacy
+lowering (the same compressed proto is 0.3.1's ``backend_config``).
+
 Status (2026-11-26): opt-in. The FFI launch ran a jitted chain of jax-triton calls correctly on
 an H100, but jspec's kernels (multi-output, aliased pools, zeroed outputs) have not yet passed
 their compiled GPU tests through it; the default stays the legacy call until they do.
