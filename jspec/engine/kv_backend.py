@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jspec._pytree import pytree_dataclass
 from jspec.attention_meta.metadata import AttentionMetadata, row_page_table
 from jspec.config import SpecConfig, ceil_div
+from jspec.engine.protocol import DraftModel, TargetModel
 from jspec.sentinels import PAD_ROW
 
 
@@ -124,7 +125,7 @@ class KVBackend(Protocol):
     any value and are masked out by ``valid`` / ``live``: they must change nothing).
     """
 
-    def init_state(self, target: Any, draft: Any) -> Any:
+    def init_state(self, target: TargetModel, draft: DraftModel | None) -> Any:
         """An empty KV state: every batch slot free; pools for the target (and the draft, or
         ``draft_pool=None`` when ``draft`` is None)."""
         ...

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jspec._pytree import pytree_dataclass, replace
 from jspec.config import ceil_to_multiple
 from jspec.engine.kv_backend import KVView
+from jspec.engine.protocol import DraftModel, TargetModel
 from jspec.engine.state import (
     EngineConfig,
     draft_pool_spec,
@@ -78,7 +79,7 @@ class PagedKVBackend:
 
     ecfg: EngineConfig
 
-    def init_state(self, target: Any, draft: Any) -> PagedKVState:
+    def init_state(self, target: TargetModel, draft: DraftModel | None) -> PagedKVState:
         del target  # the target pool's geometry is ecfg.spec's (checked by the Runner)
         s = self.ecfg.spec
         cap = s.max_running_requests

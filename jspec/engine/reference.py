@@ -8,11 +8,14 @@ the speculative engine must both reproduce these tokens exactly (f32).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only: the oracle runs no jspec code
+    from jspec.engine.protocol import TargetModel
 
 
 def _dense_attn_fn(length: jax.Array):
@@ -38,7 +41,7 @@ def _dense_attn_fn(length: jax.Array):
 
 @functools.partial(jax.jit, static_argnames=("target",))
 def dense_next_token(
-    target: Any, params: Any, token_ids: jax.Array, length: jax.Array
+    target: TargetModel, params: Any, token_ids: jax.Array, length: jax.Array
 ) -> jax.Array:
     """Greedy next token after ``token_ids[:length]`` (``token_ids: i32[T]`` padded).
 
@@ -51,7 +54,7 @@ def dense_next_token(
 
 
 def dense_greedy_generate(
-    target: Any,
+    target: TargetModel,
     params: Any,
     prompt: list[int],
     max_new_tokens: int,

@@ -33,7 +33,7 @@ from jspec._compact import compact
 from jspec._pytree import pytree_dataclass
 from jspec.config import BatchBuckets, SpecConfig, ceil_div
 from jspec.engine.attention import PagedAttentionBackend
-from jspec.engine.protocol import DTYPES
+from jspec.engine.protocol import DTYPES, DraftModel
 from jspec.kernels.policy import KernelPolicy, resolve_kernel_policy
 
 DRAFT_ATTENTION = ("cascade", "kv_indices")
@@ -379,7 +379,7 @@ class EngineState:
     carry: SpecCarry
 
 
-def draft_pool_spec(ecfg: EngineConfig, draft: Any) -> SpecConfig:
+def draft_pool_spec(ecfg: EngineConfig, draft: DraftModel) -> SpecConfig:
     """The draft pool's config: the draft's geometry, the target pool's slots."""
     return dataclasses.replace(
         ecfg.spec,
@@ -390,7 +390,7 @@ def draft_pool_spec(ecfg: EngineConfig, draft: Any) -> SpecConfig:
     )
 
 
-def init_spec_carry(ecfg: EngineConfig, draft: Any = None) -> SpecCarry:
+def init_spec_carry(ecfg: EngineConfig, draft: DraftModel | None = None) -> SpecCarry:
     """Zeros for every batch slot (``draft`` None: ``draft_hidden`` is ``[M, 0]``)."""
     s = ecfg.spec
     cap, k = s.max_running_requests, s.topk
