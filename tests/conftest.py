@@ -28,6 +28,12 @@ settings.load_profile(os.environ.get("JSPEC_HYPOTHESIS_PROFILE", "ci"))
 
 ON_GPU = env.TEST_GPU
 
+# The suite never reads or writes the user's persistent compilation cache (jspec demo and jspec
+# generate keep one by default): off in this process and in every subprocess a test starts. The
+# cache's own tests give their own directory.
+os.environ["JSPEC_COMPILATION_CACHE"] = "off"
+env.COMPILATION_CACHE = "off"
+
 # NOTE: no global jax_default_matmul_precision. f32 results are compared against numpy / f64
 # oracles and the GPU's default f32 matmul is TF32 (~1e-3), so the library states its precision
 # where it means it (models: protocol.matmul_precision; kernels' references: HIGHEST) and a test

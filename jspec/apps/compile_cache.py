@@ -13,6 +13,7 @@ code in this process (JAX's warning).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import os
@@ -33,6 +34,23 @@ def cache_dir(enabled: bool = True) -> str | None:
     if setting is not None:
         return os.path.abspath(os.path.expanduser(setting))
     return os.path.join(env.USER_CACHE_DIR, "jspec", "xla")
+
+
+def add_cache_flag(parser: argparse.ArgumentParser) -> None:
+    """The commands' ``--no-compilation-cache`` flag."""
+    parser.add_argument(
+        "--no-compilation-cache",
+        action="store_true",
+        help="do not keep compiles in $XDG_CACHE_HOME/jspec/xla (JSPEC_COMPILATION_CACHE=DIR)",
+    )
+
+
+def use_compilation_cache(no_compilation_cache: bool) -> None:
+    """Turn the cache on (:func:`cache_dir`) unless the flag or the env toggle says off; call it
+    before anything compiles."""
+    directory = cache_dir(not no_compilation_cache)
+    if directory is not None:
+        enable_compilation_cache(directory)
 
 
 def enable_compilation_cache(directory: str) -> None:

@@ -7,7 +7,9 @@ the same prompts through plain greedy decoding and through the jitted speculativ
 continuous batching, and prints tokens/s for both, the mean acceptance length, the lossless
 check (spec tokens == greedy tokens, asserted) and the allocator balance (leak check). Then,
 unless ``--temperature 0``, a sampled run of both (default T 1; request i seeded ``--seed +
-i``): tokens/s and the acceptance length when sampling.
+i``): tokens/s and the acceptance length when sampling. Compiles are kept in the persistent
+compilation cache (:mod:`jspec.apps.compile_cache`; ``--no-compilation-cache``): a second run
+with the same flags loads them.
 
     python -m jspec.cli demo [--page-size 16 --topk 4 --steps 3 --draft-tokens 8]
                              [--temperature 1 --top-k 0 --top-p 1 --min-p 0 --seed 0]
@@ -37,6 +39,7 @@ from jspec.apps._cli import (
     sampling_from_args,
     setup_devices,
 )
+from jspec.apps.compile_cache import add_cache_flag, count_cache_events, use_compilation_cache
 
 # The demo's workload is built on the host, one random prompt per --num-prompts.
 MAX_NUM_PROMPTS = 4096
@@ -110,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         "uses devices x tensor-parallel devices in all",
     )
     g.add_argument("--no-progress", action="store_true")
+    add_cache_flag(g)
     add_sampling_args(p, temperature=1.0)
     return p
 
@@ -212,6 +216,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     sampled = [dataclasses.replace(sampling, seed=args.seed + i) for i in range(args.num_prompts)]
     sampling_from_args(args, args.seed + args.num_prompts - 1)  # the last seed fits too
     setup_devices(args.devices, args.tensor_parallel)
+    use_compilation_cache(args.no_compilation_cache)
 
     import jax
 
@@ -282,11 +287,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
         spec_engine = Engine(
             ecfg, target, params, draft_model, draft, num_devices=args.devices, checkify=checkify
         )
-        greedy.warmup(sampling)
-        spec_engine.warmup(sampling)
+        with count_cache_events() as cached:
+            greedy.warmup(sampling)
+            spec_engine.warmup(sampling)
+        note = f" ({cached.describe()})" if cached.describe() else ""
         print(
             f"  compiled prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
-            f"[{time.perf_counter() - t0:.1f} s]"
+            f"[{time.perf_counter() - t0:.1f} s]{note}"
         )
         try:
             ref, g_stats = run(greedy, "greedy")

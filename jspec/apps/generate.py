@@ -48,7 +48,7 @@ from jspec.apps._cli import (
     sampling_from_args,
     setup_devices,
 )
-from jspec.apps.compile_cache import cache_dir, enable_compilation_cache
+from jspec.apps.compile_cache import add_cache_flag, use_compilation_cache
 from jspec.apps.prompts_file import encode_prompt, encode_prompts, read_prompts_file
 from jspec.apps.serving import (
     build_engine,
@@ -96,11 +96,7 @@ def _parser() -> argparse.ArgumentParser:
         help="requests of a prompts file running at once, per --devices shard "
         "(max_running_requests; the others wait their turn)",
     )
-    p.add_argument(
-        "--no-compilation-cache",
-        action="store_true",
-        help="do not keep compiles in $XDG_CACHE_HOME/jspec/xla (JSPEC_COMPILATION_CACHE=DIR)",
-    )
+    add_cache_flag(p)
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
@@ -277,9 +273,7 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
         except ValueError as e:
             raise InputError(str(e)) from None
     setup_devices(args.devices, args.tensor_parallel)
-    directory = cache_dir(not args.no_compilation_cache)
-    if directory is not None:
-        enable_compilation_cache(directory)
+    use_compilation_cache(args.no_compilation_cache)
 
     def say(msg: str) -> None:
         if not args.no_progress:

@@ -1,5 +1,5 @@
-"""The persistent compilation cache of ``jspec generate`` (issue 25): on by default in the user
-cache dir, moved or turned off by ``JSPEC_COMPILATION_CACHE``, off with
+"""The persistent compilation cache of ``jspec generate`` and ``jspec demo`` (issue 25): on by
+default in the user cache dir, moved or turned off by ``JSPEC_COMPILATION_CACHE``, off with
 ``--no-compilation-cache``; a second run in a fresh process loads its compiles from it."""
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ def test_cache_dir_default_env_and_off(monkeypatch, tmp_path):
         assert cache_dir() is None
 
 
-def _generate(model: Path, cache: Path) -> str:
-    """``jspec generate`` in a fresh process with its cache in ``cache``; its stderr."""
-    argv = ["--model", str(model), "--prompt-ids", "1 2 3", "--max-new-tokens", "3", "--json"]
+def _jspec(cache: Path, *argv: str) -> subprocess.CompletedProcess:
+    """``jspec *argv`` in a fresh process with its cache in ``cache`` (exit 0 asserted)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "jspec.cli", "generate", *argv],
+        [sys.executable, "-m", "jspec.cli", *argv],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -46,8 +45,14 @@ def _generate(model: Path, cache: Path) -> str:
         },
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def _generate(model: Path, cache: Path) -> str:
+    """``jspec generate`` in a fresh process with its cache in ``cache``; its stderr."""
+    argv = ["--model", str(model), "--prompt-ids", "1 2 3", "--max-new-tokens", "3", "--json"]
+    return _jspec(cache, "generate", *argv).stderr
 
 
 def _files(directory: Path) -> set[str]:
@@ -68,3 +73,24 @@ def test_second_process_loads_the_compiles(tmp_path):
     )
     assert match and int(match.group(1)) > 0, second
     assert _files(cache) == stored  # nothing compiled anew
+
+
+TINY_DEMO = (
+    "--vocab-size 64 --hidden-size 32 --intermediate-size 64 --num-layers 2 --num-heads 4 "
+    "--num-kv-heads 2 --head-dim 8 --num-prompts 1 --max-new-tokens 4 --max-running 1 "
+    "--temperature 0 --no-progress"
+).split()
+
+
+def test_demo_second_process_loads_the_compiles(tmp_path):
+    cache = tmp_path / "xla"
+    first = _jspec(cache, "demo", *TINY_DEMO).stdout
+    match = re.search(r"\] \(0 from the compilation cache, (\d+) stored\)", first)
+    assert match and int(match.group(1)) > 0 and "lossless check: PASS" in first, first
+    stored = _files(cache)
+    second = _jspec(cache, "demo", *TINY_DEMO).stdout
+    match = re.search(r"\] \((\d+) from the compilation cache, 0 stored\)", second)
+    assert match and int(match.group(1)) > 0 and "lossless check: PASS" in second, second
+    assert _files(cache) == stored
+    off = _jspec(cache, "demo", *TINY_DEMO, "--no-compilation-cache").stdout
+    assert "from the compilation cache" not in off and "lossless check: PASS" in off, off
