@@ -290,10 +290,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         with count_cache_events() as cached:
             greedy.warmup(sampling)
             spec_engine.warmup(sampling)
-        note = f" ({cached.describe()})" if cached.describe() else ""
+        note = cached.describe()
         print(
             f"  compiled prefill / decode / release for {len(ecfg.batch_buckets)} bucket(s) "
-            f"[{time.perf_counter() - t0:.1f} s]{note}"
+            f"[{time.perf_counter() - t0:.1f} s]" + (f" ({note})" if note else "")
         )
         try:
             ref, g_stats = run(greedy, "greedy")
