@@ -30,6 +30,7 @@ torch = pytest.importorskip("torch")
 
 from jspec.kernels import rms_norm as rn
 from jspec.kernels import rms_norm_triton as rnt
+from jspec.kernels.policy import resolve_kernel_policy
 
 EPS = 1e-5
 # (T, H): a decode row at the 8B width, a few rows at a non-power-of-two width (masked tail).
@@ -188,7 +189,16 @@ def test_jax_triton_vs_reference_on_gpu(num_rows, hidden, dtype):
 
 
 @pytest.mark.gpu
-def test_auto_takes_the_kernel_for_bf16_on_gpu():
+def test_the_policy_takes_the_kernel_for_bf16_on_gpu():
+    """On the GPU the kernel policy's "auto" picks the Triton kernel for a bf16 stream, and the
+    op lowers to a Triton launch (the op itself never guesses: without ``impl`` it is XLA)."""
+    policy = resolve_kernel_policy(dtype="bfloat16", hidden_size=4096)
+    assert policy.rms_norm == "triton"
     x, residual, weight = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(1, 4096, 1))
-    text = jax.jit(lambda a, r, w: rn.fused_add_rmsnorm(a, r, w, EPS)).lower(x, residual, weight)
-    assert "triton_kernel_call" in text.as_text()
+
+    def lowered(**kw):
+        f = jax.jit(lambda a, r, w: rn.fused_add_rmsnorm(a, r, w, EPS, **kw))
+        return f.lower(x, residual, weight).as_text()
+
+    assert "triton_kernel_call" in lowered(impl=policy.rms_norm)
+    assert "triton_kernel_call" not in lowered()

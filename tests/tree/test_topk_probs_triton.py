@@ -28,6 +28,7 @@ from test_topk_probs import _mixed_logits, _oracle
 torch = pytest.importorskip("torch")
 
 from jspec.kernels import topk_probs_triton as tpt
+from jspec.kernels.policy import resolve_kernel_policy
 from jspec.kernels.topk_probs import topk_probs
 
 # (R, V, K, tuning): one chunk (single launch); several chunks with a short tail chunk; the
@@ -133,10 +134,16 @@ def test_jax_triton_vs_oracle_on_gpu(num_rows, vocab, topk, tuning, dtype):
 
 
 @pytest.mark.gpu
-def test_pallas_takes_triton_for_wide_rows_on_gpu():
-    """The engine's call on the EAGLE-3 hot vocabulary (R = bs x topk branches)."""
+def test_the_policy_takes_triton_for_wide_rows_on_gpu():
+    """The engine's call on the EAGLE-3 hot vocabulary (R = bs x topk branches): on the GPU
+    the kernel policy picks Triton for rows wider than a Pallas tile, and ``impl="pallas"``
+    itself refuses them (it never swaps kernels behind the caller's back)."""
+    policy = resolve_kernel_policy(vocab_size=32000)
+    assert policy.bookkeeping == "pallas" and policy.topk_probs == "triton"
     rng = np.random.default_rng(11)
     for num_rows in (1, 4, 256):
         x = jnp.asarray(rng.standard_normal((num_rows, 32000)) * 4, jnp.float32)
         want_p, want_index = _oracle(np.asarray(x), 4)
-        _check(*topk_probs(x, 4, impl="pallas"), want_p, want_index, rtol=1e-5)
+        _check(*topk_probs(x, 4, impl=policy.topk_probs), want_p, want_index, rtol=1e-5)
+        with pytest.raises(ValueError, match="impl='pallas' takes rows of at most"):
+            topk_probs(x, 4, impl="pallas")
