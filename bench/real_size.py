@@ -60,6 +60,7 @@ from bench._timing import (
     format_table,
     profile_split_us,
 )
+from jspec.engine.scheduler import DEFAULT_MAX_ROUNDS
 
 COLUMNS = (
     "geometry",
@@ -419,13 +420,16 @@ def make_engine(
     num_devices: int = 1,
     tensor_parallel: int = 1,
     adaptive: bool = False,
+    max_rounds: int | None = None,
 ):
     """One engine per mode over every batch bucket (one prefill compile, steps per bucket);
-    ``batches`` are per data-parallel shard, each of ``tensor_parallel`` devices."""
+    ``batches`` are per data-parallel shard, each of ``tensor_parallel`` devices;
+    ``max_rounds``: decode rounds per dispatch (None: ``Engine``'s default)."""
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
     top = max(batches)
+    rounds = {} if max_rounds is None else {"max_rounds": max_rounds}
     ecfg = make_engine_config(
         target,
         page_size=PAGE,
@@ -444,9 +448,16 @@ def make_engine(
     )
     if mode == "spec":
         return Engine(
-            ecfg, target, params, draft, dparams, num_devices=num_devices, adaptive=adaptive
+            ecfg,
+            target,
+            params,
+            draft,
+            dparams,
+            num_devices=num_devices,
+            adaptive=adaptive,
+            **rounds,
         )
-    return Engine(ecfg, target, params, num_devices=num_devices)
+    return Engine(ecfg, target, params, num_devices=num_devices, **rounds)
 
 
 def _reset(engine) -> None:
@@ -586,6 +597,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         action="store_true",
         help="kv_len_buckets=(): every step's attention planned for the engine's context",
     )
+    parser.add_argument(
+        "--max-rounds",
+        type=int,
+        default=None,
+        help="decode rounds per dispatch (default: Engine's)",
+    )
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
@@ -602,6 +619,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"TFLOP/s; page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
         f"prompts {PROMPT}, {NEW} new tokens; engine context {CAPACITY[0]}, pages {CAPACITY[1]}, "
         f"launch hints {'off' if args.no_kv_len_hints else 'auto'}; "
+        f"{args.max_rounds or DEFAULT_MAX_ROUNDS} rounds per dispatch; "
         f"attention {args.attention_impl}; "
         f"draft head {args.draft}; "
         "LlamaTarget + matched EAGLE-3 head, bf16 (precision by dtype)"
@@ -633,6 +651,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 batches,
                 args.attention_impl,
                 adaptive=args.adaptive,
+                max_rounds=args.max_rounds,
             )
             for base in sorted({base for base, _ in parsed.values()})
         }

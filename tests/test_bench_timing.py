@@ -215,3 +215,30 @@ def test_e2e_classify_and_device_row():
     assert (row["draft us"], row["verify us"], row["model us"]) == (12.0, 20.0, 32.0)
     assert (row["bookkeeping us"], row["mixed us"]) == (6.0, 2.0)
     assert row["vs sglang anchors"] == 6.0 / 875.0
+
+
+def test_launch_gaps_split_timeline_on_a_made_up_trace():
+    """bench.launch_gaps: busy time is the union of kernel intervals (an overlapping event on
+    another stream counts once), gaps inside dispatches land in their length bins, and the
+    gap before a dispatch's first kernel counts as the host loop's."""
+    from bench.launch_gaps import dispatch_starts, split_timeline
+
+    us = 1000
+    events = [  # (start ns, end ns, name): two dispatches, the second starting at 1000 us
+        (0, 10 * us, "a"),
+        (11 * us, 20 * us, "b"),  # 1 us gap: < 2 us
+        (15 * us, 25 * us, "c"),  # overlaps b: 5 us more busy
+        (35 * us, 40 * us, "d"),  # 10 us gap: 2-20 us
+        (140 * us, 150 * us, "e"),  # 100 us gap: 20-200 us
+        (1000 * us, 1010 * us, "f"),  # 850 us: the host loop between dispatches
+        (1400 * us, 1401 * us, "g"),  # 390 us: >= 200 us, inside the second dispatch
+    ]
+    starts = dispatch_starts(events, 2)
+    assert starts == [1000 * us]
+    split = split_timeline(events, starts)
+    assert split["busy_ns"] == (10 + 14 + 5 + 10 + 10 + 1) * us
+    assert split["between_ns"] == 850 * us
+    assert split["bins_ns"] == [1 * us, 10 * us, 100 * us, 390 * us]
+    assert split["longest"][0][:3] == (390.0, "f", "g")
+    assert split["between_windows"] == [(150 * us, 1000 * us)]
+    assert dispatch_starts(events, 1) == []
