@@ -193,15 +193,20 @@ def _copy(tree):
     return jax.tree.map(lambda x: jnp.array(x, copy=True), tree)
 
 
+# Rounds per dispatch on the way to the steady state (whatever the engine's max_rounds): the
+# timed step's context stays the prompt + a few rounds, as the tables were measured.
+STEADY_ROUNDS = 8
+
+
 def _steady_state(engine, prompts, max_new: int):
-    """Admit and prefill every prompt, run two decode steps; return (state, slot_idx, live) of
-    shard 0."""
+    """Admit and prefill every prompt, run two decode dispatches of at most
+    :data:`STEADY_ROUNDS` rounds; return (state, slot_idx, live) of shard 0."""
     loop = admit_all(engine, prompts, max_new)
     from jspec.engine.scheduler import RunStats
 
     stats = RunStats(mode=engine.mode)
     for _ in range(2):
-        engine._decode_step(loop, stats)
+        engine._decode_step(loop, stats, max_rounds=STEADY_ROUNDS)
     slot_idx, live, _ = engine._bucket_arrays(loop.running)
     return engine._shard_state(0), jnp.asarray(slot_idx[0]), jnp.asarray(live[0])
 
@@ -212,7 +217,8 @@ def steady_max_len(engine, prompts) -> int:
     tokens, a page): the timed step's launch hint (``Engine._step_for``)."""
     spec = engine.ecfg.spec
     per_round = spec.num_steps + 1 if engine.mode == "spec" else 1
-    return max(map(len, prompts)) + 3 * engine.max_rounds * per_round + spec.page_size
+    rounds = min(STEADY_ROUNDS, engine.max_rounds)
+    return max(map(len, prompts)) + 3 * rounds * per_round + spec.page_size
 
 
 def admit_all(engine, prompts, max_new: int, stats=None, sampling=None):

@@ -197,18 +197,18 @@ def step_device_ms(engine, prompts: list, new_tokens: int) -> tuple[float, str] 
     """Device ms of one decode step of ``prompts`` on the busiest GPU (module docstring) and
     that GPU's :func:`kernel_breakdown`, or None on CPU. Admits them, runs one untimed step, traces ``PROFILED_STEPS`` steps, then gives
     the engine a fresh state."""
-    from bench.e2e import admit_all
+    from bench.e2e import STEADY_ROUNDS, admit_all
     from jspec.engine.scheduler import RunStats
 
     loop = admit_all(engine, prompts, new_tokens)
     stats = RunStats(mode=engine.mode)
-    engine._decode_step(loop, stats)  # one dispatch (up to Engine.max_rounds rounds), untimed
+    engine._decode_step(loop, stats, STEADY_ROUNDS)  # one dispatch, untimed
 
     before = stats.num_decode_steps
 
     def steps():
         while stats.num_decode_steps - before < PROFILED_STEPS and any(loop.running):
-            engine._decode_step(loop, stats)
+            engine._decode_step(loop, stats, STEADY_ROUNDS)
         return engine.state
 
     try:

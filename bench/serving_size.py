@@ -81,7 +81,7 @@ COLUMNS = (
     "kernels (device ms / round)",
     "note",
 )
-MAX_ROUNDS = 8  # Engine(max_rounds=...): rounds per decode dispatch
+MAX_ROUNDS = 8  # Engine(max_rounds=...): rounds per decode dispatch (the recorded tables')
 DEFAULT_CELLS = "1x128,16x128,64x128,1x2k,16x2k,64x2k,1x8k,16x8k,64x8k,1x32k,4x32k,16x32k,1x128k"
 
 
@@ -168,8 +168,8 @@ def make_engine(g, target, params, draft, dparams, mode, cells, args):
         **kw,
     )
     if mode == "spec":
-        return Engine(ecfg, target, params, draft, dparams)
-    return Engine(ecfg, target, params)
+        return Engine(ecfg, target, params, draft, dparams, max_rounds=MAX_ROUNDS)
+    return Engine(ecfg, target, params, max_rounds=MAX_ROUNDS)
 
 
 def _mem_stats() -> dict:

@@ -24,6 +24,6 @@ USER_CACHE_DIR: str = os.environ.get("XDG_CACHE_HOME") or os.path.join(
     os.path.expanduser("~"), ".cache"
 )
 # Raw Triton launches through jaxlib's typed-FFI target (jspec.kernels.triton_ffi, captured in
-# XLA's command buffers) when "1"; default: jax-triton's legacy custom call (the FFI path passed
-# a device probe but not yet the kernels' GPU tests).
+# XLA's command buffers) when "1"; default: jax-triton's legacy custom call (the FFI path passes
+# the GPU tests but its command-buffer updates cost the engine what the shorter gaps save).
 TRITON_FFI: bool = _env_bool("JSPEC_TRITON_FFI")

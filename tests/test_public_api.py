@@ -332,7 +332,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "draft: 'DraftModel | None' = None, draft_params: 'Any' = None, *, "
         "num_devices: 'int' = 1, eos_token_id: 'int | Sequence[int] | None' = None, "
         "check_every_step: 'bool' = False, checkify: 'bool' = False, "
-        "admission: 'str' = 'reserve', max_rounds: 'int' = 8, adaptive: 'bool' = False, "
+        "admission: 'str' = 'reserve', max_rounds: 'int' = 32, adaptive: 'bool' = False, "
         "lossy_thresholds: 'LossyThresholds | None' = None) -> 'None'",
         "EngineConfig": "class(spec: 'SpecConfig', max_prompt_len: 'int', batch_buckets: 'tuple[int, ...]', "
         "prefill_batch: 'int' = 1, draft_attention: 'str' = 'cascade', "

@@ -67,6 +67,11 @@ from jspec.kv.integrity import check_integrity, owned_page_mask
 from jspec.tree.sampling import LossyThresholds
 
 ADMISSIONS = ("reserve", "optimistic")
+# Decode rounds per dispatch (Engine(max_rounds=...)). Each dispatch costs the host ~2-3 ms
+# outside the device's work (argument transfer and launch, the while loop's exit and the
+# results' read, the token pass; bench/launch_gaps.py, H200, 2026-11-26): at 8 rounds that was
+# 0.3-0.4 ms of every 8B round (wall 1.11-1.20x device), at 32 rounds ~0.1 ms (1.06-1.16x).
+DEFAULT_MAX_ROUNDS = 32
 
 
 @dataclasses.dataclass
@@ -307,6 +312,8 @@ class Engine:
       max_rounds: decode rounds one dispatch may run on the device
         (:mod:`jspec.engine.rounds`: EOS and max_new_tokens checked there): this many while no
         request waits for admission or prefill, else 1 (new requests join at the next round).
+        Default :data:`DEFAULT_MAX_ROUNDS`; fewer rounds stream tokens in smaller bursts and pay
+        a dispatch's host cost more often.
       admission: ``"reserve"`` (admit while the requests' lifetime pages fit: never preempts)
         or ``"optimistic"`` (admit while the pages held now fit; preempt the newest request and
         prefill it again later when a decode step finds the pages short). See the module doc.
@@ -339,7 +346,7 @@ class Engine:
         check_every_step: bool = False,
         checkify: bool = False,
         admission: str = "reserve",
-        max_rounds: int = 8,
+        max_rounds: int = DEFAULT_MAX_ROUNDS,
         adaptive: bool = False,
         lossy_thresholds: LossyThresholds | None = None,
     ) -> None:
@@ -951,12 +958,14 @@ class Engine:
             order.append(slots)
         return slot_idx, live, order
 
-    def _decode_step(self, loop: _Loop, stats: RunStats) -> None:
-        """One dispatch of decode rounds over every live request: ``max_rounds`` when nobody
-        waits for admission or prefill, else one. A shard whose first round finds the pages
-        short preempts its newest request (``"optimistic"``) and the dispatch is retried."""
+    def _decode_step(self, loop: _Loop, stats: RunStats, max_rounds: int | None = None) -> None:
+        """One dispatch of decode rounds over every live request: ``max_rounds`` (default the
+        engine's) when nobody waits for admission or prefill, else one. A shard whose first
+        round finds the pages short preempts its newest request (``"optimistic"``) and the
+        dispatch is retried."""
         running = loop.running
-        rounds = 1 if loop.pending or any(loop.prefilling) else self.max_rounds
+        cap = self.max_rounds if max_rounds is None else min(max_rounds, self.max_rounds)
+        rounds = 1 if loop.pending or any(loop.prefilling) else cap
         while True:
             slot_idx, live, order = self._bucket_arrays(running)
             budget = np.zeros(live.shape, np.int32)

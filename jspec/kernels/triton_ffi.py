@@ -22,9 +22,14 @@ operand_output_aliases=..., has_side_effect=...)`` called with ``opaque=zlib.com
 proto)``, autotuned calls included: the translation :func:`typed_ffi` makes of 0.3.1's legacy
 lowering (the same compressed proto is 0.3.1's ``backend_config``).
 
-Status (2026-11-26): opt-in. The FFI launch ran a jitted chain of jax-triton calls correctly on
-an H100, but jspec's kernels (multi-output, aliased pools, zeroed outputs) have not yet passed
-their compiled GPU tests through it; the default stays the legacy call until they do.
+Status (2026-11-26, H200, bench/RESULTS.md "Session 2026-11-26 (sixth)"): opt-in. Every GPU
+test (``-m gpu``, 184 tests) passes through it, but the engine's wall does not improve overall:
+inside a multi-round dispatch the launch gaps shrink (8B greedy bs 64: 5.71 -> 5.37 ms a round),
+while the GPU idles in stalls of >= 200 us, 1.6-2.1 ms per round in a profiled run
+(``bench.launch_gaps``; they look like XLA's command-buffer updates), before the first kernel
+of each execution and inside the decode rounds' while loop (greedy bs 1: 4.49 -> 4.68 ms a
+round; one jitted spec step called alone: 7.3 -> 13.3 ms). The default stays the legacy
+call.
 """
 
 from __future__ import annotations

@@ -150,8 +150,9 @@ def test_ctrl_c_prints_the_finished_lines_and_exits_130(capsys, tmp_path, monkey
 
 
 def test_one_prompt_streams_its_ids_and_reports_ttft(capsys, monkeypatch):
-    """One prompt: the ids line arrives in pieces (the engine's on_tokens), the whole as
-    before; the JSON object separates time to first token from the decode rate."""
+    """One prompt: the ids line arrives in pieces (the engine's on_tokens, one per dispatch of
+    up to Engine.max_rounds rounds: 40 greedy tokens are two), the whole as before; the JSON
+    object separates time to first token from the decode rate."""
     from jspec.apps.stream import StreamPrinter
 
     pushes, push = [], StreamPrinter.push
@@ -165,14 +166,14 @@ def test_one_prompt_streams_its_ids_and_reports_ttft(capsys, monkeypatch):
             "--prompt-ids",
             ids,
             "--max-new-tokens",
-            "20",
+            "40",
             "--json",
         ],
         loader=_toy_loader,
     )
     out = capsys.readouterr().out.splitlines()
     result = json.loads(out[-1])
-    assert code == 0 and result["token_ids"] == _oracle(PROMPTS[0], 20)
+    assert code == 0 and result["token_ids"] == _oracle(PROMPTS[0], 40)
     assert out[0] == " ".join(map(str, result["token_ids"])) and len(pushes) > 1
     assert [t for piece in pushes for t in piece] == result["token_ids"]
     assert result["ttft_s"] > 0 and result["decode_tokens_per_s"] > 0

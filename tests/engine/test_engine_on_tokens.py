@@ -25,12 +25,12 @@ MAX_NEW = [20, 2, 12]  # more than one dispatch of rounds (max_rounds 8)
 
 @pytest.mark.parametrize("spec", [False, True], ids=["greedy", "spec"])
 def test_on_tokens_concatenate_to_the_outputs(spec: bool) -> None:
-    engine = tiny_engine(ECFG, spec=spec)
+    engine = tiny_engine(ECFG, spec=spec, max_rounds=8)
     want, _ = engine.generate(PROMPTS, MAX_NEW)
     # a token that stops request 2 early, as EOS (its first occurrence there at 3 or later)
     stop = next(i for i, t in enumerate(want[2]) if i >= 3 and t not in want[2][:i])
     eos = want[2][stop]
-    engine = tiny_engine(ECFG, spec=spec, eos_token_id=eos)
+    engine = tiny_engine(ECFG, spec=spec, eos_token_id=eos, max_rounds=8)
     calls: list[tuple[int, list[int]]] = []
     outs, _ = engine.generate(PROMPTS, MAX_NEW, on_tokens=lambda i, ids: calls.append((i, ids)))
     got = [[t for i, ids in calls if i == r for t in ids] for r in range(len(PROMPTS))]
