@@ -148,6 +148,7 @@ def check_spec_args(args: argparse.Namespace) -> None:
         "tensor_parallel",
         "max_new_tokens",
         "max_running",
+        "max_rounds",
     ):
         if getattr(args, flag, None) is not None:  # None: not given (a flag not required)
             check_count("--" + flag.replace("_", "-"), getattr(args, flag))

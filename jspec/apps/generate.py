@@ -59,6 +59,7 @@ from jspec.apps.serving import (
 )
 from jspec.apps.stream import StreamPrinter
 from jspec.engine.inputs import InputError, check_count, validate_requests
+from jspec.engine.scheduler import DEFAULT_MAX_ROUNDS
 
 # loader(model_dir, draft_dir | None, dtype | None, progress) -> (target, params, draft, dparams)
 Loader = Callable[[str, "str | None", "str | None", Callable[[str], None]], tuple]
@@ -95,6 +96,14 @@ def _parser() -> argparse.ArgumentParser:
         default=8,
         help="requests of a prompts file running at once, per --devices shard "
         "(max_running_requests; the others wait their turn)",
+    )
+    p.add_argument(
+        "--max-rounds",
+        type=int,
+        default=None,
+        help="decode rounds per device dispatch (Engine's max_rounds, default "
+        f"{DEFAULT_MAX_ROUNDS}): fewer stream one prompt's text in smaller bursts and pay the "
+        "dispatch's host cost more often",
     )
     add_cache_flag(p)
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")

@@ -241,6 +241,7 @@ def test_generate_prompt_not_utf8_before_the_weights(tmp_path, capsys, no_weight
         pytest.param(
             ["--topk", "65"], r"--topk=65 must be <= the draft's vocab_size=64", id="topk"
         ),
+        pytest.param(["--max-rounds", "0"], r"--max-rounds=0 must be >= 1", id="max-rounds"),
     ],
 )
 def test_generate_bad_flags_fail_fast(capsys, flags, pattern):

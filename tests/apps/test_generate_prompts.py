@@ -180,6 +180,21 @@ def test_one_prompt_streams_its_ids_and_reports_ttft(capsys, monkeypatch):
     assert result["finish_reason"] == "length" and "TTFT" in out[1]
 
 
+def test_max_rounds_sets_the_stream_cadence(capsys, monkeypatch):
+    """``--max-rounds 4``: one prompt's 20 greedy tokens come back in dispatches of at most 4
+    rounds (at least 5 pieces; the default's 32 rounds give one), the same tokens."""
+    from jspec.apps.stream import StreamPrinter
+
+    pushes, push = [], StreamPrinter.push
+    monkeypatch.setattr(StreamPrinter, "push", lambda s, ids: (pushes.append(ids), push(s, ids)))
+    ids = " ".join(map(str, PROMPTS[0]))
+    argv = ["--model", "toy", "--no-progress", "--prompt-ids", ids, "--max-new-tokens", "20"]
+    code = generate.main([*argv, "--max-rounds", "4", "--json"], loader=_toy_loader)
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert code == 0 and result["token_ids"] == _oracle(PROMPTS[0], 20)
+    assert len(pushes) >= 5 and sum(map(len, pushes)) == 20
+
+
 def test_finish_reason_and_the_tracker():
     line = PromptLine(0, "f:1", None, [1, 2], 4, GREEDY)
     tracker = _Tracker([line], eos=[7])
