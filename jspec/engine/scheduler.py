@@ -72,6 +72,10 @@ ADMISSIONS = ("reserve", "optimistic")
 # results' read, the token pass; bench/launch_gaps.py, H200, 2026-11-26): at 8 rounds that was
 # 0.3-0.4 ms of every 8B round (wall 1.11-1.20x device), at 32 rounds ~0.1 ms (1.06-1.16x).
 DEFAULT_MAX_ROUNDS = 32
+# Rounds per dispatch while a queued request waits for a slot or pages and a stop id may end a
+# running request (free its slot) sooner than its budget: the most rounds the queue's head may
+# wait past such an end, against a dispatch's host cost paid once per round at 1.
+WAITING_ROUNDS = 4
 
 
 @dataclasses.dataclass
@@ -284,6 +288,7 @@ class _Loop:
     free_slots: list[list[int]]
     t_start: float
     next_admission: int = 0
+    step: int = 0  # the host loop's iteration (arrivals are counted in them)
 
     @property
     def busy(self) -> bool:
@@ -311,7 +316,9 @@ class Engine:
         failing call started from, intact for inspection.
       max_rounds: decode rounds one dispatch may run on the device
         (:mod:`jspec.engine.rounds`: EOS and max_new_tokens checked there): this many while no
-        request waits for admission or prefill, else 1 (new requests join at the next round).
+        request waits for admission or prefill; 1 while a prompt is prefilled; while a queued
+        request waits for a slot or pages, until a running request can first end (at most
+        :data:`WAITING_ROUNDS` with stop ids).
         Default :data:`DEFAULT_MAX_ROUNDS`; fewer rounds stream tokens in smaller bursts and pay
         a dispatch's host cost more often.
       admission: ``"reserve"`` (admit while the requests' lifetime pages fit: never preempts)
@@ -775,6 +782,7 @@ class Engine:
         )
         step, sent = 0, [0] * n  # sent: tokens of each request given to on_tokens
         while loop.pending or loop.busy:
+            loop.step = step
             self._admit(step, loop)
             if any(loop.prefilling):
                 t0 = time.perf_counter()
@@ -958,14 +966,33 @@ class Engine:
             order.append(slots)
         return slot_idx, live, order
 
+    def _rounds_for(self, loop: _Loop) -> int:
+        """Rounds of the next decode dispatch: ``max_rounds`` while nobody waits; one while a
+        prompt is being prefilled (a chunk per engine step) or the queue's head arrives at a
+        later iteration; while the head waits for a slot or pages (only a finished request
+        frees them), the rounds until the first running request can end by its budget (at
+        most ``num_steps + 1`` tokens a round), and with stop ids at most
+        :data:`WAITING_ROUNDS` (a stop id may end one sooner)."""
+        if any(loop.prefilling):
+            return 1
+        if not loop.pending:
+            return self.max_rounds
+        if loop.pending[0].arrival_step > loop.step:
+            return 1
+        per_round = self.ecfg.spec.num_steps + 1 if self.mode == "spec" else 1
+        left = [r.max_new_tokens - len(r.output) for shard in loop.running for r in shard.values()]
+        soonest = -(-min(left, default=1) // per_round)
+        if bool(np.any(self._eos_array() >= 0)):
+            soonest = min(soonest, WAITING_ROUNDS)
+        return max(1, min(soonest, self.max_rounds))
+
     def _decode_step(self, loop: _Loop, stats: RunStats, max_rounds: int | None = None) -> None:
-        """One dispatch of decode rounds over every live request: ``max_rounds`` (default the
-        engine's) when nobody waits for admission or prefill, else one. A shard whose first
-        round finds the pages short preempts its newest request (``"optimistic"``) and the
-        dispatch is retried."""
+        """One dispatch of :meth:`_rounds_for` decode rounds (at most ``max_rounds`` when
+        given) over every live request. A shard whose first round finds the pages short
+        preempts its newest request (``"optimistic"``) and the dispatch is retried."""
         running = loop.running
-        cap = self.max_rounds if max_rounds is None else min(max_rounds, self.max_rounds)
-        rounds = 1 if loop.pending or any(loop.prefilling) else cap
+        rounds = self._rounds_for(loop)
+        rounds = rounds if max_rounds is None else max(1, min(rounds, max_rounds))
         while True:
             slot_idx, live, order = self._bucket_arrays(running)
             budget = np.zeros(live.shape, np.int32)

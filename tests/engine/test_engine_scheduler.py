@@ -50,10 +50,35 @@ def _small_pool() -> int:
     return need[-1] + need[-2]
 
 
-def test_small_pool_waits_for_pages_and_stays_lossless():
+def _record_dispatches(engine, monkeypatch) -> list[tuple[bool, int]]:
+    """(whether a request was queued, rounds asked) of every decode dispatch ``engine`` makes."""
+    seen: list[tuple[bool, int]] = []
+    decode_step, call_rounds = engine._decode_step, engine._call_rounds
+    waiting = [False]
+
+    def _decode_step(loop, stats, max_rounds=None):
+        waiting[0] = bool(loop.pending)
+        return decode_step(loop, stats, max_rounds)
+
+    def _call_rounds(slot_idx, live, budget, num_rounds, *args, **kwargs):
+        seen.append((waiting[0], num_rounds))
+        return call_rounds(slot_idx, live, budget, num_rounds, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "_decode_step", _decode_step)
+    monkeypatch.setattr(engine, "_call_rounds", _call_rounds)
+    return seen
+
+
+def test_small_pool_waits_for_pages_and_stays_lossless(monkeypatch):
+    """Two requests wait for pages; meanwhile each dispatch runs until a running request can
+    first end by its budget (no stop ids: more than one round), not one round at a time."""
     engine = _spec_engine(num_pages=_small_pool())
+    dispatches = _record_dispatches(engine, monkeypatch)
     out, stats = engine.generate(tiny_prompts(), MAX_NEW)
     assert out == [list(o) for o in greedy_baseline()]
+    waiting = [rounds for queued, rounds in dispatches if queued]
+    per_round = engine.ecfg.spec.num_steps + 1
+    assert waiting and max(waiting) == -(-(MAX_NEW - 1) // per_round) > 1, dispatches
     assert max(stats.batch_sizes) == 2  # never more than two running: the bucket-2 graph ran
     assert stats.leak_check.startswith("ok")
     # The same engine (state reused after the leak check) runs again identically.
@@ -61,12 +86,16 @@ def test_small_pool_waits_for_pages_and_stays_lossless():
     assert again == out
 
 
-def test_eos_and_single_token_requests():
+def test_eos_and_single_token_requests(monkeypatch):
     baseline = [list(o) for o in greedy_baseline()]
     eos = baseline[1][4]
     engine = _spec_engine(num_pages=_small_pool())  # same config: no new compile
     engine.eos_token_id = eos
+    monkeypatch.setattr("jspec.engine.scheduler.WAITING_ROUNDS", 2)
+    dispatches = _record_dispatches(engine, monkeypatch)
     out, stats = engine.generate(tiny_prompts(), [MAX_NEW, MAX_NEW, 1, MAX_NEW])
+    # a stop id may free a slot before any budget does: the queue waits at most 2 rounds
+    assert max(rounds for queued, rounds in dispatches if queued) <= 2, dispatches
     for got, ref, limit in zip(out, baseline, [MAX_NEW, MAX_NEW, 1, MAX_NEW], strict=True):
         ref = ref[:limit]
         if eos in ref:
