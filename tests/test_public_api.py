@@ -367,7 +367,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "min_p=0.0, seed=None), output: 'list[int]' = <factory>, "
         "accept_lens: 'list[int]' = <factory>, shard: 'int' = -1, slot: 'int' = -1, "
         "prefill_ids: 'list[int]' = <factory>, prefilled: 'int' = 0, "
-        "admitted_at: 'int' = -1, ttft_s: 'float' = -1.0, num_preemptions: 'int' = 0) -> None",
+        "admitted_at: 'int' = -1, ttft_s: 'float' = -1.0, num_preemptions: 'int' = 0, "
+        "stop_scanned: 'int' = 0) -> None",
         "RunStats": "class(mode: 'str', num_requests: 'int' = 0, num_tokens: 'int' = 0, "
         "num_decode_steps: 'int' = 0, prefill_s: 'float' = 0.0, decode_s: 'float' = 0.0, "
         "wall_s: 'float' = 0.0, accept_lens: 'list[int]' = <factory>, "

@@ -98,6 +98,7 @@ class Request:
     admitted_at: int = -1  # admission order (preemption picks the newest)
     ttft_s: float = -1.0  # seconds from the run's start to the first token
     num_preemptions: int = 0
+    stop_scanned: int = 0  # output tokens already searched for a stop id (Engine._finished)
 
 
 @dataclasses.dataclass
@@ -1062,12 +1063,19 @@ class Engine:
         return float(np.mean(emitted)) if emitted else 0.0
 
     def _finished(self, req: Request) -> bool:
+        """Whether ``req`` is done: a stop id in its output (cut after the first) or its budget
+        reached (cut there). Only the tokens since the last call are searched for a stop id
+        (``req.stop_scanned``): the host pass stays linear in the tokens, not in output x
+        calls (64 requests of 4000 tokens: 8.3 ms a call before, on this CPU)."""
         eos = self.eos_token_id
         eos = () if eos is None else {int(eos)} if isinstance(eos, (int, np.integer)) else set(eos)
-        hit = [i for i, t in enumerate(req.output) if t in eos] if eos else []
-        if hit:
-            del req.output[hit[0] + 1 :]
-            return True
+        if eos:
+            for i in range(req.stop_scanned, len(req.output)):
+                if req.output[i] in eos:
+                    del req.output[i + 1 :]
+                    req.stop_scanned = len(req.output)
+                    return True
+            req.stop_scanned = len(req.output)
         if len(req.output) >= req.max_new_tokens:
             del req.output[req.max_new_tokens :]
             return True

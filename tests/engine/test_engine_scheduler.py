@@ -235,3 +235,21 @@ def test_gemm_impl_compile_options(monkeypatch):
     assert auto.gemm_compiler_options(st.CUBLAS_MIN_TOKENS) == off
     assert cublas.gemm_compiler_options(1) == off
     assert xla.gemm_compiler_options(4096) == ()
+
+
+def test_finished_searches_each_new_token_once_for_a_stop_id():
+    """``Engine._finished``: a stop id among the tokens since the last call ends the request
+    (output cut after it), the first new token included; tokens already searched are not
+    searched again; without a stop id the budget ends it."""
+    from types import SimpleNamespace
+
+    engine = SimpleNamespace(eos_token_id=[2, 3])
+    req = Request(0, [1], 100, output=[5, 6, 7])
+    assert not Engine._finished(engine, req) and req.stop_scanned == 3
+    req.output.extend([2, 9, 3])  # the first new token is a stop id
+    assert Engine._finished(engine, req) and req.output == [5, 6, 7, 2]
+    old = Request(1, [1], 100, output=[5, 2, 7], stop_scanned=3)  # 2 was searched already
+    assert not Engine._finished(engine, old) and old.output == [5, 2, 7]
+    budget = Request(2, [1], 4, output=[5, 6, 7, 8, 9])
+    assert Engine._finished(SimpleNamespace(eos_token_id=None), budget)
+    assert budget.output == [5, 6, 7, 8]
