@@ -53,13 +53,10 @@ _OPCODE = re.compile(r"\s([a-z][\w\-]*)\(")
 _PLUMBING = frozenset({"parameter", "constant", "broadcast", "iota", "bitcast"})
 
 
-def trace_gpu_planes(thunk: Callable[[], Any]) -> dict[str, list[StreamEvent]] | None:
-    """Run ``thunk()`` once under the JAX profiler; the events on its GPU stream lines, per GPU.
-
-    ``{plane name ("/device:GPU:0", ...): events}``: every event on a ``/device:GPU*`` plane, line
-    named ``Stream*`` (kernels and device copies), as ``(name, hlo_op, duration_ns)``. None when
-    the trace has no GPU events (CPU).
-    """
+def trace_profile(thunk: Callable[[], Any], read: Callable[[Any], Any]) -> Any:
+    """Run ``thunk()`` once under the JAX profiler (its outputs waited for) and return
+    ``read(data)`` of the trace's ``jax.profiler.ProfileData`` (read while the trace exists),
+    or None when no trace was written."""
     import glob
     import tempfile
 
@@ -69,9 +66,18 @@ def trace_gpu_planes(thunk: Callable[[], Any]) -> dict[str, list[StreamEvent]] |
         with jax.profiler.trace(tmp):
             jax.block_until_ready(thunk())
         paths = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)
-        if not paths:
-            return None
-        data = ProfileData.from_file(paths[0])
+        return read(ProfileData.from_file(paths[0])) if paths else None
+
+
+def trace_gpu_planes(thunk: Callable[[], Any]) -> dict[str, list[StreamEvent]] | None:
+    """Run ``thunk()`` once under the JAX profiler; the events on its GPU stream lines, per GPU.
+
+    ``{plane name ("/device:GPU:0", ...): events}``: every event on a ``/device:GPU*`` plane, line
+    named ``Stream*`` (kernels and device copies), as ``(name, hlo_op, duration_ns)``. None when
+    the trace has no GPU events (CPU).
+    """
+
+    def read(data) -> dict[str, list[StreamEvent]]:
         planes: dict[str, list[StreamEvent]] = {}
         for plane in data.planes:
             if not plane.name.startswith("/device:GPU"):
@@ -83,7 +89,9 @@ def trace_gpu_planes(thunk: Callable[[], Any]) -> dict[str, list[StreamEvent]] |
                 for event in line.events:
                     hlo_op = dict(event.stats).get("hlo_op", "")
                     events.append((event.name, str(hlo_op), float(event.duration_ns)))
-    return {name: events for name, events in planes.items() if events} or None
+        return {name: events for name, events in planes.items() if events}
+
+    return trace_profile(thunk, read) or None
 
 
 def trace_gpu_events(thunk: Callable[[], Any]) -> list[StreamEvent] | None:

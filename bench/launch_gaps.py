@@ -29,10 +29,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import jax
 import numpy as np
 
-from bench._timing import device_name, format_table
+from bench._timing import device_name, format_table, trace_profile
 from jspec.engine.scheduler import DEFAULT_MAX_ROUNDS
 
 GAP_BINS_US = (2.0, 20.0, 200.0)
@@ -56,26 +55,8 @@ HostEvent = tuple[int, int, str, str]  # (start ns, end ns, thread line name, ev
 def trace_timeline(thunk, host: list[HostEvent] | None = None) -> list[tuple[int, int, str]] | None:
     """``thunk()`` under the profiler: every GPU stream event as ``(start_ns, end_ns, name)``,
     sorted by start (None on CPU); ``host``: filled with the host threads' events."""
-    import glob
-    import tempfile
 
-    from jax.profiler import ProfileData
-
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp):
-            thunk()
-        paths = glob.glob(f"{tmp}/**/*.xplane.pb", recursive=True)
-        if not paths:
-            return None
-        data = ProfileData.from_file(paths[0])
-        events = [
-            (int(e.start_ns), int(e.end_ns), e.name)
-            for plane in data.planes
-            if plane.name.startswith("/device:GPU")
-            for line in plane.lines
-            if line.name.startswith("Stream")
-            for e in line.events
-        ]
+    def read(data) -> list[tuple[int, int, str]]:
         if host is not None:
             host.extend(
                 (int(e.start_ns), int(e.end_ns), line.name, e.name)
@@ -84,7 +65,16 @@ def trace_timeline(thunk, host: list[HostEvent] | None = None) -> list[tuple[int
                 for line in plane.lines
                 for e in line.events
             )
-    return sorted(events) or None
+        return [
+            (int(e.start_ns), int(e.end_ns), e.name)
+            for plane in data.planes
+            if plane.name.startswith("/device:GPU")
+            for line in plane.lines
+            if line.name.startswith("Stream")
+            for e in line.events
+        ]
+
+    return sorted(trace_profile(thunk, read) or []) or None
 
 
 def host_during(host: list[HostEvent], start: int, stop: int, top: int = 6) -> list[str]:

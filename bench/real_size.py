@@ -420,16 +420,15 @@ def make_engine(
     num_devices: int = 1,
     tensor_parallel: int = 1,
     adaptive: bool = False,
-    max_rounds: int | None = None,
+    max_rounds: int = DEFAULT_MAX_ROUNDS,
 ):
     """One engine per mode over every batch bucket (one prefill compile, steps per bucket);
     ``batches`` are per data-parallel shard, each of ``tensor_parallel`` devices;
-    ``max_rounds``: decode rounds per dispatch (None: ``Engine``'s default)."""
+    ``max_rounds``: decode rounds per dispatch (``Engine``'s)."""
     from jspec.engine.scheduler import Engine
     from jspec.engine.state import make_engine_config
 
     top = max(batches)
-    rounds = {} if max_rounds is None else {"max_rounds": max_rounds}
     ecfg = make_engine_config(
         target,
         page_size=PAGE,
@@ -455,9 +454,9 @@ def make_engine(
             dparams,
             num_devices=num_devices,
             adaptive=adaptive,
-            **rounds,
+            max_rounds=max_rounds,
         )
-    return Engine(ecfg, target, params, num_devices=num_devices, **rounds)
+    return Engine(ecfg, target, params, num_devices=num_devices, max_rounds=max_rounds)
 
 
 def _reset(engine) -> None:
@@ -600,8 +599,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--max-rounds",
         type=int,
-        default=None,
-        help="decode rounds per dispatch (default: Engine's)",
+        default=DEFAULT_MAX_ROUNDS,
+        help="decode rounds per dispatch (Engine's)",
     )
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
@@ -619,7 +618,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"TFLOP/s; page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
         f"prompts {PROMPT}, {NEW} new tokens; engine context {CAPACITY[0]}, pages {CAPACITY[1]}, "
         f"launch hints {'off' if args.no_kv_len_hints else 'auto'}; "
-        f"{args.max_rounds or DEFAULT_MAX_ROUNDS} rounds per dispatch; "
+        f"{args.max_rounds} rounds per dispatch; "
         f"attention {args.attention_impl}; "
         f"draft head {args.draft}; "
         "LlamaTarget + matched EAGLE-3 head, bf16 (precision by dtype)"

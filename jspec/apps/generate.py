@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-rounds",
         type=int,
-        default=None,
+        default=DEFAULT_MAX_ROUNDS,
         help="decode rounds per device dispatch (Engine's max_rounds, default "
         f"{DEFAULT_MAX_ROUNDS}): fewer stream one prompt's text in smaller bursts and pay the "
         "dispatch's host cost more often",

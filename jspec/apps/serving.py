@@ -95,9 +95,7 @@ def build_engine(
             eos_token_id=list(eos) or None,
             checkify=checkify,
             adaptive=not getattr(args, "no_adaptive", False),
-            **(
-                {} if getattr(args, "max_rounds", None) is None else {"max_rounds": args.max_rounds}
-            ),
+            max_rounds=args.max_rounds,
         )
         t0 = time.perf_counter()
         say(
