@@ -5,9 +5,9 @@ sglang ``srt/mem_cache/allocator/paged.py`` + ``base.py``: free groups (``free``
 ``free_page_ids`` deferred until ``free_group_end``, which releases the token frees first and the
 page ids second; no nesting), ``free_segment`` (page representatives ``free_index[::P]``, start
 page-aligned), ``free_segments`` (page-disjoint segments), the debug-mode checks
-(``SGLANG_DEBUG_MEMORY_POOL``) and the KV-cache host copies. A subclass keeps the free list and
-provides ``free_pages``, ``staged_pages``, ``_free_now(free_index)`` and
-``_free_page_ids_now(page_ids)``.
+(``SGLANG_DEBUG_MEMORY_POOL``), the KV-cache host copies and sglang's constructor. A subclass
+keeps the free list and provides ``clear()`` (called last by the constructor), ``free_pages``,
+``staged_pages``, ``_free_now(free_index)`` and ``_free_page_ids_now(page_ids)``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class SglangAllocatorAPI:
     free_pages: torch.Tensor
     staged_pages: list[torch.Tensor]
 
-    def _init_geometry(
+    def __init__(
         self,
         size: int,
         page_size: int,
@@ -40,9 +40,11 @@ class SglangAllocatorAPI:
         device: Any,
         kvcache: Any,
         need_sort: bool,
-        debug_mode: bool | None,
+        *,
+        debug_mode: bool | None = None,
     ) -> None:
-        """sglang's constructor fields; ``debug_mode=None`` reads ``SGLANG_DEBUG_MEMORY_POOL``."""
+        """sglang's constructor (its fields, then ``clear()``); ``debug_mode=None`` reads
+        ``SGLANG_DEBUG_MEMORY_POOL``."""
         self.size = size
         self.page_size = page_size
         self.dtype = dtype
@@ -51,6 +53,10 @@ class SglangAllocatorAPI:
         self.need_sort = need_sort
         self.num_pages = size // page_size
         self.debug_mode = debug_mode_from_env() if debug_mode is None else bool(debug_mode)
+        self.clear()
+
+    def clear(self) -> None:
+        raise NotImplementedError
 
     def _free_now(self, free_index: torch.Tensor) -> None:
         raise NotImplementedError

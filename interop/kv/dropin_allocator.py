@@ -94,10 +94,9 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
         merge_rule: str = "sglang",
         debug_mode: bool | None = None,
     ) -> None:
-        self._init_geometry(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
         self.impl = impl
         self.merge_rule = merge_rule
-        self.clear()
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort, debug_mode=debug_mode)
 
     # ---- state -----------------------------------------------------------------------------
     def clear(self) -> None:

@@ -22,8 +22,6 @@ Debug mode (``SGLANG_DEBUG_MEMORY_POOL``, or ``debug_mode=``) adds sglang's debu
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from interop.kv._allocator_api import SglangAllocatorAPI
@@ -34,21 +32,8 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
-    """Paged token-slot allocator: slots ``page*P + offset`` for pages ``1..size//P``."""
-
-    def __init__(
-        self,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        device: Any,
-        kvcache: Any,
-        need_sort: bool,
-        *,
-        debug_mode: bool | None = None,
-    ) -> None:
-        self._init_geometry(size, page_size, dtype, device, kvcache, need_sort, debug_mode)
-        self.clear()
+    """Paged token-slot allocator: slots ``page*P + offset`` for pages ``1..size//P``
+    (constructor: :class:`SglangAllocatorAPI`'s, sglang's signature)."""
 
     # ---- state -----------------------------------------------------------------------------
     def clear(self) -> None:
