@@ -267,19 +267,10 @@ def verify_tree_greedy(
       accepted node holds the bonus token), ``accept_index`` i32[B, S+1] (global node ids,
       -1 padded), ``accept_token_num`` i32[B] (correct drafts, root excluded).
     """
-    _validate(
-        candidates,
-        retrive_index,
-        retrive_next_token,
-        retrive_next_sibling,
-        target_predict,
-        num_spec_steps,
-    )
+    tree = (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
+    _validate(*tree, target_predict, num_spec_steps)
     impl = resolve_impl(impl, IMPLS, "verify_tree_greedy")
-    tree = tuple(
-        x.astype(jnp.int32)
-        for x in (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
-    )
+    tree = tuple(x.astype(jnp.int32) for x in tree)
     candidates, retrive_index, retrive_next_token, retrive_next_sibling = tree
     target_predict = target_predict.astype(jnp.int32)
     _probe_inputs(retrive_index, retrive_next_token, retrive_next_sibling)
