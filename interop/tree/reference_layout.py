@@ -70,28 +70,6 @@ def prepare_for_draft(
     return out
 
 
-def prefix_tail_copy_pairs(
-    rows: torch.Tensor,
-    prefix_base: torch.Tensor,
-    last_page: torch.Tensor,
-    num_new_pages: torch.Tensor,
-    topk: int,
-    page_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tgt, src)`` i64 slot pairs: b-major, then branch t = 1..K-1, then hole o < lp."""
-    tgt, src = [], []
-    for b in range(rows.shape[0]):
-        base, lp, nnp = int(prefix_base[b]), int(last_page[b]), int(num_new_pages[b])
-        for t in range(1, topk):
-            for o in range(min(lp, page_size)):
-                src.append(int(rows[b, base + o]))
-                tgt.append(int(rows[b, base + t * nnp * page_size + o]))
-    return (
-        torch.tensor(tgt, dtype=torch.int64, device=rows.device),
-        torch.tensor(src, dtype=torch.int64, device=rows.device),
-    )
-
-
 def duplicate_prefix_tail_to_draft_branches(
     token_to_kv_pool: Any,
     rows: torch.Tensor,
@@ -101,12 +79,25 @@ def duplicate_prefix_tail_to_draft_branches(
     topk: int,
     page_size: int,
 ) -> None:
-    """Copy each request's prefix-tail KV into the holes of branches 1..K-1 (draft pool)."""
+    """Copy each request's prefix-tail KV into the holes of branches 1..K-1 (draft pool).
+
+    One ``move_kv_cache`` of the ``(tgt, src)`` i64 slot pairs, in order b-major, then branch
+    t = 1..K-1, then hole o < lp.
+    """
     if topk <= 1:
         return
-    tgt, src = prefix_tail_copy_pairs(rows, prefix_base, last_page, num_new_pages, topk, page_size)
-    if tgt.numel() > 0:
-        token_to_kv_pool.move_kv_cache(tgt, src)
+    tgt, src = [], []
+    for b in range(rows.shape[0]):
+        base, lp, nnp = int(prefix_base[b]), int(last_page[b]), int(num_new_pages[b])
+        for t in range(1, topk):
+            for o in range(min(lp, page_size)):
+                src.append(int(rows[b, base + o]))
+                tgt.append(int(rows[b, base + t * nnp * page_size + o]))
+    if tgt:
+        token_to_kv_pool.move_kv_cache(
+            torch.tensor(tgt, dtype=torch.int64, device=rows.device),
+            torch.tensor(src, dtype=torch.int64, device=rows.device),
+        )
 
 
 # ---- V1 verify bookkeeping (SPEC §9.3) ---------------------------------------------------------
@@ -151,30 +142,6 @@ def get_target_cache_loc(
 
 
 # ---- V2 accepted-KV move (SPEC §9.1) ----------------------------------------------------------
-def accept_move_pairs(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    accept_index: torch.Tensor,
-    accept_lens: torch.Tensor,
-):
-    """``(tgt, src)`` i64 ``[B*(S+1)]``: tgt packs ``row[L:L+accept_len]``, src packs
-    ``out_cache_loc[accept_index != -1]`` in (b, k) order; the unused tail is ``(0 -> 0)``."""
-    bs, width = accept_index.shape
-    tgt = torch.zeros(bs * width, dtype=torch.int64, device=out_cache_loc.device)
-    src = torch.zeros_like(tgt)
-    t_off = 0
-    for b in range(bs):
-        row, length, n = int(req_pool_indices[b]), int(seq_lens[b]), int(accept_lens[b])
-        tgt[t_off : t_off + n] = req_to_token[row, length : length + n].to(torch.int64)
-        t_off += n
-    picked = accept_index.reshape(-1)
-    picked = picked[picked != -1].to(torch.int64)
-    src[: picked.numel()] = out_cache_loc[picked].to(torch.int64)
-    return tgt, src
-
-
 def move_accept_tokens_to_target_kvcache(
     token_to_kv_pool: Any,
     req_to_token: torch.Tensor,
@@ -187,10 +154,20 @@ def move_accept_tokens_to_target_kvcache(
     """Move accepted nodes' target KV to ``row[L : L+accept_len]``; returns ``(tgt, src)``.
 
     ``accept_lens`` = accepted nodes per request (num_correct_drafts + 1). sglang passes the
-    batch object; its fields are spelled out here.
+    batch object; its fields are spelled out here. ``(tgt, src)`` i64 ``[B*(S+1)]``: tgt packs
+    ``row[L:L+accept_len]``, src packs ``out_cache_loc[accept_index != -1]`` in (b, k) order;
+    the unused tail is ``(0 -> 0)``.
     """
-    tgt, src = accept_move_pairs(
-        req_to_token, req_pool_indices, seq_lens, out_cache_loc, accept_index, accept_lens
-    )
+    bs, width = accept_index.shape
+    tgt = torch.zeros(bs * width, dtype=torch.int64, device=out_cache_loc.device)
+    src = torch.zeros_like(tgt)
+    t_off = 0
+    for b in range(bs):
+        row, length, n = int(req_pool_indices[b]), int(seq_lens[b]), int(accept_lens[b])
+        tgt[t_off : t_off + n] = req_to_token[row, length : length + n].to(torch.int64)
+        t_off += n
+    picked = accept_index.reshape(-1)
+    picked = picked[picked != -1].to(torch.int64)
+    src[: picked.numel()] = out_cache_loc[picked].to(torch.int64)
     token_to_kv_pool.move_kv_cache(tgt, src)
     return tgt, src
