@@ -199,44 +199,6 @@ def _block_rows(num_rows: int, block_rows: int) -> int:
     return min(next_power_of_2(block_rows), max(MIN_BLOCK_ROWS, next_power_of_2(num_rows)))
 
 
-def _expand_page_table_pallas(
-    last_page_lens: jax.Array,
-    cache_loc: jax.Array,
-    *,
-    decode_length: int,
-    geometry: TreeGeometry,
-    page_table_width: int,
-    num_cols: int,
-    interpret: bool,
-    block_rows: int,
-) -> tuple[jax.Array, jax.Array]:
-    topk, page_size = geometry.topk, geometry.page_size
-    num_rows = cache_loc.shape[0]
-    block_rows = _block_rows(num_rows, block_rows)
-    kernel = functools.partial(
-        _expand_page_table_kernel,
-        num_rows=num_rows,
-        num_cols=num_cols,
-        decode_length=decode_length,
-        topk=topk,
-        page_shift=_log2(page_size),
-        width=page_table_width,
-        block_rows=block_rows,
-        block_cols=next_power_of_2(page_table_width),
-    )
-    return _common.pallas_call(
-        kernel,
-        out_shape=(
-            jax.ShapeDtypeStruct((num_rows,), jnp.int32),
-            jax.ShapeDtypeStruct((num_rows, page_table_width), jnp.int32),
-        ),
-        grid=(pl.cdiv(num_rows, block_rows),),
-        interpret=interpret,
-        num_warps=NUM_WARPS,
-        name="jspec_expand_page_table",
-    )(last_page_lens, cache_loc)
-
-
 # ---- raw Triton (the kernel source is jspec.kernels.triton_meta's) ----------------------------
 def triton_launch(
     num_rows: int,
@@ -349,23 +311,37 @@ def expand_page_table(
     }
     if impl == "xla":
         return expand_page_table_reference(last_page_lens, cache_loc, **kwargs)
-    if impl == "pallas":
-        return _expand_page_table_pallas(
-            last_page_lens,
-            cache_loc,
-            **kwargs,
-            interpret=_common.resolve_interpret(interpret),
-            block_rows=block_rows,
-        )
+    # Pallas and Triton: one program per block of rows, the same two outputs.
     block_rows = _block_rows(num_rows, block_rows)
+    out_shape = (
+        jax.ShapeDtypeStruct((num_rows,), jnp.int32),
+        jax.ShapeDtypeStruct((num_rows, width), jnp.int32),
+    )
+    if impl == "pallas":
+        kernel = functools.partial(
+            _expand_page_table_kernel,
+            num_rows=num_rows,
+            num_cols=num_cols,
+            decode_length=decode_length,
+            topk=topk,
+            page_shift=_log2(geometry.page_size),
+            width=width,
+            block_rows=block_rows,
+            block_cols=next_power_of_2(width),
+        )
+        return _common.pallas_call(
+            kernel,
+            out_shape=out_shape,
+            grid=(pl.cdiv(num_rows, block_rows),),
+            interpret=_common.resolve_interpret(interpret),
+            num_warps=NUM_WARPS,
+            name="jspec_expand_page_table",
+        )(last_page_lens, cache_loc)
     launch = triton_launch(num_rows, cache_loc.shape[1], **kwargs, block_rows=block_rows)
     return _common.triton_call(
         launch,
         last_page_lens,
         cache_loc,
-        out_shape=(
-            jax.ShapeDtypeStruct((num_rows,), jnp.int32),
-            jax.ShapeDtypeStruct((num_rows, width), jnp.int32),
-        ),
+        out_shape=out_shape,
         name="jspec_expand_page_table_triton",
     )
