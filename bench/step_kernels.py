@@ -1,6 +1,7 @@
 """Every kernel of one real_size decode step, by HLO instruction (issue 13: where the time goes).
 
-    python -m bench.step_kernels [--geometry 8b] [--mode greedy] [--bs 1] [--top 40]
+    python -m bench.step_kernels [--geometry 8b] [--modes greedy] [--batches 1] [--top 40]
+                                 [--prompt 128] [--context 256]
 
 Builds ``bench.real_size``'s geometry and engine, runs it to a steady state, compiles the step
 with XLA's command buffers off (every kernel attributed to its HLO instruction) and prints, per
@@ -128,6 +129,23 @@ def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
     return rows, summary
 
 
+def by_op(rows: list[dict]) -> list[dict]:
+    """Rows summed over instructions of one op and kind (a layer's kernels over all layers):
+    us and launches per step, most first."""
+    acc: dict[tuple, list[float]] = {}
+    for r in rows:
+        kind = r["what"].split(" ")[0] + (" DOT" if " DOT" in r["what"] else "")
+        key = (r["class"], kind, r["op"])
+        acc.setdefault(key, [0.0, 0.0])
+        acc[key][0] += r["us"]
+        acc[key][1] += r["calls"]
+    out = [
+        {"us": us, "calls": n, "class": c, "what": kind, "op": op}
+        for (c, kind, op), (us, n) in acc.items()
+    ]
+    return sorted(out, key=lambda r: -r["us"])
+
+
 def main(argv: list[str] | None = None) -> None:
     import numpy as np
 
@@ -139,23 +157,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="1")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--attention-impl", default="auto")
+    parser.add_argument(
+        "--calls", type=int, default=3, help="profiled calls (state copies held at once)"
+    )
+    parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens per request")
+    parser.add_argument(
+        "--context", type=int, default=256, help="the engine's context_len (capacity)"
+    )
     args = parser.parse_args(argv)
+    from bench import real_size
+
+    real_size.PROMPT = args.prompt  # read by make_engine (max_prompt_len, context)
+    real_size.CAPACITY = (max(args.context, args.prompt + 256), None)
     g = GEOMETRIES[args.geometry]
     target = make_target(g)
     params, draft, dparams = make_params(g, target)
     batches = [int(b) for b in args.batches.split(",")]
-    print(f"step_kernels on {device_name()}: {g.name}", flush=True)
+    print(
+        f"step_kernels on {device_name()}: {g.name}, prompts {args.prompt}, engine context "
+        f"{real_size.CAPACITY[0]}",
+        flush=True,
+    )
     for mode in args.modes.split(","):
         engine = make_engine(g, target, params, draft, dparams, mode, batches, args.attention_impl)
         for bs in batches:
             rng = np.random.default_rng(bs)
-            prompts = [rng.integers(0, g.draft_vocab, PROMPT).tolist() for _ in range(bs)]
-            rows, summary = kernel_rows(engine, prompts)
+            prompts = [rng.integers(0, g.draft_vocab, args.prompt).tolist() for _ in range(bs)]
+            rows, summary = kernel_rows(engine, prompts, args.calls)
             print(f"\n## {mode} bs={bs}: " + ", ".join(f"{k} {v:.1f}" for k, v in summary.items()))
             dots = [r for r in rows if _is_matmul(r)]
             others = [r for r in rows if not _is_matmul(r)]
             print(f"### matmuls (top {args.top})\n" + format_table(dots[: args.top]))
             print(f"### the rest (top {args.top})\n" + format_table(others[: args.top]), flush=True)
+            print(
+                f"### by op (top {args.top})\n" + format_table(by_op(rows)[: args.top]), flush=True
+            )
             # Every kernel outside the models (bookkeeping and unattributed), whatever its rank.
             books = [r for r in rows if r["class"] not in ("target", "draft", "attention")]
             total = sum(r["us"] for r in books)
