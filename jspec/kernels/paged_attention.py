@@ -242,6 +242,7 @@ def paged_attention_reference(
         "num_warps",
         "num_stages",
         "max_kv_len",
+        "tail_split",
     ),
 )
 def paged_attention(
@@ -264,6 +265,7 @@ def paged_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     max_kv_len: int | None = None,
+    tail_split: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """One GQA attention pass of ``q`` over a paged KV pool (module docstring).
 
@@ -290,6 +292,8 @@ def paged_attention(
         short batch in a wide table does not pay for the width (measured: 2-3x on 128-key
         passes in 8k-key tables). Not a bound: a longer row is still read whole, with fewer
         splits. None: the width. Ignored by ``"xla"``.
+      tail_split: static Triton launch knob: read the tail in a split of its own (None: the
+        kernel's launch plan; ignored by ``"xla"`` and without a tail).
 
     Returns:
       ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``: a query that sees no key gets
@@ -315,6 +319,7 @@ def paged_attention(
         "num_splits": num_splits,
         "num_warps": num_warps,
         "num_stages": num_stages,
+        "tail_split": tail_split,
     }
     # num_splits and num_stages are any positive ints (the others powers of 2).
     _common.validate_tuning(
@@ -325,6 +330,10 @@ def paged_attention(
             tuning[name] is None or (isinstance(tuning[name], int) and tuning[name] >= 1),
             f"{name}={tuning[name]!r} must be None or an int >= 1",
         )
+    probes.static_check(
+        tail_split is None or isinstance(tail_split, bool),
+        f"tail_split={tail_split!r} must be None or a bool",
+    )
     impl = _common.resolve_impl(impl, IMPLS, "paged_attention")
     if probes.probes_on():
         _probe(page_table, kv_lens, q_lens, tail_slot_ids, k_pool.shape[1], page_size, q.shape[1])

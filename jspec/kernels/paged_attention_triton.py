@@ -9,13 +9,16 @@ IEEE-f32 ``tl.dot``, no TF32). One launch serves every pass shape::
 
     grid = (row blocks x B x Hkv, splits);  rows r = (query r // G, head kv_head * G + r % G)
     program's keys [0, hi): hi = kv_lens[b] (causal: the limit of its last real query)
-    split s: keys [s * chunk, (s + 1) * chunk) of [0, hi), chunk = BN * ceil(hi / NS / BN)
+    split s: keys [s * chunk, (s + 1) * chunk) of [0, hi), chunk = BN * ceil(hi / NSP / BN)
+    NSP = NS prefix splits, or NS - 1 with TAIL_SPLIT (the last split then reads the tail only)
 
     phase 0  full blocks     every real row sees every key: no mask loaded or computed
     phase 1  masked blocks   key w visible to row r iff w < lim[r]          (lengths only)
                lim[r] = kv_lens[b] (causal: kv_lens[b] - q_lens[b] + query(r) + 1)
     phase 2  the tail        last split only: key j iff tail_mask[b, query(r), j], slot
-                             tail_slot_ids[b, j] (only keys some row of the block sees load)
+                             tail_slot_ids[b, j] (only keys some row of the block sees load);
+                             with TAIL_SPLIT that split reads no prefix key: the tail's
+                             loads no longer wait behind a prefix chunk's
     per block of BN keys: slot = page_table[b, w // P] * P + w % P;  K, V [BN, D] rows gathered
     s = q @ k.T (log2 units); online softmax m, l; acc = acc * alpha + p @ v
 
@@ -24,7 +27,7 @@ IEEE-f32 ``tl.dot``, no TF32). One launch serves every pass shape::
 Launch plans (:func:`launch_plan`): *decode-shaped* passes (``Qp * G <= 64`` rows: decode,
 draft passes A / B, verify; or any non-causal pass) take one 16-64-row tile per (batch row,
 KV head) and split the keys over enough programs to fill the GPU (flash decoding, merged by
-log-sum-exp in XLA: :func:`merge_splits`). *Causal prefill chunks* (``Qp * G > 64``) take
+log-sum-exp in a second launch: :func:`merge_splits_triton`). *Causal prefill chunks* (``Qp * G > 64``) take
 128-row tiles (``128 / G`` queries x ``G`` heads: K / V read once per block for the whole
 group), full key blocks below the diagonal and masked blocks on it, the longest query blocks
 first, no split unless the grid is under one wave. Each program's trip count is a runtime value from the lengths: padded
@@ -66,7 +69,9 @@ MIN_BLOCK_N, MAX_BLOCK_N = 32, 128
 DEFAULT_NUM_WARPS = 4
 # Software pipelining depth of decode-shaped passes: 2 (measured on the H200 with this kernel,
 # 2026-11-26, bench/RESULTS.md: verify bs64 x 8k keys, 32-row tiles: 648 us with 1 stage,
-# 542 us with 2 (3.96 TB/s), 545 with 3; decode 16-row tiles: 2 as good as any).
+# 542 us with 2 (3.96 TB/s), 545 with 3; decode 16-row tiles: 2 as good as any); 1 where each
+# split reads one key block (H100, 2026-11-27: verify bs 1 over 2k keys, 17 splits, kernel
+# 12.2 us with 2 stages, 8.7 with 1).
 DEFAULT_NUM_STAGES_SMALL_M, DEFAULT_NUM_STAGES = 2, 2
 # NOTE: a K / V address needs a page id loaded first, so Triton's pipeliner (triton 3.6) splits
 # the depth between the two loads: num_stages 2-4 fetch K / V one block ahead of the dots (the
@@ -81,15 +86,22 @@ PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 8, 5
 # f32 pools (IEEE dots; tests and the f32 demo): 64 x 64 tiles, 2 stages. The bf16 plan's
 # 128 x 128 x 5 stages asks for 394 KB of shared memory in f32 (the H100 / H200 have 227 KB).
 F32_PREFILL_BLOCK, F32_PREFILL_NUM_STAGES = 64, 2
-# Splits of the keys: enough programs to fill the GPU, each split at least MIN_SPLIT_BLOCKS
-# key blocks of the page table's width.
-TARGET_PROGRAMS = 4 * NUM_SMS
+# Splits of the keys: about TARGET_PROGRAMS programs (the split count rounded to the nearest),
+# each split at least MIN_SPLIT_BLOCKS key blocks of the page table's width. Measured on the
+# H100 (2026-11-27, 8B heads, bf16, 2k keys): verify bs 16 over 2k keys, kernel alone, 6 splits
+# (768 programs) 74.5 us, 2 splits 62.5; decode bs 16 5 splits 54.3, 2 splits 50.2; bs 64
+# verify 1 split 205 vs 2 splits 217; bs 1 passes want every split they can get (16 splits).
+TARGET_PROGRAMS = 2 * NUM_SMS
 MIN_SPLIT_BLOCKS = 1
 # No split for decode-shaped rows (one 16-row tile) when the grid already holds at least half of
 # TARGET_PROGRAMS and each program loops over fewer than this many key blocks: the partials and
 # the XLA merge cost more than they give (measured on the H200, 2026-11-24, bs64 decode over
 # ~160 keys: 2 splits 31.8 us, 1 split 23.9 us; bench/RESULTS.md).
 SPLIT_FULL_GRID_MIN_BLOCKS = 8
+# A tail (verify / extend window) gets a split of its own when each prefix split reads at most
+# this many key blocks: there the tail's loads, queued behind the last split's prefix chunk,
+# set the kernel's time (measured below); longer splits keep it in the last one.
+TAIL_SPLIT_MAX_BLOCKS = 4
 _LOG2E = 1.4426950408889634
 
 
@@ -113,6 +125,7 @@ def _paged_attention_kernel(
     D: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     TAIL_LEN: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,
     CAUSAL: tl.constexpr,
     ROW_BLOCKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -169,7 +182,8 @@ def _paged_attention_kernel(
         hi = kv_len
         full = kv_len
     # This split's keys [s_lo, s_hi): full blocks [s_lo, f_end), masked blocks [f_end, s_hi).
-    chunk = tl.cdiv(tl.cdiv(hi, NS), BLOCK_N) * BLOCK_N
+    # With TAIL_SPLIT the last split's s_lo = (NS - 1) * chunk >= hi: no prefix key.
+    chunk = tl.cdiv(tl.cdiv(hi, NS - 1 if TAIL_SPLIT else NS), BLOCK_N) * BLOCK_N
     s_lo = split * chunk
     s_hi = tl.minimum(s_lo + chunk, hi)
     f_end = s_lo + tl.maximum(tl.minimum(full, s_hi) - s_lo, 0) // BLOCK_N * BLOCK_N
@@ -282,9 +296,99 @@ def _paged_attention_kernel(
     tl.store(lse_ptr + o_off, lse, mask=in_q)
 
 
+def _merge_splits_kernel(
+    out_ptr,  # f32[B, NS, R, D] the splits' partial outputs (R = Qp * Hq rows)
+    lse_ptr,  # f32[B, NS, R]
+    merged_ptr,  # f32[B, R, D] (out)
+    merged_lse_ptr,  # f32[B, R] (out)
+    NS: tl.constexpr,
+    NS_PAD: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
+    R: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """:func:`merge_splits` in one launch: ``BLOCK_R`` rows of one batch row per program; the
+    splits' lse first (the row's max), then their outputs ``SPLIT_CHUNK`` splits at a time
+    (unrolled: every load in flight at once). Empty splits' outputs are never loaded."""
+    row_blocks: tl.constexpr = (R + BLOCK_R - 1) // BLOCK_R
+    pid = tl.program_id(0)
+    b = (pid // row_blocks).to(tl.int64)
+    rows = (pid % row_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BR]
+    r_ok = rows < R
+    dcol = tl.arange(0, BLOCK_D)
+    d_ok = dcol < D
+    every = tl.arange(0, NS_PAD)
+    lse = tl.load(
+        lse_ptr + (b * NS + every[:, None]) * R + rows[None, :],
+        mask=(every < NS)[:, None] & r_ok[None, :],
+        other=float("-inf"),
+    )  # [NS_PAD, BR]
+    has_key = tl.max((lse != float("-inf")).to(tl.int32), axis=0) > 0  # NaN counts as seen
+    top = tl.where(has_key, tl.max(lse, axis=0), 0.0)
+    total = tl.zeros((BLOCK_R,), tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    for first in tl.static_range(0, NS, SPLIT_CHUNK):
+        split = first + tl.arange(0, SPLIT_CHUNK)  # [SC]
+        part = tl.load(
+            lse_ptr + (b * NS + split[:, None]) * R + rows[None, :],
+            mask=(split < NS)[:, None] & r_ok[None, :],
+            other=float("-inf"),
+        )  # [SC, BR]
+        empty = part == float("-inf")
+        weight = tl.where(empty, 0.0, tl.exp(part - top[None, :]))  # a NaN lse: NaN weight
+        total += tl.sum(weight, axis=0)
+        o_off = ((b * NS + split[:, None, None]) * R + rows[None, :, None]) * D
+        o = tl.load(
+            out_ptr + o_off + dcol[None, None, :],
+            mask=(~empty)[:, :, None] & d_ok[None, None, :],
+            other=0.0,
+        )  # [SC, BR, BD]
+        acc += tl.sum(o * weight[:, :, None], axis=0)
+    safe = tl.where(has_key, total, 1.0)
+    merged = tl.where(has_key[:, None], acc / safe[:, None], 0.0)
+    merged_lse = tl.where(has_key, top + tl.log(safe), float("-inf"))
+    m_off = (b * R + rows) * D
+    tl.store(
+        merged_ptr + m_off[:, None] + dcol[None, :], merged, mask=r_ok[:, None] & d_ok[None, :]
+    )
+    tl.store(merged_lse_ptr + b * R + rows, merged_lse, mask=r_ok)
+
+
 def get_kernel() -> Any:
     """``triton.jit`` of the kernel for the current mode (:func:`_common.triton_jit`)."""
     return _common.triton_jit(_paged_attention_kernel)
+
+
+def get_merge_kernel() -> Any:
+    """``triton.jit`` of the split merge for the current mode."""
+    return _common.triton_jit(_merge_splits_kernel)
+
+
+# The merge's register tile: at most this many f32 partial-output elements per program and
+# loop step (SPLIT_CHUNK x BLOCK_R x BLOCK_D), 4 warps.
+MERGE_TILE = 4096
+
+
+def merge_plan(batch: int, num_splits: int, rows: int, dim: int) -> tuple[tuple[int], dict]:
+    """Static ``(grid, constexprs)`` of :func:`merge_splits_triton` for ``f32[B, NS, R, D]``
+    partials: enough programs of ``BLOCK_R`` rows to fill the GPU (2-64 rows each), the splits
+    read ``SPLIT_CHUNK`` at a time within :data:`MERGE_TILE`."""
+    block_d = next_power_of_2(dim)
+    want = -(-batch * rows // TARGET_PROGRAMS)
+    block_r = max(2, min(64, next_power_of_2(want), next_power_of_2(rows)))
+    chunk = max(1, min(next_power_of_2(num_splits), MERGE_TILE // (block_r * block_d)))
+    meta = {
+        "NS": num_splits,
+        "NS_PAD": next_power_of_2(num_splits),
+        "SPLIT_CHUNK": chunk,
+        "R": rows,
+        "D": dim,
+        "BLOCK_R": block_r,
+        "BLOCK_D": block_d,
+    }
+    return (batch * -(-rows // block_r),), meta
 
 
 def is_prefill_shaped(qp: int, hq: int, hkv: int, causal: bool) -> bool:
@@ -309,6 +413,7 @@ def launch_plan(
     num_splits: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    tail_split: bool | None = None,
 ) -> tuple[tuple[int, int], dict[str, Any], dict[str, int]]:
     """Static ``(grid, constexprs, launch options)`` for one pass (``batch * qp > 0``); the
     grid is ``(row blocks x B x Hkv, splits)``.
@@ -318,6 +423,9 @@ def launch_plan(
       num_pages, page_size: the page table's width ``C`` and ``P``; tail_len: ``N`` (0: none).
       pool_dtype: the pool's dtype (f32: IEEE dots); causal: the pass's.
       block_m, block_n, num_splits, num_warps, num_stages: None: the defaults below.
+      tail_split: with a tail, read it in a split of its own (the grid's last; ``num_splits``
+        then counts the prefix splits) instead of after the last split's prefix keys. None:
+        when the prefix splits hold at most :data:`TAIL_SPLIT_MAX_BLOCKS` key blocks each.
 
     Defaults: prefill-shaped passes (:func:`is_prefill_shaped`) 128 x 128 tiles, 8 warps,
     5 stages, no split unless the grid is under one wave; decode-shaped passes ``block_m =
@@ -349,11 +457,15 @@ def launch_plan(
         if prefill:  # split only a grid under one wave
             num_splits = 1 if base >= NUM_SMS else -(-2 * NUM_SMS // base)
         else:
-            num_splits = max(1, min(-(-TARGET_PROGRAMS // base), num_blocks // MIN_SPLIT_BLOCKS))
+            nearest = (2 * TARGET_PROGRAMS + base) // (2 * base)  # round(TARGET / base)
+            num_splits = max(1, min(nearest, num_blocks // MIN_SPLIT_BLOCKS))
             short = num_blocks < SPLIT_FULL_GRID_MIN_BLOCKS
             if block_m <= MIN_DOT and 2 * base >= TARGET_PROGRAMS and short:
                 num_splits = 1  # decode-shaped rows only (draft A's 32-row tiles kept the split)
     num_splits = max(1, min(num_splits, num_blocks))
+    if tail_split is None:
+        tail_split = -(-num_blocks // num_splits) <= TAIL_SPLIT_MAX_BLOCKS
+    tail_split = bool(tail_split and tail_len > 0)
     meta = {
         "QP": qp,
         "HQ": hq,
@@ -361,6 +473,7 @@ def launch_plan(
         "D": dim,
         "PAGE_SIZE": page_size,
         "TAIL_LEN": tail_len,
+        "TAIL_SPLIT": tail_split,
         "CAUSAL": bool(causal),
         "ROW_BLOCKS": row_blocks,
         "BLOCK_M": block_m,
@@ -377,8 +490,10 @@ def launch_plan(
     else:
         default_warps = DEFAULT_NUM_WARPS
         default_stages = DEFAULT_NUM_STAGES_SMALL_M if block_m <= MIN_DOT else DEFAULT_NUM_STAGES
+        if -(-num_blocks // num_splits) <= 1:
+            default_stages = 1  # one key block per split: nothing to pipeline
     opts = {"num_warps": num_warps or default_warps, "num_stages": num_stages or default_stages}
-    return (row_blocks * batch * hkv, num_splits), meta, opts
+    return (row_blocks * batch * hkv, num_splits + tail_split), meta, opts
 
 
 def plan_pages(num_pages: int, page_size: int, max_kv_len: int | None) -> int:
@@ -391,7 +506,8 @@ def plan_pages(num_pages: int, page_size: int, max_kv_len: int | None) -> int:
 
 def merge_splits(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Log-sum-exp merge over axis 1: ``f32[B, NS, Qp, Hq, D], f32[B, NS, Qp, Hq]`` ->
-    ``(f32[B, Qp, Hq, D], f32[B, Qp, Hq])``.
+    ``(f32[B, Qp, Hq, D], f32[B, Qp, Hq])``; pure jnp: the oracle of
+    :func:`merge_splits_triton` (the kernel path's merge).
 
     Splits with ``lse = -inf`` (nothing seen) are ignored; all of them: 0, -inf. A NaN lse or
     out of a split that saw keys stays NaN in the merged result.
@@ -409,6 +525,34 @@ def merge_splits(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
     merged = merged / safe[..., None]
     lse_out = jnp.where(has_key, top + jnp.log(safe), -jnp.inf)
     return jnp.where(has_key[..., None], merged, 0.0), lse_out
+
+
+def merge_splits_triton(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """:func:`merge_splits` as one raw Triton launch (:func:`_merge_splits_kernel`; XLA
+    lowers the jnp merge to three fusions that cost as much as a short pass's kernel:
+    measured on the H100, bs 1 verify over 2k keys, 17 splits: 7 us against the kernel's 12).
+
+    Args: ``out f32[B, NS, Qp, Hq, D]``, ``lse f32[B, NS, Qp, Hq]``. Returns as merge_splits.
+    """
+    bsz, ns, qp, hq, dim = out.shape
+    if ns == 1:
+        return out[:, 0], lse[:, 0]
+    grid, meta = merge_plan(bsz, ns, qp * hq, dim)
+    merged, merged_lse = _common.jax_triton_call(
+        out,
+        lse,
+        kernel=get_merge_kernel(),
+        out_shape=(
+            jax.ShapeDtypeStruct((bsz, qp, hq, dim), jnp.float32),
+            jax.ShapeDtypeStruct((bsz, qp, hq), jnp.float32),
+        ),
+        grid=grid,
+        name="jspec_merge_splits",
+        num_warps=4,
+        num_stages=1,
+        **meta,
+    )
+    return merged, merged_lse
 
 
 def paged_attention_triton(
@@ -430,6 +574,7 @@ def paged_attention_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     max_kv_len: int | None = None,
+    tail_split: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`jspec.kernels.paged_attention.paged_attention` through ``jax_triton`` (GPU only).
 
@@ -472,6 +617,7 @@ def paged_attention_triton(
         num_splits=num_splits,
         num_warps=num_warps,
         num_stages=num_stages,
+        tail_split=tail_split,
     )
     ns = grid[1]
     out_shape = (
@@ -497,4 +643,4 @@ def paged_attention_triton(
         **meta,
         **opts,
     )
-    return merge_splits(out, lse)
+    return merge_splits_triton(out, lse)

@@ -375,8 +375,34 @@ def launch_interpreted(case: Case, *, kernel: Any = None, **tuning: Any):
         **meta,
         **opts,
     )
-    merged = pat.merge_splits(jnp.asarray(out.numpy()), jnp.asarray(lse.numpy()))
-    return np.asarray(merged[0]), np.asarray(merged[1]), lse.numpy()
+    merged = merge_interpreted(out.numpy(), lse.numpy())
+    return merged[0], merged[1], lse.numpy()
+
+
+def merge_interpreted(out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``merge_splits_triton``'s kernel on torch CPU tensors (Triton's interpreter must be on):
+    ``f32[B, NS, Qp, Hq, D], f32[B, NS, Qp, Hq]`` -> merged numpy ``(out, lse)``; one split:
+    taken as it is (the wrapper launches nothing)."""
+    import torch
+
+    from jspec.kernels import paged_attention_triton as pat
+
+    bsz, ns, qp, hq, dim = out.shape
+    if ns == 1:
+        return out[:, 0], lse[:, 0]
+    grid, meta = pat.merge_plan(bsz, ns, qp * hq, dim)
+    merged = torch.full((bsz, qp, hq, dim), float("nan"))
+    merged_lse = torch.full((bsz, qp, hq), float("nan"))
+    pat.get_merge_kernel()[grid](
+        torch.from_numpy(np.ascontiguousarray(out, np.float32)),
+        torch.from_numpy(np.ascontiguousarray(lse, np.float32)),
+        merged,
+        merged_lse,
+        num_warps=4,
+        num_stages=1,
+        **meta,
+    )
+    return merged.numpy(), merged_lse.numpy()
 
 
 def mutated_kernel(old: str, new: str) -> Any:

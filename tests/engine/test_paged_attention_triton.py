@@ -9,7 +9,7 @@ as ``paged_attention(..., impl="triton")`` against the compiled pure-jnp referen
 Oracle: paged_attention_cases' f64 loop over the keys each query sees; every pool position the
 pass does not read is NaN and the outputs are NaN-poisoned before the launch, so a kernel that
 reads one position too many or leaves an output unwritten fails. Every launch-plan branch runs:
-splits or none, the tail in the last split or no tail, causal full / masked blocks, the prefill
+splits or none, the tail in the last split, in a split of its own or no tail, causal full / masked blocks, the prefill
 plan, several row blocks, block_n below and above the page size; a mutated kernel (a causal
 limit one key off) must fail the same checks.
 """
@@ -50,6 +50,18 @@ KERNEL_CASES = [
     pytest.param("mha-p64", {"block_n": 16, "num_splits": 4}, id="p64-bn16-split4"),
     pytest.param("verify-tree-n8", {}, id="verify-tree"),
     pytest.param("verify-tree-n8", {"num_splits": 3, "block_n": 16}, id="verify-tree-split3"),
+    pytest.param(
+        "verify-tree-n8",
+        {"num_splits": 3, "block_n": 16, "tail_split": False},
+        id="verify-tail-in-last-split",
+    ),
+    pytest.param("verify-tree-n8", {"num_splits": 1, "tail_split": True}, id="verify-tail-split"),
+    pytest.param(
+        "causal-tail-ragged",
+        {"block_n": 16, "num_splits": 2, "tail_split": True},
+        id="causal-tail-split",
+    ),
+    pytest.param("tail-only", {"tail_split": False}, id="tail-only-no-split"),
     pytest.param("extend-causal-tail-n16", {"block_m": 16}, id="extend-rowblocks"),
     pytest.param("tail-random-d24", {}, id="tail-d24"),
     pytest.param("prefill-ragged-mqa", {}, id="prefill-plan"),
@@ -151,7 +163,8 @@ MUTANTS = [
 @pytest.mark.parametrize("old,new,name", MUTANTS)
 def test_interpreted_mutant_fails(old, new, name):
     case = pc.make_case(np.random.default_rng(_seed(name, "float32")), **pc.CASES[name])
-    tuning = {"block_m": 16, "block_n": 16, "num_splits": 1}
+    # the tail after the prefix in one split: where the causal rows' reset matters
+    tuning = {"block_m": 16, "block_n": 16, "num_splits": 1, "tail_split": False}
     want = pc.oracle(case)
     pc.check(*pc.launch_interpreted(case, **tuning)[:2], *want, **F32_TOL)  # the real kernel
     out, lse, _ = pc.launch_interpreted(case, kernel=pc.mutated_kernel(old, new), **tuning)
@@ -185,9 +198,20 @@ def test_launch_plan():
     grid, meta, _ = _plan(64, 1, 256)
     assert grid == (64 * 8, 1) and meta["BLOCK_N"] == 64
     assert _plan(16, 1, 256)[0][1] > 1  # ... but bs16 over the same row still splits
-    # verify: 8 queries x 4 heads in one 32-row tile, the tail in the same launch.
+    # verify: 8 queries x 4 heads in one 32-row tile, the tail in the same launch: in a split
+    # of its own when the prefix splits are short (16 splits of one block, + 1), in the last
+    # prefix split when they are long (bs 64 x 8k: 2 splits of 32 blocks).
     grid, meta, _ = _plan(4, 8, 2048, tail_len=8)
     assert meta["BLOCK_M"] == 32 and meta["ROW_BLOCKS"] == 1 and meta["TAIL_LEN"] == 8
+    assert meta["TAIL_SPLIT"] and grid == (32, 8 + 1)  # 8 splits of 2 blocks + the tail's
+    grid, meta, _ = _plan(64, 8, 8192, tail_len=8)
+    assert not meta["TAIL_SPLIT"] and grid == (512, 1)
+    assert _plan(4, 8, 2048, tail_len=8, tail_split=False)[0] == (32, 8)
+    # bs 16: about 2 x NUM_SMS programs (2 splits); a split of one key block: no pipelining.
+    assert _plan(16, 1, 2048)[0] == (128, 2)
+    grid, _, opts = _plan(1, 8, 2048, tail_len=8)
+    assert grid == (8, 16 + 1) and opts["num_stages"] == 1
+    assert not _plan(4, 1, 2048)[1]["TAIL_SPLIT"]  # no tail: no tail split
     # prefill chunk: 128-row tiles (32 queries x 4 heads), 8 warps, no split.
     grid, meta, opts = _plan(1, 8192, 8192, causal=True)
     assert meta["BLOCK_M"] == 128 and meta["ROW_BLOCKS"] == 256 and grid == (256 * 8, 1)
@@ -205,7 +229,7 @@ def test_launch_plan():
     hinted = pat.launch_plan(
         1, 1, 32, 8, 128, pat.plan_pages(512, 16, 128), 16, 0, jnp.bfloat16, causal=False
     )
-    assert wide[0] == (8, 64) and hinted[0][1] < 8 and hinted == _plan(1, 1, 128)
+    assert wide[0] == (8, 33) and hinted[0][1] < 8 and hinted == _plan(1, 1, 128)
     assert pat.plan_pages(512, 16, None) == 512 and pat.plan_pages(512, 16, 10**9) == 512
     assert pat.plan_pages(512, 16, 1) == 1 and pat.plan_pages(512, 16, 17) == 2
 
@@ -228,6 +252,33 @@ def test_merge_splits():
     # a NaN partial that saw keys stays NaN
     nan_out, nan_lse = pat.merge_splits(out.at[0, 2, 0].set(jnp.nan), lse.at[0, 0, 1].set(jnp.nan))
     assert np.isnan(np.asarray(nan_out[0, 0])).all() and np.isnan(np.asarray(nan_lse[0, 1])).all()
+
+
+@in_process
+@pytest.mark.filterwarnings("ignore:overflow encountered")  # exp of a huge lse difference
+@pytest.mark.parametrize("shape", [(2, 3, 4, 2, 8), (1, 17, 8, 32, 128), (3, 2, 5, 3, 24)])
+def test_interpreted_merge_kernel_vs_merge_splits(shape):
+    """The Triton merge against the jnp one on random partials: empty splits (whose outputs
+    are NaN and must not be read), a row no split saw, a NaN lse and a NaN output of splits
+    that saw keys, and lse values far apart (the max shift); rows and head_dim not powers of 2,
+    17 splits (three chunks)."""
+    rng = np.random.default_rng(sum(shape))
+    bsz, ns = shape[:2]
+    out = rng.standard_normal(shape).astype(np.float32)
+    lse = (rng.standard_normal(shape[:4]) * 30).astype(np.float32)
+    lse[0, 0] = -np.inf  # an empty split (its out poisoned: never read)
+    out[0, 0] = np.nan
+    lse[bsz - 1, :, 0] = -np.inf  # a row no split saw
+    lse[0, ns - 1, -1, -1] = np.nan
+    out[bsz - 1, ns - 1, -1, 0] = np.nan
+    got_out, got_lse = pc.merge_interpreted(out, lse)
+    want_out, want_lse = map(np.asarray, pat.merge_splits(jnp.asarray(out), jnp.asarray(lse)))
+    np.testing.assert_array_equal(np.isnan(got_out), np.isnan(want_out))
+    np.testing.assert_array_equal(np.isnan(got_lse), np.isnan(want_lse))
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(got_lse, want_lse, rtol=1e-6, atol=1e-5, equal_nan=True)
+    assert np.isneginf(got_lse[bsz - 1, 0]).all() and (got_out[bsz - 1, 0] == 0).all()
+    assert not np.isnan(got_out[0, 0]).any()  # the empty split's NaN never reached a row
 
 
 _COMPILE_SCRIPT = """
