@@ -189,7 +189,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "release_kv_cache": "def(allocator: 'PagedAllocator', req_to_token: 'jax.Array', reqs: 'ReqKVState', "
         "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
         "set_kv_buffer": "def(pool: 'KVPool', layer: 'int', slot_ids: 'jax.Array', k: 'jax.Array', "
-        "v: 'jax.Array') -> 'KVPool'",
+        "v: 'jax.Array', *, impl: 'str' = 'xla') -> 'KVPool'",
     },
     "jspec.tree": {
         "BuildTreeOutput": "class(tree_mask: 'jax.Array', positions: 'jax.Array', retrive_index: 'jax.Array', "

@@ -62,14 +62,16 @@ class PagedAttentionBackend:
     """jspec's backend over :class:`jspec.kv.KVPool` (``[L, S, Hkv, D]`` K and V).
 
     Attributes:
-      impl: ``"xla"`` (:func:`jspec.kernels.paged_attention.paged_attention_reference`) or
-        ``"triton"`` (GPU).
+      impl: ``"xla"`` (:func:`jspec.kernels.paged_attention.paged_attention_reference`, the
+        K/V writes as XLA scatters) or ``"triton"`` (GPU: the Triton passes, and a layer's K
+        and V written in one launch, ``set_kv_buffer(impl="triton")``).
     """
 
     impl: str = "xla"
 
     def write_kv(self, pool: Any, layer: int, slot_ids: jax.Array, k: jax.Array, v: jax.Array):
-        return set_kv_buffer(pool, layer, slot_ids, k.astype(pool.k.dtype), v.astype(pool.v.dtype))
+        k, v = k.astype(pool.k.dtype), v.astype(pool.v.dtype)
+        return set_kv_buffer(pool, layer, slot_ids, k, v, impl=self.impl)
 
     def attend(self, pool: Any, layer: int, q: jax.Array, meta: AttentionMetadata):
         return paged_attention(

@@ -27,7 +27,8 @@ IEEE-f32 ``tl.dot``, no TF32). One launch serves every pass shape::
 Launch plans (:func:`launch_plan`): *decode-shaped* passes (``Qp * G <= 64`` rows: decode,
 draft passes A / B, verify; or any non-causal pass) take one 16-64-row tile per (batch row,
 KV head) and split the keys over enough programs to fill the GPU (flash decoding, merged by
-log-sum-exp in a second launch: :func:`merge_splits_triton`). *Causal prefill chunks* (``Qp * G > 64``) take
+log-sum-exp: :func:`merge_splits`, or past a few splits a second launch,
+:func:`merge_splits_triton`). *Causal prefill chunks* (``Qp * G > 64``) take
 128-row tiles (``128 / G`` queries x ``G`` heads: K / V read once per block for the whole
 group), full key blocks below the diagonal and masked blocks on it, the longest query blocks
 first, no split unless the grid is under one wave. Each program's trip count is a runtime value from the lengths: padded
@@ -93,6 +94,12 @@ F32_PREFILL_BLOCK, F32_PREFILL_NUM_STAGES = 64, 2
 # verify 1 split 205 vs 2 splits 217; bs 1 passes want every split they can get (16 splits).
 TARGET_PROGRAMS = 2 * NUM_SMS
 MIN_SPLIT_BLOCKS = 1
+# Up to this many splits the jnp merge (:func:`merge_splits`), which XLA may fuse into the
+# pass's consumers; more: the Triton merge (a launch of ~2-4 us, but one read of the
+# partials). Measured on the H100 (2026-11-27): greedy bs 1 over ~200 keys, 3 splits: kernel
+# 4.9 us and the jnp merge fused away vs 6.8 us unsplit or 4.9 + 2.0 with the Triton merge;
+# verify bs 1 over 2k keys, 17 splits: the jnp merge 7.1 us (three fusions), Triton 4.0.
+XLA_MERGE_MAX_SPLITS = 4
 # No split for decode-shaped rows (one 16-row tile) when the grid already holds at least half of
 # TARGET_PROGRAMS and each program loops over fewer than this many key blocks: the partials and
 # the XLA merge cost more than they give (measured on the H200, 2026-11-24, bs64 decode over
@@ -643,4 +650,4 @@ def paged_attention_triton(
         **meta,
         **opts,
     )
-    return merge_splits_triton(out, lse)
+    return (merge_splits if ns <= XLA_MERGE_MAX_SPLITS else merge_splits_triton)(out, lse)

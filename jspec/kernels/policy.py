@@ -16,7 +16,8 @@ backend (``jax.default_backend()``), the model dtype and its widths::
                                                          past one Pallas tile   xla past a tile
 
 ``bookkeeping`` covers the tree / attention_meta / kv ops (``jspec.tree``,
-``jspec.attention_meta``, ``jspec.kv``; ``move_kv_cache`` included); ``gemm`` is how XLA
+``jspec.attention_meta``, ``jspec.kv``; ``move_kv_cache`` included); ``attention`` the
+paged attention passes and the layers' K/V writes (``set_kv_buffer``); ``gemm`` is how XLA
 compiles the model's matmuls (``"cublas"``: XLA's Triton GEMM emitter off); ``rms_norm`` the
 models' RMSNorm (each model's ``rms_norm_impl`` field); ``topk_probs`` the draft's top-k
 proposal (Pallas takes rows of at most ``MAX_COLS`` padded columns).

@@ -25,6 +25,8 @@ from jspec._index import int32_ids
 from jspec._pytree import pytree_dataclass, replace, static_field
 from jspec.config import SpecConfig
 from jspec.kernels import move_kv_cache as _move
+from jspec.kernels.kv_write_triton import IMPLS as KV_WRITE_IMPLS
+from jspec.kernels.kv_write_triton import set_kv_rows_triton
 from jspec.sentinels import PAD_SLOT_ID
 
 __all__ = [
@@ -97,9 +99,15 @@ def _check_layer(pool: KVPool, layer: int, op: str) -> None:
     )
 
 
-@functools.partial(jax.jit, static_argnames=("layer",), donate_argnames=("pool",))
+@functools.partial(jax.jit, static_argnames=("layer", "impl"), donate_argnames=("pool",))
 def set_kv_buffer(
-    pool: KVPool, layer: int, slot_ids: jax.Array, k: jax.Array, v: jax.Array
+    pool: KVPool,
+    layer: int,
+    slot_ids: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    impl: str = "xla",
 ) -> KVPool:
     """Write the K and V of ``T`` tokens of one layer (sglang ``set_kv_buffer``).
 
@@ -110,6 +118,8 @@ def set_kv_buffer(
         padded tokens use a padding-page slot (0..page_size-1). Probe: in ``[0, num_slots)``.
       k: dtype[T, num_kv_heads, head_dim], cast to the pool dtype.
       v: dtype[T, num_kv_heads, head_dim], cast to the pool dtype.
+      impl: ``"xla"`` (a scatter per pool; one row: a dynamic-update-slice) or ``"triton"``
+        (GPU: K and V in one launch, :mod:`jspec.kernels.kv_write_triton`); the same pools.
 
     Returns:
       The pool with ``k[layer, slot_ids] = k`` and ``v[layer, slot_ids] = v`` (duplicate slot
@@ -123,6 +133,21 @@ def set_kv_buffer(
     probes.static_check_shape(k, row, "k")
     probes.static_check_shape(v, row, "v")
     probes.detect_oob(slot_ids, 0, pool.num_slots, "set_kv_buffer: slot_ids out of range")
+    probes.static_check(
+        impl in KV_WRITE_IMPLS, f"set_kv_buffer: impl={impl!r}; choose one of {KV_WRITE_IMPLS}"
+    )
+    if impl == "triton":
+        new_k, new_v = set_kv_rows_triton(
+            pool.k,
+            pool.v,
+            layer,
+            slot_ids,
+            k.astype(pool.dtype),
+            v.astype(pool.dtype),
+            pad_slot=PAD_SLOT_ID,
+            route_pad=slot_ids.shape[0] == 1,
+        )
+        return replace(pool, k=new_k, v=new_v)
     if slot_ids.shape[0] == 1:
         # One row (a decode step): XLA rewrites a one-row scatter into a dynamic-update-slice
         # guarded by an index-range reduction and a select, two extra launches per layer and
