@@ -304,3 +304,20 @@ def test_walker_sees_circles(tmp_path):
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert _circles(graph) == [["a", "b", "c"]]
     assert _circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_importing_jspec_loads_no_triton():
+    """Triton loads only when a Triton kernel is first launched: CPU test runs must set
+    ``TRITON_INTERPRET`` before triton's first import (``tests/triton_interpret.py``), and an
+    install without a GPU stack imports every public package. A kernel module imported at a
+    package's top (``jspec.kv`` importing ``kernels.kv_write_triton``) fails this."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, jspec, jspec.kv, jspec.tree, jspec.attention_meta, jspec.engine, "
+        "jspec.models, jspec.apps.serving; "
+        "assert 'triton' not in sys.modules, sorted(m for m in sys.modules if 'triton' in m)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -25,9 +25,9 @@ from jspec._index import int32_ids
 from jspec._pytree import pytree_dataclass, replace, static_field
 from jspec.config import SpecConfig
 from jspec.kernels import move_kv_cache as _move
-from jspec.kernels.kv_write_triton import IMPLS as KV_WRITE_IMPLS
-from jspec.kernels.kv_write_triton import set_kv_rows_triton
 from jspec.sentinels import PAD_SLOT_ID
+
+KV_WRITE_IMPLS = ("xla", "triton")  # set_kv_buffer's impl
 
 __all__ = [
     "KVPool",
@@ -137,6 +137,10 @@ def set_kv_buffer(
         impl in KV_WRITE_IMPLS, f"set_kv_buffer: impl={impl!r}; choose one of {KV_WRITE_IMPLS}"
     )
     if impl == "triton":
+        # NOTE: imported here: the kernel module imports triton, which must not load with
+        # jspec.kv (CPU tests set TRITON_INTERPRET before triton's first import).
+        from jspec.kernels.kv_write_triton import set_kv_rows_triton
+
         new_k, new_v = set_kv_rows_triton(
             pool.k,
             pool.v,
