@@ -162,6 +162,8 @@ DECODE_SWEEP = [
     {"num_splits": "splits*1.5"},
     {"num_splits": "splits*0.75"},
     {"num_splits": "splits*0.5"},
+    {"tail_split": True},  # verify / extend: the tail in a split of its own, or not
+    {"tail_split": False},
 ]
 PREFILL_SWEEP = [
     {"num_stages": 2},

@@ -242,3 +242,20 @@ def test_launch_gaps_split_timeline_on_a_made_up_trace():
     assert split["longest"][0][:3] == (390.0, "f", "g")
     assert split["between_windows"] == [(150 * us, 1000 * us)]
     assert dispatch_starts(events, 1) == []
+
+
+def test_step_kernels_by_op_sums_a_layers_kernels():
+    from bench.step_kernels import by_op
+
+    rows = [
+        {"us": 2.0, "calls": 1.0, "class": "target", "what": "fusion[kLoop] bf16[1]", "op": "a"},
+        {"us": 3.0, "calls": 1.0, "class": "target", "what": "fusion[kLoop] bf16[2]", "op": "a"},
+        {"us": 9.0, "calls": 1.0, "class": "target", "what": "fusion[kCustom] DOT f32", "op": "a"},
+        {"us": 4.0, "calls": 2.0, "class": "draft", "what": "fusion[kLoop] x", "op": "a"},
+    ]
+    got = by_op(rows)
+    assert [(r["us"], r["calls"], r["class"], r["what"]) for r in got] == [
+        (9.0, 1.0, "target", "fusion[kCustom] DOT"),
+        (5.0, 2.0, "target", "fusion[kLoop]"),
+        (4.0, 2.0, "draft", "fusion[kLoop]"),
+    ]
