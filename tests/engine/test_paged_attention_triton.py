@@ -256,6 +256,7 @@ def test_merge_splits():
 
 @in_process
 @pytest.mark.filterwarnings("ignore:overflow encountered")  # exp of a huge lse difference
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the planted NaN lse
 @pytest.mark.parametrize("shape", [(2, 3, 4, 2, 8), (1, 17, 8, 32, 128), (3, 2, 5, 3, 24)])
 def test_interpreted_merge_kernel_vs_merge_splits(shape):
     """The Triton merge against the jnp one on random partials: empty splits (whose outputs
