@@ -465,6 +465,14 @@ def format_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = Non
     return "\n".join(lines)
 
 
+def print_and_write(text: str, out: str) -> None:
+    """A bench's report: printed, and written to ``out`` (its ``--out``) when given."""
+    print(text, flush=True)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+
+
 def device_name() -> str:
     dev = jax.devices()[0]
     return f"{dev.platform}:{getattr(dev, 'device_kind', '')}"

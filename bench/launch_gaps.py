@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from bench._timing import device_name, format_table, trace_profile
+from bench._timing import device_name, format_table, print_and_write, trace_profile
 from jspec.engine.scheduler import DEFAULT_MAX_ROUNDS
 
 GAP_BINS_US = (2.0, 20.0, 200.0)
@@ -241,10 +241,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"launch_gaps on {device_name()}: {args.geometry}, {args.dispatches} traced dispatches "
         f"of {args.max_rounds} rounds per row\n\n{format_table(rows, COLUMNS)}\n"
     )
-    print(text, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    print_and_write(text, args.out)
     return rows
 
 

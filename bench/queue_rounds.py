@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from bench._timing import device_name, format_table
+from bench._timing import device_name, format_table, print_and_write
 
 COLUMNS = (
     "mode",
@@ -118,10 +118,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"(prompts and budgets in [16, 128]) at max running {args.max_running}\n\n"
         f"{format_table(rows, COLUMNS)}\n"
     )
-    print(text, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    print_and_write(text, args.out)
     return rows
 
 

@@ -27,7 +27,6 @@ import triton.language as tl
 from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
-IMPLS = ("xla", "triton")  # set_kv_buffer's (jspec.kv.pool)
 # Values (K or V) per program and launch: BLOCK_T rows x the row's BLOCK_C columns.
 TILE = 4096
 
@@ -114,8 +113,8 @@ def set_kv_rows_triton(
     Returns:
       ``(k_pool, v_pool)`` updated.
     """
-    _common.resolve_impl("triton", IMPLS, "set_kv_buffer")  # a GPU backend, or ValueError
-    num_layers, num_slots, hkv, dim = k_pool.shape
+    _common.resolve_impl("triton", ("triton",), "set_kv_buffer")  # a GPU backend, or ValueError
+    _, num_slots, hkv, dim = k_pool.shape
     num_tokens = slot_ids.shape[0]
     if num_tokens == 0:
         return k_pool, v_pool

@@ -470,8 +470,9 @@ def launch_plan(
             if block_m <= MIN_DOT and 2 * base >= TARGET_PROGRAMS and short:
                 num_splits = 1  # decode-shaped rows only (draft A's 32-row tiles kept the split)
     num_splits = max(1, min(num_splits, num_blocks))
+    split_blocks = -(-num_blocks // num_splits)  # key blocks a prefix split reads
     if tail_split is None:
-        tail_split = -(-num_blocks // num_splits) <= TAIL_SPLIT_MAX_BLOCKS
+        tail_split = split_blocks <= TAIL_SPLIT_MAX_BLOCKS
     tail_split = bool(tail_split and tail_len > 0)
     meta = {
         "QP": qp,
@@ -497,7 +498,7 @@ def launch_plan(
     else:
         default_warps = DEFAULT_NUM_WARPS
         default_stages = DEFAULT_NUM_STAGES_SMALL_M if block_m <= MIN_DOT else DEFAULT_NUM_STAGES
-        if -(-num_blocks // num_splits) <= 1:
+        if split_blocks <= 1:
             default_stages = 1  # one key block per split: nothing to pipeline
     opts = {"num_warps": num_warps or default_warps, "num_stages": num_stages or default_stages}
     return (row_blocks * batch * hkv, num_splits + tail_split), meta, opts
