@@ -1,7 +1,7 @@
 """Every kernel of one real_size decode step, by HLO instruction (issue 13: where the time goes).
 
     python -m bench.step_kernels [--geometry 8b] [--modes greedy] [--batches 1] [--top 40]
-                                 [--prompt 128] [--context 256]
+                                 [--prompt 128] [--context 256] [--num-pages N] [--rounds 0,8]
 
 Builds ``bench.real_size``'s geometry and engine, runs it to a steady state, compiles the step
 with XLA's command buffers off (every kernel attributed to its HLO instruction) and prints, per
@@ -9,6 +9,12 @@ instruction: device us per step, kernel launches per step, the class (``real_siz
 the instruction's opcode / fusion kind / custom-call target, its result shape and op_name. The
 summary line counts the launches and sums the dot-bearing kernels (matmuls) apart from the rest;
 a last table lists every bookkeeping (and unattributed) kernel.
+
+``--rounds R`` profiles the engine's multi-round dispatch (``jspec.engine.rounds``, ``R`` rounds
+of the step in one device loop, as ``Engine.generate`` runs it) instead of the single step, every
+number per round; ``--rounds 0,8`` prints both, so that the loop's own cost shows beside the
+step's. ``--num-pages`` sizes the KV pool (default: ``max_running x context``; a serving engine's
+pool, sized from device memory, is far larger).
 """
 
 from __future__ import annotations
@@ -79,27 +85,56 @@ def _is_matmul(row: dict) -> bool:
     return any(key in row["what"] for key in ("DOT", "gemm", "cublas"))
 
 
-def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
-    from bench.e2e import _copy, _op_key, _steady_state, steady_max_len
+def kernel_rows(
+    engine, prompts, num_calls: int = 3, rounds: int = 0, hlo_out: str | None = None
+) -> tuple[list[dict], dict]:
+    """Per-instruction rows of the step (``rounds`` 0) or of one ``rounds``-round dispatch,
+    us and launches per step (per round), and a summary; ``hlo_out``: a path to write the
+    compiled HLO to (the GEMMs' autotuned configs are in it)."""
+    import numpy as np
+
+    from bench.e2e import _op_key, _steady_state, steady_max_len
     from bench.real_size import NEW, SPLIT_COMPILER_OPTIONS, _classify
+    from jspec.engine.rounds import rounds_body
 
-    state, slot_idx, live = _steady_state(engine, prompts, NEW)
-    stacked = jax.tree.map(lambda x: x[None], state)
+    _, slot_idx, live = _steady_state(engine, prompts, NEW)
+    bucket, max_len = int(slot_idx.shape[-1]), steady_max_len(engine, prompts)
+    extra: tuple = ()
+    if rounds:  # every entry runs all rounds: a budget past them, no stop id
+        extra = (
+            np.full((1, bucket), 1 << 20, np.int32),
+            np.full((1, 1), -1, np.int32),
+            np.full((1,), rounds, np.int32),
+        )
 
-    def make_args():
-        return (engine.weights, _copy(stacked), slot_idx[None], live[None])
-
-    args = make_args()
-    step = engine._step_for(int(slot_idx.shape[-1]), steady_max_len(engine, prompts))
-    compiled = step.lower(*args).compile(SPLIT_COMPILER_OPTIONS)
+    # The state is donated: each call runs on the state the one before returned (a serving
+    # pool is too large to hold copies of), a step or R rounds further on.
+    max_len += (num_calls + 2) * max(1, rounds) * (engine.ecfg.spec.num_steps + 1)
+    hint = engine.ecfg.kv_len_bucket_for(max_len)
+    step = (
+        engine._fn(rounds_body(engine._step_body, rounds), engine._step_tokens(bucket), hint)
+        if rounds
+        else engine._step_for(bucket, max_len)
+    )
+    inputs = (slot_idx[None], live[None], *extra)
+    compiled = step.lower(engine.weights, engine.state, *inputs).compile(SPLIT_COMPILER_OPTIONS)
     hlo = compiled.as_text()
+    if hlo_out:
+        with open(hlo_out, "w") as f:
+            f.write(hlo)
     op_names, desc = hlo_op_names(hlo), _describe(hlo)
     by_kernel = {_sanitize(n): n for n in op_names}
-    jax.block_until_ready(compiled(*args))
-    arg_sets = [jax.block_until_ready(make_args()) for _ in range(num_calls)]
-    events = trace_gpu_events(lambda: [compiled(*a) for a in arg_sets])
+
+    def run(calls: int):
+        for _ in range(calls):
+            engine.state = compiled(engine.weights, engine.state, *inputs)[0]
+        return engine.state
+
+    jax.block_until_ready(run(1))
+    events = trace_gpu_events(lambda: run(num_calls))
     if events is None:
         return [], {}
+    per = num_calls * max(1, rounds)  # per step (per round)
     acc: dict[str, list[float]] = {}
     for name, hlo_op, dur in events:
         inst = event_instruction(name, hlo_op, op_names, by_kernel) or ("?" + name)
@@ -111,8 +146,8 @@ def kernel_rows(engine, prompts, num_calls: int = 3) -> tuple[list[dict], dict]:
         op = op_names.get(inst, "")
         rows.append(
             {
-                "us": ns / num_calls / 1e3,
-                "calls": n / num_calls,
+                "us": ns / per / 1e3,
+                "calls": n / per,
                 "class": _classify(op or "@" + inst),
                 "what": desc.get(inst, inst[:40]),
                 "op": _op_key(op)[-60:] if op else "@" + inst[:40],
@@ -158,33 +193,50 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--attention-impl", default="auto")
     parser.add_argument(
-        "--calls", type=int, default=3, help="profiled calls (state copies held at once)"
+        "--calls",
+        type=int,
+        default=3,
+        help="profiled calls (steps or dispatches), each on the state the last one returned",
     )
     parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens per request")
     parser.add_argument(
         "--context", type=int, default=256, help="the engine's context_len (capacity)"
     )
+    parser.add_argument(
+        "--num-pages", type=int, default=None, help="KV pool pages (default: running x context)"
+    )
+    parser.add_argument(
+        "--rounds",
+        default="0",
+        help="comma list: 0 the single step, R one R-round dispatch (numbers per round)",
+    )
+    parser.add_argument("--hlo-dir", default=None, help="write each compiled HLO here")
     args = parser.parse_args(argv)
     from bench import real_size
 
     real_size.PROMPT = args.prompt  # read by make_engine (max_prompt_len, context)
-    real_size.CAPACITY = (max(args.context, args.prompt + 256), None)
+    real_size.CAPACITY = (max(args.context, args.prompt + 256), args.num_pages)
     g = GEOMETRIES[args.geometry]
     target = make_target(g)
     params, draft, dparams = make_params(g, target)
     batches = [int(b) for b in args.batches.split(",")]
     print(
         f"step_kernels on {device_name()}: {g.name}, prompts {args.prompt}, engine context "
-        f"{real_size.CAPACITY[0]}",
+        f"{real_size.CAPACITY[0]}, pool pages {args.num_pages or 'running x context'}",
         flush=True,
     )
     for mode in args.modes.split(","):
         engine = make_engine(g, target, params, draft, dparams, mode, batches, args.attention_impl)
-        for bs in batches:
+        for bs, rounds in [(b, int(r)) for b in batches for r in args.rounds.split(",")]:
             rng = np.random.default_rng(bs)
             prompts = [rng.integers(0, g.draft_vocab, args.prompt).tolist() for _ in range(bs)]
-            rows, summary = kernel_rows(engine, prompts, args.calls)
-            print(f"\n## {mode} bs={bs}: " + ", ".join(f"{k} {v:.1f}" for k, v in summary.items()))
+            hlo_out = args.hlo_dir and f"{args.hlo_dir}/{mode}_bs{bs}_r{rounds}.hlo"
+            rows, summary = kernel_rows(engine, prompts, args.calls, rounds, hlo_out)
+            what = f"{rounds}-round dispatch, per round" if rounds else "step"
+            print(
+                f"\n## {mode} bs={bs} ({what}): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in summary.items())
+            )
             dots = [r for r in rows if _is_matmul(r)]
             others = [r for r in rows if not _is_matmul(r)]
             print(f"### matmuls (top {args.top})\n" + format_table(dots[: args.top]))

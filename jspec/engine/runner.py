@@ -114,7 +114,33 @@ def init_engine_state(runner: Runner, kv: Any = None) -> EngineState:
     return EngineState(kv=kv, carry=init_spec_carry(runner.ecfg, runner.draft))
 
 
+# XLA's rematerialization pass (HloRematerialization) recomputes values to keep a program under a
+# memory limit of 80% of the device's memory *minus the program's arguments and outputs*. The KV
+# pools fill the device by design (``mem_fraction_static``), so beside them that limit is below
+# zero and the pass recomputes whatever it can, on every step: measured on the H100 (2026-11-27,
+# ``bench.step_kernels``, 8B spec bs 1 at a 2k context), with a 22 000-page pool every layer's
+# QKV projection ran twice (XLA's ``*.remat`` instructions), 8.42 ms a step against 7.56 with a
+# small pool. The pools are donated (updated in place) and the step's workspace is reserved
+# (:mod:`jspec.engine.memory`), so the engine's compiles on the GPU turn the pass off.
+GPU_COMPILER_OPTIONS = (("xla_disable_hlo_passes", "rematerialization"),)
+
+
+def compiler_options(extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any] | None:
+    """The XLA options of a jitted engine call (``jax.jit(compiler_options=...)``): on the GPU
+    :data:`GPU_COMPILER_OPTIONS`, then the ``(name, value)`` pairs ``extra`` (later wins);
+    None when there are none."""
+    base = GPU_COMPILER_OPTIONS if jax.default_backend() == "gpu" else ()
+    return dict(base + tuple(extra)) or None
+
+
 def jit_step(body: Callable[..., Any]) -> Callable[..., Any]:
     """The public jitted form of a step body ``body(runner, weights, state, ...)``: one compile
-    per runner (static) and shapes, the state donated (updated in place)."""
-    return jax.jit(body, static_argnames=("runner",), donate_argnames=("state",))
+    per runner (static) and shapes, the state donated (updated in place), compiled with the
+    engine's :func:`compiler_options` (a serving engine that jits the bodies itself wants them
+    too: beside a pool that fills the GPU, XLA otherwise recomputes parts of every step)."""
+    return jax.jit(
+        body,
+        static_argnames=("runner",),
+        donate_argnames=("state",),
+        compiler_options=compiler_options(),
+    )

@@ -39,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jspec._pytree import replace
+from jspec.engine.runner import compiler_options as engine_compiler_options
 from jspec.engine.state import DP_AXIS, TP_AXIS
 
 
@@ -201,13 +202,14 @@ def sharded(
     state is not donated: after a fired probe the caller still holds the state the call
     started from (a debug run inspects it; without checkify the state is donated).
     ``compiler_options``: XLA options for this function's compiles, as hashable ``(name,
-    value)`` pairs (``EngineConfig.kernels.gemm_compiler_options``); tensor parallel on the
-    GPU adds :data:`TENSOR_PARALLEL_GPU_OPTIONS`.
+    value)`` pairs (``EngineConfig.kernels.gemm_compiler_options``), after the engine's own
+    (``jspec.engine.runner.compiler_options``: no rematerialization on the GPU); tensor parallel
+    on the GPU adds :data:`TENSOR_PARALLEL_GPU_OPTIONS`.
     """
     tp = runner.ecfg.tensor_parallel
     if tp > 1 and jax.default_backend() == "gpu":
         compiler_options = TENSOR_PARALLEL_GPU_OPTIONS + tuple(compiler_options)
-    options = dict(compiler_options) or None
+    options = engine_compiler_options(tuple(compiler_options))
 
     def per_shard(weights, state, *args):
         state, out = body(runner, weights, _squeeze(state), *_squeeze(args))

@@ -13,17 +13,19 @@ import pytest
 from engine_helpers import (
     ARRIVALS,
     CONTEXT_LEN,
+    DRAFT,
     MAX_NEW,
     MAX_PROMPT,
     TARGET,
     TINY,
     greedy_baseline,
     tiny_engine,
+    tiny_model,
     tiny_prompts,
 )
 
 from jspec.engine.memory import kv_bytes_per_token, num_pages_for_memory
-from jspec.engine.runner import Runner
+from jspec.engine.runner import GPU_COMPILER_OPTIONS, Runner
 from jspec.engine.state import make_engine_config
 
 
@@ -167,6 +169,43 @@ def test_step_workspace_does_not_grow_with_the_pool():
         big, pool_big = workspace(256, body, spec, *args)
         assert pool_big > 3 * pool_small
         assert big <= small + 4096, (body.__name__, small, big)
+
+
+@pytest.mark.gpu
+def test_no_rematerialization_beside_a_pool_that_fills_the_gpu():
+    """XLA's rematerialization budget is 80% of device memory minus a program's arguments, so
+    beside KV pools that fill the GPU it recomputes what it can on every step (the 8B spec step
+    ran each layer's QKV projection twice: ``jspec.engine.runner.GPU_COMPILER_OPTIONS``). The
+    spec step over pools the size of the device's memory (abstract: nothing is allocated)
+    compiles with no rematerialized instruction under the engine's options, through ``jit_step``
+    and ``sharding.sharded``; with XLA's defaults (the control) it has some."""
+    import jax
+    import jax.numpy as jnp
+
+    from jspec.engine import sharding
+    from jspec.engine.memory import device_memory
+    from jspec.engine.runner import Weights, compiler_options, init_engine_state, jit_step
+    from jspec.engine.spec_step import spec_step_body
+
+    limit, _ = device_memory()
+    ecfg = _cfg(num_pages=int(limit // (kv_bytes_per_token(TINY, TINY) * 4)))
+    params, draft = tiny_model()
+    runner = Runner(ecfg, TARGET, DRAFT)
+    state = jax.eval_shape(lambda: init_engine_state(runner))
+    weights = Weights(params, draft)
+    slots, live = jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((4,), jnp.bool_)
+
+    def hlo(fn, *args):
+        return fn.lower(*args).compile().as_text()
+
+    plain = jax.jit(spec_step_body, static_argnums=0, donate_argnums=2)
+    assert ".remat" in hlo(plain, runner, weights, state, slots, live)  # the control
+    assert compiler_options() == dict(GPU_COMPILER_OPTIONS)
+    assert ".remat" not in hlo(jit_step(spec_step_body), runner, weights, state, slots, live)
+    stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype), state)
+    fn = sharding.sharded(spec_step_body, runner, 1)
+    one = jax.ShapeDtypeStruct((1, 4), jnp.int32), jax.ShapeDtypeStruct((1, 4), jnp.bool_)
+    assert ".remat" not in hlo(fn, weights, stacked, *one)
 
 
 def test_num_pages_for_memory():
