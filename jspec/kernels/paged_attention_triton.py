@@ -71,9 +71,14 @@ DEFAULT_NUM_WARPS = 4
 # Software pipelining depth of decode-shaped passes: 2 (measured on the H200 with this kernel,
 # 2026-11-26, bench/RESULTS.md: verify bs64 x 8k keys, 32-row tiles: 648 us with 1 stage,
 # 542 us with 2 (3.96 TB/s), 545 with 3; decode 16-row tiles: 2 as good as any); 1 where each
-# split reads one key block (H100, 2026-11-27: verify bs 1 over 2k keys, 17 splits, kernel
-# 12.2 us with 2 stages, 8.7 with 1).
+# split reads at most STAGE1_MAX_BLOCKS key blocks of the planned width (H100, 2026-11-27:
+# verify bs 1 over 2k keys, 17 splits, kernel 12.2 us with 2 stages, 8.7 with 1; H200,
+# 2026-11-27, an 8448-key table, 33 splits of 2 blocks, kernel + merge: verify bs 1 over 600 /
+# 2150 / 4300 / 8192 keys 21.2 / 23.1 / 24.7 / 27.1 us with 2 stages, 13.0 / 14.9 / 18.7 / 22.4
+# with 1 (and no tail split); decode bs 1 9.4 -> 8.8, 12.1 -> 10.8, 15.1 -> 14.8, 19.3 -> 18.5;
+# at 8 blocks a split 2 stages win: verify bs 1 over 32k keys 51.4 vs 54.7 us).
 DEFAULT_NUM_STAGES_SMALL_M, DEFAULT_NUM_STAGES = 2, 2
+STAGE1_MAX_BLOCKS = 2
 # NOTE: a K / V address needs a page id loaded first, so Triton's pipeliner (triton 3.6) splits
 # the depth between the two loads: num_stages 2-4 fetch K / V one block ahead of the dots (the
 # page ids two), 5 two blocks ahead (seen in the sm_90 TTGIR: async_wait num=0 vs num=3).
@@ -107,8 +112,13 @@ XLA_MERGE_MAX_SPLITS = 4
 SPLIT_FULL_GRID_MIN_BLOCKS = 8
 # A tail (verify / extend window) gets a split of its own when each prefix split reads at most
 # this many key blocks: there the tail's loads, queued behind the last split's prefix chunk,
-# set the kernel's time (measured below); longer splits keep it in the last one.
-TAIL_SPLIT_MAX_BLOCKS = 4
+# set the kernel's time (H100, 2026-11-27: verify bs 1 over 2k keys, 17 splits of one block,
+# 1.1 us faster); longer splits keep it in the last one. At 2 blocks a split it costs (H200,
+# 2026-11-27, an 8448-key table, 1 stage, kernel + merge: verify bs 1 over 600 / 2150 keys 15.3 /
+# 16.3 us with it, 13.0 / 14.9 without; over 8192 keys 22.7 / 22.4; bs 4 over 600-8192 keys
+# 2-7 us more with it): a grid planned wider than the keys already leaves the last split to
+# the tail alone, and the extra column of programs and partials is paid.
+TAIL_SPLIT_MAX_BLOCKS = 1
 _LOG2E = 1.4426950408889634
 
 
@@ -498,8 +508,8 @@ def launch_plan(
     else:
         default_warps = DEFAULT_NUM_WARPS
         default_stages = DEFAULT_NUM_STAGES_SMALL_M if block_m <= MIN_DOT else DEFAULT_NUM_STAGES
-        if split_blocks <= 1:
-            default_stages = 1  # one key block per split: nothing to pipeline
+        if split_blocks <= STAGE1_MAX_BLOCKS:
+            default_stages = 1  # a loop of 1-2 blocks: the pipeline costs more than it hides
     opts = {"num_warps": num_warps or default_warps, "num_stages": num_stages or default_stages}
     return (row_blocks * batch * hkv, num_splits + tail_split), meta, opts
 

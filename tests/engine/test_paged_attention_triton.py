@@ -199,18 +199,21 @@ def test_launch_plan():
     assert grid == (64 * 8, 1) and meta["BLOCK_N"] == 64
     assert _plan(16, 1, 256)[0][1] > 1  # ... but bs16 over the same row still splits
     # verify: 8 queries x 4 heads in one 32-row tile, the tail in the same launch: in a split
-    # of its own when the prefix splits are short (16 splits of one block, + 1), in the last
-    # prefix split when they are long (bs 64 x 8k: 2 splits of 32 blocks).
-    grid, meta, _ = _plan(4, 8, 2048, tail_len=8)
+    # of its own when the prefix splits read one key block each (16 splits, + 1), in the last
+    # prefix split when they read more (bs 4 x 2k: 8 splits of 2 blocks; bs 64 x 8k: 1 split).
+    grid, meta, opts = _plan(4, 8, 2048, tail_len=8)
     assert meta["BLOCK_M"] == 32 and meta["ROW_BLOCKS"] == 1 and meta["TAIL_LEN"] == 8
-    assert meta["TAIL_SPLIT"] and grid == (32, 8 + 1)  # 8 splits of 2 blocks + the tail's
-    grid, meta, _ = _plan(64, 8, 8192, tail_len=8)
-    assert not meta["TAIL_SPLIT"] and grid == (512, 1)
-    assert _plan(4, 8, 2048, tail_len=8, tail_split=False)[0] == (32, 8)
-    # bs 16: about 2 x NUM_SMS programs (2 splits); a split of one key block: no pipelining.
+    assert not meta["TAIL_SPLIT"] and grid == (32, 8) and opts["num_stages"] == 1
+    assert _plan(4, 8, 2048, tail_len=8, tail_split=True)[0] == (32, 8 + 1)
+    grid, meta, opts = _plan(64, 8, 8192, tail_len=8)
+    assert not meta["TAIL_SPLIT"] and grid == (512, 1) and opts["num_stages"] == 2
+    # bs 16: about 2 x NUM_SMS programs (2 splits); splits of 1-2 key blocks: no pipelining.
     assert _plan(16, 1, 2048)[0] == (128, 2)
-    grid, _, opts = _plan(1, 8, 2048, tail_len=8)
-    assert grid == (8, 16 + 1) and opts["num_stages"] == 1
+    grid, meta, opts = _plan(1, 8, 2048, tail_len=8)
+    assert grid == (8, 16 + 1) and meta["TAIL_SPLIT"] and opts["num_stages"] == 1
+    grid, meta, opts = _plan(1, 8, 8192, tail_len=8)  # 33 splits of 2 blocks
+    assert grid == (8, 33) and not meta["TAIL_SPLIT"] and opts["num_stages"] == 1
+    assert _plan(1, 8, 32768, tail_len=8)[2]["num_stages"] == 2  # 8 blocks a split
     assert not _plan(4, 1, 2048)[1]["TAIL_SPLIT"]  # no tail: no tail split
     # prefill chunk: 128-row tiles (32 queries x 4 heads), 8 warps, no split.
     grid, meta, opts = _plan(1, 8192, 8192, causal=True)
