@@ -14,9 +14,12 @@ Llama-3-8B geometry (32 / 8 heads x 128, bf16 pool, page 16), ``impl="triton"``,
   their sum, the 32k time-to-first-token of attention).
 
 ``--capacity`` runs instead decode (bs 1 / 16 / 64) and verify (bs 1 / 16) passes over 128 keys
-in page tables 128, 8k and 128k keys wide (``kv128 in 8192``): what a short batch pays for the
-engine's capacity (``kernels us``: each kernel's time, the attention kernel vs XLA's split
-merge); with ``--sweep``, the 8k-wide rows at other split counts.
+in page tables 128, 8k and 128k keys wide (``kv128 in 8192``), and decode / verify at bs 1 and 4
+over 600-8192 keys in an 8448-key table (an 8k engine's rows: the plan's splits are for more
+keys than a row holds): what a short batch pays for the engine's capacity (``kernels us``: each
+kernel's time, the attention kernel vs the split merge); with ``--sweep``, the 8k-wide rows at
+other split counts, pipeline depths, with and without the tail's own split, and planned for
+their keys (``max_kv_len=keys``, the engine's launch hint at its best).
 
 Page tables are random permutations over one shared pool, a different table per timed call
 (``--sets``), so a pass reads K/V from HBM, not from the L2 left by the previous call. Columns:
@@ -118,13 +121,22 @@ def full_passes() -> list[Pass]:
     return out
 
 
+# An 8k engine's page-table width in keys (8192 + a reserve), for --capacity's longer rows.
+WIDE = 8448
+
+
 def capacity_passes() -> list[Pass]:
-    """128-key passes in page tables 128 / 8k / 128k keys wide: what a short batch pays for an
-    engine's capacity (the split plan follows the table's width, not the keys read)."""
+    """128-key passes in page tables 128 / 8k / 128k keys wide, and 600-8192-key rows in a
+    :data:`WIDE` table: what a short batch pays for an engine's capacity (the split plan
+    follows the table's width, or the launch hint's bucket, not the keys read)."""
     out = []
     for width in (128, 8192, 131072):
         out += [Pass("decode", bs, 1, 128, width=width) for bs in (1, 16, 64)]
         out += [Pass("verify", bs, 8, 128, tail_len=8, width=width) for bs in (1, 16)]
+    for keys in (600, 2150, 4300, 8192):
+        for bs in (1, 4):
+            out.append(Pass("decode", bs, 1, keys, width=WIDE))
+            out.append(Pass("verify", bs, 8, keys, tail_len=8, width=WIDE))
     return out
 
 
@@ -177,6 +189,9 @@ PREFILL_SWEEP = [
     {"block_n": 128, "num_stages": 5},
 ]
 CAPACITY_SWEEP = [{"num_splits": n} for n in (1, 4, 16)] + [{"block_n": 32}]
+CAPACITY_SWEEP += [{"num_stages": 1}, {"num_stages": 2}, {"tail_split": True}]
+CAPACITY_SWEEP += [{"tail_split": False}, {"num_stages": 2, "tail_split": True}]
+CAPACITY_SWEEP += [{"max_kv_len": "keys"}]  # planned for the row's keys (an exact hint)
 DRAFT_B_SWEEP = [{"block_n": 16}, {"block_n": 64}, {"num_stages": 1}, {"num_stages": 3}]
 # Knob sets (the sweep's lists) launching the default plan are skipped (:func:`_resolve`).
 
@@ -338,15 +353,17 @@ def bench_pass(rng, p: Pass, g: Geometry, pools, num_pages, impl, knobs, sets, e
 
 
 def _plan(p: Pass, g: Geometry, knobs: dict[str, Any]) -> tuple:
-    from jspec.kernels.paged_attention_triton import launch_plan
+    from jspec.kernels.paged_attention_triton import launch_plan, plan_pages
 
+    knobs = dict(knobs)
+    hint = knobs.pop("max_kv_len", None)  # the launch hint: a narrower planned width
     grid, meta, opts = launch_plan(
         p.batch,
         p.qp,
         g.num_heads,
         g.num_kv_heads,
         g.head_dim,
-        -(-max(p.width, p.context) // g.page_size),
+        plan_pages(-(-max(p.width, p.context) // g.page_size), g.page_size, hint),
         g.page_size,
         p.tail_len,
         jnp.dtype(g.dtype),
@@ -360,6 +377,8 @@ def _resolve(knobs: dict[str, Any], p: Pass, g: Geometry) -> dict[str, Any] | No
     """Turn ``num_splits: "splits*F"`` into a count from the default plan; None when the knobs
     launch exactly the default plan (nothing new to time)."""
     default = _plan(p, g, {})
+    if knobs.get("max_kv_len") == "keys":
+        knobs = {**knobs, "max_kv_len": p.context}
     if isinstance(knobs.get("num_splits"), str):
         factor = float(knobs["num_splits"].removeprefix("splits*"))
         knobs = {**knobs, "num_splits": max(1, int(default[0][1] * factor))}
@@ -457,7 +476,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.sweep:  # off GPU: the toy passes through impl="xla" (knobs ignored; a smoke run)
         shapes = SWEEP_SHAPES if g is LLAMA_8B else quick_passes()
         if args.capacity:
-            shapes = [p for p in passes if p.width == 8192] or passes
+            shapes = [p for p in passes if p.width in (8192, WIDE)] or passes
         sweep_rows, best, skipped = [], [], []
         report.update({"sweep": sweep_rows, "best": best, "skipped": skipped})
         for p in [p for p in shapes if not kinds or p.kind in kinds]:
