@@ -208,6 +208,25 @@ def test_no_rematerialization_beside_a_pool_that_fills_the_gpu():
     assert ".remat" not in hlo(fn, weights, stacked, *one)
 
 
+def test_engine_compiler_options(monkeypatch):
+    """No options off the GPU; on it, rematerialization off, then the caller's pairs (later
+    wins: the GEMM policy and tensor parallel's options add to it)."""
+    import jax
+
+    from jspec.engine import runner as runner_mod
+
+    assert runner_mod.compiler_options() is None
+    assert runner_mod.compiler_options((("a", 1),)) == {"a": 1}
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    gpu = runner_mod.compiler_options()
+    assert gpu == {"xla_disable_hlo_passes": "rematerialization"}
+    both = runner_mod.compiler_options((("xla_gpu_enable_triton_gemm", False),))
+    assert both == {**gpu, "xla_gpu_enable_triton_gemm": False}
+    assert runner_mod.compiler_options((("xla_disable_hlo_passes", ""),)) == {
+        "xla_disable_hlo_passes": ""
+    }
+
+
 def test_num_pages_for_memory():
     """sglang's rule: KV = free after weights - limit * (1 - fraction), per page of both pools."""
     per_token = kv_bytes_per_token(TINY, TINY)
