@@ -121,23 +121,23 @@ def init_engine_state(runner: Runner, kv: Any = None) -> EngineState:
 # ``bench.step_kernels``, 8B spec bs 1 at a 2k context), with a 22 000-page pool every layer's
 # QKV projection ran twice (XLA's ``*.remat`` instructions), 8.42 ms a step against 7.56 with a
 # small pool. The pools are donated (updated in place) and the step's workspace is reserved
-# (:mod:`jspec.engine.memory`), so the engine's compiles on the GPU turn the pass off.
-GPU_COMPILER_OPTIONS = (("xla_disable_hlo_passes", "rematerialization"),)
+# (:mod:`jspec.engine.memory`), so the engine's compiles turn the pass off. Set on every backend
+# (XLA:CPU has no such pass; the option is accepted and changes nothing there): choosing by
+# backend would query it when ``jit_step`` runs at import, initializing JAX's backends then.
+ENGINE_COMPILER_OPTIONS = (("xla_disable_hlo_passes", "rematerialization"),)
 
 
-def compiler_options(extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any] | None:
-    """The XLA options of a jitted engine call (``jax.jit(compiler_options=...)``): on the GPU
-    :data:`GPU_COMPILER_OPTIONS`, then the ``(name, value)`` pairs ``extra`` (later wins);
-    None when there are none."""
-    base = GPU_COMPILER_OPTIONS if jax.default_backend() == "gpu" else ()
-    return dict(base + tuple(extra)) or None
+def compiler_options(extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
+    """The XLA options of a jitted engine call (``jax.jit(compiler_options=...)``):
+    :data:`ENGINE_COMPILER_OPTIONS`, then the ``(name, value)`` pairs ``extra`` (later wins)."""
+    return dict(ENGINE_COMPILER_OPTIONS + tuple(extra))
 
 
 def jit_step(body: Callable[..., Any]) -> Callable[..., Any]:
     """The public jitted form of a step body ``body(runner, weights, state, ...)``: one compile
     per runner (static) and shapes, the state donated (updated in place), compiled with the
     engine's :func:`compiler_options` (a serving engine that jits the bodies itself wants them
-    too: beside a pool that fills the GPU, XLA otherwise recomputes parts of every step)."""
+    too: beside a pool that fills the device, XLA otherwise recomputes parts of every step)."""
     return jax.jit(
         body,
         static_argnames=("runner",),

@@ -203,8 +203,8 @@ def sharded(
     started from (a debug run inspects it; without checkify the state is donated).
     ``compiler_options``: XLA options for this function's compiles, as hashable ``(name,
     value)`` pairs (``EngineConfig.kernels.gemm_compiler_options``), after the engine's own
-    (``jspec.engine.runner.compiler_options``: no rematerialization on the GPU); tensor parallel
-    on the GPU adds :data:`TENSOR_PARALLEL_GPU_OPTIONS`.
+    (``jspec.engine.runner.compiler_options``: no rematerialization); tensor parallel on the
+    GPU adds :data:`TENSOR_PARALLEL_GPU_OPTIONS`.
     """
     tp = runner.ecfg.tensor_parallel
     if tp > 1 and jax.default_backend() == "gpu":

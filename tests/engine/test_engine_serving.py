@@ -25,7 +25,7 @@ from engine_helpers import (
 )
 
 from jspec.engine.memory import kv_bytes_per_token, num_pages_for_memory
-from jspec.engine.runner import GPU_COMPILER_OPTIONS, Runner
+from jspec.engine.runner import ENGINE_COMPILER_OPTIONS, Runner
 from jspec.engine.state import make_engine_config
 
 
@@ -175,7 +175,7 @@ def test_step_workspace_does_not_grow_with_the_pool():
 def test_no_rematerialization_beside_a_pool_that_fills_the_gpu():
     """XLA's rematerialization budget is 80% of device memory minus a program's arguments, so
     beside KV pools that fill the GPU it recomputes what it can on every step (the 8B spec step
-    ran each layer's QKV projection twice: ``jspec.engine.runner.GPU_COMPILER_OPTIONS``). The
+    ran each layer's QKV projection twice: ``jspec.engine.runner.ENGINE_COMPILER_OPTIONS``). The
     spec step over pools the size of the device's memory (abstract: nothing is allocated)
     compiles with no rematerialized instruction under the engine's options, through ``jit_step``
     and ``sharding.sharded``; with XLA's defaults (the control) it has some."""
@@ -200,7 +200,7 @@ def test_no_rematerialization_beside_a_pool_that_fills_the_gpu():
 
     plain = jax.jit(spec_step_body, static_argnums=0, donate_argnums=2)
     assert ".remat" in hlo(plain, runner, weights, state, slots, live)  # the control
-    assert compiler_options() == dict(GPU_COMPILER_OPTIONS)
+    assert compiler_options() == dict(ENGINE_COMPILER_OPTIONS)
     assert ".remat" not in hlo(jit_step(spec_step_body), runner, weights, state, slots, live)
     stacked = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype), state)
     fn = sharding.sharded(spec_step_body, runner, 1)
@@ -208,23 +208,27 @@ def test_no_rematerialization_beside_a_pool_that_fills_the_gpu():
     assert ".remat" not in hlo(fn, weights, stacked, *one)
 
 
-def test_engine_compiler_options(monkeypatch):
-    """No options off the GPU; on it, rematerialization off, then the caller's pairs (later
-    wins: the GEMM policy and tensor parallel's options add to it)."""
-    import jax
+def test_engine_compiler_options():
+    """Rematerialization off, then the caller's pairs (later wins: the GEMM policy and tensor
+    parallel's options add to it); importing the engine initialized no JAX backend for them."""
+    import subprocess
+    import sys
 
     from jspec.engine import runner as runner_mod
 
-    assert runner_mod.compiler_options() is None
-    assert runner_mod.compiler_options((("a", 1),)) == {"a": 1}
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    gpu = runner_mod.compiler_options()
-    assert gpu == {"xla_disable_hlo_passes": "rematerialization"}
+    off = {"xla_disable_hlo_passes": "rematerialization"}
+    assert runner_mod.compiler_options() == off == dict(ENGINE_COMPILER_OPTIONS)
     both = runner_mod.compiler_options((("xla_gpu_enable_triton_gemm", False),))
-    assert both == {**gpu, "xla_gpu_enable_triton_gemm": False}
+    assert both == {**off, "xla_gpu_enable_triton_gemm": False}
     assert runner_mod.compiler_options((("xla_disable_hlo_passes", ""),)) == {
         "xla_disable_hlo_passes": ""
     }
+    code = (
+        "import jspec.engine, jax._src.xla_bridge as xb; "
+        "assert not xb._backends, sorted(xb._backends); print('NO BACKEND')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert "NO BACKEND" in out.stdout, out.stderr[-2000:]
 
 
 def test_num_pages_for_memory():
