@@ -115,9 +115,9 @@ SPLIT_FULL_GRID_MIN_BLOCKS = 8
 # set the kernel's time (H100, 2026-11-27: verify bs 1 over 2k keys, 17 splits of one block,
 # 1.1 us faster); longer splits keep it in the last one. At 2 blocks a split it costs (H200,
 # 2026-11-27, an 8448-key table, 1 stage, kernel + merge: verify bs 1 over 600 / 2150 keys 15.3 /
-# 16.3 us with it, 13.0 / 14.9 without; over 8192 keys 22.7 / 22.4; bs 4 over 600-8192 keys
-# 2-7 us more with it): a grid planned wider than the keys already leaves the last split to
-# the tail alone, and the extra column of programs and partials is paid.
+# 16.3 us with it, 13.0 / 14.9 without; over 8192 keys 22.7 / 22.4; at 9 blocks a split, bs 4,
+# 2-7 us more with it; 3-4 blocks were not measured): a grid planned wider than the keys
+# already leaves the last split to the tail alone, and the extra column of programs is paid.
 TAIL_SPLIT_MAX_BLOCKS = 1
 _LOG2E = 1.4426950408889634
 
