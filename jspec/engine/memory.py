@@ -13,7 +13,10 @@ weights already placed) and checks the reserve against the step's measured works
 (:func:`compiled_workspace_bytes`, XLA's buffer assignment of a compiled step: temporaries only,
 the donated state is updated in place). A step's workspace must not grow with the pool: the
 pools are donated and every per-step array is sized by the batch and the chunk, never by the
-pool (tests/engine/test_engine_memory.py measures it at two pool sizes).
+pool (tests/engine/test_engine_serving.py measures it at two pool sizes). The engine's compiles
+turn XLA's rematerialization off (``jspec.engine.runner.ENGINE_COMPILER_OPTIONS``): its budget,
+device memory minus a program's arguments, is below zero beside pools sized this way, and it
+recomputed parts of every step instead.
 """
 
 from __future__ import annotations
