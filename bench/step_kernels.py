@@ -2,6 +2,7 @@
 
     python -m bench.step_kernels [--geometry 8b] [--modes greedy] [--batches 1] [--top 40]
                                  [--prompt 128] [--context 256] [--num-pages N] [--rounds 0,8]
+                                 [--tensor-parallel 2] [--hlo-dir DIR]
 
 Builds ``bench.real_size``'s geometry and engine, runs it to a steady state, compiles the step
 with XLA's command buffers off (every kernel attributed to its HLO instruction) and prints, per
@@ -86,11 +87,17 @@ def _is_matmul(row: dict) -> bool:
 
 
 def kernel_rows(
-    engine, prompts, num_calls: int = 3, rounds: int = 0, hlo_out: str | None = None
+    engine,
+    prompts,
+    num_calls: int = 3,
+    rounds: int = 0,
+    hlo_out: str | None = None,
+    tensor_parallel: int = 1,
 ) -> tuple[list[dict], dict]:
     """Per-instruction rows of the step (``rounds`` 0) or of one ``rounds``-round dispatch,
-    us and launches per step (per round), and a summary; ``hlo_out``: a path to write the
-    compiled HLO to (the GEMMs' autotuned configs are in it)."""
+    us and launches per step (per round) and per device (a tensor-parallel engine's
+    ``tensor_parallel`` devices run the same program), and a summary; ``hlo_out``: a path to
+    write the compiled HLO to (the GEMMs' autotuned configs are in it)."""
     import numpy as np
 
     from bench.e2e import _op_key, _steady_state, steady_max_len
@@ -134,7 +141,7 @@ def kernel_rows(
     events = trace_gpu_events(lambda: run(num_calls))
     if events is None:
         return [], {}
-    per = num_calls * max(1, rounds)  # per step (per round)
+    per = num_calls * max(1, rounds) * tensor_parallel  # per step (per round), per device
     acc: dict[str, list[float]] = {}
     for name, hlo_op, dur in events:
         inst = event_instruction(name, hlo_op, op_names, by_kernel) or ("?" + name)
@@ -211,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
         help="comma list: 0 the single step, R one R-round dispatch (numbers per round)",
     )
     parser.add_argument("--hlo-dir", default=None, help="write each compiled HLO here")
+    parser.add_argument(
+        "--tensor-parallel", type=int, default=1, help="tp devices (numbers per device)"
+    )
     args = parser.parse_args(argv)
     from bench import real_size
 
@@ -226,12 +236,24 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     for mode in args.modes.split(","):
-        engine = make_engine(g, target, params, draft, dparams, mode, batches, args.attention_impl)
+        engine = make_engine(
+            g,
+            target,
+            params,
+            draft,
+            dparams,
+            mode,
+            batches,
+            args.attention_impl,
+            tensor_parallel=args.tensor_parallel,
+        )
         for bs, rounds in [(b, int(r)) for b in batches for r in args.rounds.split(",")]:
             rng = np.random.default_rng(bs)
             prompts = [rng.integers(0, g.draft_vocab, args.prompt).tolist() for _ in range(bs)]
             hlo_out = args.hlo_dir and f"{args.hlo_dir}/{mode}_bs{bs}_r{rounds}.hlo"
-            rows, summary = kernel_rows(engine, prompts, args.calls, rounds, hlo_out)
+            rows, summary = kernel_rows(
+                engine, prompts, args.calls, rounds, hlo_out, args.tensor_parallel
+            )
             what = f"{rounds}-round dispatch, per round" if rounds else "step"
             print(
                 f"\n## {mode} bs={bs} ({what}): "
