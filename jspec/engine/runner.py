@@ -13,6 +13,7 @@ the config (:func:`check_engine_models`); the steps trust it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -133,14 +134,33 @@ def compiler_options(extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
     return dict(ENGINE_COMPILER_OPTIONS + tuple(extra))
 
 
+class _JitStep:
+    """A step body jitted as :func:`jit_step` says: called at top level (concrete arguments),
+    ``jax.jit(body, compiler_options=compiler_options())``; called while tracing (inside the
+    caller's own ``jit``, ``checkify``, ``eval_shape``, a loop), the same jit without options:
+    JAX accepts ``compiler_options`` on top-level jits only (a nested one raises)."""
+
+    def __init__(self, body: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, body)
+        kw: dict[str, Any] = {"static_argnames": ("runner",), "donate_argnames": ("state",)}
+        self._top = jax.jit(body, compiler_options=compiler_options(), **kw)
+        self._nested = jax.jit(body, **kw)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves = jax.tree.leaves((args, kwargs))
+        traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
+        return (self._nested if traced else self._top)(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """The top-level jit's ``lower`` (abstract arguments allowed)."""
+        return self._top.lower(*args, **kwargs)
+
+
 def jit_step(body: Callable[..., Any]) -> Callable[..., Any]:
     """The public jitted form of a step body ``body(runner, weights, state, ...)``: one compile
-    per runner (static) and shapes, the state donated (updated in place), compiled with the
-    engine's :func:`compiler_options` (a serving engine that jits the bodies itself wants them
-    too: beside a pool that fills the device, XLA otherwise recomputes parts of every step)."""
-    return jax.jit(
-        body,
-        static_argnames=("runner",),
-        donate_argnames=("state",),
-        compiler_options=compiler_options(),
-    )
+    per runner (static) and shapes, the state donated (updated in place); called at top level
+    it compiles with the engine's :func:`compiler_options` (beside a pool that fills the
+    device XLA otherwise recomputes parts of every step), inside another trace as a plain
+    nested jit: an engine that jits its own loop around the steps passes
+    ``compiler_options=compiler_options()`` to that top-level jit."""
+    return _JitStep(body)

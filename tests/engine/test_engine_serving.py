@@ -231,6 +231,32 @@ def test_engine_compiler_options():
     assert "NO BACKEND" in out.stdout, out.stderr[-2000:]
 
 
+def test_public_steps_nest_inside_a_callers_jit():
+    """``jit_step``'s steps compile with the engine's options at top level; inside a caller's
+    own jit (JAX refuses compile options on a nested jit) they trace as a plain nested jit,
+    with the same result (here: an all-padding greedy step, which changes nothing)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jspec.engine.greedy import greedy_step
+    from jspec.engine.runner import Weights, init_engine_state
+
+    params, _ = tiny_model()
+    runner = Runner(_cfg(), TARGET)
+    slots, live = jnp.full((2,), 4, jnp.int32), jnp.zeros((2,), bool)
+    top = greedy_step(runner, Weights(params), init_engine_state(runner), slots, live)
+    nested = jax.jit(lambda w, st: greedy_step(runner, w, st, slots, live))(
+        Weights(params), init_engine_state(runner)
+    )
+    jax.tree.map(np.testing.assert_array_equal, top, nested)
+    shapes = jax.eval_shape(
+        lambda w, st: greedy_step(runner, w, st, slots, live),
+        Weights(params),
+        init_engine_state(runner),
+    )
+    assert jax.tree.structure(shapes) == jax.tree.structure(top)
+
+
 def test_num_pages_for_memory():
     """sglang's rule: KV = free after weights - limit * (1 - fraction), per page of both pools."""
     per_token = kv_bytes_per_token(TINY, TINY)
