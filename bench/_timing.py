@@ -473,6 +473,17 @@ def print_and_write(text: str, out: str) -> None:
             f.write(text)
 
 
+def write_with_json(path: str, text: str, payload: Any) -> None:
+    """A bench's ``--out``: ``text`` to ``path`` and ``payload`` as JSON beside it, at
+    ``path + ".json"`` (the rows, for drawing or comparing elsewhere)."""
+    import json
+
+    with open(path, "w") as f:
+        f.write(text)
+    with open(path + ".json", "w") as f:
+        json.dump(payload, f, default=str, indent=1)
+
+
 def device_name() -> str:
     dev = jax.devices()[0]
     return f"{dev.platform}:{getattr(dev, 'device_kind', '')}"

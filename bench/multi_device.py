@@ -40,7 +40,6 @@ import collections
 import dataclasses
 import gc
 import itertools
-import json
 import re
 import statistics
 import sys
@@ -54,7 +53,14 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from bench import real_size
-from bench._timing import copy_bandwidth_tbs, device_name, format_table, time_wall, trace_gpu_planes
+from bench._timing import (
+    copy_bandwidth_tbs,
+    device_name,
+    format_table,
+    time_wall,
+    trace_gpu_planes,
+    write_with_json,
+)
 
 DEMO_COLUMNS = ("layout", "mode", "tokens/s", "accept len", "equal to 1 device", "leak check")
 # fmt: off
@@ -253,14 +259,6 @@ def run_config(engine, prompts: list, new_tokens: int, outputs: dict, key: tuple
     return row
 
 
-def write(path: str, text: str, payload: dict) -> None:
-    """``text`` to ``path`` and ``payload`` as JSON to ``path + ".json"``."""
-    with open(path, "w") as f:
-        f.write(text)
-    with open(path + ".json", "w") as f:
-        json.dump(payload, f, default=str, indent=1)
-
-
 def report(header: str, rows: list[dict], allreduce: dict) -> str:
     text = f"{header}\n\n{format_table(rows, COLUMNS)}\n"
     if allreduce:
@@ -302,7 +300,7 @@ def run_real_size(args: argparse.Namespace) -> list[dict]:
     def save() -> str:
         text = report(header, rows, measured["allreduce"])
         if args.out:  # after every row: partial results survive a timeout
-            write(args.out, text, {"header": header, "rows": rows, **measured,
+            write_with_json(args.out, text, {"header": header, "rows": rows, **measured,
                                    "allreduce": list(measured["allreduce"].values())})  # fmt: skip
         return text
 
@@ -398,7 +396,7 @@ def run_demo(args: argparse.Namespace) -> list[dict]:
             print(format_table(rows[-1:], DEMO_COLUMNS).splitlines()[-1], flush=True)
     text = f"multi_device demo on {device_name()}\n\n{format_table(rows, DEMO_COLUMNS)}\n"
     if args.out:
-        write(args.out, text, {"header": text.splitlines()[0], "rows": rows})
+        write_with_json(args.out, text, {"header": text.splitlines()[0], "rows": rows})
     assert all(r["equal to 1 device"] for r in rows), "a layout changed the tokens"
     return rows
 

@@ -59,6 +59,7 @@ from bench._timing import (
     device_name,
     format_table,
     profile_split_us,
+    write_with_json,
 )
 from jspec.engine.scheduler import DEFAULT_MAX_ROUNDS
 
@@ -555,12 +556,8 @@ def draw(rows: list[dict], path: str) -> str:
 
 def _write(path: str, header: str, rows: list[dict], text: str = "") -> None:
     """The table (and rows as JSON beside it, for drawing elsewhere: ``draw(rows, png)``)."""
-    import json
-
-    with open(path, "w") as f:
-        f.write(text or f"{header}\n\n{format_table(rows, COLUMNS)}\n")
-    with open(path + ".json", "w") as f:
-        json.dump({"header": header, "rows": rows}, f, default=str)
+    text = text or f"{header}\n\n{format_table(rows, COLUMNS)}\n"
+    write_with_json(path, text, {"header": header, "rows": rows})
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 import traceback
@@ -43,7 +42,13 @@ import traceback
 import jax
 import numpy as np
 
-from bench._timing import copy_bandwidth_tbs, device_name, format_table, trace_gpu_events
+from bench._timing import (
+    copy_bandwidth_tbs,
+    device_name,
+    format_table,
+    trace_gpu_events,
+    write_with_json,
+)
 from bench.multi_device import kernel_breakdown
 from bench.real_size import (
     DRAFT_TOKENS,
@@ -275,10 +280,8 @@ def draw(rows: list[dict], path: str) -> str:
 
 
 def _write(path: str, header: str, rows: list[dict]) -> None:
-    with open(path, "w") as f:
-        f.write(f"{header}\n\n{format_table(rows, COLUMNS)}\n")
-    with open(path + ".json", "w") as f:
-        json.dump({"header": header, "rows": rows}, f, default=str)
+    text = f"{header}\n\n{format_table(rows, COLUMNS)}\n"
+    write_with_json(path, text, {"header": header, "rows": rows})
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -12,12 +12,12 @@ import textwrap
 import pytest
 
 import bench.multi_device as md
+from bench._timing import write_with_json
 from bench.multi_device import (
     compare_rows,
     layout_batches,
     parse_layouts,
     report,
-    write,
 )
 from bench.real_size import GEOMETRIES
 
@@ -103,7 +103,7 @@ def test_report_and_write(tmp_path):
     assert text.startswith("header line\n\n| layout | mode | bs | step ms (wall) |")
     assert "All-reduce alone" in text and "| 2 | 1 | 0.01 | 9.50 | 12.0 |" in text
     path = str(tmp_path / "md.md")
-    write(path, text, {"rows": rows, "allreduce": list(allreduce.values())})
+    write_with_json(path, text, {"rows": rows, "allreduce": list(allreduce.values())})
     assert open(path).read() == text
     assert json.load(open(path + ".json"))["rows"][0]["tok/s"] == 200.0
 
