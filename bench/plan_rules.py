@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
                 a, b = _knobs(p, *other), _knobs(p, *today)
                 if a != b:
                     todo.append((p, a, b))
+    if not todo:
+        sys.exit(f"rules {other} launch every pass as today's {today}: nothing to time")
     need = max(p.batch * (-(-p.width // g.page_size) + p.tail_len) for p, _, _ in todo) + 64
     keys_ = jax.random.split(jax.random.PRNGKey(0), 2)
     shape = (1, need * g.page_size, g.num_kv_heads, g.head_dim)
