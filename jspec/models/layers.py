@@ -43,9 +43,32 @@ def model_scope(part: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
     return decorate
 
 
+# XLA's GPU compiler rewrites a dot with a one-row operand (a vector once XLA drops the unit
+# dimension) whose two operands hold fewer than 10M elements together into a multiply and a
+# reduce (GpuAlgebraicSimplifierVisitor::ShouldStrengthReduceDotToReduce with
+# IsMatrixMultiplicationTooSmallForRewriting's threshold 10 000 000): the multiply writes the
+# whole [K, N] product to memory and the reduce reads it back, in the operands' dtype. A
+# tensor-parallel shard of the 8B's o_proj (2048 x 4096) at batch 1 took 11.5 + 9.7 us that
+# way, 64 launches a greedy step; a GEMV reads the same 16 MiB once. Below GEMV_PAD_MIN_ELEMENTS
+# the product is too small for the detour to matter and the dot is left as it is.
+STRENGTH_REDUCE_MAX_ELEMENTS = 10_000_000
+GEMV_PAD_MIN_ELEMENTS = 1 << 20
+
+
 def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``a @ b`` in ``a``'s dtype, at the precision :func:`jspec.engine.protocol.matmul_precision` gives."""
-    return jnp.matmul(a, b.astype(a.dtype), precision=matmul_precision(a.dtype))
+    """``a @ b`` in ``a``'s dtype, at the precision :func:`jspec.engine.protocol.matmul_precision` gives.
+
+    ``a: dtype[M, K]``, ``b: dtype[K, N]`` -> dtype[M, N]. A one-row product whose operands
+    hold between :data:`GEMV_PAD_MIN_ELEMENTS` and :data:`STRENGTH_REDUCE_MAX_ELEMENTS`
+    elements runs as a two-row one (a zero row appended, its result row dropped), so that XLA
+    keeps it a GEMM instead of writing the [K, N] product (the note above); row 0 is the same
+    product either way."""
+    prec = matmul_precision(a.dtype)
+    b = b.astype(a.dtype)
+    if a.ndim == 2 and a.shape[0] == 1:
+        if GEMV_PAD_MIN_ELEMENTS <= a.size + b.size < STRENGTH_REDUCE_MAX_ELEMENTS:
+            return jnp.matmul(jnp.pad(a, ((0, 1), (0, 0))), b, precision=prec)[:1]
+    return jnp.matmul(a, b, precision=prec)
 
 
 def lm_logits(hidden: jax.Array, lm_head: jax.Array, *, transposed: bool = False) -> jax.Array:
