@@ -97,6 +97,7 @@ COLUMNS = (
 PAGE, TOPK, STEPS, DRAFT_TOKENS, PROMPT, NEW = 16, 4, 3, 8, 128, 64
 CAPACITY = (256, None)  # the engine's (context_len, num_pages): --context, --num-pages
 KV_LEN_BUCKETS = None  # --no-kv-len-hints: () (every step planned for the width)
+RMS_NORM_IMPL = "auto"  # --rms-norm-impl: the engine's RMSNorm kernel (make_engine_config)
 PROFILE_COPY_BYTES = 12 << 30  # state copies made ahead of a profiled run (_device_split)
 
 
@@ -445,6 +446,7 @@ def make_engine(
         attention_impl=attn,
         tensor_parallel=tensor_parallel,
         kv_len_buckets=KV_LEN_BUCKETS,
+        rms_norm_impl=RMS_NORM_IMPL,
     )
     if mode == "spec":
         return Engine(
@@ -572,6 +574,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--attention-impl", default="auto")
     parser.add_argument(
+        "--rms-norm-impl", default="auto", help="the engine's RMSNorm kernel: auto | xla | triton"
+    )
+    parser.add_argument(
         "--draft",
         choices=("matched", "shuffled"),
         default="matched",
@@ -605,6 +610,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     globals()["NEW"] = args.new  # the module's NEW is read by its helpers
     globals()["CAPACITY"] = (args.context, args.num_pages)
     globals()["KV_LEN_BUCKETS"] = () if args.no_kv_len_hints else None
+    globals()["RMS_NORM_IMPL"] = args.rms_norm_impl
     geos = ["quick"] if args.quick else [x for x in args.geometry.split(",") if x]
     batches = [1, 2] if args.quick else [int(b) for b in args.batches.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -616,7 +622,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"prompts {PROMPT}, {NEW} new tokens; engine context {CAPACITY[0]}, pages {CAPACITY[1]}, "
         f"launch hints {'off' if args.no_kv_len_hints else 'auto'}; "
         f"{args.max_rounds} rounds per dispatch; "
-        f"attention {args.attention_impl}; "
+        f"attention {args.attention_impl}; rms_norm {args.rms_norm_impl}; "
         f"draft head {args.draft}; "
         "LlamaTarget + matched EAGLE-3 head, bf16 (precision by dtype)"
     )
