@@ -90,8 +90,8 @@ def _layer(lp, x, positions, inv_freq, mm, fused: bool):
     from jspec.models.layers import apply_rope, rms_norm
 
     t = x.shape[0]
-    # The RMSNorm kernel the engine's policy picks for these rows (Triton on GPU for bf16).
-    norm = resolve_kernel_policy(dtype=x.dtype, hidden_size=x.shape[-1]).rms_norm
+    # The RMSNorm kernel the engine's policy picks for these rows.
+    norm = resolve_kernel_policy(hidden_size=x.shape[-1]).rms_norm
     h = rms_norm(x, lp["attn_norm"], 1e-5, impl=norm)
     if fused:
         qkv = mm(h, lp["wqkv"])

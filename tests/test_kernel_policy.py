@@ -19,7 +19,7 @@ CFG = LlamaConfig(
     num_kv_heads=1,
     head_dim=16,
 )
-BF16 = {"dtype": "bfloat16", "hidden_size": 4096, "vocab_size": 128256}
+BF16 = {"hidden_size": 4096, "vocab_size": 128256}
 
 
 @pytest.mark.parametrize(
@@ -29,20 +29,20 @@ BF16 = {"dtype": "bfloat16", "hidden_size": 4096, "vocab_size": 128256}
         pytest.param(
             "gpu",
             BF16,
-            KernelPolicy("pallas", "triton", "cublas", CUBLAS_MIN_TOKENS, "triton", "triton"),
+            KernelPolicy("pallas", "triton", "cublas", CUBLAS_MIN_TOKENS, "xla", "triton"),
             id="gpu_bf16_wide_vocab",
         ),
         pytest.param(
             "gpu",
-            {"dtype": "float32", "hidden_size": 64, "vocab_size": 512},
+            {"hidden_size": 64, "vocab_size": 512},
             KernelPolicy("pallas", "triton", "cublas", CUBLAS_MIN_TOKENS, "xla", "pallas"),
             id="gpu_f32_narrow_vocab",
         ),
         pytest.param(
             "gpu",
-            {"dtype": "float16", "hidden_size": MAX_HIDDEN + 1, "vocab_size": MAX_COLS},
-            KernelPolicy("pallas", "triton", "cublas", CUBLAS_MIN_TOKENS, "xla", "pallas"),
-            id="gpu_rows_past_the_norm_kernel",
+            {"hidden_size": MAX_HIDDEN, "vocab_size": MAX_COLS, "rms_norm_impl": "triton"},
+            KernelPolicy("pallas", "triton", "cublas", CUBLAS_MIN_TOKENS, "triton", "pallas"),
+            id="gpu_norm_kernel_named",
         ),
         pytest.param(
             "cpu",
@@ -73,6 +73,10 @@ def test_resolve(backend, kw, want):
         (
             {"topk_probs_impl": "pallas", "vocab_size": MAX_COLS + 1},
             r"topk_probs_impl='pallas' takes rows of at most",
+        ),
+        (
+            {"rms_norm_impl": "triton", "hidden_size": MAX_HIDDEN + 1},
+            r"rms_norm_impl='triton' takes rows of at most 32768 columns; hidden_size=32769",
         ),
     ],
 )

@@ -429,7 +429,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
         "resolve_kernel_policy": "def(*, impl: 'str' = 'auto', attention_impl: 'str' = 'auto', "
         "gemm_impl: 'str' = 'auto', rms_norm_impl: 'str' = 'auto', "
-        "topk_probs_impl: 'str' = 'auto', dtype: 'Any' = 'float32', hidden_size: 'int' = 0, "
+        "topk_probs_impl: 'str' = 'auto', hidden_size: 'int' = 0, "
         "vocab_size: 'int' = 0, backend: 'str | None' = None) -> 'KernelPolicy'",
         "spec_decode_step": "def(runner: 'Runner', weights: 'Weights', state: 'EngineState', "
         "slot_idx: 'jax.Array', live: 'jax.Array', "

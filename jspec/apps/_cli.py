@@ -42,7 +42,7 @@ KERNEL_FLAGS = {
     "--rms-norm-impl": (
         "rms_norm_impl",
         "rms_norm",
-        "the models' RMSNorm: auto = the Triton kernel on GPU for bf16 / f16, jnp otherwise",
+        "the models' RMSNorm: auto = XLA's fusion; triton = one Triton launch (GPU, bf16 / f16)",
     ),
     "--topk-probs-impl": (
         "topk_probs_impl",

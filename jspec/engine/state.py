@@ -280,9 +280,9 @@ def make_engine_config(
     The kernels: ``impl`` (bookkeeping ops), ``attention_impl``, ``gemm_impl``,
     ``rms_norm_impl`` and ``topk_probs_impl`` are ``"auto"`` or a concrete name, resolved once
     here into :attr:`EngineConfig.kernels` by
-    :func:`jspec.kernels.policy.resolve_kernel_policy` from the backend, ``target.dtype``, the
-    widest hidden size and vocabulary of ``target`` and ``draft`` (``ValueError`` naming the
-    keyword for an unknown name). The models read their RMSNorm impl from their own
+    :func:`jspec.kernels.policy.resolve_kernel_policy` from the backend, the widest hidden
+    size and vocabulary of ``target`` and ``draft`` (``ValueError`` naming the keyword for an
+    unknown name, or a kernel those widths do not fit). The models read their RMSNorm impl from their own
     ``rms_norm_impl`` field, which :class:`jspec.engine.runner.Runner` sets from
     ``kernels.rms_norm`` (:func:`jspec.kernels.policy.with_kernel_policy`).
 
@@ -325,7 +325,6 @@ def make_engine_config(
         gemm_impl=gemm_impl,
         rms_norm_impl=rms_norm_impl,
         topk_probs_impl=topk_probs_impl,
-        dtype=target.dtype,
         hidden_size=max(getattr(m, "hidden_size", 0) for m in (target, draft)),
         # topk_probs reads the draft's logits (the target's vocabulary bounds them).
         vocab_size=getattr(draft if draft is not None else target, "vocab_size", 0),

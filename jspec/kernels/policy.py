@@ -10,8 +10,7 @@ backend (``jax.default_backend()``), the model dtype and its widths::
     attention (attention_impl)    xla | triton           triton                 xla
     gemm (gemm_impl)              xla | cublas           cublas for calls of    xla (no effect)
                                                          >= 64 target tokens
-    rms_norm (rms_norm_impl)      xla | triton           triton for bf16 / f16  xla (f32 exact)
-                                                         rows <= MAX_HIDDEN
+    rms_norm (rms_norm_impl)      xla | triton           xla                    xla (f32 exact)
     topk_probs (topk_probs_impl)  xla | pallas | triton  bookkeeping's; triton  bookkeeping's;
                                                          past one Pallas tile   xla past a tile
 
@@ -29,7 +28,6 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from jspec.config import next_power_of_2
 from jspec.kernels import rms_norm as _rms_norm
@@ -57,6 +55,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # vs 120 us); whole steps (bench/real_size.py): greedy bs64 5.86 -> 5.50 ms, spec bs16 (128
 # verify tokens) 7.11 -> 6.97, greedy bs1 4.40 -> 4.67.
 CUBLAS_MIN_TOKENS = 64
+# rms_norm "auto" is XLA's fusion on every backend. The one-launch Triton residual add + RMSNorm
+# (rms_norm_impl="triton") saves device time on its own but is a legacy custom call that XLA's
+# command buffers do not capture, two a layer, and the engine's rounds are launch-bound: on the
+# H200 (bench/real_size.py --rms-norm-impl, 8B, 256 new tokens, 2026-11-27) XLA's fusion took
+# the wall per round from 5.84 to 5.52 ms (spec bs 1) and 6.27 to 5.77 (greedy bs 64), greedy
+# bs 1 and spec bs 64 level, device time within +-0.15 ms (bench/RESULTS.md, ninth session).
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,7 +122,6 @@ def resolve_kernel_policy(
     gemm_impl: str = "auto",
     rms_norm_impl: str = "auto",
     topk_probs_impl: str = "auto",
-    dtype: Any = "float32",
     hidden_size: int = 0,
     vocab_size: int = 0,
     backend: str | None = None,
@@ -131,17 +134,16 @@ def resolve_kernel_policy(
       attention_impl, gemm_impl, rms_norm_impl, topk_probs_impl: ``"auto"`` or one of the
         family's :data:`CHOICES`. A GPU-only kernel named off the GPU fails when it is traced
         (the op's ``ValueError``), as before.
-      dtype: the models' activation dtype (name or dtype): ``rms_norm_impl="auto"`` takes the
-        kernel for bf16 / f16 only.
-      hidden_size: the widest RMSNorm row (target and draft); ``rms_norm_impl="auto"`` takes
-        the kernel up to :data:`jspec.kernels.rms_norm.MAX_HIDDEN` columns.
+      hidden_size: the widest RMSNorm row (target and draft): ``rms_norm_impl="triton"``
+        takes rows of at most :data:`jspec.kernels.rms_norm.MAX_HIDDEN` columns.
       vocab_size: the widest row ``topk_probs`` sees (the draft's vocabulary); Pallas takes
         rows up to :data:`jspec.kernels.topk_probs.MAX_COLS` (padded to a power of 2).
       backend: default ``jax.default_backend()``.
 
     Raises:
-      ValueError: an unknown choice (naming its keyword), or ``topk_probs_impl="pallas"`` for
-        rows wider than Pallas takes.
+      ValueError: an unknown choice (naming its keyword), ``topk_probs_impl="pallas"`` for
+        rows wider than Pallas takes, or ``rms_norm_impl="triton"`` for rows wider than the
+        kernel takes.
     """
     backend = jax.default_backend() if backend is None else backend
     gpu = backend == "gpu"
@@ -149,9 +151,12 @@ def resolve_kernel_policy(
     attn = _pick("attention_impl", "attention", attention_impl, "triton" if gpu else "xla")
     gemm = _pick("gemm_impl", "gemm", gemm_impl, "cublas" if gpu else "xla")
     min_tokens = CUBLAS_MIN_TOKENS if gemm_impl == "auto" and gemm == "cublas" else 0
-    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    norm_kernel = gpu and half and 0 < hidden_size <= _rms_norm.MAX_HIDDEN
-    norm = _pick("rms_norm_impl", "rms_norm", rms_norm_impl, "triton" if norm_kernel else "xla")
+    norm = _pick("rms_norm_impl", "rms_norm", rms_norm_impl, "xla")
+    if norm == "triton" and hidden_size > _rms_norm.MAX_HIDDEN:
+        raise ValueError(
+            f"rms_norm_impl='triton' takes rows of at most {_rms_norm.MAX_HIDDEN} columns; "
+            f"hidden_size={hidden_size}: choose 'xla'"
+        )
     wide = next_power_of_2(vocab_size) > _topk_probs.MAX_COLS
     topk_auto = books
     if books == "pallas" and wide:

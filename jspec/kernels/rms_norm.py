@@ -17,9 +17,10 @@ program per row.
 ``impl``: ``"xla"`` the reference; ``"triton"`` the kernel through ``jax_triton``
 (:mod:`jspec.kernels.rms_norm_triton`, imported on first use; GPU only: on CPU the same source
 runs in Triton's interpreter on torch tensors, tests/models/test_rms_norm.py). The engine's
-kernel policy (:func:`jspec.kernels.policy.resolve_kernel_policy`) picks ``"triton"`` on a GPU
-for bf16 / f16 streams of at most :data:`MAX_HIDDEN` columns, else the reference (f32 models
-keep XLA's exact path); the op itself never guesses.
+kernel policy (:func:`jspec.kernels.policy.resolve_kernel_policy`) takes the kernel only when
+named (``rms_norm_impl="triton"``): its "auto" is XLA's fusion, which the engine's command
+buffers capture (the policy module says what that was measured to save); the op itself never
+guesses.
 
 NOTE (shared/PLATFORM.md): no checks inside the kernel; a NaN / Inf row gives NaN / Inf outputs
 in that row only.

@@ -189,16 +189,16 @@ def test_jax_triton_vs_reference_on_gpu(num_rows, hidden, dtype):
 
 
 @pytest.mark.gpu
-def test_the_policy_takes_the_kernel_for_bf16_on_gpu():
-    """On the GPU the kernel policy's "auto" picks the Triton kernel for a bf16 stream, and the
-    op lowers to a Triton launch (the op itself never guesses: without ``impl`` it is XLA)."""
-    policy = resolve_kernel_policy(dtype="bfloat16", hidden_size=4096)
-    assert policy.rms_norm == "triton"
+def test_the_policy_takes_the_kernel_only_when_named_on_gpu():
+    """On the GPU the kernel policy's "auto" is XLA's fusion (a launch the command buffers
+    capture); a named "triton" lowers to the Triton launch (the op itself never guesses)."""
+    assert resolve_kernel_policy(hidden_size=4096).rms_norm == "xla"
+    named = resolve_kernel_policy(hidden_size=4096, rms_norm_impl="triton").rms_norm
     x, residual, weight = (jnp.asarray(a, jnp.bfloat16) for a in _inputs(1, 4096, 1))
 
     def lowered(**kw):
         f = jax.jit(lambda a, r, w: rn.fused_add_rmsnorm(a, r, w, EPS, **kw))
         return f.lower(x, residual, weight).as_text()
 
-    assert "triton_kernel_call" in lowered(impl=policy.rms_norm)
+    assert "triton_kernel_call" in lowered(impl=named)
     assert "triton_kernel_call" not in lowered()
