@@ -26,6 +26,7 @@ import os
 import sys
 from typing import Any
 
+from jspec._strict_json import loads_unique_keys
 from jspec.engine.inputs import InputError, check_count, check_token_ids
 from jspec.engine.sampling_params import SamplingParams
 
@@ -44,15 +45,6 @@ class PromptLine:
     ids: list[int] | None  # "prompt_ids", or the encoded text (after encode_prompts)
     max_new_tokens: int | None  # None: the --max-new-tokens flag's
     sampling: SamplingParams  # resolved: a sampled line has its seed
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError(f"duplicate key {key!r}")
-        seen[key] = value
-    return seen
 
 
 def _read_bytes(path: str) -> tuple[bytes, str]:
@@ -91,7 +83,7 @@ def read_prompts_file(
         if not text.strip():
             continue
         try:
-            obj = json.loads(text, object_pairs_hook=_no_duplicates)
+            obj = loads_unique_keys(text)
         except json.JSONDecodeError as e:
             raise InputError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
         except ValueError as e:  # a duplicate key

@@ -17,16 +17,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from jspec._strict_json import loads_unique_keys
+
 _MISSING = object()
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"key {key!r} appears twice")
-        out[key] = value
-    return out
 
 
 def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
@@ -40,7 +33,7 @@ def read_json_object(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             text = f.read().decode("utf-8")
-        obj = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        obj = loads_unique_keys(text)
     except OSError as e:
         raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

@@ -283,7 +283,7 @@ def test_malformed_eagle3_fields(extra, match):
         pytest.param(
             "config.json",
             '{"vocab_size": 1, "vocab_size": 2}',
-            "'vocab_size' appears twice",
+            "duplicate key 'vocab_size'",
             id="duplicate-key",
         ),
         pytest.param("generation_config.json", "{,", "not valid JSON", id="generation-json"),
