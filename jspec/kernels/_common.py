@@ -106,15 +106,17 @@ def triton_params(num_warps: int = 4, num_stages: int = 1):
 def pallas_call(
     kernel: Callable[..., Any],
     *,
-    interpret: bool,
+    interpret: bool | None,
     num_warps: int = 4,
     num_stages: int = 1,
     **kwargs: Any,
 ) -> Callable[..., Any]:
     """``pl.pallas_call(kernel, **kwargs)`` with the Triton lowering's launch params (none in
-    interpret mode): the one place a Pallas kernel meets :func:`triton_params`."""
+    interpret mode): the one place a Pallas kernel meets :func:`triton_params`. ``interpret``
+    is the op's own argument (``None``: :func:`resolve_interpret`'s default)."""
     from jax.experimental import pallas as pl
 
+    interpret = resolve_interpret(interpret)
     params = None if interpret else triton_params(num_warps=num_warps, num_stages=num_stages)
     return pl.pallas_call(kernel, interpret=interpret, compiler_params=params, **kwargs)
 

@@ -25,7 +25,7 @@ from jax.experimental.pallas import triton as pltriton
 from jspec import probes
 from jspec._index import valid_mask
 from jspec.config import next_power_of_2
-from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
+from jspec.kernels._common import pallas_call, resolve_impl
 
 IMPLS = ("xla", "pallas")
 # Requests per program (power of 2, masked tail).
@@ -113,7 +113,6 @@ def alloc_decode_slots(
     if num_req == 0:
         return fill
     rank = _ranks(seq_lens.astype(jnp.int32), valid, page_size)
-    interpret = resolve_interpret(interpret)
     block = min(MAX_BLOCK, next_power_of_2(num_req))
     kernel = functools.partial(
         _alloc_decode_kernel, block=block, page_size=page_size, num_req=num_req

@@ -28,7 +28,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret, segment_owners
+from jspec.kernels._common import pallas_call, resolve_impl, segment_owners
 
 IMPLS = ("xla", "pallas")
 # Slots written per loop iteration of one program (power of 2, masked tail).
@@ -150,7 +150,6 @@ def alloc_extend_slots(
     if prefix_lens.shape[0] == 0 or max_new_slots == 0:
         return fill
     _, out_start, page_start = _layout(prefix_lens, seq_lens, page_size)
-    interpret = resolve_interpret(interpret)
     block = min(MAX_BLOCK, next_power_of_2(max_new_slots))
     kernel = functools.partial(
         _alloc_extend_kernel, page_size=page_size, block=block, max_new_slots=max_new_slots

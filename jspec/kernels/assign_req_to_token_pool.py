@@ -23,7 +23,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret, segment_owners
+from jspec.kernels._common import pallas_call, resolve_impl, segment_owners
 
 IMPLS = ("xla", "pallas")
 # Positions copied per loop iteration of one program (power of 2, masked tail).
@@ -124,7 +124,6 @@ def assign_req_to_token_pool(
         )
     num_rows, width = req_to_token.shape
     start_offset, lengths, src_start = _segments(start_offset, end_offset)
-    interpret = resolve_interpret(interpret)
     block = min(MAX_BLOCK, next_power_of_2(min(num_locs, width)))
     kernel = functools.partial(
         _assign_req_to_token_pool_kernel, block=block, width=width, num_locs=num_locs

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jspec.config import next_power_of_2
-from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
+from jspec.kernels._common import pallas_call, resolve_impl
 from jspec.sentinels import NO_NODE
 
 IMPLS = ("xla", "pallas")
@@ -188,7 +188,6 @@ def _build_tree_pallas(parent_list, sel, seq_lens, bonus, drafts, *, topk, word_
     if width == 0:  # S == 1: no non-root parents; keep a dummy column for the flat ref.
         parent_list = jnp.full((bsz, 1), -1, jnp.int32)
     block = max(_MIN_BLOCK, next_power_of_2(n))
-    interpret = resolve_interpret(interpret)
     flat = jax.ShapeDtypeStruct((bsz * n,), jnp.int32)
     mask_shape = (
         jax.ShapeDtypeStruct((bsz * n,), word_dtype)

@@ -38,7 +38,7 @@ from jspec._compact import pack_to
 from jspec._index import valid_mask
 from jspec._layout import draft_footprint, holey_geometry
 from jspec.config import INT32_LIMIT, TreeGeometry, check_geometry, next_power_of_2
-from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
+from jspec.kernels._common import pallas_call, resolve_impl
 from jspec.sentinels import PAD_SLOT_ID
 
 IMPLS = ("xla", "pallas")
@@ -282,7 +282,6 @@ def _draft_cache_loc_pallas(
         loc_block=loc_block,
         pair_block=pair_block,
     )
-    interpret = resolve_interpret(interpret)
     out_shape = (
         jax.ShapeDtypeStruct((batch * loc_block,), jnp.int32),
         jax.ShapeDtypeStruct((buf,), jnp.int32),

@@ -212,7 +212,7 @@ def _draft_kv_indices_pallas(
     topk: int,
     num_steps: int,
     page_size: int,
-    interpret: bool,
+    interpret: bool | None,
     block_tokens: int,
 ) -> tuple[jax.Array, jax.Array]:
     num_seqs = seq_lens.shape[0]
@@ -331,7 +331,7 @@ def draft_kv_indices(
             topk=topk,
             num_steps=num_steps,
             page_size=page_size,
-            interpret=_common.resolve_interpret(interpret),
+            interpret=interpret,
             block_tokens=block_tokens,
         )
     launch = triton_launch(

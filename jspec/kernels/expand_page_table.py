@@ -333,7 +333,7 @@ def expand_page_table(
             kernel,
             out_shape=out_shape,
             grid=(pl.cdiv(num_rows, block_rows),),
-            interpret=_common.resolve_interpret(interpret),
+            interpret=interpret,
             num_warps=NUM_WARPS,
             name="jspec_expand_page_table",
         )(last_page_lens, cache_loc)

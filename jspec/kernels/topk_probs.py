@@ -186,7 +186,12 @@ def _launch_shape(
 
 
 def _topk_probs_pallas(
-    logits: jax.Array, topk: int, *, interpret: bool, block_rows: int | None, num_warps: int | None
+    logits: jax.Array,
+    topk: int,
+    *,
+    interpret: bool | None,
+    block_rows: int | None,
+    num_warps: int | None,
 ) -> tuple[jax.Array, jax.Array]:
     num_rows, vocab = logits.shape
     block_rows, num_warps = _launch_shape(num_rows, vocab, block_rows, num_warps)
@@ -259,7 +264,6 @@ def topk_probs(
     _validate(logits, topk, block_rows, num_warps, block_cols)
     impl = _common.resolve_impl(impl, IMPLS, "topk_probs")
     num_rows, vocab = logits.shape
-    interpret = _common.resolve_interpret(interpret)
     probes.static_check(
         impl != "pallas" or next_power_of_2(vocab) <= MAX_COLS,
         f"impl='pallas' takes rows of at most MAX_COLS={MAX_COLS} columns (V padded to a power "

@@ -41,7 +41,7 @@ from jax.experimental import pallas as pl
 from jspec import probes
 from jspec._tree_walk import TreeWalk, at_node, finish_predicts, start_walk, step_walk
 from jspec.config import next_power_of_2
-from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
+from jspec.kernels._common import pallas_call, resolve_impl
 from jspec.sentinels import NO_NODE, NOT_ACCEPTED
 
 IMPLS = ("xla", "pallas")
@@ -184,7 +184,6 @@ def _verify_tree_greedy_pallas(
         accept_block=max(2, next_power_of_2(num_spec_steps)),
         predicts_init=predicts_init,
     )
-    interpret = resolve_interpret(interpret)
     predicts, accept_index, accept_num = pallas_call(
         kernel,
         out_shape=out_shape,
