@@ -16,7 +16,7 @@ import numpy as np
 
 from jspec.models.checkpoint import EAGLE3_TABLE, LAYER_TABLE, LLAMA_TABLE
 from jspec.models.eagle3 import Eagle3Draft, Eagle3Params
-from jspec.models.hf_config import RopeScaling
+from jspec.models.hf_config import Eagle3Config, LlamaConfig, RopeScaling
 from jspec.models.llama import LlamaParams, LlamaTarget
 
 
@@ -32,6 +32,23 @@ def _rope_json(theta: float, scaling: RopeScaling | None) -> dict[str, Any]:
             "high_freq_factor": scaling.high_freq_factor,
             "original_max_position_embeddings": scaling.original_max_position_embeddings,
         },
+    }
+
+
+def _decoder_json(cfg: LlamaConfig | Eagle3Config, num_layers: int) -> dict[str, Any]:
+    """The decoder-layer keys of a HF Llama ``config.json`` (the target's and the EAGLE-3
+    head's alike): geometry, activation, RMSNorm epsilon, dtype and RoPE."""
+    return {
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "torch_dtype": cfg.dtype,
+        **_rope_json(cfg.rope_theta, cfg.rope_scaling),
     }
 
 
@@ -105,22 +122,13 @@ def save_llama(
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.rms_norm_eps,
+        **_decoder_json(cfg, cfg.num_layers),
         "max_position_embeddings": cfg.max_position_embeddings,
         "tie_word_embeddings": params.lm_head is None,
-        "torch_dtype": cfg.dtype,
         "attention_bias": False,
         "mlp_bias": False,
         "bos_token_id": _ids_json(cfg.bos_token_ids),
         "eos_token_id": _ids_json(cfg.eos_token_ids),
-        **_rope_json(cfg.rope_theta, cfg.rope_scaling),
     }
     tensors = _table_tensors(LLAMA_TABLE, params)
     for i, lp in enumerate(params.layers):
@@ -150,16 +158,7 @@ def save_eagle3(
         "model_type": "llama",
         "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": 1,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "torch_dtype": cfg.dtype,
-        **_rope_json(cfg.rope_theta, cfg.rope_scaling),
+        **_decoder_json(cfg, 1),
     }
     ids = cfg.aux_layer_ids
     n = num_target_layers
