@@ -76,8 +76,13 @@ IGNORED = {
 
 
 def _layer_wants(
-    prefix: str, hin: int, hid: int, qd: int, kvd: int, inter: int, optional_attn_norm: bool = False
+    prefix: str, cfg: Any, hin: int, optional_attn_norm: bool = False
 ) -> dict[str, Want]:
+    """One decoder layer's tensors (:data:`LAYER_TABLE` under ``prefix``) for a
+    ``LlamaConfig`` / ``Eagle3Config`` ``cfg``; ``hin``: the q/k/v input width (``2 * H`` for
+    the EAGLE-3 midlayer)."""
+    hid, inter = cfg.hidden_size, cfg.intermediate_size
+    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     shapes = {
         "attn_norm": (hid,),
         "wq": (hin, qd),
@@ -112,8 +117,7 @@ def _fuse_layer(
 
 # ---- targets -----------------------------------------------------------------------------------
 def _llama_wants(cfg: hf_config.LlamaConfig) -> dict[str, Want]:
-    hid, inter, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    hid, vocab = cfg.hidden_size, cfg.vocab_size
     shapes = {"embed": (vocab, hid), "final_norm": (hid,), "lm_head": (hid, vocab)}
     wants = {
         key: Want(name, shapes[key], transpose)
@@ -121,7 +125,7 @@ def _llama_wants(cfg: hf_config.LlamaConfig) -> dict[str, Want]:
         if not (key == "lm_head" and cfg.tie_word_embeddings)
     }
     for i in range(cfg.num_layers):
-        for field, want in _layer_wants(f"model.layers.{i}.", hid, hid, qd, kvd, inter).items():
+        for field, want in _layer_wants(f"model.layers.{i}.", cfg, hid).items():
             wants[f"layers.{i}.{field}"] = want
     return wants
 
@@ -215,16 +219,9 @@ def _config_json(directory: str | os.PathLike) -> str:
     return os.path.join(os.fspath(directory), "config.json")
 
 
-def _plan_eagle3(directory: str | os.PathLike, target: LlamaTarget, dtype: str | None) -> Plan:
-    with in_file(_config_json(directory)):
-        cfg = hf_config.parse_eagle3_config(
-            hf_config.read_config_json(directory), dtype=dtype or target.dtype
-        )
-    _fit("hidden_size", cfg.hidden_size, target, target.hidden_size)
-    _fit("vocab_size", cfg.vocab_size, target, target.vocab_size)
-    draft = Eagle3Draft(cfg, cfg.capture_layers(target.num_layers))
-    hid, inter, vd = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+def _eagle3_wants(cfg: hf_config.Eagle3Config) -> dict[str, Want]:
+    """Every tensor of an EAGLE-3 head (:data:`EAGLE3_TABLE`, then the midlayer's)."""
+    hid, vd = cfg.hidden_size, cfg.draft_vocab_size
     shapes = {
         "fc": (cfg.num_aux * hid, hid),
         "fc_bias": (hid,),
@@ -233,15 +230,37 @@ def _plan_eagle3(directory: str | os.PathLike, target: LlamaTarget, dtype: str |
         "lm_head": (hid, vd),
         "d2t": (vd,),
     }
-    source = open_source(directory)
-    # A head over the full target vocabulary may ship without d2t (identity).
-    identity_d2t = vd == target.vocab_size and not source.has("d2t")
     wants = {
         key: Want(name, shapes[key], transpose, optional=key == "fc_bias", integer=key == "d2t")
         for key, (name, transpose) in EAGLE3_TABLE.items()
-        if not (key == "d2t" and identity_d2t)
     }
-    wants.update(_layer_wants("midlayer.", 2 * hid, hid, qd, kvd, inter))
+    return wants | _layer_wants("midlayer.", cfg, 2 * hid)
+
+
+def _eagle1_wants(cfg: hf_config.LlamaConfig) -> dict[str, Want]:
+    """Every tensor of an EAGLE-1 head (:data:`EAGLE1_TABLE`, then ``layers.0.``'s)."""
+    hid = cfg.hidden_size
+    shapes = {"fc": (2 * hid, hid), "fc_bias": (hid,), "final_norm": (hid,)}
+    wants = {
+        key: Want(name, shapes[key], transpose, optional=key != "fc")
+        for key, (name, transpose) in EAGLE1_TABLE.items()
+    }
+    return wants | _layer_wants("layers.0.", cfg, hid, optional_attn_norm=True)
+
+
+def _plan_eagle3(directory: str | os.PathLike, target: LlamaTarget, dtype: str | None) -> Plan:
+    with in_file(_config_json(directory)):
+        cfg = hf_config.parse_eagle3_config(
+            hf_config.read_config_json(directory), dtype=dtype or target.dtype
+        )
+    _fit("hidden_size", cfg.hidden_size, target, target.hidden_size)
+    _fit("vocab_size", cfg.vocab_size, target, target.vocab_size)
+    draft = Eagle3Draft(cfg, cfg.capture_layers(target.num_layers))
+    source = open_source(directory)
+    wants = _eagle3_wants(cfg)
+    # A head over the full target vocabulary may ship without d2t (identity).
+    if cfg.draft_vocab_size == target.vocab_size and not source.has("d2t"):
+        del wants["d2t"]
     check_source(source, wants, what=hf_config.EAGLE3_ARCHITECTURES[0], ignored=IGNORED["eagle3"])
     return Plan(draft, source, wants, cfg.jnp_dtype)
 
@@ -308,14 +327,7 @@ def _plan_eagle1(directory: str | os.PathLike, target: LlamaTarget, dtype: str |
     _fit("hidden_size", cfg.hidden_size, target, target.hidden_size)
     _fit("vocab_size", cfg.vocab_size, target, target.vocab_size)
     cfg = dataclasses.replace(cfg, num_layers=1)
-    hid, inter = cfg.hidden_size, cfg.intermediate_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    shapes = {"fc": (2 * hid, hid), "fc_bias": (hid,), "final_norm": (hid,)}
-    wants = {
-        key: Want(name, shapes[key], transpose, optional=key != "fc")
-        for key, (name, transpose) in EAGLE1_TABLE.items()
-    }
-    wants.update(_layer_wants("layers.0.", hid, hid, qd, kvd, inter, optional_attn_norm=True))
+    wants = _eagle1_wants(cfg)
     source = open_source(directory)
     check_source(source, wants, what="EAGLE-1 head", ignored=IGNORED["eagle1"], num_layers=1)
     return Plan(Eagle1Draft(cfg), source, wants, cfg.jnp_dtype)
@@ -407,17 +419,9 @@ def weight_bytes(model: Any) -> int:
     optional tensor counted; for sizing before anything is built or read."""
     cfg = model.config
     if isinstance(model, LlamaTarget):
-        return num_bytes(_llama_wants(cfg).values(), cfg.jnp_dtype)
-    hid, inter = cfg.hidden_size, cfg.intermediate_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    if isinstance(model, Eagle3Draft):
-        head = [(cfg.num_aux * hid, hid), (hid,), (hid,), (hid,), (hid, cfg.draft_vocab_size)]
-        wants = [
-            *_layer_wants("", 2 * hid, hid, qd, kvd, inter).values(),
-            Want("d2t", (cfg.draft_vocab_size,), integer=True),
-        ]
+        wants = _llama_wants(cfg)
+    elif isinstance(model, Eagle3Draft):
+        wants = _eagle3_wants(cfg)
     else:
-        head = [(2 * hid, hid), (hid,), (hid,)]
-        wants = _layer_wants("", hid, hid, qd, kvd, inter).values()
-    extra = [Want("", s) for s in head]
-    return num_bytes([*wants, *extra], cfg.jnp_dtype)
+        wants = _eagle1_wants(cfg)
+    return num_bytes(wants.values(), cfg.jnp_dtype)
