@@ -1,7 +1,7 @@
 """Serving size (issue 20): the 8B engine at batch x context cells, against floors.
 
     python -m bench.serving_size [--quick] [--cells 1x2k,16x2k,64x2k,...] [--modes greedy,spec]
-                                 [--mem-fraction 0.9] [--chunk 8192] [--steps 8]
+                                 [--mem-fraction 0.9] [--chunk 8192] [--steps 8] [--max-rounds 32]
                                  [--png serving.png] [--out serving.md] [--no-kv-len-hints]
 
 The model is bench/real_size.py's (8B Llama geometry, random bf16 weights on the device, the
@@ -16,8 +16,9 @@ step planned for the whole context). Per cell
   whole prompt's time to first token) beside its floor (FLOPs: 2 x non-embedding params x
   tokens + causal attention 4 x layers x heads x head_dim x C^2 / 2, / the measured matmul
   rate) and ``x floor``;
-* decode: ``step ms (wall)`` the median host-loop step (``Engine._decode_step``) over
-  ``--steps`` steps; ``step ms (device)`` the summed GPU kernel time of real engine steps
+* decode: ``step ms (wall)`` the host loop's wall (``Engine._decode_step``) per round over
+  whole dispatches of ``--max-rounds`` rounds (the engine's default, 32; the tables of
+  2026-11-26/27 ran 8), at least ``--steps`` rounds; ``step ms (device)`` the summed GPU kernel time of real engine steps
   under the profiler (no state copy: the pools are far too large to copy); the floor = the
   larger of (weights + KV bytes each step must read) / the measured copy bandwidth and FLOPs /
   the matmul rate; spec reads the draft's weights and its KV once per draft forward;
@@ -51,6 +52,7 @@ from bench._timing import (
 )
 from bench.multi_device import kernel_breakdown
 from bench.real_size import (
+    DEFAULT_MAX_ROUNDS,
     DRAFT_TOKENS,
     GEOMETRIES,
     PAGE,
@@ -86,7 +88,6 @@ COLUMNS = (
     "kernels (device ms / round)",
     "note",
 )
-MAX_ROUNDS = 8  # Engine(max_rounds=...): rounds per decode dispatch (the recorded tables')
 DEFAULT_CELLS = "1x128,16x128,64x128,1x2k,16x2k,64x2k,1x8k,16x8k,64x8k,1x32k,4x32k,16x32k,1x128k"
 
 
@@ -146,10 +147,10 @@ def make_engine(g, target, params, draft, dparams, mode, cells, args):
     buckets = tuple(sorted({bs for bs, _ in cells}))
     chunk = min(args.chunk, top_ctx)
     prefill_buckets = tuple(sorted({min(chunk, max(c, 16)) for _, c in cells}))
-    context_len = top_ctx + 2 * args.steps * (STEPS + 1) + 128
+    context_len = top_ctx + new_tokens(args) + 128
     # Launch hints (EngineConfig.kv_len_buckets): one per cell context, what the cell's
     # dispatches read (its prompt + the timed rounds' growth), so warm-up compiles only those.
-    grow = (args.steps + 2 * MAX_ROUNDS) * (STEPS + 1) + PAGE
+    grow = new_tokens(args) + PAGE
     hints = () if args.no_kv_len_hints else {c + grow for _, c in cells}
     kw = {"kv_len_buckets": tuple(sorted(h for h in hints if h < context_len))}
     if args.quick:
@@ -173,8 +174,8 @@ def make_engine(g, target, params, draft, dparams, mode, cells, args):
         **kw,
     )
     if mode == "spec":
-        return Engine(ecfg, target, params, draft, dparams, max_rounds=MAX_ROUNDS)
-    return Engine(ecfg, target, params, max_rounds=MAX_ROUNDS)
+        return Engine(ecfg, target, params, draft, dparams, max_rounds=args.max_rounds)
+    return Engine(ecfg, target, params, max_rounds=args.max_rounds)
 
 
 def _mem_stats() -> dict:
@@ -184,7 +185,16 @@ def _mem_stats() -> dict:
         return {}
 
 
-def run_cell(engine, g, mode: str, bs: int, ctx: int, steps: int, outputs: dict) -> dict:
+def new_tokens(args) -> int:
+    """Each request's budget: the timed dispatches (``--steps`` rounds at least, so up to
+    ``steps + max_rounds``) and the profiled one (``max_rounds``), at most ``STEPS + 1`` tokens
+    a round, so that no request ends before the profile does."""
+    return (args.steps + 2 * args.max_rounds) * (STEPS + 1)
+
+
+def run_cell(
+    engine, g, mode: str, bs: int, ctx: int, steps: int, budget: int, outputs: dict
+) -> dict:
     from bench.e2e import admit_all
     from jspec.engine.scheduler import RunStats
 
@@ -192,7 +202,7 @@ def run_cell(engine, g, mode: str, bs: int, ctx: int, steps: int, outputs: dict)
     prompts = [rng.integers(0, g.draft_vocab, ctx).tolist() for _ in range(bs)]
     stats = RunStats(mode=mode)
     t0 = time.perf_counter()
-    loop = admit_all(engine, prompts, 2 * steps * (STEPS + 1) + 64, stats)
+    loop = admit_all(engine, prompts, budget, stats)
     fill_s = time.perf_counter() - t0
     first = loop.running[0][min(loop.running[0])]
     row = {"TTFT ms": first.ttft_s * 1e3, "note": f"fill {fill_s:.1f} s"}
@@ -295,7 +305,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--modes", default="greedy,spec")
     parser.add_argument("--mem-fraction", type=float, default=0.9)
     parser.add_argument("--chunk", type=int, default=8192, help="chunked_prefill_size")
-    parser.add_argument("--steps", type=int, default=8, help="timed decode steps per cell")
+    parser.add_argument(
+        "--steps", type=int, default=8, help="timed decode rounds per cell (at least)"
+    )
+    parser.add_argument(
+        "--max-rounds",
+        type=int,
+        default=DEFAULT_MAX_ROUNDS,
+        help="decode rounds per dispatch (Engine's; the 2026-11-26/27 tables: 8)",
+    )
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
@@ -306,7 +324,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header = (
         f"serving_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} TFLOP/s;"
         f" {g.name}, page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
-        f"chunked prefill {args.chunk}, mem_fraction_static {args.mem_fraction}"
+        f"chunked prefill {args.chunk}, mem_fraction_static {args.mem_fraction}, "
+        f"{args.max_rounds} rounds per dispatch"
     )
     print(header, flush=True)
     target = make_target(g)
@@ -338,7 +357,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row.update({"pool GiB": pool / 2**30, "KV capacity": spec.pool_size})
             t0 = time.perf_counter()
             try:
-                row.update(run_cell(engine, g, mode, bs, ctx, args.steps, outputs))
+                budget = new_tokens(args)
+                row.update(run_cell(engine, g, mode, bs, ctx, args.steps, budget, outputs))
                 row["TTFT x floor"] = row["TTFT ms"] / row["TTFT floor ms"]
                 for key in ("device", "wall"):
                     if f"step ms ({key})" in row:
