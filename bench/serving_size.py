@@ -18,8 +18,8 @@ step planned for the whole context). Per cell
   rate) and ``x floor``;
 * decode: ``step ms (wall)`` the host loop's wall (``Engine._decode_step``) per round over
   whole dispatches of ``--max-rounds`` rounds (the engine's default, 32; the tables of
-  2026-11-26/27 ran 8), at least ``--steps`` rounds; ``step ms (device)`` the summed GPU kernel time of real engine steps
-  under the profiler (no state copy: the pools are far too large to copy); the floor = the
+  2026-11-26/27 ran 8), at least ``--steps`` rounds; ``step ms (device)`` the summed GPU
+  kernel time of real engine steps under the profiler (no state copy: the pools are far too large to copy); the floor = the
   larger of (weights + KV bytes each step must read) / the measured copy bandwidth and FLOPs /
   the matmul rate; spec reads the draft's weights and its KV once per draft forward;
 * ``kernels (device ms / round)``: the profiled dispatch's kernel families by device time
@@ -332,6 +332,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     params, draft, dparams = make_params(g, target)
     weights = _nbytes(params) + _nbytes(dparams)
     print(f"weights {weights / 2**30:.2f} GiB; memory {_mem_stats()}", flush=True)
+    budget = new_tokens(args)  # each request's max_new_tokens, every cell alike
     rows: list[dict] = []
     outputs: dict = {}
     for mode in modes:
@@ -357,7 +358,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
             row.update({"pool GiB": pool / 2**30, "KV capacity": spec.pool_size})
             t0 = time.perf_counter()
             try:
-                budget = new_tokens(args)
                 row.update(run_cell(engine, g, mode, bs, ctx, args.steps, budget, outputs))
                 row["TTFT x floor"] = row["TTFT ms"] / row["TTFT floor ms"]
                 for key in ("device", "wall"):

@@ -282,8 +282,8 @@ def make_engine_config(
     here into :attr:`EngineConfig.kernels` by
     :func:`jspec.kernels.policy.resolve_kernel_policy` from the backend, the widest hidden
     size and vocabulary of ``target`` and ``draft`` (``ValueError`` naming the keyword for an
-    unknown name, or a kernel those widths do not fit). The models read their RMSNorm impl from their own
-    ``rms_norm_impl`` field, which :class:`jspec.engine.runner.Runner` sets from
+    unknown name, or a kernel those widths do not fit). The models read their RMSNorm impl
+    from their own ``rms_norm_impl`` field, which :class:`jspec.engine.runner.Runner` sets from
     ``kernels.rms_norm`` (:func:`jspec.kernels.policy.with_kernel_policy`).
 
     ``kv_len_buckets``: None gives the Triton attention (``kernels.attention == "triton"``, no

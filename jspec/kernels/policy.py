@@ -3,7 +3,7 @@
 Every op takes a concrete ``impl=`` name and raises ``ValueError`` naming ``impl`` for one it
 does not have; no op guesses. ``"auto"`` exists only as an input of
 :func:`resolve_kernel_policy` (``make_engine_config``, the CLI), which picks per family from the
-backend (``jax.default_backend()``), the model dtype and its widths::
+backend (``jax.default_backend()``) and the models' widths::
 
     family (keyword)              choices                "auto" on GPU          "auto" elsewhere
     bookkeeping (impl)            xla | pallas           pallas                 xla
