@@ -586,13 +586,8 @@ def paged_attention_triton(
     *,
     page_size: int,
     causal: bool,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    num_splits: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
     max_kv_len: int | None = None,
-    tail_split: bool | None = None,
+    **knobs: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`jspec.kernels.paged_attention.paged_attention` through ``jax_triton`` (GPU only).
 
@@ -600,9 +595,11 @@ def paged_attention_triton(
     pool dtype; the model's activations already are), ``k_pool, v_pool: dtype[L, S, Hkv, D]``,
     ``layer`` an int or a traced i32 scalar, ``page_table: i32[B, C]``, ``kv_lens: i32[B]``,
     ``q_lens: i32[B] | None`` (causal; None: ``Qp``), ``tail_slot_ids: i32[B, N] | None``,
-    ``tail_mask: bool[B, Qp, N] | None``; static ``page_size``, ``causal`` and the launch
-    knobs of :func:`launch_plan`; ``max_kv_len``: the launch hint (the key splits planned for
-    ``ceil(max_kv_len / P)`` pages instead of ``C``; a longer row is still read whole).
+    ``tail_mask: bool[B, Qp, N] | None``; static ``page_size``, ``causal``; ``max_kv_len``:
+    the launch hint (the key splits planned for ``ceil(max_kv_len / P)`` pages instead of
+    ``C``; a longer row is still read whole); ``knobs``: static, passed on to
+    :func:`launch_plan` (``block_m``, ``block_n``, ``num_splits``, ``num_warps``,
+    ``num_stages``, ``tail_split``; None or left out: its default).
 
     Returns:
       ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``; a query that sees nothing: 0, -inf.
@@ -630,12 +627,7 @@ def paged_attention_triton(
         tail_len,
         k_pool.dtype,
         causal=causal,
-        block_m=block_m,
-        block_n=block_n,
-        num_splits=num_splits,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        tail_split=tail_split,
+        **knobs,
     )
     ns = grid[1]
     out_shape = (
