@@ -43,7 +43,7 @@ from jspec.models.layers import (
     model_scope,
     rms_norm,
 )
-from jspec.models.llama import LayerParams, LlamaParams, layer_specs
+from jspec.models.llama import LayerParams, LlamaParams, _random_layer, layer_specs
 
 
 @pytree_dataclass
@@ -198,8 +198,7 @@ def random_eagle3_params(
     """Seeded random head weights with a random injective ``d2t`` (for tests)."""
     cfg = draft.config
     rng = np.random.default_rng(seed)
-    hid, inter, vd = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    hid, vd = cfg.hidden_size, cfg.draft_vocab_size
 
     def put(x: np.ndarray) -> jax.Array:
         return jnp.asarray(x, cfg.dtype)
@@ -210,18 +209,7 @@ def random_eagle3_params(
     def norm() -> jax.Array:
         return put(1.0 + 0.1 * rng.standard_normal(hid))
 
-    layer = LayerParams.from_projections(
-        attn_norm=norm(),
-        wq=dense(2 * hid, qd),
-        wk=dense(2 * hid, kvd),
-        wv=dense(2 * hid, kvd),
-        wo=dense(qd, hid),
-        mlp_norm=norm(),
-        w_gate=dense(hid, inter),
-        w_up=dense(hid, inter),
-        w_down=dense(inter, hid),
-        head_dim=cfg.head_dim,
-    )
+    layer = _random_layer(cfg, 2 * hid, dense, norm)  # the midlayer reads concat(embed, hidden)
     vocab = target_vocab_size or cfg.vocab_size
     hot = np.sort(rng.choice(vocab, vd, replace=False))
     return Eagle3Params(

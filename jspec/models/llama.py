@@ -19,6 +19,7 @@ layers (:meth:`LlamaTarget.param_specs` gives the partition).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -306,12 +307,37 @@ class LlamaTarget(ConfigGeometry):
         )
 
 
+def _random_layer(
+    cfg: Any,
+    in_dim: int,
+    dense: Callable[[int, int], jax.Array],
+    norm: Callable[[], jax.Array],
+) -> LayerParams:
+    """One random decoder layer of ``cfg``'s geometry with attention input width ``in_dim``
+    (``H``; ``2H`` for the EAGLE-3 midlayer), drawn from the caller's seeded ``dense(fan_in,
+    fan_out)`` and ``norm()`` in a fixed order (the random init of :func:`random_llama_params`
+    and :func:`jspec.models.eagle3.random_eagle3_params`)."""
+    hid, inter = cfg.hidden_size, cfg.intermediate_size
+    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return LayerParams.from_projections(
+        attn_norm=norm(),
+        wq=dense(in_dim, qd),
+        wk=dense(in_dim, kvd),
+        wv=dense(in_dim, kvd),
+        wo=dense(qd, hid),
+        mlp_norm=norm(),
+        w_gate=dense(hid, inter),
+        w_up=dense(hid, inter),
+        w_down=dense(inter, hid),
+        head_dim=cfg.head_dim,
+    )
+
+
 def random_llama_params(target: LlamaTarget, seed: int = 0, *, scale: float = 1.0) -> LlamaParams:
     """Seeded random weights (``N(0, scale^2 / fan_in)`` matrices, norms around 1), for tests."""
     cfg = target.config
     rng = np.random.default_rng(seed)
-    hid, inter = cfg.hidden_size, cfg.intermediate_size
-    qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    hid = cfg.hidden_size
 
     def put(x: np.ndarray) -> jax.Array:
         return jnp.asarray(x, cfg.jnp_dtype)
@@ -322,21 +348,7 @@ def random_llama_params(target: LlamaTarget, seed: int = 0, *, scale: float = 1.
     def norm() -> jax.Array:
         return put(1.0 + 0.1 * rng.standard_normal(hid))
 
-    layers = tuple(
-        LayerParams.from_projections(
-            attn_norm=norm(),
-            wq=dense(hid, qd),
-            wk=dense(hid, kvd),
-            wv=dense(hid, kvd),
-            wo=dense(qd, hid),
-            mlp_norm=norm(),
-            w_gate=dense(hid, inter),
-            w_up=dense(hid, inter),
-            w_down=dense(inter, hid),
-            head_dim=cfg.head_dim,
-        )
-        for _ in range(cfg.num_layers)
-    )
+    layers = tuple(_random_layer(cfg, hid, dense, norm) for _ in range(cfg.num_layers))
     embed = put(rng.standard_normal((cfg.vocab_size, hid)))
     lm_head = None if cfg.tie_word_embeddings else dense(hid, cfg.vocab_size)
     return LlamaParams(embed=embed, layers=layers, final_norm=norm(), lm_head=lm_head)
