@@ -23,12 +23,17 @@ from jspec.models.hf_config import LlamaConfig
 from jspec.models.layers import (
     AttnFn,
     check_rms_norm_impl,
-    lm_logits,
     matmul,
     model_scope,
     rms_norm,
 )
-from jspec.models.llama import LayerParams, LlamaParams, decoder_layer, layer_specs
+from jspec.models.llama import (
+    LayerParams,
+    LlamaParams,
+    _lm_head_logits,
+    decoder_layer,
+    layer_specs,
+)
 
 
 @pytree_dataclass
@@ -130,9 +135,7 @@ class Eagle1Draft(ConfigGeometry):
             hidden = rms_norm(
                 hidden, params.final_norm, self.config.rms_norm_eps, impl=self.rms_norm_impl
             )
-        if target_params.lm_head is None:
-            return lm_logits(hidden, target_params.embed, transposed=True)
-        return lm_logits(hidden, target_params.lm_head)
+        return _lm_head_logits(target_params, hidden)
 
     def to_target_ids(self, params: Eagle1Params, draft_ids: jax.Array) -> jax.Array:
         """Identity: the head shares the target's vocabulary."""

@@ -293,9 +293,7 @@ class LlamaTarget(ConfigGeometry):
     @model_scope("target")
     def logits(self, params: LlamaParams, hidden: jax.Array) -> jax.Array:
         """f32[T, vocab_size] from the final-normed ``hidden: dtype[T, H]``."""
-        if params.lm_head is None:
-            return lm_logits(hidden, params.embed, transposed=True)
-        return lm_logits(hidden, params.lm_head)
+        return _lm_head_logits(params, hidden)
 
     def param_specs(self, params: LlamaParams, tp_axis: str | None) -> LlamaParams:
         """PartitionSpecs for ``params``: layers split over ``tp_axis``, the rest replicated."""
@@ -305,6 +303,14 @@ class LlamaTarget(ConfigGeometry):
             final_norm=P(),
             lm_head=None if params.lm_head is None else P(),
         )
+
+
+def _lm_head_logits(params: LlamaParams, hidden: jax.Array) -> jax.Array:
+    """f32[T, V]: ``params``' LM head over ``hidden: dtype[T, H]``, the embedding (transposed)
+    when tied (the target's logits, and EAGLE-1's, which shares the target's head)."""
+    if params.lm_head is None:
+        return lm_logits(hidden, params.embed, transposed=True)
+    return lm_logits(hidden, params.lm_head)
 
 
 def _random_layer(
