@@ -158,38 +158,35 @@ def run_case(
             engine._decode_step(loop, stats)
         return loop, stats
 
+    def run_dispatches(loop, stats) -> tuple[float, int]:
+        """``dispatches`` dispatches as the host loop runs them: (seconds, rounds)."""
+        first, t0 = stats.num_decode_steps, time.perf_counter()
+        for _ in range(dispatches):
+            engine._decode_step(loop, stats)
+        return time.perf_counter() - t0, stats.num_decode_steps - first
+
     # The same dispatches twice from the same start (greedy tokens: the same lengths): once
     # unprofiled (the wall a user sees), once under the profiler (the timeline).
+    plain_s, plain_rounds = run_dispatches(*start())
     loop, stats = start()
-    first = stats.num_decode_steps
-    t0 = time.perf_counter()
-    for _ in range(dispatches):
-        engine._decode_step(loop, stats)
-    plain_s, plain_rounds = time.perf_counter() - t0, stats.num_decode_steps - first
-    loop, stats = start()
-    marks: list[int] = []
-    host = {}
+    traced = {}
 
     def thunk():
-        t0 = time.perf_counter()
-        for _ in range(dispatches):
-            marks.append(stats.num_decode_steps)
-            engine._decode_step(loop, stats)
-        host["s"] = time.perf_counter() - t0
+        traced["s"], traced["rounds"] = run_dispatches(loop, stats)
 
     host_events: list[HostEvent] = []
     events = trace_timeline(thunk, host_events)
     if events is None:
         raise SystemExit("launch_gaps: no GPU events in the trace (a GPU is needed)")
-    rounds = stats.num_decode_steps - marks[0]
+    rounds = traced["rounds"]
     split = split_timeline(events, dispatch_starts(events, dispatches))
     per_round = 1e6 * max(rounds, 1)
     row = {
         "mode": mode,
         "bs": bs,
         "rounds": rounds,
-        "wall ms / round": round(plain_s * 1e9 / (1e6 * max(plain_rounds, 1)), 3),
-        "profiled wall ms / round": round(host["s"] * 1e9 / per_round, 3),
+        "wall ms / round": round(plain_s * 1e3 / max(plain_rounds, 1), 3),
+        "profiled wall ms / round": round(traced["s"] * 1e9 / per_round, 3),
         "busy ms / round": round(split["busy_ns"] / per_round, 3),
         "kernels / round": round(len(events) / max(rounds, 1), 1),
         "idle ms / round: between dispatches": round(split["between_ns"] / per_round, 3),
