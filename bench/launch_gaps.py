@@ -112,6 +112,7 @@ def split_timeline(events: list[tuple[int, int, str]], dispatch_starts_ns: list[
     between = 0
     bins = [0.0] * len(GAP_NAMES)
     longest: list[tuple[float, str, str, int, int]] = []
+    pairs: dict[str, list[int]] = {}  # inside gaps >= 2 us by (before -> after): [count, ns]
     windows: list[tuple[int, int]] = []
     end, prev = None, ""
     for start, stop, name in events:
@@ -124,6 +125,10 @@ def split_timeline(events: list[tuple[int, int, str]], dispatch_starts_ns: list[
                 else:
                     bins[int(np.searchsorted(GAP_BINS_US, gap / 1e3, side="right"))] += gap
                     longest.append((gap / 1e3, prev, name, end, start))
+                    if gap >= GAP_BINS_US[0] * 1e3:
+                        pair = pairs.setdefault(f"{prev[:48]} -> {name[:48]}", [0, 0])
+                        pair[0] += 1
+                        pair[1] += gap
             busy += stop - start
             end = stop
         elif stop > end:  # overlapping (another stream): count the part past the union's end
@@ -136,6 +141,7 @@ def split_timeline(events: list[tuple[int, int, str]], dispatch_starts_ns: list[
         "between_ns": between,
         "bins_ns": bins,
         "longest": longest[:8],
+        "pairs": sorted(pairs.items(), key=lambda kv: -kv[1][1])[:12],
         "between_windows": windows,
     }
 
@@ -200,6 +206,9 @@ def run_case(
         if i < 3:  # what the host did meanwhile
             for text in host_during(host_events, g0, g1):
                 print(f"        host {text}", flush=True)
+    print(f"{mode} bs {bs}: gaps >= 2 us inside dispatches by kernel pair (per round):")
+    for pair, (count, ns) in split["pairs"]:
+        print(f"  {ns / per_round * 1e3:7.1f} us {count / max(rounds, 1):5.1f}x  {pair}")
     between = [(g1 - g0, g0, g1) for g0, g1 in split["between_windows"]]
     for gap, g0, g1 in sorted(between, reverse=True)[:1]:
         print(f"  between dispatches {gap / 1e3:8.1f} us; host meanwhile:", flush=True)

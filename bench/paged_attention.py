@@ -170,6 +170,9 @@ DECODE_SWEEP = [
     {"block_n": 64, "num_stages": 3},
     {"block_n": 64, "num_stages": 5},
     {"num_warps": 8},
+    {"block_n": 64, "num_splits": "splits*2"},
+    {"block_n": 64, "num_splits": "splits*0.5"},
+    {"block_n": 64, "num_warps": 8},
     {"num_splits": "splits*2"},
     {"num_splits": "splits*1.5"},
     {"num_splits": "splits*0.75"},
@@ -194,6 +197,25 @@ CAPACITY_SWEEP += [{"tail_split": False}, {"num_stages": 2, "tail_split": True}]
 CAPACITY_SWEEP += [{"max_kv_len": "keys"}]  # planned for the row's keys (an exact hint)
 DRAFT_B_SWEEP = [{"block_n": 16}, {"block_n": 64}, {"num_stages": 1}, {"num_stages": 3}]
 # Knob sets (the sweep's lists) launching the default plan are skipped (:func:`_resolve`).
+
+
+# --sweep-shapes KIND:BxKEYS,...: the queries and tail each kind has in :func:`full_passes`.
+SHAPE_QUERIES = {"decode": (1, 0), "draftA": (4, 0), "verify": (8, 8)}
+
+
+def parse_sweep_shapes(text: str) -> list[Pass]:
+    """``"verify:16x2048,decode:64x8192"`` -> the passes (ValueError naming a bad item)."""
+    out = []
+    for item in (x for x in text.split(",") if x):
+        kind, _, size = item.partition(":")
+        batch, _, keys = size.partition("x")
+        if kind not in SHAPE_QUERIES or not (batch.isdigit() and keys.isdigit()):
+            raise ValueError(
+                f"--sweep-shapes: {item!r} is not KIND:BxKEYS, KIND in {list(SHAPE_QUERIES)}"
+            )
+        qp, tail = SHAPE_QUERIES[kind]
+        out.append(Pass(kind, int(batch), qp, int(keys), tail_len=tail))
+    return out
 
 
 def _sweep_for(p: Pass) -> list[dict[str, Any]]:
@@ -416,6 +438,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--capacity", action="store_true", help="128-key passes in wide page tables only"
     )
+    parser.add_argument(
+        "--sweep-shapes", default="", help="sweep these instead: KIND:BxKEYS,... (GPU)"
+    )
     parser.add_argument("--sets", type=int, default=0, help="page tables per timing")
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop the sweep here")
     parser.add_argument("--out", default="", help="write paged_attention.{json,md} here")
@@ -436,7 +461,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sets = args.sets or (2 if args.quick else 3)
     env = {"copy_tbs": copy_bandwidth_tbs(), "matmul_tflops": matmul_tflops()}
     # One pool for every pass: enough distinct pages for the largest (plus tails).
-    need = max(p.batch * (-(-max(p.width, p.context) // g.page_size) + p.tail_len) for p in passes)
+    extra = parse_sweep_shapes(args.sweep_shapes) if args.sweep and g is LLAMA_8B else []
+    need = max(
+        p.batch * (-(-max(p.width, p.context) // g.page_size) + p.tail_len) for p in passes + extra
+    )
     num_pages = need + 64
     num_slots = num_pages * g.page_size
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
@@ -475,6 +503,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         _write(args.out, report, text)
     if args.sweep:  # off GPU: the toy passes through impl="xla" (knobs ignored; a smoke run)
         shapes = SWEEP_SHAPES if g is LLAMA_8B else quick_passes()
+        shapes = extra or shapes
         if args.capacity:
             shapes = [p for p in passes if p.width in (8192, WIDE)] or passes
         sweep_rows, best, skipped = [], [], []

@@ -24,6 +24,6 @@ USER_CACHE_DIR: str = os.environ.get("XDG_CACHE_HOME") or os.path.join(
     os.path.expanduser("~"), ".cache"
 )
 # Raw Triton launches through jaxlib's typed-FFI target (jspec.kernels.triton_ffi, captured in
-# XLA's command buffers) when "1"; default: jax-triton's legacy custom call (the FFI path passes
-# the GPU tests but its command-buffer updates cost the engine what the shorter gaps save).
-TRITON_FFI: bool = _env_bool("JSPEC_TRITON_FFI")
+# XLA's command buffers) unless "0": the default since the eleventh session (H200, 8B, 32-round
+# dispatches: wall / busy 1.02-1.04 vs 1.04-1.07 through jax-triton's legacy custom call).
+TRITON_FFI: bool = _env_bool("JSPEC_TRITON_FFI", default=True)

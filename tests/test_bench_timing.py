@@ -241,6 +241,11 @@ def test_launch_gaps_split_timeline_on_a_made_up_trace():
     assert split["bins_ns"] == [1 * us, 10 * us, 100 * us, 390 * us]
     assert split["longest"][0][:3] == (390.0, "f", "g")
     assert split["between_windows"] == [(150 * us, 1000 * us)]
+    assert split["pairs"] == [
+        ("f -> g", [1, 390 * us]),
+        ("d -> e", [1, 100 * us]),
+        ("c -> d", [1, 10 * us]),
+    ]
     assert dispatch_starts(events, 1) == []
 
 

@@ -1,9 +1,11 @@
 """jspec.kernels.triton_ffi: jax-triton's legacy lowering turned into jaxlib's typed-FFI call
-(the launch XLA's command buffers capture), opt-in with JSPEC_TRITON_FFI=1. The rewrite is
-checked on a stand-in lowering here; the kernels' GPU tests with JSPEC_TRITON_FFI=1 are the
-check still to run on a device."""
+(the launch XLA's command buffers capture), the default where jaxlib registers it
+(JSPEC_TRITON_FFI=0: the legacy call). The rewrite is checked on a stand-in lowering here; the
+kernels' GPU tests (``-m gpu``, run with the default) check it compiled."""
 
 from __future__ import annotations
+
+import importlib
 
 import jax
 import pytest
@@ -62,7 +64,20 @@ def test_the_legacy_target_where_jaxlib_has_no_ffi_one():
     assert triton_ffi.target_name() == triton_ffi.LEGACY_TARGET
 
 
-def test_the_ffi_target_is_opt_in(monkeypatch):
+def test_the_switch_is_on_unless_set_to_0(monkeypatch):
+    from jspec import env
+
+    try:
+        monkeypatch.delenv("JSPEC_TRITON_FFI", raising=False)
+        assert importlib.reload(env).TRITON_FFI  # unset: on
+        monkeypatch.setenv("JSPEC_TRITON_FFI", "0")
+        assert not importlib.reload(env).TRITON_FFI
+    finally:
+        monkeypatch.undo()
+        importlib.reload(env)  # the process's own switches back
+
+
+def test_the_switch_picks_the_target(monkeypatch):
     from jspec import env
 
     monkeypatch.setattr(triton_ffi, "ffi_target_registered", lambda: True)

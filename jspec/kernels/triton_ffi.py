@@ -13,8 +13,8 @@ through the legacy call, 184 us through the FFI one; with command buffers off, 4
 :func:`install` wraps ``jax.ffi.ffi_lowering`` once so that a lowering asked for the target
 :data:`FFI_TARGET` in jax-triton's legacy form becomes the typed-FFI form; every other call
 passes through unchanged. :func:`target_name` is what :func:`jspec.kernels._common.triton_call`
-passes as jax-triton's ``custom_call_target_name``: the FFI target when ``JSPEC_TRITON_FFI=1``
-and jaxlib registers it, else the legacy one.
+passes as jax-triton's ``custom_call_target_name``: the FFI target where jaxlib registers it
+(unless ``JSPEC_TRITON_FFI=0``), else the legacy one.
 
 jax-triton's own main branch (after 0.3.1) made the same move: its ``CUSTOM_CALL_TARGET_NAME`` is
 ``triton_kernel_call_ffi`` and its lowering is ``jax.ffi.ffi_lowering(FFI_TARGET, api_version=4,
@@ -22,14 +22,14 @@ operand_output_aliases=..., has_side_effect=...)`` called with ``opaque=zlib.com
 proto)``, autotuned calls included: the translation :func:`typed_ffi` makes of 0.3.1's legacy
 lowering (the same compressed proto is 0.3.1's ``backend_config``).
 
-Status (2026-11-26, H200, bench/RESULTS.md "Session 2026-11-26 (sixth)"): opt-in. Every GPU
-test (``-m gpu``, 184 tests) passes through it, but the engine's wall does not improve overall:
-inside a multi-round dispatch the launch gaps shrink (8B greedy bs 64: 5.71 -> 5.37 ms a round),
-while the GPU idles in stalls of >= 200 us, 1.6-2.1 ms per round in a profiled run
-(``bench.launch_gaps``; they look like XLA's command-buffer updates), before the first kernel
-of each execution and inside the decode rounds' while loop (greedy bs 1: 4.49 -> 4.68 ms a
-round; one jitted spec step called alone: 7.3 -> 13.3 ms). The default stays the legacy
-call.
+Status: the default since 2026-11-27 (H200, bench/RESULTS.md "Session 2026-11-27
+(eleventh)"). The engine's decode dispatches (up to 32 rounds in one while loop) run with the
+Triton launches inside XLA's CUDA graphs: wall / busy per round 1.02-1.04 against 1.04-1.07
+through the legacy call (8B, bs 1 and 64, greedy and spec). XLA updates a command buffer when
+the buffers it was recorded with move (a new execution's host inputs), and re-traces the
+FFI launches then: a profiled run shows stalls of ~1 ms there, and the sixth session measured a
+spec step jitted and called alone at 7.3 ms legacy vs 13.3 ms FFI. ``JSPEC_TRITON_FFI=0``
+restores the legacy call (a single-step caller may want it).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def ffi_target_registered() -> bool:
 
 
 def target_name() -> str:
-    """jax-triton's ``custom_call_target_name`` for jspec's launches (the FFI one only with
-    ``JSPEC_TRITON_FFI=1``)."""
+    """jax-triton's ``custom_call_target_name`` for jspec's launches (the FFI one where jaxlib
+    registers it, unless ``JSPEC_TRITON_FFI=0``)."""
     from jspec import env
 
     return FFI_TARGET if env.TRITON_FFI and ffi_target_registered() else LEGACY_TARGET
