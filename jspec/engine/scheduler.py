@@ -1038,29 +1038,46 @@ class Engine:
         self, out, order, running, stats: RunStats, wall: float, plain: bool = False
     ) -> float:
         """Append every round's tokens to its requests (one host pass per dispatch); returns
-        the mean tokens per request per round (the dispatch's acceptance length)."""
+        the mean tokens per request per round (the dispatch's acceptance length).
+
+        ``out.tokens: i32[D, R, Bb, W]``, ``out.lens: i32[D, R, Bb]`` (0: no token that round),
+        ``out.num_rounds: i32[D]``; entry ``i`` of shard ``s`` is ``order[s][i]``'s slot."""
+        # NOTE: one vectorized pass and one .tolist() per array, then list slices: the loop over
+        # rounds x requests in Python cost 2-3 ms a dispatch at bs 64 x 32 rounds (this CPU).
         num = np.asarray(out.num_rounds).reshape(-1)
-        # NOTE: .tolist() once, not int() per element (per-step host time at bs 64).
-        tokens, lens = out.tokens.tolist(), out.lens.tolist()  # [D][R][Bb][W], [D][R][Bb]
-        emitted: list[int] = []
-        for r in range(int(num.max())):
-            stats.num_decode_steps += 1
-            stats.step_s.append(wall / max(int(num.max()), 1))
-            stats.batch_sizes.append(sum(int(x > 0) for s in range(len(order)) for x in lens[s][r]))
-            for s, slots in enumerate(order):
-                if r >= num[s]:
-                    continue
-                for i, slot in enumerate(slots):
-                    n_acc = lens[s][r][i]
-                    if n_acc == 0:
-                        continue  # stopped in an earlier round (EOS / budget)
-                    req = slot in running[s] and running[s][slot]
-                    req.output.extend(tokens[s][r][i][:n_acc])
-                    emitted.append(n_acc)
-                    if self.mode == "spec" and not plain:
-                        req.accept_lens.append(n_acc)
-                        stats.accept_lens.append(n_acc)
-        return float(np.mean(emitted)) if emitted else 0.0
+        rmax = int(num.max())
+        if rmax == 0:
+            return 0.0
+        lens = np.asarray(out.lens)[:, :rmax]  # [D, R, Bb]
+        tokens = np.asarray(out.tokens)[:, :rmax]  # [D, R, Bb, W]
+        d, _, bb, w = tokens.shape
+        entry = np.arange(bb)[None, :] < np.asarray([len(slots) for slots in order])[:, None]
+        ran = np.arange(rmax)[None, :] < num[:, None]  # [D, R]
+        lens = np.where(ran[:, :, None] & entry[:, None, :], lens, 0)
+        stats.num_decode_steps += rmax
+        stats.step_s.extend([wall / rmax] * rmax)
+        stats.batch_sizes.extend((np.asarray(out.lens)[:, :rmax] > 0).sum(axis=(0, 2)).tolist())
+        # Per entry (shard-major, then entry): its rounds' accepted tokens, in round order.
+        by_entry = lens.transpose(0, 2, 1)  # [D, Bb, R]
+        keep = np.arange(w) < by_entry[..., None]  # [D, Bb, R, W]
+        flat = tokens.transpose(0, 2, 1, 3)[keep].tolist()
+        counts = by_entry.sum(axis=2).tolist()  # [D][Bb]
+        accepted = by_entry.tolist() if self.mode == "spec" and not plain else None
+        at = 0
+        for s, slots in enumerate(order):
+            for i, slot in enumerate(slots):
+                n = counts[s][i]
+                if n == 0:
+                    continue  # stopped in an earlier dispatch (EOS / budget)
+                req = running[s][slot]
+                req.output.extend(flat[at : at + n])
+                at += n
+                if accepted is not None:
+                    req.accept_lens.extend(x for x in accepted[s][i] if x)
+        emitted = lens.transpose(1, 0, 2)[lens.transpose(1, 0, 2) > 0]  # round-major
+        if accepted is not None:
+            stats.accept_lens.extend(emitted.tolist())
+        return float(emitted.mean()) if emitted.size else 0.0
 
     def _finished(self, req: Request) -> bool:
         """Whether ``req`` is done: a stop id in its output (cut after the first) or its budget

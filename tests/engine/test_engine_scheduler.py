@@ -253,3 +253,72 @@ def test_finished_searches_each_new_token_once_for_a_stop_id():
     budget = Request(2, [1], 4, output=[5, 6, 7, 8, 9])
     assert Engine._finished(SimpleNamespace(eos_token_id=None), budget)
     assert budget.output == [5, 6, 7, 8]
+
+
+def _take_rounds_oracle(out, order, running, stats, wall, spec):
+    """The host pass written as plain loops (round, shard, entry): the oracle of the
+    vectorized ``Engine._take_rounds``."""
+    num = [int(x) for x in np.asarray(out.num_rounds).reshape(-1)]
+    lens, tokens = np.asarray(out.lens), np.asarray(out.tokens)
+    emitted = []
+    for r in range(max(num)):
+        stats.num_decode_steps += 1
+        stats.step_s.append(wall / max(num))
+        stats.batch_sizes.append(int((lens[:, r] > 0).sum()))
+        for s, slots in enumerate(order):
+            if r >= num[s]:
+                continue
+            for i, slot in enumerate(slots):
+                n = int(lens[s, r, i])
+                if n:
+                    running[s][slot].output.extend(tokens[s, r, i, :n].tolist())
+                    emitted.append(n)
+                    if spec:
+                        running[s][slot].accept_lens.append(n)
+                        stats.accept_lens.append(n)
+    return float(np.mean(emitted)) if emitted else 0.0
+
+
+@pytest.mark.parametrize("mode,plain", [("spec", False), ("spec", True), ("greedy", False)])
+def test_take_rounds_equals_the_plain_loops(mode, plain):
+    """``Engine._take_rounds`` on random dispatches of two shards (fewer rounds on one, entries
+    that stopped mid-dispatch, padding entries past each shard's requests holding garbage
+    lengths): outputs, acceptance lists, stats and the returned mean equal the loops'."""
+    from types import SimpleNamespace
+
+    from jspec.engine.scheduler import RunStats
+
+    rng = np.random.default_rng(7)
+    w = 8 if mode == "spec" else 1
+    for trial in range(20):
+        d, r, bb = 2, int(rng.integers(1, 6)), 8
+        num = rng.integers(0, r + 1, d).astype(np.int32)
+        num[rng.integers(d)] = r
+        lens = rng.integers(1, w + 1, (d, r, bb)).astype(np.int32)
+        lens[rng.random((d, r, bb)) < 0.2] = 0
+        order = [sorted(rng.choice(16, int(rng.integers(1, bb + 1)), replace=False).tolist())]
+        order.append(sorted(rng.choice(16, int(rng.integers(0, bb + 1)), replace=False).tolist()))
+        for s in range(d):  # rounds past a shard's count: zero, as the device leaves them
+            lens[s, num[s] :] = 0
+        out = SimpleNamespace(
+            num_rounds=num, lens=lens, tokens=rng.integers(0, 999, (d, r, bb, w)).astype(np.int32)
+        )
+
+        def fresh():
+            runs = [{slot: Request(slot, [1], 99, output=[5]) for slot in o} for o in order]
+            return runs, RunStats(mode=mode)
+
+        got_run, got_stats = fresh()
+        engine = SimpleNamespace(mode=mode)
+        got = Engine._take_rounds(engine, out, order, got_run, got_stats, 0.5, plain)
+        want_run, want_stats = fresh()
+        want = _take_rounds_oracle(
+            out, order, want_run, want_stats, 0.5, mode == "spec" and not plain
+        )
+        assert got == pytest.approx(want), trial
+        for got_shard, want_shard in zip(got_run, want_run):
+            for slot in want_shard:
+                assert got_shard[slot].output == want_shard[slot].output, (trial, slot)
+                assert got_shard[slot].accept_lens == want_shard[slot].accept_lens
+        for field in ("num_decode_steps", "step_s", "batch_sizes", "accept_lens"):
+            assert getattr(got_stats, field) == getattr(want_stats, field), (trial, field)
