@@ -2,7 +2,8 @@
 # the launch-knob sweep; split, the sweep would lose the per-pass rows it compares against.
 """Bench the page-table-native paged attention pass (``jspec.kernels.paged_attention``) at 8B size.
 
-    python -m bench.paged_attention [--quick] [--sweep] [--passes decode,prefill] [--out DIR]
+    python -m bench.paged_attention [--quick] [--sweep [--sweep-shapes verify:16x2048,...]]
+                                    [--passes decode,prefill] [--out DIR]
 
 Llama-3-8B geometry (32 / 8 heads x 128, bf16 pool, page 16), ``impl="triton"``, one pass each:
 
@@ -31,7 +32,8 @@ prompts also run ``jax.nn.dot_product_attention(implementation="cudnn")`` on the
 problem (a yardstick; ``max err`` of the 2k / 8k prompts is against it, of the other passes
 against the pure-jnp reference where that fits in memory).
 
-``--sweep`` times other launch knobs on one shape per pass and prints the best per pass;
+``--sweep`` times other launch knobs on one shape per pass and prints the best per pass
+(``--sweep-shapes KIND:BxKEYS,...``: these decode / draftA / verify shapes instead);
 ``--budget-s`` stops the sweep when the run has taken that long (finishing inside a device call);
 ``--out DIR`` writes ``paged_attention.json`` and ``paged_attention.md``. Without a GPU (``--quick``
 on CPU) the same passes run at toy size through ``impl="xla"``.
@@ -445,6 +447,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop the sweep here")
     parser.add_argument("--out", default="", help="write paged_attention.{json,md} here")
     args = parser.parse_args(argv)
+    try:  # validated before anything compiles
+        sweep_shapes = parse_sweep_shapes(args.sweep_shapes)
+    except ValueError as e:
+        parser.error(str(e))
     t0 = time.perf_counter()
     on_gpu = jax.default_backend() == "gpu"
     g = LLAMA_8B if on_gpu and not args.quick else TOY
@@ -461,7 +467,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     sets = args.sets or (2 if args.quick else 3)
     env = {"copy_tbs": copy_bandwidth_tbs(), "matmul_tflops": matmul_tflops()}
     # One pool for every pass: enough distinct pages for the largest (plus tails).
-    extra = parse_sweep_shapes(args.sweep_shapes) if args.sweep and g is LLAMA_8B else []
+    extra = sweep_shapes if args.sweep and g is LLAMA_8B else []
     need = max(
         p.batch * (-(-max(p.width, p.context) // g.page_size) + p.tail_len) for p in passes + extra
     )

@@ -6,6 +6,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from bench._timing import (
     MIXED_SUFFIX,
@@ -264,3 +265,16 @@ def test_step_kernels_by_op_sums_a_layers_kernels():
         (5.0, 2.0, "target", "fusion[kLoop]"),
         (4.0, 2.0, "draft", "fusion[kLoop]"),
     ]
+
+
+def test_paged_attention_sweep_shapes_parse_and_name_a_bad_item():
+    from bench.paged_attention import Pass, parse_sweep_shapes
+
+    assert parse_sweep_shapes("verify:16x2048,decode:64x8192") == [
+        Pass("verify", 16, 8, 2048, tail_len=8),
+        Pass("decode", 64, 1, 8192),
+    ]
+    assert parse_sweep_shapes("") == []
+    for bad in ("prefill:1x2048", "verify:16", "verify:ax2048"):
+        with pytest.raises(ValueError, match=bad):
+            parse_sweep_shapes(bad)
