@@ -25,5 +25,5 @@ USER_CACHE_DIR: str = os.environ.get("XDG_CACHE_HOME") or os.path.join(
 )
 # Raw Triton launches through jaxlib's typed-FFI target (jspec.kernels.triton_ffi, captured in
 # XLA's command buffers) unless "0": the default since the eleventh session (H200, 8B, 32-round
-# dispatches: wall / busy 1.02-1.04 vs 1.04-1.07 through jax-triton's legacy custom call).
+# dispatches, one call: wall / busy 1.03-1.04 vs 1.05-1.08 through jax-triton's legacy call).
 TRITON_FFI: bool = _env_bool("JSPEC_TRITON_FFI", default=True)

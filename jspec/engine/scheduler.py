@@ -1050,7 +1050,7 @@ class Engine:
             return 0.0
         lens = np.asarray(out.lens)[:, :rmax]  # [D, R, Bb]
         tokens = np.asarray(out.tokens)[:, :rmax]  # [D, R, Bb, W]
-        d, _, bb, w = tokens.shape
+        _, _, bb, w = tokens.shape
         entry = np.arange(bb)[None, :] < np.asarray([len(slots) for slots in order])[:, None]
         ran = np.arange(rmax)[None, :] < num[:, None]  # [D, R]
         lens = np.where(ran[:, :, None] & entry[:, None, :], lens, 0)

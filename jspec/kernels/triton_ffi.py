@@ -24,10 +24,10 @@ lowering (the same compressed proto is 0.3.1's ``backend_config``).
 
 Status: the default since 2026-11-27 (H200, bench/RESULTS.md "Session 2026-11-27
 (eleventh)"). The engine's decode dispatches (up to 32 rounds in one while loop) run with the
-Triton launches inside XLA's CUDA graphs: wall / busy per round 1.02-1.04 against 1.04-1.07
-through the legacy call (8B, bs 1 and 64, greedy and spec). XLA updates a command buffer when
-the buffers it was recorded with move (a new execution's host inputs), and re-traces the
-FFI launches then: a profiled run shows stalls of ~1 ms there, and the sixth session measured a
+Triton launches inside XLA's CUDA graphs: wall / busy per round 1.03-1.04 against 1.05-1.08
+through the legacy call (8B, bs 1 and 64, greedy and spec, one call). XLA updates a command
+buffer when the buffers it was recorded with move (a new execution's host inputs), and
+re-traces the FFI launches then: a profiled run shows stalls of ~1 ms there, and the sixth session measured a
 spec step jitted and called alone at 7.3 ms legacy vs 13.3 ms FFI. ``JSPEC_TRITON_FFI=0``
 restores the legacy call (a single-step caller may want it).
 """
