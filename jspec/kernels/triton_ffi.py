@@ -27,9 +27,9 @@ Status: the default since 2026-11-27 (H200, bench/RESULTS.md "Session 2026-11-27
 Triton launches inside XLA's CUDA graphs: wall / busy per round 1.03-1.04 against 1.05-1.08
 through the legacy call (8B, bs 1 and 64, greedy and spec, one call). XLA updates a command
 buffer when the buffers it was recorded with move (a new execution's host inputs), and
-re-traces the FFI launches then: a profiled run shows stalls of ~1 ms there, and the sixth session measured a
-spec step jitted and called alone at 7.3 ms legacy vs 13.3 ms FFI. ``JSPEC_TRITON_FFI=0``
-restores the legacy call (a single-step caller may want it).
+re-traces the FFI launches then: a profiled run shows stalls of ~1 ms there, and the sixth
+session measured a spec step jitted and called alone at 7.3 ms legacy vs 13.3 ms FFI.
+``JSPEC_TRITON_FFI=0`` restores the legacy call (a single-step caller may want it).
 """
 
 from __future__ import annotations
