@@ -1048,15 +1048,15 @@ class Engine:
         rmax = int(num.max())
         if rmax == 0:
             return 0.0
-        lens = np.asarray(out.lens)[:, :rmax]  # [D, R, Bb]
+        raw = np.asarray(out.lens)[:, :rmax]  # [D, R, Bb]
         tokens = np.asarray(out.tokens)[:, :rmax]  # [D, R, Bb, W]
         _, _, bb, w = tokens.shape
         entry = np.arange(bb)[None, :] < np.asarray([len(slots) for slots in order])[:, None]
         ran = np.arange(rmax)[None, :] < num[:, None]  # [D, R]
-        lens = np.where(ran[:, :, None] & entry[:, None, :], lens, 0)
+        lens = np.where(ran[:, :, None] & entry[:, None, :], raw, 0)
         stats.num_decode_steps += rmax
         stats.step_s.extend([wall / rmax] * rmax)
-        stats.batch_sizes.extend((np.asarray(out.lens)[:, :rmax] > 0).sum(axis=(0, 2)).tolist())
+        stats.batch_sizes.extend((raw > 0).sum(axis=(0, 2)).tolist())
         # Per entry (shard-major, then entry): its rounds' accepted tokens, in round order.
         by_entry = lens.transpose(0, 2, 1)  # [D, Bb, R]
         keep = np.arange(w) < by_entry[..., None]  # [D, Bb, R, W]
@@ -1074,7 +1074,8 @@ class Engine:
                 at += n
                 if accepted is not None:
                     req.accept_lens.extend(x for x in accepted[s][i] if x)
-        emitted = lens.transpose(1, 0, 2)[lens.transpose(1, 0, 2) > 0]  # round-major
+        by_round = lens.transpose(1, 0, 2)  # [R, D, Bb]
+        emitted = by_round[by_round > 0]  # round-major
         if accepted is not None:
             stats.accept_lens.extend(emitted.tolist())
         return float(emitted.mean()) if emitted.size else 0.0
