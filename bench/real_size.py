@@ -28,7 +28,10 @@ from the hot ids, 64 new tokens, page 16, topk 4, steps 3, 8 draft tokens. Per (
   is attributed: target / draft / attention (ops under ``paged_attention``, inside either) /
   bookkeeping / unattributed.
 * ``step ms (jit)``: the jitted step alone on that steady state (median wall, blocked each
-  call): wall - jit = the host loop's share, jit - device = dispatch and launch gaps.
+  call, a fresh copy of the state each call): wall - jit = the host loop's share, jit - device
+  = dispatch and launch gaps. ``step ms (jit chained)``: the same step fed its own donated
+  output state (the loop a caller of the single-step API writes: the state's buffers keep their
+  addresses, which a command buffer holding the Triton launches can replay without updating).
 * floors measured in the same run: weight bytes read per step / the measured copy bandwidth
   (greedy: target layers + LM head; spec: that + ``steps`` draft forwards of midlayer + hot
   LM head, + fc once) plus the KV bytes at the mean context; FLOPs / the measured bf16 matmul
@@ -73,6 +76,7 @@ COLUMNS = (
     "step ms (wall)",
     "step ms (wall mean)",
     "step ms (jit)",
+    "step ms (jit chained)",
     "step ms (device)",
     "floor ms",
     "floor kind",
@@ -337,10 +341,30 @@ def _sampled_steady_state(engine, prompts, sampling):
     return engine._shard_state(0), jnp.asarray(slot_idx[0]), jnp.asarray(live[0]), batch
 
 
-def _device_split(engine, prompts, sampling=None) -> tuple[dict[str, float] | None, str, float]:
+# Steps a chained timing runs from the steady state: steady_max_len leaves one dispatch of
+# STEADY_ROUNDS rounds of room in the step's launch hint.
+CHAIN_STEPS = 8
+
+
+def _chained_median_ms(fn, make_args, steps: int = CHAIN_STEPS) -> float:
+    """Median wall ms of ``fn`` fed its own donated output state, blocked each call (the first
+    call, which may update a command buffer for new addresses, left out)."""
+    weights, state, *rest = make_args()
+    samples = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        state, out = fn(weights, state, *rest)
+        jax.block_until_ready((state, out))
+        samples.append(time.perf_counter() - t0)
+    return float(np.median(samples[1:])) * 1e3
+
+
+def _device_split(
+    engine, prompts, sampling=None
+) -> tuple[dict[str, float] | None, str, float, float]:
     """(device split of one steady-state step, its command-buffer setting, the jitted step's
-    median wall ms alone: dispatch + launch gaps, no host loop); ``sampling``: one
-    ``SamplingParams`` per prompt (a sampled step) or None."""
+    median wall ms alone: dispatch + launch gaps, no host loop, fresh state copies / chained);
+    ``sampling``: one ``SamplingParams`` per prompt (a sampled step) or None."""
     from bench.e2e import _copy, _median_ms, _op_key, _steady_state, steady_max_len
 
     extra = ()
@@ -356,6 +380,7 @@ def _device_split(engine, prompts, sampling=None) -> tuple[dict[str, float] | No
         return (engine.weights, _copy(stacked), slot_idx[None], live[None]) + extra
 
     jit_ms = _median_ms(step, make_args, 10)
+    chained_ms = _chained_median_ms(step, make_args)
     # The profiled calls' state copies are all made before the trace: as many as fit in
     # PROFILE_COPY_BYTES (a long-context engine's pools are tens of GiB).
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(stacked))
@@ -376,13 +401,14 @@ def _device_split(engine, prompts, sampling=None) -> tuple[dict[str, float] | No
                 reverse=True,
             )
             print("  top non-model ops (us):", [(k, round(v, 1)) for v, k in ops[:5]], flush=True)
-        return split, "off", jit_ms
+        return split, "off", jit_ms, chained_ms
     except Exception as e:  # noqa: BLE001 - an XLA that rejects the option: split as compiled
         print(f"split with command buffers off failed ({type(e).__name__}: {e})", flush=True)
         return (
             profile_split_us(step, make_args, _classify, num_calls=num_calls, warmup=1),
             "default",
             jit_ms,
+            chained_ms,
         )
 
 
@@ -495,7 +521,9 @@ def run_config(g: Geometry, engine, mode: str, bs: int, outputs: dict, sampling=
     if mode == "spec" and sampling is None and (g.name, "greedy", bs) in outputs:
         greedy = outputs[(g.name, "greedy", bs)]
         row["same as greedy"] = f"{sum(a == b for a, b in zip(out, greedy))}/{len(out)}"
-    split, cmd, row["step ms (jit)"] = _device_split(engine, prompts, per_request)
+    split, cmd, row["step ms (jit)"], row["step ms (jit chained)"] = _device_split(
+        engine, prompts, per_request
+    )
     _reset(engine)  # the split's steady state left this batch's requests admitted
     if split is not None:
         total = split["total"]
