@@ -56,6 +56,7 @@ from bench._timing import (
     copy_bandwidth_tbs,
     device_name,
     format_table,
+    matmul_tflops,
     time_device,
     trace_gpu_events,
 )
@@ -294,16 +295,6 @@ def work(p: Pass, g: Geometry, args: tuple) -> tuple[float, float]:
         pairs += float(np.asarray(args[7]).sum())
         keys += p.batch * p.tail_len
     return keys * key_bytes, 4.0 * pairs * g.num_heads * g.head_dim
-
-
-def matmul_tflops(n: int = 8192) -> float:
-    """Measured bf16 matmul rate (device time of n^3 matmuls; toy size off GPU)."""
-    if jax.default_backend() != "gpu":
-        n = 256
-    keys = jax.random.split(jax.random.PRNGKey(7), 4)
-    mats = [jax.random.normal(k, (n, n), jnp.bfloat16) for k in keys]
-    us = time_device(lambda a, b: a @ b, [(mats[0], mats[1]), (mats[2], mats[3])])
-    return 2 * n**3 / us / 1e6
 
 
 def _cudnn(p: Pass, g: Geometry, args: tuple) -> tuple[float | str, Any]:

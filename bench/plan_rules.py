@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench._timing import copy_bandwidth_tbs, device_name
-from bench.paged_attention import LLAMA_8B, Pass, _plan, bench_pass, matmul_tflops
+from bench._timing import copy_bandwidth_tbs, device_name, matmul_tflops
+from bench.paged_attention import LLAMA_8B, Pass, _plan, bench_pass
 
 # (table width in keys, keys a row holds)
 TABLES = ((256, 200), (512, 200), (512, 450), (2048, 2000), (2304, 2200), (4096, 4000))

@@ -61,6 +61,7 @@ from bench._timing import (
     copy_bandwidth_tbs,
     device_name,
     format_table,
+    matmul_tflops,
     profile_split_us,
     write_with_json,
 )
@@ -244,22 +245,6 @@ def make_params(g: Geometry, target, seed: int = 0, residual_scale: float = 0.5)
     )
     dparams = draft_params(keys[1], lm_head)
     return jax.block_until_ready((params, draft, dparams))
-
-
-def matmul_tflops(n: int = 8192) -> float:
-    """Measured bf16 matmul rate (TFLOP/s) on random data, median of 10 after warm-up."""
-    if jax.default_backend() != "gpu":
-        n = 512
-    a = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.bfloat16)
-    b = jax.random.normal(jax.random.PRNGKey(2), (n, n), jnp.bfloat16)
-    f = jax.jit(lambda x, y: x @ y)
-    jax.block_until_ready(f(a, b))
-    samples = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(a, b))
-        samples.append(time.perf_counter() - t0)
-    return 2 * n**3 / float(np.median(samples)) / 1e12
 
 
 def _nbytes(tree) -> int:

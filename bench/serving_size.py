@@ -47,6 +47,7 @@ from bench._timing import (
     copy_bandwidth_tbs,
     device_name,
     format_table,
+    matmul_tflops,
     trace_gpu_events,
     write_with_json,
 )
@@ -62,7 +63,6 @@ from bench.real_size import (
     _nbytes,
     make_params,
     make_target,
-    matmul_tflops,
 )
 
 COLUMNS = (
