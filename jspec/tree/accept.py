@@ -48,6 +48,16 @@ def _row_gather(
     return jnp.where(live, val, PAD_SLOT_ID)
 
 
+def _accepted_src(
+    out_cache_loc: jax.Array, accept_index: jax.Array, accepted: jax.Array
+) -> jax.Array:
+    """i32[B*(S+1)]: ``out_cache_loc[accept_index]`` over the ``accepted`` entries
+    (bool[B, S+1]), packed in (b, k) order (stream compaction), tail 0."""
+    flat_acc = accepted.reshape(-1)
+    src_val = out_cache_loc.at[jnp.where(flat_acc, accept_index.reshape(-1), 0)].get(mode="clip")
+    return compact(src_val, flat_acc, flat_acc.shape[0], fill=PAD_SLOT_ID, dtype=jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
 def verify_out_cache_loc(
     req_to_token: jax.Array,
@@ -127,10 +137,7 @@ def accept_kv_move_pairs(
         "(first bad row {row})",
         row=lambda: jnp.argmax(jnp.sum(accepted, axis=1) != accept_lens),
     )
-    # src: stream compaction of the accepted entries.
-    flat_acc = accepted.reshape(-1)
-    src_val = out_cache_loc.at[jnp.where(flat_acc, accept_index.reshape(-1), 0)].get(mode="clip")
-    src = compact(src_val, flat_acc, size, fill=PAD_SLOT_ID, dtype=jnp.int32)
+    src = _accepted_src(out_cache_loc, accept_index, accepted)
     # tgt: the front of each request's verify window, packed by accept_lens.
     r = jnp.arange(width, dtype=jnp.int32)[None, :]
     front = valid[:, None] & (r < accept_lens[:, None])  # bool[B, S+1]
@@ -206,9 +213,7 @@ def get_src_tgt_cache_loc(
     probes.static_check_shape(out_cache_loc, (batch * n,), "out_cache_loc")
     size = batch * width
     accepted = (accept_index != NOT_ACCEPTED) & valid[:, None]
-    flat_acc = accepted.reshape(-1)
-    src_val = out_cache_loc.at[jnp.where(flat_acc, accept_index.reshape(-1), 0)].get(mode="clip")
-    src = compact(src_val, flat_acc, size, fill=PAD_SLOT_ID, dtype=jnp.int32)
+    src = _accepted_src(out_cache_loc, accept_index, accepted)
 
     window = out_cache_loc.reshape(batch, n)
     keep_front = jnp.where(valid, accept_length + 1, 0)  # ncd + 1
