@@ -185,13 +185,7 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
             impl=self.impl,
             merge_rule=self.merge_rule,
         )
-        if not bool(ok):
-            return None
-        out = self._slots(slot_ids, int(extend_num_tokens))
-        if self.debug_mode:
-            assert len(torch.unique(out)) == len(out)
-        self.state = state
-        return out
+        return self._take_slots(state, slot_ids, ok, int(extend_num_tokens))
 
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
@@ -211,6 +205,12 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
             impl=self.impl,
             merge_rule=self.merge_rule,
         )
+        return self._take_slots(state, slot_ids, ok, n)
+
+    def _take_slots(self, state: Any, slot_ids: Any, ok: Any, n: int) -> torch.Tensor | None:
+        """``alloc_extend`` / ``alloc_decode``'s result: None (state kept) when jspec refused the
+        call, else the first ``n`` slot ids (i64; unique in debug mode, sglang's check) and
+        ``state`` kept as the new state."""
         if not bool(ok):
             return None
         out = self._slots(slot_ids, n)
