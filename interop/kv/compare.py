@@ -163,25 +163,20 @@ def op_sizing(w: World, rng: np.random.Generator, impl: str):
         Req(int(n), int(a) - int(rng.integers(0, 2)) * int(a))
         for n, a in zip(w.seq_lens, w.allocated)
     ]
-    ref_cur, ref_nxt, ref_need = ref_mem.page_aligned_decode_alloc_lens(
-        reqs, reserve=reserve, page_size=c.page_size
-    )
-    cur, nxt, need = api.page_aligned_decode_alloc_lens(
-        reqs, reserve=reserve, page_size=c.page_size
-    )
-    ref = {
-        "alloc_len": np.asarray([ref_mem.get_alloc_len_per_decode(**kw)]),
-        "cur": to_numpy(ref_cur),
-        "nxt": to_numpy(ref_nxt),
-        "need": np.asarray([ref_need]),
-    }
-    got = {
-        "alloc_len": np.asarray([api.get_alloc_len_per_decode(**kw)]),
-        "cur": to_numpy(cur),
-        "nxt": to_numpy(nxt),
-        "need": np.asarray([need]),
-    }
-    return ref, got, {"seq_lens": w.seq_lens}
+
+    def sizing(mod: Any) -> Outputs:
+        """One side's decode sizing: the reference module or the drop-in, same calls."""
+        cur, nxt, need = mod.page_aligned_decode_alloc_lens(
+            reqs, reserve=reserve, page_size=c.page_size
+        )
+        return {
+            "alloc_len": np.asarray([mod.get_alloc_len_per_decode(**kw)]),
+            "cur": to_numpy(cur),
+            "nxt": to_numpy(nxt),
+            "need": np.asarray([need]),
+        }
+
+    return sizing(ref_mem), sizing(api), {"seq_lens": w.seq_lens}
 
 
 _A, _R, _P = (
