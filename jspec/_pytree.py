@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 
 T = TypeVar("T")
 
@@ -26,3 +27,9 @@ def static_field(**kwargs: Any) -> Any:
 
 
 replace = dataclasses.replace
+
+
+def tree_where(ok: jax.Array, new: T, old: T) -> T:
+    """``new`` where ``ok`` (bool[]) else ``old``, leaf by leaf: an all-or-nothing state
+    transition without ``lax.cond``. ``new`` and ``old`` have one tree structure."""
+    return jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, old)

@@ -17,12 +17,11 @@ Its view is the state's own req_to_token (no copy): ``KVView(req_to_token, rows,
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jspec._pytree import pytree_dataclass, replace
+from jspec._pytree import pytree_dataclass, replace, tree_where
 from jspec.config import ceil_to_multiple
 from jspec.engine.kv_backend import KVView
 from jspec.engine.protocol import DraftModel, TargetModel
@@ -66,10 +65,6 @@ class PagedKVState:
     allocated_lens: jax.Array  # i32[M]
     req_pool_indices: jax.Array  # i32[M]
     live: jax.Array  # bool[M]
-
-
-def _select(ok: jax.Array, new: Any, old: Any) -> Any:
-    return jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, old)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,8 +196,8 @@ class PagedKVBackend:
         take = ok & jnp.any(valid)
         kv = replace(
             kv,
-            allocator=_select(take, allocator, kv.allocator),
-            req_rows=_select(take, req_rows, kv.req_rows),
+            allocator=tree_where(take, allocator, kv.allocator),
+            req_rows=tree_where(take, req_rows, kv.req_rows),
             req_to_token=r2t,
             allocated_lens=scatter_slots(kv.allocated_lens, slot_idx, valid, ends),
             req_pool_indices=scatter_slots(kv.req_pool_indices, slot_idx, valid, rpi),
@@ -240,8 +235,8 @@ class PagedKVBackend:
         zero = jnp.zeros(slot_idx.shape, jnp.int32)
         kv = replace(
             kv,
-            allocator=_select(take, allocator, kv.allocator),
-            req_rows=_select(take, req_rows, kv.req_rows),
+            allocator=tree_where(take, allocator, kv.allocator),
+            req_rows=tree_where(take, req_rows, kv.req_rows),
             committed_lens=scatter_slots(kv.committed_lens, slot_idx, finished, zero),
             allocated_lens=scatter_slots(kv.allocated_lens, slot_idx, finished, zero),
             req_pool_indices=scatter_slots(kv.req_pool_indices, slot_idx, finished, zero),

@@ -48,11 +48,6 @@ class PagedAllocator:
     need_sort: bool = static_field(default=False)
 
 
-def select(ok: jax.Array, new: PagedAllocator, old: PagedAllocator) -> PagedAllocator:
-    """``new`` where ``ok`` else ``old`` (leafwise)."""
-    return jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, old)
-
-
 def pop_front(a: PagedAllocator, n: jax.Array) -> PagedAllocator:
     """Drop ``n`` pages from the front of the free list (caller guarantees ``n <= num_free``)."""
     i = jnp.arange(a.num_pages, dtype=jnp.int32)

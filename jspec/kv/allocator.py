@@ -40,6 +40,7 @@ import jax.numpy as jnp
 
 from jspec import probes
 from jspec._index import valid_mask
+from jspec._pytree import tree_where
 from jspec.config import SpecConfig, ceil_div
 from jspec.kernels.alloc_decode import alloc_decode_slots
 from jspec.kernels.alloc_extend import alloc_extend_slots
@@ -132,7 +133,7 @@ def _commit(
 ) -> tuple[PagedAllocator, jax.Array, jax.Array]:
     """All or nothing: where ``ok``, ``work`` less its first ``num_pages`` free pages and
     ``slot_ids``; else ``a`` unchanged and slot ids 0. Returns ``(allocator, slot_ids, ok)``."""
-    new = _fl.select(ok, _fl.pop_front(work, jnp.where(ok, num_pages, 0)), a)
+    new = tree_where(ok, _fl.pop_front(work, jnp.where(ok, num_pages, 0)), a)
     return new, jnp.where(ok, slot_ids, 0), ok
 
 
@@ -325,7 +326,7 @@ def _flat_ids(ids: jax.Array, valid: jax.Array | None) -> tuple[jax.Array, jax.A
 
 
 def _result(new: PagedAllocator, old: PagedAllocator, ok: jax.Array, return_ok: bool) -> Any:
-    out = _fl.select(ok, new, old)
+    out = tree_where(ok, new, old)
     return (out, ok) if return_ok else out
 
 

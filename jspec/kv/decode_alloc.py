@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import _index, probes
-from jspec._pytree import pytree_dataclass, replace
+from jspec._pytree import pytree_dataclass, replace, tree_where
 from jspec.config import SpecConfig, ceil_div, ceil_to_multiple
 from jspec.kv.allocator import PagedAllocator, alloc, alloc_extend, free
 from jspec.kv.req_to_token import PAD_ROW, assign_req_to_token_pool, get_last_loc
@@ -344,5 +344,5 @@ def release_kv_cache(
         req_pool_indices=jnp.where(done, PAD_ROW, reqs.req_pool_indices),
         valid=reqs.valid & ~done,
     )
-    new_allocator = jax.tree.map(lambda x, y: jnp.where(ok, x, y), new_allocator, allocator)
+    new_allocator = tree_where(ok, new_allocator, allocator)
     return (new_allocator, new_reqs, ok) if return_ok else (new_allocator, new_reqs)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
-from jspec._pytree import pytree_dataclass, replace
+from jspec._pytree import pytree_dataclass, replace, tree_where
 from jspec.config import SpecConfig
 from jspec.kernels import assign_req_to_token_pool as _assign
 from jspec.sentinels import PAD_ROW  # padding row of req_to_token, value of unused row ids
@@ -191,7 +191,7 @@ def _alloc_req_rows(
     src = i + num
     rest = jnp.where(src < r.num_free, r.free_rows[jnp.clip(src, 0, cap - 1)], PAD_ROW)
     new = replace(r, free_rows=rest, num_free=r.num_free - num)
-    return jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, r), rows, ok
+    return tree_where(ok, new, r), rows, ok
 
 
 @functools.partial(jax.jit, static_argnames=("return_ok",))
@@ -242,5 +242,5 @@ def free_req_rows(
     free_rows = r.free_rows.at[jnp.where(valid, dest, cap)].set(rows, mode="drop")
     count = jnp.sum(valid.astype(jnp.int32))
     new = replace(r, free_rows=free_rows, num_free=jnp.minimum(r.num_free + count, cap))
-    out = jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, r)
+    out = tree_where(ok, new, r)
     return (out, ok) if return_ok else out
