@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jspec import probes
 
-__all__ = ["first_bad", "int32_ids", "out_of_range", "repeated", "valid_mask"]
+__all__ = ["first_bad", "flat_ids", "int32_ids", "out_of_range", "repeated", "valid_mask"]
 
 
 def valid_mask(valid: jax.Array | None, shape: tuple[int, ...]) -> jax.Array:
@@ -26,6 +26,17 @@ def valid_mask(valid: jax.Array | None, shape: tuple[int, ...]) -> jax.Array:
         return jnp.ones(shape, bool)
     probes.static_check_shape(valid, shape, "valid")
     return valid.astype(bool)
+
+
+def flat_ids(ids: jax.Array, valid: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """``(ids i32[M], valid bool[M])``, both flattened; ``valid`` None means every entry.
+
+    ``ValueError`` naming ``valid`` at trace time unless it holds the ``M`` entries of ``ids``.
+    """
+    ids = ids.reshape(-1).astype(jnp.int32)
+    valid = jnp.ones(ids.shape, bool) if valid is None else valid.astype(bool).reshape(-1)
+    probes.static_check_shape(valid, ids.shape, "valid")
+    return ids, valid
 
 
 def int32_ids(ids: jax.Array, name: str) -> jax.Array:

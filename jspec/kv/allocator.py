@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
-from jspec._index import valid_mask
+from jspec._index import flat_ids, valid_mask
 from jspec._pytree import tree_where
 from jspec.config import SpecConfig, ceil_div
 from jspec.kernels.alloc_decode import alloc_decode_slots
@@ -314,17 +314,6 @@ def alloc_decode(
 
 
 # ---- freeing ------------------------------------------------------------------------------------
-def _flat_ids(ids: jax.Array, valid: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-    """``(ids i32[M], valid bool[M])``, both flattened; ``valid`` None means every entry.
-
-    ``ValueError`` naming ``valid`` at trace time unless it holds the ``M`` entries of ``ids``.
-    """
-    ids = ids.reshape(-1).astype(jnp.int32)
-    valid = jnp.ones(ids.shape, bool) if valid is None else valid.astype(bool).reshape(-1)
-    probes.static_check_shape(valid, ids.shape, "valid")
-    return ids, valid
-
-
 def _result(new: PagedAllocator, old: PagedAllocator, ok: jax.Array, return_ok: bool) -> Any:
     out = tree_where(ok, new, old)
     return (out, ok) if return_ok else out
@@ -355,7 +344,7 @@ def free(
       ``need_sort``), or ``(state, ok: bool[])`` with ``return_ok``. All-invalid / empty input
       is a no-op with ``ok=True``.
     """
-    slot_ids, valid = _flat_ids(slot_ids, valid)
+    slot_ids, valid = flat_ids(slot_ids, valid)
     p = a.page_size
     probes.detect_oob(slot_ids, p, (a.num_pages + 1) * p, "free: slot_ids", where=valid)
     # NOTE: floor division keeps negative slots negative, so they land out of range.
@@ -387,7 +376,7 @@ def free_page_ids(
       valid: bool[M] or None; invalid entries are skipped (the rest keep their order).
       return_ok: static; also return the ``ok`` flag.
     """
-    page_ids, valid = _flat_ids(page_ids, valid)
+    page_ids, valid = flat_ids(page_ids, valid)
     ok = _fl.free_ok(a, page_ids, valid, "free_page_ids", repeats_ok=False)
     pages, count = _fl.compact(page_ids, valid)
     return _result(_fl.release(a, pages, count), a, ok, return_ok)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._index import flat_ids
 from jspec._pytree import pytree_dataclass, replace, tree_where
 from jspec.config import SpecConfig
 from jspec.kernels import assign_req_to_token_pool as _assign
@@ -208,9 +209,7 @@ def free_req_rows(
       The new state, or ``(state, ok: bool[])`` with ``return_ok``.
     """
     cap = r.free_rows.shape[0]
-    rows = rows.reshape(-1).astype(jnp.int32)
-    valid = jnp.ones(rows.shape, bool) if valid is None else valid.reshape(-1).astype(bool)
-    probes.static_check_shape(valid, rows.shape, "valid")
+    rows, valid = flat_ids(rows, valid)
     probes.detect_in_closed_range(rows, 1, cap, "free_req_rows: rows", where=valid)
     m = rows.shape[0]
     if m == 0:
