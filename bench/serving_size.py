@@ -22,6 +22,8 @@ step planned for the whole context). Per cell
   kernel time of real engine steps under the profiler (no state copy: the pools are far too large to copy); the floor = the
   larger of (weights + KV bytes each step must read) / the measured copy bandwidth and FLOPs /
   the matmul rate; spec reads the draft's weights and its KV once per draft forward;
+  ``phase floor ms``: the same split by phase (target linear, target attention, draft linear,
+  draft attention), each phase's larger term, summed (``decode_floor``);
 * ``kernels (device ms / round)``: the profiled dispatch's kernel families by device time
   (``bench.multi_device.kernel_breakdown``: the name up to its first digit or bracket);
 * ``peak GiB``: ``peak_bytes_in_use`` after the cell; ``pool GiB`` / ``KV capacity`` (tokens);
@@ -78,6 +80,8 @@ COLUMNS = (
     "floor ms",
     "floor kind",
     "x floor (device)",
+    "phase floor ms",
+    "x phase floor (device)",
     "x floor (wall)",
     "tok/s",
     "accept len",
@@ -111,30 +115,42 @@ def prefill_floor_ms(g, params, dparams, tokens: int, tflops: float, spec: bool)
 
 
 def decode_floor(g, params, dparams, mode, bs, ctx, bw_tbs, tflops) -> dict:
-    """Floor of one decode step at context ``ctx``: bytes read once / copy bandwidth vs FLOPs /
-    matmul rate (greedy: target weights + LM head + the target KV; spec: + ``STEPS`` draft
-    forwards each reading the head's weights and its KV, and N verify tokens)."""
+    """Floors of one decode step at context ``ctx``.
+
+    ``floor ms``: bytes read once / copy bandwidth vs FLOPs / matmul rate, the larger (greedy:
+    target weights + LM head + the target KV; spec: + ``STEPS`` draft forwards each reading the
+    head's weights and its KV, and N verify tokens). ``phase floor ms``: the same bytes and FLOPs
+    split into the step's phases (target linear layers + LM head, target attention, draft linear
+    layers + fc + LM head, draft attention), each phase's larger term, summed: a lower bound for a
+    step whose kernels run one after another, which the single max() is not where one phase is
+    compute-bound and another memory-bound (spec at bs 64)."""
     target_b = _nbytes(params.layers) + _nbytes(params.final_norm) + _nbytes(params.lm_head)
     target_kv = bs * ctx * g.layers * 2 * g.kv_heads * g.head_dim * 2
     target_mm = sum(_matmul_params(lp) for lp in params.layers) + params.lm_head.size
     attn_flops = 4 * g.layers * g.heads * g.head_dim * ctx  # per query token
-    if mode == "greedy":
-        num_bytes = target_b + target_kv
-        flops = (2 * target_mm + attn_flops) * bs
-    else:
+    tokens = bs if mode == "greedy" else bs * DRAFT_TOKENS  # target query tokens a step
+    # (bytes, FLOPs) per phase
+    phases = [(target_b, 2 * target_mm * tokens), (target_kv, attn_flops * tokens)]
+    if mode != "greedy":
         dh = g.hidden // g.draft_heads
         draft_kv = bs * ctx * 2 * g.draft_heads * dh * 2
         draft_b = _nbytes(dparams.layer) + _nbytes(dparams.lm_head)
-        num_bytes = target_b + target_kv + STEPS * (draft_b + draft_kv) + _nbytes(dparams.fc)
-        flops = (2 * target_mm + attn_flops) * bs * DRAFT_TOKENS
         d_mm = _matmul_params(dparams.layer) + dparams.lm_head.size
         d_attn = 4 * g.draft_heads * dh * ctx
-        flops += (2 * d_mm + d_attn) * bs * (TOPK * (STEPS - 1) + DRAFT_TOKENS)
-    mem_ms = num_bytes / (bw_tbs * 1e12) * 1e3
-    compute_ms = flops / (tflops * 1e12) * 1e3
+        d_tokens = bs * (TOPK * (STEPS - 1) + DRAFT_TOKENS)
+        phases += [
+            (STEPS * draft_b + _nbytes(dparams.fc), 2 * d_mm * d_tokens),
+            (STEPS * draft_kv, d_attn * d_tokens),
+        ]
+
+    def ms(num_bytes, flops):
+        return num_bytes / (bw_tbs * 1e12) * 1e3, flops / (tflops * 1e12) * 1e3
+
+    mem_ms, compute_ms = ms(sum(b for b, _ in phases), sum(f for _, f in phases))
     return {
         "floor ms": max(mem_ms, compute_ms),
         "floor kind": "memory" if mem_ms >= compute_ms else "compute",
+        "phase floor ms": sum(max(ms(b, f)) for b, f in phases),
     }
 
 
@@ -363,6 +379,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for key in ("device", "wall"):
                     if f"step ms ({key})" in row:
                         row[f"x floor ({key})"] = row[f"step ms ({key})"] / row["floor ms"]
+                if "step ms (device)" in row:
+                    row["x phase floor (device)"] = row["step ms (device)"] / row["phase floor ms"]
                 if "step ms (device)" in row:
                     row["wall / device"] = row["step ms (wall)"] / row["step ms (device)"]
             except Exception as e:  # noqa: BLE001 - report and keep going
