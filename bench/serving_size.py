@@ -381,7 +381,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         row[f"x floor ({key})"] = row[f"step ms ({key})"] / row["floor ms"]
                 if "step ms (device)" in row:
                     row["x phase floor (device)"] = row["step ms (device)"] / row["phase floor ms"]
-                if "step ms (device)" in row:
                     row["wall / device"] = row["step ms (wall)"] / row["step ms (device)"]
             except Exception as e:  # noqa: BLE001 - report and keep going
                 traceback.print_exc()
