@@ -72,6 +72,10 @@ CASES: dict[str, dict[str, Any]] = {
     "tail-random-d24": dict(
         batch=3, qp=3, hq=4, hkv=2, dim=24, page_size=4, num_pages=6, tail_len=5
     ),
+    # a tail past TAIL_TILE_MAX keys: read by a loop of its own after the prefix
+    "tail-random-n24": dict(
+        batch=2, qp=3, hq=4, hkv=2, dim=16, page_size=8, num_pages=3, tail_len=24
+    ),
     "prefill-ragged-mqa": dict(
         batch=3, qp=40, hq=4, hkv=1, dim=32, page_size=16, num_pages=6, causal=True
     ),

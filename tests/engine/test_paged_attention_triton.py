@@ -64,6 +64,7 @@ KERNEL_CASES = [
     pytest.param("tail-only", {"tail_split": False}, id="tail-only-no-split"),
     pytest.param("extend-causal-tail-n16", {"block_m": 16}, id="extend-rowblocks"),
     pytest.param("tail-random-d24", {}, id="tail-d24"),
+    pytest.param("tail-random-n24", {"block_n": 16, "num_splits": 2}, id="tail-loop-n24"),
     pytest.param("prefill-ragged-mqa", {}, id="prefill-plan"),
     pytest.param(
         "causal-offsets-gqa2", {"block_m": 16, "block_n": 16, "num_splits": 1}, id="causal-full"
@@ -203,6 +204,9 @@ def test_launch_plan():
     # prefix split when they read more (bs 4 x 2k: 8 splits of 2 blocks; bs 64 x 8k: 1 split).
     grid, meta, opts = _plan(4, 8, 2048, tail_len=8)
     assert meta["BLOCK_M"] == 32 and meta["ROW_BLOCKS"] == 1 and meta["TAIL_LEN"] == 8
+    assert meta["TAIL_BLOCK"] == 16  # the 8-key tail as one tile loaded ahead of the prefix
+    assert _plan(4, 8, 2048, tail_len=24)[1]["TAIL_BLOCK"] == 0  # past TAIL_TILE_MAX: a loop
+    assert _plan(4, 1, 2048)[1]["TAIL_BLOCK"] == 0
     assert not meta["TAIL_SPLIT"] and grid == (32, 8) and opts["num_stages"] == 1
     assert _plan(4, 8, 2048, tail_len=8, tail_split=True)[0] == (32, 8 + 1)
     grid, meta, opts = _plan(64, 8, 8192, tail_len=8)
