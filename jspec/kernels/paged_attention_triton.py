@@ -18,9 +18,9 @@ IEEE-f32 ``tl.dot``, no TF32). One launch serves every pass shape::
     phase 2  the tail        last split only: key j iff tail_mask[b, query(r), j], slot
                              tail_slot_ids[b, j] (only keys some row of the block sees load);
                              with TAIL_SPLIT that split reads no prefix key: the tail's
-                             loads no longer wait behind a prefix chunk's; a tail of at
-                             most TAIL_TILE_MAX keys is one tile (TAIL_BLOCK) loaded before
-                             phase 0 and attended after phase 1
+                             loads no longer wait behind a prefix chunk's; a short tail
+                             in a launch of few splits is one tile (TAIL_BLOCK) loaded
+                             before phase 0 and attended after phase 1
     per block of BN keys: slot = page_table[b, w // P] * P + w % P;  K, V [BN, D] rows gathered
     s = q @ k.T (log2 units); online softmax m, l; acc = acc * alpha + p @ v
 
@@ -121,12 +121,17 @@ SPLIT_FULL_GRID_MIN_BLOCKS = 8
 # 2-7 us more with it; 3-4 blocks were not measured): a grid planned wider than the keys
 # already leaves the last split to the tail alone, and the extra column of programs is paid.
 TAIL_SPLIT_MAX_BLOCKS = 1
-# A tail of at most this many keys is read as one tile (TAIL_BLOCK) whose loads are issued
-# before the prefix loop and used after it, instead of a loop of its own after the prefix: that
-# loop's dependent loads (mask, slots, then K / V) ran after the last prefix block, exposed on the
-# last split's path. Measured on the H200 (2026-11-27, verify bs 16 over 2k keys + 8, 2 splits,
-# kernel alone): 48.5 us with the tail's loop, 41.6 us with no tail at all.
-TAIL_TILE_MAX = 16
+# A tail of at most TAIL_TILE_MAX keys, in a launch of at most TAIL_TILE_MAX_SPLITS prefix
+# splits, is read as one tile (TAIL_BLOCK) whose loads are issued before the prefix loop and
+# used after it, instead of a loop of its own after the prefix, whose dependent loads (mask,
+# slots, then K / V) ran after the last prefix block, on the last split's path. Measured on the
+# H200 (2026-11-27, 8-query verify + 8-key tail, kernel alone, us, tail loop -> tile): bs 16 x 2k
+# (2 splits) 48.5 -> 44.0 (41.6 with no tail at all); bs 64 x 2k 154.4 -> 146.8; bs 4 x 1k / 2k /
+# 4k / 8k / 32k (5-8 splits) 15.3 / 21.0 / 32.1 / 47.3 / 140.4 -> 14.3 / 19.0 / 27.9 / 44.4 /
+# 137.6 (x 600: 9.2 -> 9.6); bs 1 x 600 / 2k (16 splits + the tail's) 7.2 / 8.5 -> 6.0 / 7.8;
+# but bs 1 x 4k / 8k / 32k (32-33 splits) 9.9 / 15.7 / 44.0 -> 11.4 / 18.0 / 44.8: there the
+# tile stays off.
+TAIL_TILE_MAX, TAIL_TILE_MAX_SPLITS = 16, 16
 _LOG2E = 1.4426950408889634
 
 
@@ -515,7 +520,8 @@ def launch_plan(
     if tail_split is None:
         tail_split = split_blocks <= TAIL_SPLIT_MAX_BLOCKS
     tail_split = bool(tail_split and tail_len > 0)
-    tail_block = max(MIN_DOT, next_power_of_2(tail_len)) if 0 < tail_len <= TAIL_TILE_MAX else 0
+    tile_tail = 0 < tail_len <= TAIL_TILE_MAX and num_splits <= TAIL_TILE_MAX_SPLITS
+    tail_block = max(MIN_DOT, next_power_of_2(tail_len)) if tile_tail else 0
     meta = {
         "QP": qp,
         "HQ": hq,

@@ -206,6 +206,8 @@ def test_launch_plan():
     assert meta["BLOCK_M"] == 32 and meta["ROW_BLOCKS"] == 1 and meta["TAIL_LEN"] == 8
     assert meta["TAIL_BLOCK"] == 16  # the 8-key tail as one tile loaded ahead of the prefix
     assert _plan(4, 8, 2048, tail_len=24)[1]["TAIL_BLOCK"] == 0  # past TAIL_TILE_MAX: a loop
+    assert _plan(1, 8, 2048, tail_len=8)[1]["TAIL_BLOCK"] == 16  # 16 prefix splits + the tail's
+    assert _plan(1, 8, 8192, tail_len=8)[1]["TAIL_BLOCK"] == 0  # 33 splits: a loop (measured)
     assert _plan(4, 1, 2048)[1]["TAIL_BLOCK"] == 0
     assert not meta["TAIL_SPLIT"] and grid == (32, 8) and opts["num_stages"] == 1
     assert _plan(4, 8, 2048, tail_len=8, tail_split=True)[0] == (32, 8 + 1)
