@@ -67,7 +67,15 @@ def _assign_req_to_token_pool_kernel(
     jax.lax.fori_loop(0, (length + block - 1) // block, body, 0)
 
 
-def _check_args(req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc) -> None:
+def validate_assign_args(
+    req_to_token: jax.Array,
+    req_pool_indices: jax.Array,
+    start_offset: jax.Array,
+    end_offset: jax.Array,
+    out_cache_loc: jax.Array,
+) -> None:
+    """Trace-time shape and dtype checks of every impl (and of ``jspec.kv``'s wrapper); raises
+    ``ValueError`` naming the argument."""
     probes.static_check(req_to_token.ndim == 2, f"req_to_token.ndim={req_to_token.ndim} must be 2")
     probes.static_check_dtype(req_to_token, jnp.int32, "req_to_token")
     probes.static_check(
@@ -115,7 +123,7 @@ def assign_req_to_token_pool(
       i32[R, W]: the updated table.
     """
     impl = resolve_impl(impl, IMPLS, "assign_req_to_token_pool")
-    _check_args(req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc)
+    validate_assign_args(req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc)
     num_req = req_pool_indices.shape[0]
     num_locs = out_cache_loc.shape[0]
     if impl == "xla" or num_req == 0 or num_locs == 0:

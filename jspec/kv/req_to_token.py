@@ -64,17 +64,8 @@ def assign_req_to_token_pool(
     Returns:
       i32[R, W]: the updated table, or ``(table, ok: bool[])`` with ``return_ok``.
     """
-    probes.static_check(
-        req_to_token.ndim == 2, f"req_to_token must be 2-D, got shape {req_to_token.shape}"
-    )
-    probes.static_check(
-        req_pool_indices.ndim == 1,
-        f"req_pool_indices must be 1-D, got shape {req_pool_indices.shape}",
-    )
-    probes.static_check_shape(start_offset, req_pool_indices.shape, "start_offset")
-    probes.static_check_shape(end_offset, req_pool_indices.shape, "end_offset")
-    probes.static_check(
-        out_cache_loc.ndim == 1, f"out_cache_loc must be 1-D, got shape {out_cache_loc.shape}"
+    _assign.validate_assign_args(
+        req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc
     )
     num_rows, width = req_to_token.shape
     rows = req_pool_indices.astype(jnp.int32)

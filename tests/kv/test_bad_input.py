@@ -235,7 +235,7 @@ def test_static_mistakes_name_the_field() -> None:
         A.alloc_decode(a, _i32([1, 1]), _i32([-1, -1]), valid=jnp.ones(3, bool))
     with pytest.raises(ValueError, match="row_slot_ids must be 1-D"):
         A.free_segment(a, jnp.zeros((2, 4), jnp.int32), 0, 4)
-    with pytest.raises(ValueError, match="req_to_token must be 2-D"):
+    with pytest.raises(ValueError, match="req_to_token.ndim=1 must be 2"):
         T.assign_req_to_token_pool(
             jnp.zeros(6, jnp.int32), _i32([1]), _i32([0]), _i32([1]), _i32([5])
         )
