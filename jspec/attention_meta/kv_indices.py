@@ -120,17 +120,27 @@ def generate_draft_decode_kv_indices(
         geometry=geometry,
         kv_indices_width=kv_indices_width,
     )
-    return _kernel.draft_kv_indices(
-        req_pool_indices,
-        req_to_token,
-        seq_lens,
-        geometry=geometry,
-        kv_indices_width=kv_indices_width,
-        kv_indices_buffer=kv_indices_buffer,
-        impl=impl,
-        interpret=interpret,
-        block_tokens=block_tokens,
+    impl = _kernel.resolve_impl(impl)
+    if impl == "xla" or seq_lens.shape[0] == 0 or kv_indices_width == 0:
+        return _kernel.draft_kv_indices_reference(
+            req_pool_indices,
+            req_to_token,
+            seq_lens,
+            geometry=geometry,
+            kv_indices_width=kv_indices_width,
+            kv_indices_buffer=kv_indices_buffer,
+        )
+    buffer = (
+        jnp.zeros((geometry.num_steps, kv_indices_width), jnp.int32)
+        if kv_indices_buffer is None
+        else kv_indices_buffer
     )
+    args = (req_pool_indices, req_to_token, seq_lens, buffer)
+    if impl == "pallas":
+        return _kernel.draft_kv_indices_pallas(
+            *args, geometry=geometry, interpret=interpret, block_tokens=block_tokens
+        )
+    return _kernel.draft_kv_indices_triton(*args, geometry=geometry, block_tokens=block_tokens)
 
 
 def _validate(

@@ -203,18 +203,24 @@ def _draft_kv_indices_kernel(
         )
 
 
-def _draft_kv_indices_pallas(
+def draft_kv_indices_pallas(
     req_pool_indices: jax.Array,
     req_to_token: jax.Array,
     seq_lens: jax.Array,
     kv_indices_buffer: jax.Array,
     *,
-    topk: int,
-    num_steps: int,
-    page_size: int,
+    geometry: TreeGeometry,
     interpret: bool | None,
-    block_tokens: int,
+    block_tokens: int = BLOCK_TOKENS,
 ) -> tuple[jax.Array, jax.Array]:
+    """The Pallas kernel behind ``impl="pallas"``: grid ``(B, K)``, no validation.
+
+    ``kv_indices_buffer``: i32[S, W], updated in place (aliased); the other arrays and the
+    returned ``(kv_indices, kv_indptr)`` as in :func:`draft_kv_indices_reference`. ``B >= 1``
+    and ``W >= 1``.
+    """
+    check_geometry(geometry, "draft_kv_indices_pallas")
+    topk, num_steps, page_size = geometry.topk, geometry.num_steps, geometry.page_size
     num_seqs = seq_lens.shape[0]
     width = kv_indices_buffer.shape[1]
     kernel = functools.partial(
@@ -254,7 +260,7 @@ def triton_launch(
     Launch ``kernel[grid](req_pool_indices i32[B], req_to_token i32[rows, row_width], seq_lens
     i32[B], kv_indices i32[S, kv_indices_width] (in), kv_indices (out: the same buffer),
     kv_indptr i32[S, B*K+1] (out), **options)`` on contiguous buffers (a caller's own tensors:
-    ``interop.triton_meta``): the values of :func:`draft_kv_indices` written in place. No
+    ``interop.triton_meta``): the values of :func:`draft_kv_indices_reference` in place. No
     validation. Imports triton: set ``TRITON_INTERPRET=1`` before its first import to run in
     Triton's interpreter.
     """
@@ -287,53 +293,28 @@ def _out_shape(num_seqs: int, topk: int, num_steps: int, width: int) -> tuple:
     )
 
 
-# ---- dispatch (validation and probes live in jspec.attention_meta.kv_indices) -----------------
-def draft_kv_indices(
+# ---- impl= (the op, with its validation, probes and dispatch: jspec.attention_meta.kv_indices) ---
+def resolve_impl(impl: str) -> str:
+    """``impl`` if it is one of :data:`IMPLS` (``"triton"`` on a GPU backend only), else
+    ``ValueError`` naming the choices."""
+    return _common.resolve_impl(impl, IMPLS, "draft_kv_indices")
+
+
+def draft_kv_indices_triton(
     req_pool_indices: jax.Array,
     req_to_token: jax.Array,
     seq_lens: jax.Array,
+    kv_indices_buffer: jax.Array,
     *,
     geometry: TreeGeometry,
-    kv_indices_width: int,
-    kv_indices_buffer: jax.Array | None = None,
-    impl: str = "xla",
-    interpret: bool | None = None,
     block_tokens: int = BLOCK_TOKENS,
 ) -> tuple[jax.Array, jax.Array]:
-    """Unchecked dispatch over ``impl``; use ``generate_draft_decode_kv_indices`` instead.
-
-    Shapes as in ``jspec.attention_meta.kv_indices.generate_draft_decode_kv_indices``.
-    """
-    check_geometry(geometry, "draft_kv_indices")
-    topk, num_steps, page_size = geometry.topk, geometry.num_steps, geometry.page_size
-    impl = _common.resolve_impl(impl, IMPLS, "draft_kv_indices")
+    """The raw Triton kernel behind ``impl="triton"`` through ``jax_triton`` (GPU only): the
+    arguments and outputs of :func:`draft_kv_indices_pallas`."""
+    check_geometry(geometry, "draft_kv_indices_triton")
+    topk, num_steps = geometry.topk, geometry.num_steps
     num_seqs = seq_lens.shape[0]
-    if impl == "xla" or num_seqs == 0 or kv_indices_width == 0:
-        return draft_kv_indices_reference(
-            req_pool_indices,
-            req_to_token,
-            seq_lens,
-            geometry=geometry,
-            kv_indices_width=kv_indices_width,
-            kv_indices_buffer=kv_indices_buffer,
-        )
-    buffer = (
-        jnp.zeros((num_steps, kv_indices_width), jnp.int32)
-        if kv_indices_buffer is None
-        else kv_indices_buffer
-    )
-    if impl == "pallas":
-        return _draft_kv_indices_pallas(
-            req_pool_indices,
-            req_to_token,
-            seq_lens,
-            buffer,
-            topk=topk,
-            num_steps=num_steps,
-            page_size=page_size,
-            interpret=interpret,
-            block_tokens=block_tokens,
-        )
+    kv_indices_width = kv_indices_buffer.shape[1]
     launch = triton_launch(
         num_seqs,
         kv_indices_width,
@@ -346,7 +327,7 @@ def draft_kv_indices(
         req_pool_indices,
         req_to_token,
         seq_lens,
-        buffer,
+        kv_indices_buffer,
         out_shape=_out_shape(num_seqs, topk, num_steps, kv_indices_width),
         input_output_aliases={3: 0},
         name="jspec_draft_kv_indices_triton",
