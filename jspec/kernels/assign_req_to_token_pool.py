@@ -23,7 +23,8 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec.config import next_power_of_2
-from jspec.kernels._common import pallas_call, resolve_impl, segment_owners
+from jspec.kernels import _common
+from jspec.kernels._common import pallas_call, segment_owners
 
 IMPLS = ("xla", "pallas")
 # Positions copied per loop iteration of one program (power of 2, masked tail).
@@ -74,8 +75,8 @@ def validate_assign_args(
     end_offset: jax.Array,
     out_cache_loc: jax.Array,
 ) -> None:
-    """Trace-time shape and dtype checks of every impl (and of ``jspec.kv``'s wrapper); raises
-    ``ValueError`` naming the argument."""
+    """Trace-time shape and dtype checks of every impl (``jspec.kv.req_to_token`` calls them);
+    raises ``ValueError`` naming the argument."""
     probes.static_check(req_to_token.ndim == 2, f"req_to_token.ndim={req_to_token.ndim} must be 2")
     probes.static_check_dtype(req_to_token, jnp.int32, "req_to_token")
     probes.static_check(
@@ -98,38 +99,37 @@ def _segments(
     return start_offset, lengths, jnp.cumsum(lengths) - lengths
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "interpret"))
-def assign_req_to_token_pool(
+def resolve_impl(impl: str) -> str:
+    """``impl`` if it is one of :data:`IMPLS`, else ``ValueError`` naming the choices."""
+    return _common.resolve_impl(impl, IMPLS, "assign_req_to_token_pool")
+
+
+def assign_req_to_token_pool_pallas(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
     start_offset: jax.Array,
     end_offset: jax.Array,
     out_cache_loc: jax.Array,
     *,
-    impl: str = "xla",
     interpret: bool | None = None,
 ) -> jax.Array:
-    """Scatter packed slots into req_to_token rows (no probes; see ``jspec.kv.req_to_token``).
+    """The Pallas kernel behind ``impl="pallas"`` (the op, its checks, probes and ``impl=``
+    dispatch: ``jspec.kv.req_to_token``): one program per request, the table updated in place.
 
     Args:
       req_to_token: i32[R, W]; the table (donate it under ``jit`` for a true in-place update).
       req_pool_indices: i32[B]; row per request (0 = the padding row).
       start_offset, end_offset: i32[B]; positions ``[start, end)`` to write; ``end <= W``.
       out_cache_loc: i32[M]; packed slot ids in batch order.
-      impl: ``"xla"`` (:func:`assign_req_to_token_pool_reference`) or ``"pallas"``.
       interpret: Pallas interpret flag; None = interpret off-GPU.
 
     Returns:
-      i32[R, W]: the updated table.
+      i32[R, W]: the updated table, as :func:`assign_req_to_token_pool_reference`.
     """
-    impl = resolve_impl(impl, IMPLS, "assign_req_to_token_pool")
-    validate_assign_args(req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc)
     num_req = req_pool_indices.shape[0]
     num_locs = out_cache_loc.shape[0]
-    if impl == "xla" or num_req == 0 or num_locs == 0:
-        return assign_req_to_token_pool_reference(
-            req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc
-        )
+    if num_req == 0 or num_locs == 0:
+        return req_to_token  # nothing to write, no program to launch
     num_rows, width = req_to_token.shape
     start_offset, lengths, src_start = _segments(start_offset, end_offset)
     block = min(MAX_BLOCK, next_power_of_2(min(num_locs, width)))
@@ -161,7 +161,8 @@ def assign_req_to_token_pool_reference(
     end_offset: jax.Array,
     out_cache_loc: jax.Array,
 ) -> jax.Array:
-    """Pure-jnp oracle of :func:`assign_req_to_token_pool`: one scatter over the M sources."""
+    """Pure-jnp oracle of :func:`assign_req_to_token_pool_pallas`: one scatter over the M
+    sources."""
     num_req = req_pool_indices.shape[0]
     num_locs = out_cache_loc.shape[0]
     num_rows, width = req_to_token.shape

@@ -67,6 +67,7 @@ def assign_req_to_token_pool(
     _assign.validate_assign_args(
         req_to_token, req_pool_indices, start_offset, end_offset, out_cache_loc
     )
+    impl = _assign.resolve_impl(impl)
     num_rows, width = req_to_token.shape
     rows = req_pool_indices.astype(jnp.int32)
     start = start_offset.astype(jnp.int32)
@@ -98,15 +99,11 @@ def assign_req_to_token_pool(
     # Rejected calls write nothing: every request becomes an empty padding write.
     safe_rows = jnp.where(ok & writes, rows, PAD_ROW)
     safe_end = jnp.where(ok, end, jnp.clip(start, 0, width))
-    out = _assign.assign_req_to_token_pool(
-        req_to_token,
-        safe_rows,
-        jnp.clip(start, 0, width),
-        jnp.clip(safe_end, 0, width),
-        out_cache_loc,
-        impl=impl,
-        interpret=interpret,
-    )
+    args = (req_to_token, safe_rows, jnp.clip(start, 0, width), jnp.clip(safe_end, 0, width))
+    if impl == "xla":
+        out = _assign.assign_req_to_token_pool_reference(*args, out_cache_loc)
+    else:
+        out = _assign.assign_req_to_token_pool_pallas(*args, out_cache_loc, interpret=interpret)
     out = jnp.where(ok, out, req_to_token)
     return (out, ok) if return_ok else out
 

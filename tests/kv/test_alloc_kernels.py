@@ -127,8 +127,8 @@ def test_assign_req_to_token_pool_kernel_matches_reference(page_size: int, inter
     table = np.full((num_rows, width), POISON, np.int32)
     want = _numpy_assign(table, rows, start, end, locs)
     args = [jnp.asarray(x) for x in (table, rows, start, end, locs)]
-    ref = np.asarray(R.assign_req_to_token_pool(*args, impl="xla"))
-    got = np.asarray(R.assign_req_to_token_pool(*args, impl="pallas", interpret=interpret))
+    ref = np.asarray(R.assign_req_to_token_pool_reference(*args))
+    got = np.asarray(R.assign_req_to_token_pool_pallas(*args, interpret=interpret))
     np.testing.assert_array_equal(ref, want)
     np.testing.assert_array_equal(got, ref)
     assert (want[0] == POISON).all()  # padding row untouched
@@ -145,9 +145,13 @@ def test_kernel_wrappers_reject_bad_static_args() -> None:
     with pytest.raises(ValueError, match=r"last_loc.shape=\(3,\) must be \(2,\)"):
         D.alloc_decode_slots(z, jnp.zeros(3, jnp.int32), z, page_size=4)
     with pytest.raises(ValueError, match="req_to_token.ndim=1 must be 2"):
-        R.assign_req_to_token_pool(z, z, z, z, z)
+        R.validate_assign_args(z, z, z, z, z)
     with pytest.raises(ValueError, match=r"end_offset.shape=\(3,\) must be \(2,\)"):
-        R.assign_req_to_token_pool(jnp.zeros((2, 4), jnp.int32), z, z, jnp.zeros(3, jnp.int32), z)
+        R.validate_assign_args(jnp.zeros((2, 4), jnp.int32), z, z, jnp.zeros(3, jnp.int32), z)
+    with pytest.raises(
+        ValueError, match="impl='cuda' is not available for assign_req_to_token_pool"
+    ):
+        R.resolve_impl("cuda")
 
 
 def test_empty_batches_return_fill() -> None:
