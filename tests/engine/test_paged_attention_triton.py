@@ -266,12 +266,15 @@ def test_merge_splits():
 @in_process
 @pytest.mark.filterwarnings("ignore:overflow encountered")  # exp of a huge lse difference
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the planted NaN lse
-@pytest.mark.parametrize("shape", [(2, 3, 4, 2, 8), (1, 17, 8, 32, 128), (3, 2, 5, 3, 24)])
+@pytest.mark.parametrize(
+    "shape", [(2, 3, 4, 2, 8), (1, 17, 8, 32, 128), (3, 2, 5, 3, 24), (1, 5, 2, 4, 80)]
+)
 def test_interpreted_merge_kernel_vs_merge_splits(shape):
     """The Triton merge against the jnp one on random partials: empty splits (whose outputs
     are NaN and must not be read), a row no split saw, a NaN lse and a NaN output of splits
     that saw keys, and lse values far apart (the max shift); rows and head_dim not powers of 2,
-    17 splits (three chunks)."""
+    17 splits (three chunks); the head dim in column blocks (128 and 80 columns: 4 blocks of
+    32, the last of 80's half masked)."""
     rng = np.random.default_rng(sum(shape))
     bsz, ns = shape[:2]
     out = rng.standard_normal(shape).astype(np.float32)
