@@ -187,6 +187,7 @@ def make_engine(g, target, params, draft, dparams, mode, cells, args):
         chunked_prefill_size=chunk,
         prefill_buckets=prefill_buckets,
         draft=draft if mode == "spec" else None,
+        rms_norm_impl=args.rms_norm_impl,
         **kw,
     )
     if mode == "spec":
@@ -329,6 +330,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         type=int,
         default=DEFAULT_MAX_ROUNDS,
         help="decode rounds per dispatch (Engine's; the 2026-11-26/27 tables: 8)",
+    )
+    parser.add_argument(
+        "--rms-norm-impl", default="auto", help="the engine's RMSNorm kernel: auto | xla | triton"
     )
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
