@@ -3,13 +3,15 @@
     python -m bench.serving_size [--quick] [--cells 1x2k,16x2k,64x2k,...] [--modes greedy,spec]
                                  [--mem-fraction 0.9] [--chunk 8192] [--steps 8] [--max-rounds 32]
                                  [--png serving.png] [--out serving.md] [--no-kv-len-hints]
+                                 [--rms-norm-impl auto|xla|triton]
 
 The model is bench/real_size.py's (8B Llama geometry, random bf16 weights on the device, the
 matched EAGLE-3 head: high acceptance), page 16, topk 4, steps 3, 8 draft tokens. One engine per
 mode whose KV pools are sized from device memory (``mem_fraction_static``) and whose context
 covers the largest cell; prompts are chunk-prefilled (``chunked_prefill_size``); its decode
 launch hints (``kv_len_buckets``) are one per cell context (``--no-kv-len-hints``: none, every
-step planned for the whole context). Per cell
+step planned for the whole context); ``--rms-norm-impl`` picks the models' RMSNorm kernel
+(``make_engine_config``'s, default "auto": XLA's fusion). Per cell
 ``B x C`` (B requests with C-token prompts from the head's hot ids):
 
 * ``TTFT ms``: wall time of the prefill calls of the cell's first request (bs 1 cells: the
