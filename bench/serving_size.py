@@ -116,23 +116,24 @@ def prefill_floor_ms(g, params, dparams, tokens: int, tflops: float, spec: bool)
     return flops / (tflops * 1e12) * 1e3
 
 
-def decode_floor(g, params, dparams, mode, bs, ctx, bw_tbs, tflops) -> dict:
-    """Floors of one decode step at context ``ctx``.
+# decode_phases' names, in step order (bench.step_kernels sums its kernels under the same names).
+PHASES = ("target linear", "target attention", "draft linear", "draft attention")
 
-    ``floor ms``: bytes read once / copy bandwidth vs FLOPs / matmul rate, the larger (greedy:
-    target weights + LM head + the target KV; spec: + ``STEPS`` draft forwards each reading the
-    head's weights and its KV, and N verify tokens). ``phase floor ms``: the same bytes and FLOPs
-    split into the step's phases (target linear layers + LM head, target attention, draft linear
-    layers + fc + LM head, draft attention), each phase's larger term, summed: a lower bound for a
-    step whose kernels run one after another, which the single max() is not where one phase is
-    compute-bound and another memory-bound (spec at bs 64)."""
+
+def decode_phases(g, params, dparams, mode, bs, ctx) -> list[tuple[str, float, float]]:
+    """``(phase, bytes, FLOPs)`` of one decode step at context ``ctx``, phase by phase
+    (:data:`PHASES`; greedy: the target's two): the target's linear layers + LM head (its
+    weights once; ``N`` verify tokens for spec), its attention (the target KV), and for spec
+    ``STEPS`` draft forwards (the head's weights and its KV each time, + fc)."""
     target_b = _nbytes(params.layers) + _nbytes(params.final_norm) + _nbytes(params.lm_head)
     target_kv = bs * ctx * g.layers * 2 * g.kv_heads * g.head_dim * 2
     target_mm = sum(_matmul_params(lp) for lp in params.layers) + params.lm_head.size
     attn_flops = 4 * g.layers * g.heads * g.head_dim * ctx  # per query token
     tokens = bs if mode == "greedy" else bs * DRAFT_TOKENS  # target query tokens a step
-    # (bytes, FLOPs) per phase
-    phases = [(target_b, 2 * target_mm * tokens), (target_kv, attn_flops * tokens)]
+    phases = [
+        (PHASES[0], target_b, 2 * target_mm * tokens),
+        (PHASES[1], target_kv, attn_flops * tokens),
+    ]
     if mode != "greedy":
         dh = g.hidden // g.draft_heads
         draft_kv = bs * ctx * 2 * g.draft_heads * dh * 2
@@ -141,18 +142,33 @@ def decode_floor(g, params, dparams, mode, bs, ctx, bw_tbs, tflops) -> dict:
         d_attn = 4 * g.draft_heads * dh * ctx
         d_tokens = bs * (TOPK * (STEPS - 1) + DRAFT_TOKENS)
         phases += [
-            (STEPS * draft_b + _nbytes(dparams.fc), 2 * d_mm * d_tokens),
-            (STEPS * draft_kv, d_attn * d_tokens),
+            (PHASES[2], STEPS * draft_b + _nbytes(dparams.fc), 2 * d_mm * d_tokens),
+            (PHASES[3], STEPS * draft_kv, d_attn * d_tokens),
         ]
+    return phases
 
-    def ms(num_bytes, flops):
-        return num_bytes / (bw_tbs * 1e12) * 1e3, flops / (tflops * 1e12) * 1e3
 
-    mem_ms, compute_ms = ms(sum(b for b, _ in phases), sum(f for _, f in phases))
+def floor_ms(num_bytes: float, flops: float, bw_tbs: float, tflops: float) -> float:
+    """The larger of ``num_bytes`` / the copy bandwidth and ``flops`` / the matmul rate, ms."""
+    return max(num_bytes / (bw_tbs * 1e12), flops / (tflops * 1e12)) * 1e3
+
+
+def decode_floor(g, params, dparams, mode, bs, ctx, bw_tbs, tflops) -> dict:
+    """Floors of one decode step at context ``ctx`` (:func:`decode_phases`' bytes and FLOPs).
+
+    ``floor ms``: all the bytes read once / copy bandwidth vs all the FLOPs / matmul rate, the
+    larger (greedy: target weights + LM head + the target KV; spec: + ``STEPS`` draft forwards
+    each reading the head's weights and its KV, and N verify tokens). ``phase floor ms``: each
+    phase's larger term, summed: a lower bound for a step whose kernels run one after another,
+    which the single max() is not where one phase is compute-bound and another memory-bound
+    (spec at bs 64)."""
+    phases = decode_phases(g, params, dparams, mode, bs, ctx)
+    num_bytes, flops = sum(b for _, b, _ in phases), sum(f for _, _, f in phases)
+    memory = num_bytes / (bw_tbs * 1e12) >= flops / (tflops * 1e12)
     return {
-        "floor ms": max(mem_ms, compute_ms),
-        "floor kind": "memory" if mem_ms >= compute_ms else "compute",
-        "phase floor ms": sum(max(ms(b, f)) for b, f in phases),
+        "floor ms": floor_ms(num_bytes, flops, bw_tbs, tflops),
+        "floor kind": "memory" if memory else "compute",
+        "phase floor ms": sum(floor_ms(b, f, bw_tbs, tflops) for _, b, f in phases),
     }
 
 

@@ -9,7 +9,9 @@ with XLA's command buffers off (every kernel attributed to its HLO instruction) 
 instruction: device us per step, kernel launches per step, the class (``real_size``'s split),
 the instruction's opcode / fusion kind / custom-call target, its result shape and op_name. The
 summary line counts the launches and sums the dot-bearing kernels (matmuls) apart from the rest;
-a last table lists every bookkeeping (and unattributed) kernel.
+a table sums them by decode phase beside each phase's floor (``bench.serving_size``'s
+``decode_phases`` at the prompt's context, over the run's copy and matmul probes; one device
+only); a last table lists every bookkeeping (and unattributed) kernel.
 
 ``--rounds R`` profiles the engine's multi-round dispatch (``jspec.engine.rounds``, ``R`` rounds
 of the step in one device loop, as ``Engine.generate`` runs it) instead of the single step, every
@@ -86,6 +88,50 @@ def _is_matmul(row: dict) -> bool:
     return any(key in row["what"] for key in ("DOT", "gemm", "cublas"))
 
 
+def phase_of(row_class: str, op_name: str, matmul: bool) -> str:
+    """The decode phase of one kernel (``bench.serving_size.PHASES``' names), or
+    ``"target glue"`` / ``"draft glue"`` (a model's other kernels: norms, RoPE, K/V writes,
+    activations) or ``"bookkeeping"`` (everything outside the models)."""
+    if row_class == "attention":  # the draft's passes run under a "draft" name scope
+        draft = re.search(r"(^|[/:])draft(/|$)", op_name)
+        return "draft attention" if draft else "target attention"
+    if row_class in ("target", "draft"):
+        return f"{row_class} linear" if matmul else f"{row_class} glue"
+    return "bookkeeping"
+
+
+def against_floor(rows: list[dict], floors_us: dict[str, float]) -> list[dict]:
+    """Device us and launches per phase (:func:`phase_of`, the rows' ``phase``) beside each
+    phase's floor (``floors_us``; phases without one: none), and what is over it; a
+    last row sums them all."""
+    acc: dict[str, list[float]] = {}
+    for r in rows:
+        acc.setdefault(r["phase"], [0.0, 0.0])
+        acc[r["phase"]][0] += r["us"]
+        acc[r["phase"]][1] += r["calls"]
+    out = []
+    for phase, (us, n) in sorted(acc.items(), key=lambda kv: -kv[1][0]):
+        floor = floors_us.get(phase)
+        if floor is None:  # glue, bookkeeping: no floor of their own
+            out.append({"phase": phase, "us": us, "launches": n, "floor us": "", "over us": ""})
+        else:
+            out.append(
+                {"phase": phase, "us": us, "launches": n, "floor us": floor, "over us": us - floor}
+            )
+    total = sum(r["us"] for r in out)
+    floor_total = sum(floors_us.values())
+    out.append(
+        {
+            "phase": "all",
+            "us": total,
+            "launches": sum(r["launches"] for r in out),
+            "floor us": floor_total,
+            "over us": total - floor_total,
+        }
+    )
+    return out
+
+
 def kernel_rows(
     engine,
     prompts,
@@ -150,15 +196,15 @@ def kernel_rows(
     rows = []
     for inst, (ns, n) in acc.items():
         op = op_names.get(inst, "")
-        rows.append(
-            {
-                "us": ns / per / 1e3,
-                "calls": n / per,
-                "class": _classify(op or "@" + inst),
-                "what": desc.get(inst, inst[:40]),
-                "op": _op_key(op)[-60:] if op else "@" + inst[:40],
-            }
-        )
+        row = {
+            "us": ns / per / 1e3,
+            "calls": n / per,
+            "class": _classify(op or "@" + inst),
+            "what": desc.get(inst, inst[:40]),
+            "op": _op_key(op)[-60:] if op else "@" + inst[:40],
+        }
+        row["phase"] = phase_of(row["class"], op, _is_matmul(row))
+        rows.append(row)
     rows.sort(key=lambda r: -r["us"])
     dots = [r for r in rows if _is_matmul(r)]
     summary = {
@@ -234,6 +280,13 @@ def main(argv: list[str] | None = None) -> None:
         f"{real_size.CAPACITY[0]}, pool pages {args.num_pages or 'running x context'}",
         flush=True,
     )
+    # Floors by phase (bench.serving_size's), at the prompt's context; per device they would
+    # need the tp split: printed for one device only.
+    floors_at = None
+    if args.tensor_parallel == 1:
+        from bench._timing import copy_bandwidth_tbs, matmul_tflops
+
+        floors_at = (copy_bandwidth_tbs(), matmul_tflops())
     for mode in args.modes.split(","):
         engine = make_engine(
             g,
@@ -265,6 +318,18 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"### by op (top {args.top})\n" + format_table(by_op(rows)[: args.top]), flush=True
             )
+            if floors_at and rows:
+                from bench.serving_size import decode_phases, floor_ms
+
+                bw, tflops = floors_at
+                phases = decode_phases(g, params, dparams, mode, bs, args.prompt)
+                floors = {name: floor_ms(b, f, bw, tflops) * 1e3 for name, b, f in phases}
+                print(
+                    f"### against the floor, by phase (us; context {args.prompt}, copy "
+                    f"{bw:.2f} TB/s, matmul {tflops:.0f} TFLOP/s)\n"
+                    + format_table(against_floor(rows, floors)),
+                    flush=True,
+                )
             # Every kernel outside the models (bookkeeping and unattributed), whatever its rank.
             books = [r for r in rows if r["class"] not in ("target", "draft", "attention")]
             total = sum(r["us"] for r in books)

@@ -267,6 +267,36 @@ def test_step_kernels_by_op_sums_a_layers_kernels():
     ]
 
 
+def test_step_kernels_phases_against_their_floors():
+    from bench.serving_size import PHASES
+    from bench.step_kernels import against_floor, phase_of
+
+    ops = {
+        "target linear": ("target", "jit(step)/model:target/jspec_model/target/dot_general", 1),
+        "target attention": ("attention", "model:jspec_model/target/jit(paged_attention)/k", 0),
+        "draft linear": ("draft", "jit(step)/model:draft/jspec_model/draft/dot_general", 1),
+        "draft attention": ("attention", "model:draft/jit(paged_attention)/select_n", 0),
+        "target glue": ("target", "model:target/jspec_model/target/mul", 0),
+        "bookkeeping": ("bookkeeping", "while/body/scatter", 0),
+    }
+    assert set(PHASES) < set(ops)  # every phase with a floor is one a kernel can be in
+    for phase, (cls, op, matmul) in ops.items():
+        assert phase_of(cls, op, bool(matmul)) == phase, (phase, op)
+    assert phase_of("attention", "model:jspec_model/drafty/x", False) == "target attention"
+    rows = [
+        {"us": us, "calls": 1.0, "phase": phase}
+        for phase, us in [("target linear", 50.0), ("target linear", 30.0), ("bookkeeping", 7.0)]
+    ]
+    rows.append({"us": 12.0, "calls": 2.0, "phase": "target attention"})
+    got = against_floor(rows, {"target linear": 60.0, "target attention": 10.0})
+    assert [(r["phase"], r["us"], r["launches"], r["floor us"], r["over us"]) for r in got] == [
+        ("target linear", 80.0, 2.0, 60.0, 20.0),
+        ("target attention", 12.0, 2.0, 10.0, 2.0),
+        ("bookkeeping", 7.0, 1.0, "", ""),
+        ("all", 99.0, 5.0, 70.0, 29.0),
+    ]
+
+
 def test_paged_attention_sweep_shapes_parse_and_name_a_bad_item():
     from bench.paged_attention import Pass, parse_sweep_shapes
 
