@@ -148,9 +148,14 @@ def decode_phases(g, params, dparams, mode, bs, ctx) -> list[tuple[str, float, f
     return phases
 
 
+def floor_terms(num_bytes: float, flops: float, bw_tbs: float, tflops: float) -> tuple:
+    """``(num_bytes / the copy bandwidth, flops / the matmul rate)``, both in ms."""
+    return num_bytes / (bw_tbs * 1e12) * 1e3, flops / (tflops * 1e12) * 1e3
+
+
 def floor_ms(num_bytes: float, flops: float, bw_tbs: float, tflops: float) -> float:
-    """The larger of ``num_bytes`` / the copy bandwidth and ``flops`` / the matmul rate, ms."""
-    return max(num_bytes / (bw_tbs * 1e12), flops / (tflops * 1e12)) * 1e3
+    """The larger of :func:`floor_terms`, ms."""
+    return max(floor_terms(num_bytes, flops, bw_tbs, tflops))
 
 
 def decode_floor(g, params, dparams, mode, bs, ctx, bw_tbs, tflops) -> dict:
@@ -164,10 +169,10 @@ def decode_floor(g, params, dparams, mode, bs, ctx, bw_tbs, tflops) -> dict:
     (spec at bs 64)."""
     phases = decode_phases(g, params, dparams, mode, bs, ctx)
     num_bytes, flops = sum(b for _, b, _ in phases), sum(f for _, _, f in phases)
-    memory = num_bytes / (bw_tbs * 1e12) >= flops / (tflops * 1e12)
+    mem_ms, compute_ms = floor_terms(num_bytes, flops, bw_tbs, tflops)
     return {
-        "floor ms": floor_ms(num_bytes, flops, bw_tbs, tflops),
-        "floor kind": "memory" if memory else "compute",
+        "floor ms": max(mem_ms, compute_ms),
+        "floor kind": "memory" if mem_ms >= compute_ms else "compute",
         "phase floor ms": sum(floor_ms(b, f, bw_tbs, tflops) for _, b, f in phases),
     }
 

@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     floors_at = None
     if args.tensor_parallel == 1:
         from bench._timing import copy_bandwidth_tbs, matmul_tflops
+        from bench.serving_size import decode_phases, floor_ms
 
         floors_at = (copy_bandwidth_tbs(), matmul_tflops())
     for mode in args.modes.split(","):
@@ -319,8 +320,6 @@ def main(argv: list[str] | None = None) -> None:
                 f"### by op (top {args.top})\n" + format_table(by_op(rows)[: args.top]), flush=True
             )
             if floors_at and rows:
-                from bench.serving_size import decode_phases, floor_ms
-
                 bw, tflops = floors_at
                 phases = decode_phases(g, params, dparams, mode, bs, args.prompt)
                 floors = {name: floor_ms(b, f, bw, tflops) * 1e3 for name, b, f in phases}
