@@ -3,9 +3,11 @@
 """Bench the page-table-native paged attention pass (``jspec.kernels.paged_attention``) at 8B size.
 
     python -m bench.paged_attention [--quick] [--sweep [--sweep-shapes verify:16x2048,...]]
-                                    [--passes decode,prefill] [--out DIR]
+                                    [--passes decode,prefill] [--impl triton|cudnn] [--out DIR]
 
-Llama-3-8B geometry (32 / 8 heads x 128, bf16 pool, page 16), ``impl="triton"``, one pass each:
+Llama-3-8B geometry (32 / 8 heads x 128, bf16 pool, page 16), ``impl="triton"`` (``--impl
+cudnn``: the causal prefill chunks through cuDNN, :mod:`jspec.kernels.paged_prefill_cudnn`), one
+pass each:
 
 * greedy decode: bs 1 / 16 / 64 at 2k / 8k / 32k keys, bs 1 at 128k;
 * draft pass A: K = 4 queries over full prefix pages (bs 16 / 64 at 2k / 8k);
@@ -434,6 +436,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--sweep-shapes", default="", help="sweep these instead: KIND:BxKEYS,... (GPU)"
     )
+    parser.add_argument(
+        "--impl",
+        default="triton",
+        choices=("triton", "cudnn"),
+        help="the GPU implementation (cudnn: causal prefill chunks through cuDNN, the rest Triton)",
+    )
     parser.add_argument("--sets", type=int, default=0, help="page tables per timing")
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop the sweep here")
     parser.add_argument("--out", default="", help="write paged_attention.{json,md} here")
@@ -445,7 +453,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     t0 = time.perf_counter()
     on_gpu = jax.default_backend() == "gpu"
     g = LLAMA_8B if on_gpu and not args.quick else TOY
-    impl = "triton" if on_gpu else "xla"
+    impl = args.impl if on_gpu else "xla"
     passes = quick_passes() if args.quick or not on_gpu else full_passes()
     if args.capacity:
         passes = (

@@ -4,6 +4,7 @@
                                  [--mem-fraction 0.9] [--chunk 8192] [--steps 8] [--max-rounds 32]
                                  [--png serving.png] [--out serving.md] [--no-kv-len-hints]
                                  [--rms-norm-impl auto|xla|triton]
+                                 [--attention-impl auto|triton|cudnn|xla]
 
 The model is bench/real_size.py's (8B Llama geometry, random bf16 weights on the device, the
 matched EAGLE-3 head: high acceptance), page 16, topk 4, steps 3, 8 draft tokens. One engine per
@@ -11,7 +12,8 @@ mode whose KV pools are sized from device memory (``mem_fraction_static``) and w
 covers the largest cell; prompts are chunk-prefilled (``chunked_prefill_size``); its decode
 launch hints (``kv_len_buckets``) are one per cell context (``--no-kv-len-hints``: none, every
 step planned for the whole context); ``--rms-norm-impl`` picks the models' RMSNorm kernel
-(``make_engine_config``'s, default "auto": XLA's fusion). Per cell
+(``make_engine_config``'s, default "auto": XLA's fusion), ``--attention-impl`` the attention
+(default "auto"; ``cudnn``: prefill chunks through cuDNN). Per cell
 ``B x C`` (B requests with C-token prompts from the head's hot ids):
 
 * ``TTFT ms``: wall time of the prefill calls of the cell's first request (bs 1 cells: the
@@ -211,6 +213,7 @@ def make_engine(g, target, params, draft, dparams, mode, cells, args):
         prefill_buckets=prefill_buckets,
         draft=draft if mode == "spec" else None,
         rms_norm_impl=args.rms_norm_impl,
+        attention_impl=args.attention_impl,
         **kw,
     )
     if mode == "spec":
@@ -357,6 +360,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--rms-norm-impl", default="auto", help="the engine's RMSNorm kernel: auto | xla | triton"
     )
+    parser.add_argument(
+        "--attention-impl",
+        default="auto",
+        help="the engine's attention: auto | triton | cudnn (prefill chunks through cuDNN) | xla",
+    )
     parser.add_argument("--png", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
@@ -368,7 +376,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"serving_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} TFLOP/s;"
         f" {g.name}, page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
         f"chunked prefill {args.chunk}, mem_fraction_static {args.mem_fraction}, "
-        f"{args.max_rounds} rounds per dispatch"
+        f"{args.max_rounds} rounds per dispatch, attention {args.attention_impl}, "
+        f"rms_norm {args.rms_norm_impl}"
     )
     print(header, flush=True)
     target = make_target(g)

@@ -19,7 +19,7 @@ CFG = LlamaConfig(
     num_kv_heads=1,
     head_dim=16,
 )
-BF16 = {"hidden_size": 4096, "vocab_size": 128256}
+BF16 = {"hidden_size": 4096, "vocab_size": 128256, "dtype": "bfloat16"}
 
 
 @pytest.mark.parametrize(
@@ -29,12 +29,12 @@ BF16 = {"hidden_size": 4096, "vocab_size": 128256}
         pytest.param(
             "gpu",
             BF16,
-            KernelPolicy("pallas", "triton", "cublas", CUBLAS_MIN_TOKENS, "xla", "triton"),
+            KernelPolicy("pallas", "cudnn", "cublas", CUBLAS_MIN_TOKENS, "xla", "triton"),
             id="gpu_bf16_wide_vocab",
         ),
         pytest.param(
             "gpu",
-            {"hidden_size": 64, "vocab_size": 512},
+            {"hidden_size": 64, "vocab_size": 512, "dtype": "float32"},
             KernelPolicy("pallas", "triton", "cublas", CUBLAS_MIN_TOKENS, "xla", "pallas"),
             id="gpu_f32_narrow_vocab",
         ),
@@ -53,8 +53,20 @@ BF16 = {"hidden_size": 4096, "vocab_size": 128256}
         pytest.param(
             "gpu",
             {**BF16, "impl": "xla", "gemm_impl": "cublas", "rms_norm_impl": "xla"},
-            KernelPolicy("xla", "triton", "cublas", 0, "xla", "xla"),
+            KernelPolicy("xla", "cudnn", "cublas", 0, "xla", "xla"),
             id="gpu_explicit",
+        ),
+        pytest.param(
+            "gpu",
+            {**BF16, "attention_impl": "triton"},
+            KernelPolicy("pallas", "triton", "cublas", CUBLAS_MIN_TOKENS, "xla", "triton"),
+            id="gpu_bf16_triton_named",
+        ),
+        pytest.param(
+            "gpu",
+            {"hidden_size": 64, "vocab_size": 512},
+            KernelPolicy("pallas", "triton", "cublas", CUBLAS_MIN_TOKENS, "xla", "pallas"),
+            id="gpu_dtype_unknown",
         ),
     ],
 )

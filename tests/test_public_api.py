@@ -345,9 +345,9 @@ RECORDED: dict[str, dict[str, str]] = {
         "EngineState": "class(kv: 'Any', carry: 'SpecCarry') -> None",
         "GreedyStepOutput": "class(next_tokens: 'jax.Array', ok: 'jax.Array') -> None",
         "InputError": "exception(ValueError)",
-        "KERNEL_CHOICES": "= {'bookkeeping': ('xla', 'pallas'), 'attention': ('xla', 'triton'), "
-        "'gemm': ('xla', 'cublas'), 'rms_norm': ('xla', 'triton'), 'topk_probs': ('xla', "
-        "'pallas', 'triton')}",
+        "KERNEL_CHOICES": "= {'bookkeeping': ('xla', 'pallas'), 'attention': ('xla', 'triton', "
+        "'cudnn'), 'gemm': ('xla', 'cublas'), 'rms_norm': ('xla', 'triton'), 'topk_probs': "
+        "('xla', 'pallas', 'triton')}",
         "KVBackend": "class(*args, **kwargs)",
         "KVView": "class(token_table: 'jax.Array', rows: 'jax.Array', seq_lens: 'jax.Array', "
         "valid: 'jax.Array') -> None",
@@ -430,7 +430,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "resolve_kernel_policy": "def(*, impl: 'str' = 'auto', attention_impl: 'str' = 'auto', "
         "gemm_impl: 'str' = 'auto', rms_norm_impl: 'str' = 'auto', "
         "topk_probs_impl: 'str' = 'auto', hidden_size: 'int' = 0, "
-        "vocab_size: 'int' = 0, backend: 'str | None' = None) -> 'KernelPolicy'",
+        "vocab_size: 'int' = 0, dtype: 'Any' = None, backend: 'str | None' = None) -> "
+        "'KernelPolicy'",
         "spec_decode_step": "def(runner: 'Runner', weights: 'Weights', state: 'EngineState', "
         "slot_idx: 'jax.Array', live: 'jax.Array', "
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, SpecStepOutput]'",

@@ -31,7 +31,7 @@ KERNEL_FLAGS = {
         "attention_impl",
         "attention",
         "paged attention of the model (page tables in): auto = the Triton kernels on GPU, the "
-        "pure-jnp reference otherwise",
+        "pure-jnp reference otherwise; cudnn = Triton, prefill chunks through cuDNN (bf16 / f16)",
     ),
     "--gemm-impl": (
         "gemm_impl",

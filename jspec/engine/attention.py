@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from jspec._pytree import pytree_dataclass
 from jspec.attention_meta.metadata import AttentionMetadata
 from jspec.kernels.paged_attention import paged_attention
+from jspec.kernels.paged_prefill_cudnn import CUDNN_MIN_QUERIES
 from jspec.kv.pool import set_kv_buffer
 
 
@@ -63,17 +64,24 @@ class PagedAttentionBackend:
 
     Attributes:
       impl: ``"xla"`` (:func:`jspec.kernels.paged_attention.paged_attention_reference`, the
-        K/V writes as XLA scatters) or ``"triton"`` (GPU: the Triton passes, and a layer's K
-        and V written in one launch, ``set_kv_buffer(impl="triton")``).
+        K/V writes as XLA scatters), ``"triton"`` (GPU: the Triton passes, and a layer's K
+        and V written in one launch, ``set_kv_buffer(impl="triton")``) or ``"cudnn"`` (as
+        ``"triton"``, but causal prefill chunks of at least
+        :data:`jspec.kernels.paged_prefill_cudnn.CUDNN_MIN_QUERIES` queries through cuDNN's
+        flash attention, ``paged_attention(impl="cudnn")``).
     """
 
     impl: str = "xla"
 
     def write_kv(self, pool: Any, layer: int, slot_ids: jax.Array, k: jax.Array, v: jax.Array):
         k, v = k.astype(pool.k.dtype), v.astype(pool.v.dtype)
-        return set_kv_buffer(pool, layer, slot_ids, k, v, impl=self.impl)
+        impl = "triton" if self.impl == "cudnn" else self.impl
+        return set_kv_buffer(pool, layer, slot_ids, k, v, impl=impl)
 
     def attend(self, pool: Any, layer: int, q: jax.Array, meta: AttentionMetadata):
+        impl = self.impl
+        if impl == "cudnn" and q.shape[1] < CUDNN_MIN_QUERIES:
+            impl = "triton"  # cuDNN only pays on long chunks (CUDNN_MIN_QUERIES)
         return paged_attention(
             q,
             pool.k,
@@ -86,7 +94,7 @@ class PagedAttentionBackend:
             meta.tail_mask,
             page_size=meta.page_size,
             causal=meta.causal,
-            impl=self.impl,
+            impl=impl,
             max_kv_len=meta.max_kv_len,
         )
 

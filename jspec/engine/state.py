@@ -286,8 +286,8 @@ def make_engine_config(
     from their own ``rms_norm_impl`` field, which :class:`jspec.engine.runner.Runner` sets from
     ``kernels.rms_norm`` (:func:`jspec.kernels.policy.with_kernel_policy`).
 
-    ``kv_len_buckets``: None gives the Triton attention (``kernels.attention == "triton"``, no
-    ``attention_backend``) :data:`KV_LEN_BUCKET_MIN` keys and every
+    ``kv_len_buckets``: None gives the Triton attention (``kernels.attention`` ``"triton"`` or
+    ``"cudnn"``, no ``attention_backend``) :data:`KV_LEN_BUCKET_MIN` keys and every
     :data:`KV_LEN_BUCKET_RATIO` x above it below ``context_len``, any other attention none.
     """
     spec_like = {
@@ -328,10 +328,11 @@ def make_engine_config(
         hidden_size=max(getattr(m, "hidden_size", 0) for m in (target, draft)),
         # topk_probs reads the draft's logits (the target's vocabulary bounds them).
         vocab_size=getattr(draft if draft is not None else target, "vocab_size", 0),
+        dtype=target.dtype,
     )
     if kv_len_buckets is None:
         kv_len_buckets = []
-        if kernels.attention == "triton" and attention_backend is None:
+        if kernels.attention in ("triton", "cudnn") and attention_backend is None:
             b = KV_LEN_BUCKET_MIN
             while b < context_len:
                 kv_len_buckets.append(b)

@@ -29,9 +29,9 @@ def resolve_impl(impl: str, available: tuple[str, ...], op: str) -> str:
     """Validate ``impl`` for ``op``; raises ``ValueError`` naming the choices."""
     if impl not in available:
         raise ValueError(f"impl={impl!r} is not available for {op}; choose one of {available}")
-    if impl == "triton" and not on_gpu():
+    if impl in ("triton", "cudnn") and not on_gpu():
         raise ValueError(
-            f"impl='triton' for {op} needs a GPU backend (jax_triton); "
+            f"impl={impl!r} for {op} needs a GPU backend (jax_triton, cuDNN); "
             f"jax.default_backend()={jax.default_backend()!r}"
         )
     return impl

@@ -54,7 +54,7 @@ import jax.numpy as jnp
 from jspec import probes
 from jspec.kernels import _common
 
-IMPLS = ("xla", "triton")
+IMPLS = ("xla", "triton", "cudnn")
 
 
 def _validate(
@@ -340,6 +340,10 @@ def paged_attention(
     args = (q, k_pool, v_pool, layer, page_table, kv_lens, q_lens, tail_slot_ids, tail_mask)
     if impl == "xla" or q.shape[0] * q.shape[1] == 0:
         return paged_attention_reference(*args, page_size=page_size, causal=causal)
+    if impl == "cudnn" and causal and tail_slot_ids is None:
+        from jspec.kernels.paged_prefill_cudnn import paged_prefill_cudnn
+
+        return paged_prefill_cudnn(*args[:7], page_size=page_size)
     from jspec.kernels.paged_attention_triton import paged_attention_triton
 
     return paged_attention_triton(*args, page_size=page_size, causal=causal, **tuning)

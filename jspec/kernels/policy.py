@@ -7,7 +7,8 @@ backend (``jax.default_backend()``) and the models' widths::
 
     family (keyword)              choices                "auto" on GPU          "auto" elsewhere
     bookkeeping (impl)            xla | pallas           pallas                 xla
-    attention (attention_impl)    xla | triton           triton                 xla
+    attention (attention_impl)    xla | triton | cudnn   cudnn for bf16 / f16   xla
+                                                         models, triton else
     gemm (gemm_impl)              xla | cublas           cublas for calls of    xla (no effect)
                                                          >= 64 target tokens
     rms_norm (rms_norm_impl)      xla | triton           xla                    xla (f32 exact)
@@ -28,6 +29,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from jspec.config import next_power_of_2
 from jspec.kernels import rms_norm as _rms_norm
@@ -43,7 +45,7 @@ __all__ = [
 # The concrete implementations per family (an op family's kernels each support these).
 CHOICES: dict[str, tuple[str, ...]] = {
     "bookkeeping": ("xla", "pallas"),
-    "attention": ("xla", "triton"),
+    "attention": ("xla", "triton", "cudnn"),
     "gemm": ("xla", "cublas"),
     "rms_norm": ("xla", "triton"),
     "topk_probs": ("xla", "pallas", "triton"),
@@ -72,7 +74,9 @@ class KernelPolicy:
 
     Attributes:
       bookkeeping: ``impl`` of the tree / attention_meta / kv ops: ``"xla"`` | ``"pallas"``.
-      attention: the paged attention of every model forward: ``"xla"`` | ``"triton"``.
+      attention: the paged attention of every model forward: ``"xla"`` | ``"triton"`` |
+        ``"cudnn"`` (the Triton passes, but causal prefill chunks through cuDNN's flash
+        attention: :mod:`jspec.kernels.paged_prefill_cudnn`; bf16 / f16 pools).
       gemm: how XLA compiles the model matmuls on GPU: ``"xla"`` | ``"cublas"``.
       cublas_min_tokens: with ``gemm="cublas"``, the calls it applies to: those whose target
         forward holds at least this many tokens (0: all).
@@ -124,6 +128,7 @@ def resolve_kernel_policy(
     topk_probs_impl: str = "auto",
     hidden_size: int = 0,
     vocab_size: int = 0,
+    dtype: Any = None,
     backend: str | None = None,
 ) -> KernelPolicy:
     """The :class:`KernelPolicy` of one engine: each family's ``"auto"`` resolved (the table in
@@ -138,6 +143,8 @@ def resolve_kernel_policy(
         takes rows of at most :data:`jspec.kernels.rms_norm.MAX_HIDDEN` columns.
       vocab_size: the widest row ``topk_probs`` sees (the draft's vocabulary); Pallas takes
         rows up to :data:`jspec.kernels.topk_probs.MAX_COLS` (padded to a power of 2).
+      dtype: the models' KV dtype: attention "auto" on GPU is ``"cudnn"`` for bf16 / f16
+        (cuDNN takes no f32), ``"triton"`` otherwise (None: ``"triton"``).
       backend: default ``jax.default_backend()``.
 
     Raises:
@@ -148,7 +155,12 @@ def resolve_kernel_policy(
     backend = jax.default_backend() if backend is None else backend
     gpu = backend == "gpu"
     books = _pick("impl", "bookkeeping", impl, "pallas" if gpu else "xla")
-    attn = _pick("attention_impl", "attention", attention_impl, "triton" if gpu else "xla")
+    half = dtype is not None and jnp.dtype(dtype) in (
+        jnp.dtype(jnp.bfloat16),
+        jnp.dtype(jnp.float16),
+    )
+    attn_auto = ("cudnn" if half else "triton") if gpu else "xla"
+    attn = _pick("attention_impl", "attention", attention_impl, attn_auto)
     gemm = _pick("gemm_impl", "gemm", gemm_impl, "cublas" if gpu else "xla")
     min_tokens = CUBLAS_MIN_TOKENS if gemm_impl == "auto" and gemm == "cublas" else 0
     norm = _pick("rms_norm_impl", "rms_norm", rms_norm_impl, "xla")

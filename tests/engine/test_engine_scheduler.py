@@ -105,15 +105,18 @@ def test_eos_and_single_token_requests(monkeypatch):
 
 
 def test_attention_impl_resolution(monkeypatch):
-    """auto: the page-table Triton kernels on GPU, the reference elsewhere; a given
-    attention_backend replaces both."""
+    """auto: the page-table Triton kernels on GPU (prefill chunks through cuDNN for bf16 / f16
+    models), the reference elsewhere; a given attention_backend replaces both."""
+    import dataclasses
+
     import jax
 
     from jspec.engine.attention import PagedAttentionBackend
 
     on_gpu = jax.default_backend() == "gpu"
+    assert TINY.dtype == "float32"
     assert make_engine_config(TINY).kernels.attention == ("triton" if on_gpu else "xla")
-    for impl in ("xla", "triton"):
+    for impl in ("xla", "triton", "cudnn"):
         cfg = make_engine_config(TINY, attention_impl=impl)
         assert cfg.kernels.attention == impl
         assert cfg.attention == PagedAttentionBackend(impl)
@@ -123,6 +126,8 @@ def test_attention_impl_resolution(monkeypatch):
         make_engine_config(TINY, attention_backend=object())
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert make_engine_config(TINY).kernels.attention == "triton"
+    half = dataclasses.replace(TINY, dtype="bfloat16")
+    assert make_engine_config(half).kernels.attention == "cudnn"
 
 
 def test_validation_errors():

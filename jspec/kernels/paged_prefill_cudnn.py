@@ -1,0 +1,141 @@
+"""Causal prefill chunks through cuDNN's flash attention (GPU, bf16 / f16).
+
+:func:`jspec.kernels.paged_attention.paged_attention` with ``impl="cudnn"`` sends its causal
+passes without a tail here (every other pass goes to the Triton kernels). cuDNN's fused
+attention (the kernel behind ``jax.nn.dot_product_attention(implementation="cudnn")``) reads
+dense ``[B, T, H, D]`` operands and aligns its causal mask top-left (call query ``i`` sees call
+key ``j`` iff ``j <= i``), while a chunk's query ``i`` sits at row position ``start + i``
+(``start = kv_lens - q_lens``, the prompt prefilled by earlier chunks). So one pass is two cuDNN
+calls over K / V gathered from the pool's pages, merged by log-sum-exp::
+
+    diagonal  keys at positions start + j (j < Qp): causal; query and key lengths q_lens
+    prefix    keys at positions [0, start) (static width W): no causal mask; key length start
+    out = the two merged by cuDNN's f32 softmax statistics (a row with start = 0: the diagonal)
+
+The gathered operands hold only positions a query of the row sees (the rest are zeros read
+from slot 0), so a NaN elsewhere in the pool never reaches an output (as in the Triton kernel).
+``W`` is the page table's width ``C * P`` (``max_kv_len``, the Triton plan's hint, is not a
+bound and is not read here). The gathers cost ``B x (Qp + W)`` K/V rows written and read once
+per pass; the attention itself runs at cuDNN's rate (bench/RESULTS.md).
+
+NOTE: jax 0.11's public ``jax.nn.dot_product_attention(return_residual=True)`` casts the
+log-sum-exp to the output dtype (bf16: ~1% error in a merge weight), so this calls the function
+underneath it, ``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention``, whose
+statistics are f32 (imported on first use; a jax without it raises ``ValueError`` naming
+``impl``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
+# The engine's attention backend (``jspec.engine.attention.PagedAttentionBackend("cudnn")``)
+# sends causal chunks of at least this many queries here, shorter ones to the Triton kernel.
+# Measured on the H200 (2026-11-27, bench/RESULTS.md, 8B heads, an engine whose page tables are
+# 33k keys wide): time to first token, Triton -> cuDNN, 1 x 2k 47.0 -> 48.8 ms (the prefix
+# gather of the table's whole width costs more than cuDNN saves on 2k queries), 1 x 8k 210.5 ->
+# 206.7, 1 x 32k (four 8k chunks) 1321 -> 1238.
+CUDNN_MIN_QUERIES = 4096
+
+
+def _cudnn_attention() -> tuple[Any, Any]:
+    """``(dot_product_attention, MaskType)`` of jax's cuDNN module (``ValueError`` if absent)."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
+    except ImportError as err:  # pragma: no cover - jax moved it
+        raise ValueError(f"impl='cudnn': jax {jax.__version__} has no cuDNN attention") from err
+    return fa.dot_product_attention, fa.MaskType
+
+
+def _gather(
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: Any,
+    page_table: jax.Array,
+    pos: jax.Array,
+    ok: jax.Array,
+    page_size: int,
+) -> tuple[jax.Array, jax.Array]:
+    """K and V of ``layer`` at row positions ``pos: i32[B, T]``, zeros where ``~ok``:
+    ``dtype[B, T, Hkv, D]`` each. Page-table columns are read only where ``ok``."""
+    col = jnp.where(ok, pos // page_size, 0)
+    page = jnp.take_along_axis(page_table, col, axis=1)
+    slot = jnp.where(ok, page * page_size + pos % page_size, 0)
+    keep = ok[:, :, None, None]
+    # NOTE: pool[layer, slot], one gather over the 4-D pool (no copy of the layer).
+    zero = jnp.zeros((), k_pool.dtype)
+    return jnp.where(keep, k_pool[layer, slot], zero), jnp.where(keep, v_pool[layer, slot], zero)
+
+
+def paged_prefill_cudnn(
+    q: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    layer: Any,
+    page_table: jax.Array,
+    kv_lens: jax.Array,
+    q_lens: jax.Array | None = None,
+    *,
+    page_size: int,
+) -> tuple[jax.Array, jax.Array]:
+    """A causal pass of :func:`jspec.kernels.paged_attention.paged_attention` (no tail) through
+    cuDNN (GPU only; validated by ``paged_attention``).
+
+    Args:
+      q: float[B, Qp, Hq, D] queries (cast to the pool dtype, which must be bf16 or f16).
+      k_pool, v_pool: dtype[L, S, Hkv, D].
+      layer: an int or a traced i32 scalar.
+      page_table: i32[B, C] page ids; kv_lens: i32[B]; q_lens: i32[B] (None: ``Qp``).
+      page_size: static ``P``.
+
+    Returns:
+      ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``; a query ``i >= q_lens``: 0, -inf.
+    """
+    if k_pool.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"impl='cudnn' takes a bf16 / f16 pool, not {k_pool.dtype}")
+    attention, mask_type = _cudnn_attention()
+    bsz, qp, hq, dim = q.shape
+    width = page_table.shape[1] * page_size
+    q = q.astype(k_pool.dtype)
+    q_lens = jnp.full((bsz,), qp, jnp.int32) if q_lens is None else jnp.minimum(q_lens, qp)
+    start = kv_lens - q_lens  # i32[B] keys before the chunk
+    scale = dim**-0.5
+
+    def call(k, v, kv_len, mask):
+        # cuDNN wants lengths >= 1; rows without a query or a key are dropped below.
+        out, stat = attention(
+            q,
+            k,
+            v,
+            q_seqlen=jnp.maximum(q_lens, 1),
+            kv_seqlen=jnp.maximum(kv_len, 1),
+            scale=scale,
+            mask_type=mask,
+            return_residual=True,
+        )
+        return out.astype(jnp.float32), jnp.swapaxes(stat, 1, 2)  # stat: f32[B, Hq, Qp]
+
+    j = jnp.arange(qp, dtype=jnp.int32)[None, :]
+    diag_ok = j < q_lens[:, None]
+    pos = start[:, None] + j
+    k, v = _gather(k_pool, v_pool, layer, page_table, pos, diag_ok, page_size)
+    out, lse = call(k, v, q_lens, mask_type.PADDING_CAUSAL)
+    if width > 0:
+        w = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (bsz, width))
+        pre_ok = w < start[:, None]
+        k, v = _gather(k_pool, v_pool, layer, page_table, w, pre_ok, page_size)
+        out_p, lse_p = call(k, v, start, mask_type.PADDING)
+        lse_p = jnp.where((start > 0)[:, None, None], lse_p, -jnp.inf)
+        total = jnp.logaddexp(lse, lse_p)
+        w_d = jnp.exp(lse - total)
+        w_p = jnp.exp(lse_p - total)
+        out = out * w_d[..., None] + out_p * w_p[..., None]
+        lse = total
+    has_query = diag_ok[:, :, None]  # every real query sees at least its own key
+    out = jnp.where(has_query[..., None], out, 0.0)
+    lse = jnp.where(has_query, lse, -jnp.inf)
+    return out, lse
