@@ -1,16 +1,21 @@
 """Causal prefill chunks through cuDNN (``paged_attention(impl="cudnn")``,
 ``jspec.kernels.paged_prefill_cudnn``).
 
-GPU only (``JSPEC_TEST_GPU=1``): cuDNN's flash attention has no CPU form. Oracle: the pure-jnp
-reference (``impl="xla"``, f32 HIGHEST) compiled on the same GPU, itself checked against
-paged_attention_cases' f64 loop on CPU (tests/engine/test_paged_attention.py); every pool
-position a pass does not read is NaN, so a gather that reads one position too many fails. The cases cover chunks
+On CPU the module's own work (the gathers from pages, the split into a diagonal and a prefix
+call, the log-sum-exp merge, padding rows) runs around a stand-in for cuDNN: a dense jnp
+attention with cuDNN's contract (top-left causal mask, query / key lengths, output in the input
+dtype, f32 statistics ``[B, H, T]``), against paged_attention_cases' f64 loop oracle. On the GPU
+(``JSPEC_TEST_GPU=1``) cuDNN itself, against the pure-jnp reference (``impl="xla"``, f32
+HIGHEST) compiled on the same GPU. Every pool position a pass does not read is NaN, so a gather
+that reads one position too many fails. The cases cover chunks
 with and without a prefix (start 0, inside a page, on a page boundary), queries past
 ``q_lens`` and rows with no query, bf16 and f16; a mutant (the diagonal's keys one position
 late) must fail the same check. On CPU: the impl is refused with a clear error.
 """
 
 from __future__ import annotations
+
+import enum
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +57,70 @@ def _run(case, public: bool = True):
     got = jax.jit(fn)(*args[:3], jnp.int32(case.layer), *args[4:])
     want = jax.jit(lambda *a: paged_attention(*a, **case.static, impl="xla"))(*args)
     return [np.asarray(x, np.float64) for x in (*got, *want)]
+
+
+class _Mask(enum.Enum):
+    PADDING = 1
+    PADDING_CAUSAL = 3
+
+
+def _dense_attention(q, k, v, *, q_seqlen, kv_seqlen, scale, mask_type, return_residual):
+    """cuDNN's contract in jnp (f32): ``q: [B, T, Hq, D]``, ``k, v: [B, S, Hkv, D]``; query ``t``
+    sees key ``s`` iff ``t < q_seqlen``, ``s < kv_seqlen`` and (causal) ``s <= t``."""
+    assert return_residual
+    bsz, tq, hq, dim = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    qg = q.astype(jnp.float32).reshape(bsz, tq, hkv, hq // hkv, dim)
+    hp = jax.lax.Precision.HIGHEST
+    s = jnp.einsum("bthgd,bshd->bhgts", qg, k.astype(jnp.float32), precision=hp) * scale
+    t_idx, s_idx = jnp.arange(tq)[:, None], jnp.arange(sk)[None, :]
+    ok = (t_idx[None] < q_seqlen[:, None, None]) & (s_idx[None] < kv_seqlen[:, None, None])
+    if mask_type == _Mask.PADDING_CAUSAL:
+        ok = ok & (s_idx <= t_idx)[None]
+    ok = ok[:, None, None]  # [B, 1, 1, T, S]
+    s = jnp.where(ok, s, -jnp.inf)
+    top = jnp.max(s, axis=-1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)
+    e = jnp.where(ok, jnp.exp(s - top), 0.0)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    out = jnp.einsum("bhgts,bshd->bthgd", e / jnp.maximum(total, 1e-30), v.astype(jnp.float32))
+    lse = (top + jnp.log(total))[..., 0].reshape(bsz, hq, tq)
+    return out.reshape(bsz, tq, hq, dim).astype(q.dtype), lse
+
+
+# Small heads on CPU: the named causal passes of paged_attention_cases (ragged lengths, offsets
+# around page and block boundaries, a row with no query, page size 1) and a random one.
+CPU_CASES = ["causal-offsets-gqa2", "prefill-ragged-mqa", "causal-small-p1"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", CPU_CASES)
+def test_decomposition_vs_oracle_on_cpu(name, dtype, monkeypatch):
+    monkeypatch.setattr(ppc, "_cudnn_attention", lambda: (_dense_attention, _Mask))
+    case = pc.make_case(np.random.default_rng(len(name)), dtype=dtype, **pc.CASES[name])
+    args = case.jax_args()
+    got = ppc.paged_prefill_cudnn(*args[:7], page_size=case.page_size)
+    pc.check(*[np.asarray(x, np.float64) for x in got], *pc.oracle(case), **TOL)
+
+
+def test_decomposition_mutant_fails_on_cpu(monkeypatch):
+    """The diagonal's keys one position late, around the stand-in: the check must catch it."""
+    monkeypatch.setattr(ppc, "_cudnn_attention", lambda: (_dense_attention, _Mask))
+    real = ppc._gather
+    monkeypatch.setattr(
+        ppc,
+        "_gather",
+        lambda kp, vp, layer, table, pos, ok, p: real(
+            kp, vp, layer, table, pos + (pos.shape[1] == 24), ok, p
+        ),
+    )
+    case = pc.make_case(
+        np.random.default_rng(3), dtype="bfloat16", **pc.CASES["causal-offsets-gqa2"]
+    )
+    args = case.jax_args()
+    got = ppc.paged_prefill_cudnn(*args[:7], page_size=case.page_size)
+    with pytest.raises(AssertionError):
+        pc.check(*[np.asarray(x, np.float64) for x in got], *pc.oracle(case), **TOL)
 
 
 @pytest.mark.gpu
