@@ -87,6 +87,10 @@ def test_resolve(backend, kw, want):
             r"topk_probs_impl='pallas' takes rows of at most",
         ),
         (
+            {"attention_impl": "cudnn", "dtype": "float32"},
+            r"attention_impl='cudnn' takes bf16 / f16 models; dtype=float32",
+        ),
+        (
             {"rms_norm_impl": "triton", "hidden_size": MAX_HIDDEN + 1},
             r"rms_norm_impl='triton' takes rows of at most 32768 columns; hidden_size=32769",
         ),

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jspec._pytree import pytree_dataclass
 from jspec.attention_meta.metadata import AttentionMetadata
 from jspec.kernels.paged_attention import paged_attention
-from jspec.kernels.paged_prefill_cudnn import CUDNN_MIN_QUERIES
+from jspec.kernels.paged_prefill_cudnn import CUDNN_MIN_QUERIES, supports
 from jspec.kv.pool import set_kv_buffer
 
 
@@ -68,7 +68,8 @@ class PagedAttentionBackend:
         and V written in one launch, ``set_kv_buffer(impl="triton")``) or ``"cudnn"`` (as
         ``"triton"``, but causal prefill chunks of at least
         :data:`jspec.kernels.paged_prefill_cudnn.CUDNN_MIN_QUERIES` queries through cuDNN's
-        flash attention, ``paged_attention(impl="cudnn")``).
+        flash attention, ``paged_attention(impl="cudnn")``, where cuDNN takes the pool's dtype
+        and head dim: :func:`jspec.kernels.paged_prefill_cudnn.supports`).
     """
 
     impl: str = "xla"
@@ -80,8 +81,9 @@ class PagedAttentionBackend:
 
     def attend(self, pool: Any, layer: int, q: jax.Array, meta: AttentionMetadata):
         impl = self.impl
-        if impl == "cudnn" and q.shape[1] < CUDNN_MIN_QUERIES:
-            impl = "triton"  # cuDNN only pays on long chunks (CUDNN_MIN_QUERIES)
+        long_chunk = meta.causal and meta.tail_slot_ids is None and q.shape[1] >= CUDNN_MIN_QUERIES
+        if impl == "cudnn" and not (long_chunk and supports(pool.k.dtype, q.shape[-1])):
+            impl = "triton"  # cuDNN pays only on long chunks, and takes bf16 / f16 pools
         return paged_attention(
             q,
             pool.k,

@@ -40,6 +40,16 @@ SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 # gather of the table's whole width costs more than cuDNN saves on 2k queries), 1 x 8k 210.5 ->
 # 206.7, 1 x 32k (four 8k chunks) 1321 -> 1238.
 CUDNN_MIN_QUERIES = 4096
+# Head dims cuDNN's flash attention takes on every GPU jax supports it on (multiples of 8 up to
+# 128; Hopper also takes up to 256).
+MAX_HEAD_DIM = 128
+
+
+def supports(dtype: Any, head_dim: int) -> bool:
+    """Whether :func:`paged_prefill_cudnn` takes a pool of ``dtype`` and ``head_dim``."""
+    return jnp.dtype(dtype) in map(jnp.dtype, SUPPORTED_DTYPES) and (
+        head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM
+    )
 
 
 def _cudnn_attention() -> tuple[Any, Any]:
@@ -95,8 +105,11 @@ def paged_prefill_cudnn(
     Returns:
       ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``; a query ``i >= q_lens``: 0, -inf.
     """
-    if k_pool.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"impl='cudnn' takes a bf16 / f16 pool, not {k_pool.dtype}")
+    if not supports(k_pool.dtype, q.shape[-1]):
+        raise ValueError(
+            f"impl='cudnn' takes a bf16 / f16 pool and a head dim that is a multiple of 8 up to "
+            f"{MAX_HEAD_DIM}, not {k_pool.dtype} x {q.shape[-1]}"
+        )
     attention, mask_type = _cudnn_attention()
     bsz, qp, hq, dim = q.shape
     width = page_table.shape[1] * page_size

@@ -148,7 +148,8 @@ def resolve_kernel_policy(
       backend: default ``jax.default_backend()``.
 
     Raises:
-      ValueError: an unknown choice (naming its keyword), ``topk_probs_impl="pallas"`` for
+      ValueError: an unknown choice (naming its keyword), ``attention_impl="cudnn"`` for an f32
+        ``dtype``, ``topk_probs_impl="pallas"`` for
         rows wider than Pallas takes, or ``rms_norm_impl="triton"`` for rows wider than the
         kernel takes.
     """
@@ -161,6 +162,11 @@ def resolve_kernel_policy(
     )
     attn_auto = ("cudnn" if half else "triton") if gpu else "xla"
     attn = _pick("attention_impl", "attention", attention_impl, attn_auto)
+    if attn == "cudnn" and dtype is not None and not half:
+        raise ValueError(
+            f"attention_impl='cudnn' takes bf16 / f16 models; dtype={jnp.dtype(dtype).name}: "
+            "choose 'triton'"
+        )
     gemm = _pick("gemm_impl", "gemm", gemm_impl, "cublas" if gpu else "xla")
     min_tokens = CUBLAS_MIN_TOKENS if gemm_impl == "auto" and gemm == "cublas" else 0
     norm = _pick("rms_norm_impl", "rms_norm", rms_norm_impl, "xla")

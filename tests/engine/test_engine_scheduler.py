@@ -116,17 +116,19 @@ def test_attention_impl_resolution(monkeypatch):
     on_gpu = jax.default_backend() == "gpu"
     assert TINY.dtype == "float32"
     assert make_engine_config(TINY).kernels.attention == ("triton" if on_gpu else "xla")
+    half = dataclasses.replace(TINY, dtype="bfloat16")
     for impl in ("xla", "triton", "cudnn"):
-        cfg = make_engine_config(TINY, attention_impl=impl)
+        cfg = make_engine_config(half if impl == "cudnn" else TINY, attention_impl=impl)
         assert cfg.kernels.attention == impl
         assert cfg.attention == PagedAttentionBackend(impl)
+    with pytest.raises(ValueError, match="attention_impl='cudnn' takes bf16 / f16 models"):
+        make_engine_config(TINY, attention_impl="cudnn")
     own = PagedAttentionBackend("xla")
     assert make_engine_config(TINY, attention_impl="triton", attention_backend=own).attention is own
     with pytest.raises(ValueError, match="attention_backend=.* must define write_kv and attend"):
         make_engine_config(TINY, attention_backend=object())
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert make_engine_config(TINY).kernels.attention == "triton"
-    half = dataclasses.replace(TINY, dtype="bfloat16")
     assert make_engine_config(half).kernels.attention == "cudnn"
 
 

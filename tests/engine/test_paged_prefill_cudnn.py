@@ -150,7 +150,7 @@ def test_cudnn_prefill_mutant_fails_on_gpu(monkeypatch):
 @pytest.mark.gpu
 def test_cudnn_rejects_an_f32_pool_on_gpu():
     case = _case("random", "float32")
-    with pytest.raises(ValueError, match="bf16 / f16 pool"):
+    with pytest.raises(ValueError, match="bf16 / f16 pool and a head dim"):
         _run(case)
 
 
@@ -164,3 +164,41 @@ def test_cudnn_needs_a_gpu():
         paged_attention(
             q, pool, pool, 0, table, lens, lens, page_size=16, causal=True, impl="cudnn"
         )
+
+
+@pytest.mark.parametrize(
+    "qp,causal,dtype,dim,want",
+    [
+        (ppc.CUDNN_MIN_QUERIES, True, "bfloat16", 128, "cudnn"),
+        (ppc.CUDNN_MIN_QUERIES - 1, True, "bfloat16", 128, "triton"),  # short chunk
+        (ppc.CUDNN_MIN_QUERIES, False, "bfloat16", 128, "triton"),  # not a prefill chunk
+        (ppc.CUDNN_MIN_QUERIES, True, "float32", 128, "triton"),  # cuDNN takes no f32
+        (ppc.CUDNN_MIN_QUERIES, True, "float16", 256, "triton"),  # head dim past MAX_HEAD_DIM
+        (ppc.CUDNN_MIN_QUERIES, True, "float16", 20, "triton"),  # not a multiple of 8
+    ],
+)
+def test_backend_routes_long_chunks_to_cudnn(qp, causal, dtype, dim, want, monkeypatch):
+    """``PagedAttentionBackend("cudnn")``: cuDNN for long causal chunks it can take, Triton for
+    every other pass (the op is stubbed: only the routing is under test)."""
+    from jspec.attention_meta.metadata import AttentionMetadata
+    from jspec.engine import attention as engine_attention
+    from jspec.kv.pool import KVPool
+
+    seen = {}
+
+    def stub(q, *args, impl, **kw):
+        seen["impl"] = impl
+        return q, q[..., 0]
+
+    monkeypatch.setattr(engine_attention, "paged_attention", stub)
+    pool = jax.ShapeDtypeStruct((1, 16, 1, dim), jnp.dtype(dtype))
+    meta = AttentionMetadata(
+        page_table=jnp.zeros((1, 1), jnp.int32),
+        kv_lens=jnp.zeros((1,), jnp.int32),
+        page_size=16,
+        causal=causal,
+    )
+    q = jax.ShapeDtypeStruct((1, qp, 1, dim), jnp.dtype(dtype))
+    backend = engine_attention.PagedAttentionBackend("cudnn")
+    jax.eval_shape(lambda q, k: backend.attend(KVPool(k=k, v=k, page_size=16), 0, q, meta), q, pool)
+    assert seen["impl"] == want
