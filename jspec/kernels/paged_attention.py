@@ -283,7 +283,9 @@ def paged_attention(
       tail_mask: bool[B, Qp, N]: query ``(b, i)`` sees tail key ``j``.
       page_size: static tokens per page-table entry (power of 2 dividing ``S``).
       causal: static; see ``q_lens``.
-      impl: ``"xla"`` (:func:`paged_attention_reference`) or ``"triton"`` (GPU only).
+      impl: ``"xla"`` (:func:`paged_attention_reference`), ``"triton"`` (GPU only) or
+        ``"cudnn"`` (GPU only: causal passes without a tail through cuDNN's flash attention,
+        :mod:`jspec.kernels.paged_prefill_cudnn`, bf16 / f16 pools; every other pass Triton).
       block_m, block_n, num_splits, num_warps, num_stages: static Triton launch knobs
         (``None``: the kernel's launch plan; ignored by ``"xla"``).
       max_kv_len: static launch hint (FlashAttention's ``max_seqlen_k``, FlashInfer's plan): the
