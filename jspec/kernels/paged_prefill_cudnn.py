@@ -45,11 +45,14 @@ CUDNN_MIN_QUERIES = 4096
 MAX_HEAD_DIM = 128
 
 
+def takes_dtype(dtype: Any) -> bool:
+    """Whether cuDNN's flash attention takes a pool (and model) of ``dtype``: bf16 / f16."""
+    return jnp.dtype(dtype) in map(jnp.dtype, SUPPORTED_DTYPES)
+
+
 def supports(dtype: Any, head_dim: int) -> bool:
     """Whether :func:`paged_prefill_cudnn` takes a pool of ``dtype`` and ``head_dim``."""
-    return jnp.dtype(dtype) in map(jnp.dtype, SUPPORTED_DTYPES) and (
-        head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM
-    )
+    return takes_dtype(dtype) and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM
 
 
 def _cudnn_attention() -> tuple[Any, Any]:

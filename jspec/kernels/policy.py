@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.config import next_power_of_2
+from jspec.kernels import paged_prefill_cudnn as _cudnn
 from jspec.kernels import rms_norm as _rms_norm
 from jspec.kernels import topk_probs as _topk_probs
 
@@ -156,10 +157,7 @@ def resolve_kernel_policy(
     backend = jax.default_backend() if backend is None else backend
     gpu = backend == "gpu"
     books = _pick("impl", "bookkeeping", impl, "pallas" if gpu else "xla")
-    half = dtype is not None and jnp.dtype(dtype) in (
-        jnp.dtype(jnp.bfloat16),
-        jnp.dtype(jnp.float16),
-    )
+    half = dtype is not None and _cudnn.takes_dtype(dtype)
     attn_auto = ("cudnn" if half else "triton") if gpu else "xla"
     attn = _pick("attention_impl", "attention", attention_impl, attn_auto)
     if attn == "cudnn" and dtype is not None and not half:
