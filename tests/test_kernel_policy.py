@@ -101,6 +101,62 @@ def test_resolve_errors(kw, match):
         resolve_kernel_policy(backend="gpu", **kw)
 
 
+def test_cudnn_is_available_on_this_jax():
+    """The private jax function the cuDNN prefill calls is where the kernel expects it (jax
+    0.10.2 on CPU, 0.11.2 on the GPU machine): a jax that moves it fails here first."""
+    from jspec.kernels import paged_prefill_cudnn
+
+    assert paged_prefill_cudnn.unavailable() is None
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        pytest.param(None, id="module_gone"),
+        pytest.param(object(), id="function_gone"),
+        pytest.param("keyword_gone", id="keyword_gone"),
+    ],
+)
+def test_a_jax_without_the_cudnn_call_gets_triton(module, monkeypatch):
+    """A jax whose private cuDNN function moved or changed: "auto" picks Triton on the GPU, an
+    explicit ``attention_impl="cudnn"`` is refused naming the field, and the kernel itself
+    refuses (never a TypeError from inside a trace)."""
+    import sys
+    import types
+
+    import jax.numpy as jnp
+
+    from jspec.kernels import paged_prefill_cudnn
+
+    name = "jax._src.cudnn.fused_attention_stablehlo"
+    if module == "keyword_gone":
+        real = sys.modules.get(name) or __import__(name, fromlist=["x"])
+        module = types.SimpleNamespace(
+            dot_product_attention=lambda query, key, value, *, q_seqlen, kv_seqlen, scale: 0,
+            MaskType=real.MaskType,
+        )
+    paged_prefill_cudnn.unavailable.cache_clear()
+    try:
+        with monkeypatch.context() as patch:
+            patch.setitem(sys.modules, name, module)
+            reason = paged_prefill_cudnn.unavailable()
+            assert reason is not None and reason.startswith("jax ")
+            auto = resolve_kernel_policy(backend="gpu", **BF16)
+            assert auto.attention == "triton"
+            with pytest.raises(ValueError, match="attention_impl='cudnn': jax"):
+                resolve_kernel_policy(backend="gpu", attention_impl="cudnn", **BF16)
+            q = jnp.zeros((1, 4, 2, 16), jnp.bfloat16)
+            pool = jnp.zeros((1, 32, 1, 16), jnp.bfloat16)
+            lens = jnp.full((1,), 4, jnp.int32)
+            with pytest.raises(ValueError, match="impl='cudnn': jax"):
+                paged_prefill_cudnn.paged_prefill_cudnn(
+                    q, pool, pool, 0, jnp.zeros((1, 2), jnp.int32), lens, lens, page_size=16
+                )
+    finally:
+        paged_prefill_cudnn.unavailable.cache_clear()
+    assert paged_prefill_cudnn.unavailable() is None  # the real module back
+
+
 def test_policy_is_concrete_and_hashable():
     for family, choices in KERNEL_CHOICES.items():
         assert "auto" not in choices

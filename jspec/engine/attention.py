@@ -32,10 +32,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
-import jax.numpy as jnp
 
 from jspec._pytree import pytree_dataclass
 from jspec.attention_meta.metadata import AttentionMetadata
+from jspec.kernels.merge_state import merge_states
 from jspec.kernels.paged_attention import paged_attention
 from jspec.kernels.paged_prefill_cudnn import CUDNN_MIN_QUERIES, supports
 from jspec.kv.pool import set_kv_buffer
@@ -109,21 +109,6 @@ class AttnPlan:
     write_slot_ids: jax.Array
     # tuple[AttentionMetadata, ...]: passes over the same T queries, merged by log-sum-exp
     passes: tuple
-
-
-def merge_states(
-    out_a: jax.Array, lse_a: jax.Array, out_b: jax.Array, lse_b: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Log-sum-exp merge of two partial attentions (sglang ``merge_state_v2``).
-
-    Args:
-      out_*: f32[..., Hq, D]; lse_*: f32[..., Hq] (-inf = the pass saw no key).
-    """
-    lse = jnp.logaddexp(lse_a, lse_b)
-    safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    w_a = jnp.where(jnp.isfinite(lse_a), jnp.exp(lse_a - safe), 0.0)
-    w_b = jnp.where(jnp.isfinite(lse_b), jnp.exp(lse_b - safe), 0.0)
-    return out_a * w_a[..., None] + out_b * w_b[..., None], lse
 
 
 def run_plan(

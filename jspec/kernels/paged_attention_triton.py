@@ -29,7 +29,7 @@ IEEE-f32 ``tl.dot``, no TF32). One launch serves every pass shape::
 Launch plans (:func:`launch_plan`): *decode-shaped* passes (``Qp * G <= 64`` rows: decode,
 draft passes A / B, verify; or any non-causal pass) take one 16-64-row tile per (batch row,
 KV head) and split the keys over enough programs to fill the GPU (flash decoding, merged by
-log-sum-exp: :func:`merge_splits`, or past a few splits a second launch,
+log-sum-exp: :func:`jspec.kernels.merge_state.merge_splits`, or past a few splits a second launch,
 :func:`merge_splits_triton`). *Causal prefill chunks* (``Qp * G > 64``) take
 128-row tiles (``128 / G`` queries x ``G`` heads: K / V read once per block for the whole
 group), full key blocks below the diagonal and masked blocks on it, the longest query blocks
@@ -60,6 +60,7 @@ import triton.language as tl
 from jspec.config import next_power_of_2
 from jspec.kernels import _common
 from jspec.kernels._common import interpreting
+from jspec.kernels.merge_state import merge_splits
 
 MIN_DOT = 16  # tl.dot wants every tile dimension >= 16
 NUM_SMS = 132  # H100 / H200
@@ -575,29 +576,6 @@ def plan_pages(num_pages: int, page_size: int, max_kv_len: int | None) -> int:
     if max_kv_len is None:
         return num_pages
     return max(1, min(num_pages, -(-max_kv_len // page_size)))
-
-
-def merge_splits(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Log-sum-exp merge over axis 1: ``f32[B, NS, Qp, Hq, D], f32[B, NS, Qp, Hq]`` ->
-    ``(f32[B, Qp, Hq, D], f32[B, Qp, Hq])``; pure jnp: the oracle of
-    :func:`merge_splits_triton` (the kernel path's merge).
-
-    Splits with ``lse = -inf`` (nothing seen) are ignored; all of them: 0, -inf. A NaN lse or
-    out of a split that saw keys stays NaN in the merged result.
-    """
-    if out.shape[1] == 1:
-        return out[:, 0], lse[:, 0]
-    empty = lse == -jnp.inf  # [B, NS, Qp, Hq]
-    has_key = jnp.any(~empty, axis=1)
-    top = jnp.max(lse, axis=1)  # NaN propagates
-    top = jnp.where(has_key, top, 0.0)
-    weight = jnp.where(empty, 0.0, jnp.exp(lse - top[:, None]))
-    total = jnp.sum(weight, axis=1)
-    safe = jnp.where(has_key, total, 1.0)
-    merged = jnp.sum(jnp.where(empty[..., None], 0.0, out) * weight[..., None], axis=1)
-    merged = merged / safe[..., None]
-    lse_out = jnp.where(has_key, top + jnp.log(safe), -jnp.inf)
-    return jnp.where(has_key[..., None], merged, 0.0), lse_out
 
 
 def merge_splits_triton(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:

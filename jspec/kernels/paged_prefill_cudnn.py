@@ -21,16 +21,22 @@ per pass; the attention itself runs at cuDNN's rate (bench/RESULTS.md).
 NOTE: jax 0.11's public ``jax.nn.dot_product_attention(return_residual=True)`` casts the
 log-sum-exp to the output dtype (bf16: ~1% error in a merge weight), so this calls the function
 underneath it, ``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention``, whose
-statistics are f32 (imported on first use; a jax without it raises ``ValueError`` naming
-``impl``).
+statistics are f32. :func:`unavailable` checks, once, that this jax has it with the keywords
+used here; the kernel policy asks it before choosing cuDNN (a jax without it: ``"auto"`` takes
+Triton, ``attention_impl="cudnn"`` raises ``ValueError`` naming the field).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jspec.kernels.merge_state import merge_states
 
 SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
 # The engine's attention backend (``jspec.engine.attention.PagedAttentionBackend("cudnn")``)
@@ -55,12 +61,46 @@ def supports(dtype: Any, head_dim: int) -> bool:
     return takes_dtype(dtype) and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM
 
 
-def _cudnn_attention() -> tuple[Any, Any]:
-    """``(dot_product_attention, MaskType)`` of jax's cuDNN module (``ValueError`` if absent)."""
+# What this module calls of jax's cuDNN module: a jax whose function lacks one of these
+# keywords (or whose MaskType lacks these masks) is refused by :func:`unavailable`.
+_MODULE = "jax._src.cudnn.fused_attention_stablehlo"
+_KEYWORDS = ("q_seqlen", "kv_seqlen", "scale", "mask_type", "return_residual")
+_MASKS = ("PADDING", "PADDING_CAUSAL")
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why this jax cannot run :func:`paged_prefill_cudnn` (None: it can).
+
+    The module calls a private jax function (module doc); a jax that moved or changed it is
+    caught here, once, before anything is traced: the kernel policy's ``"auto"`` then picks
+    Triton and an explicit ``attention_impl="cudnn"`` fails with this reason
+    (:func:`jspec.kernels.policy.resolve_kernel_policy`). Whether cuDNN itself is installed is
+    the GPU backend's to say (jax's GPU wheels bring it).
+    """
     try:
-        from jax._src.cudnn import fused_attention_stablehlo as fa  # noqa: PLC0415
-    except ImportError as err:  # pragma: no cover - jax moved it
-        raise ValueError(f"impl='cudnn': jax {jax.__version__} has no cuDNN attention") from err
+        fa = importlib.import_module(_MODULE)
+    except ImportError as err:
+        return f"jax {jax.__version__} has no {_MODULE} ({err})"
+    fn = getattr(fa, "dot_product_attention", None)
+    masks = getattr(fa, "MaskType", None)
+    if fn is None or masks is None:
+        return f"jax {jax.__version__}'s cuDNN module has no dot_product_attention / MaskType"
+    params = inspect.signature(fn).parameters
+    missing = [k for k in _KEYWORDS if k not in params]
+    missing += [f"MaskType.{m}" for m in _MASKS if not hasattr(masks, m)]
+    if missing:
+        return f"jax {jax.__version__}'s cuDNN dot_product_attention lacks {', '.join(missing)}"
+    return None
+
+
+def _cudnn_attention() -> tuple[Any, Any]:
+    """``(dot_product_attention, MaskType)`` of jax's cuDNN module (``ValueError`` if
+    :func:`unavailable`)."""
+    reason = unavailable()
+    if reason is not None:
+        raise ValueError(f"impl='cudnn': {reason}")
+    fa = importlib.import_module(_MODULE)
     return fa.dot_product_attention, fa.MaskType
 
 
@@ -146,11 +186,7 @@ def paged_prefill_cudnn(
         k, v = _gather(k_pool, v_pool, layer, page_table, w, pre_ok, page_size)
         out_p, lse_p = call(k, v, start, mask_type.PADDING)
         lse_p = jnp.where((start > 0)[:, None, None], lse_p, -jnp.inf)
-        total = jnp.logaddexp(lse, lse_p)
-        w_d = jnp.exp(lse - total)
-        w_p = jnp.exp(lse_p - total)
-        out = out * w_d[..., None] + out_p * w_p[..., None]
-        lse = total
+        out, lse = merge_states(out, lse, out_p, lse_p)
     has_query = diag_ok[:, :, None]  # every real query sees at least its own key
     out = jnp.where(has_query[..., None], out, 0.0)
     lse = jnp.where(has_query, lse, -jnp.inf)

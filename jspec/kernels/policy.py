@@ -8,7 +8,8 @@ backend (``jax.default_backend()``) and the models' widths::
     family (keyword)              choices                "auto" on GPU          "auto" elsewhere
     bookkeeping (impl)            xla | pallas           pallas                 xla
     attention (attention_impl)    xla | triton | cudnn   cudnn for bf16 / f16   xla
-                                                         models, triton else
+                                                         models (a jax with the
+                                                         cuDNN call), triton else
     gemm (gemm_impl)              xla | cublas           cublas for calls of    xla (no effect)
                                                          >= 64 target tokens
     rms_norm (rms_norm_impl)      xla | triton           xla                    xla (f32 exact)
@@ -145,12 +146,14 @@ def resolve_kernel_policy(
       vocab_size: the widest row ``topk_probs`` sees (the draft's vocabulary); Pallas takes
         rows up to :data:`jspec.kernels.topk_probs.MAX_COLS` (padded to a power of 2).
       dtype: the models' KV dtype: attention "auto" on GPU is ``"cudnn"`` for bf16 / f16
-        (cuDNN takes no f32), ``"triton"`` otherwise (None: ``"triton"``).
+        (cuDNN takes no f32) where this jax has the cuDNN function the kernel calls
+        (:func:`jspec.kernels.paged_prefill_cudnn.unavailable`), ``"triton"`` otherwise (None:
+        ``"triton"``).
       backend: default ``jax.default_backend()``.
 
     Raises:
       ValueError: an unknown choice (naming its keyword), ``attention_impl="cudnn"`` for an f32
-        ``dtype``, ``topk_probs_impl="pallas"`` for
+        ``dtype`` or on a jax without the cuDNN function, ``topk_probs_impl="pallas"`` for
         rows wider than Pallas takes, or ``rms_norm_impl="triton"`` for rows wider than the
         kernel takes.
     """
@@ -158,13 +161,15 @@ def resolve_kernel_policy(
     gpu = backend == "gpu"
     books = _pick("impl", "bookkeeping", impl, "pallas" if gpu else "xla")
     half = dtype is not None and _cudnn.takes_dtype(dtype)
-    attn_auto = ("cudnn" if half else "triton") if gpu else "xla"
+    attn_auto = ("cudnn" if half and _cudnn.unavailable() is None else "triton") if gpu else "xla"
     attn = _pick("attention_impl", "attention", attention_impl, attn_auto)
     if attn == "cudnn" and dtype is not None and not half:
         raise ValueError(
             f"attention_impl='cudnn' takes bf16 / f16 models; dtype={jnp.dtype(dtype).name}: "
             "choose 'triton'"
         )
+    if attn == "cudnn" and _cudnn.unavailable() is not None:
+        raise ValueError(f"attention_impl='cudnn': {_cudnn.unavailable()}: choose 'triton'")
     gemm = _pick("gemm_impl", "gemm", gemm_impl, "cublas" if gpu else "xla")
     min_tokens = CUBLAS_MIN_TOKENS if gemm_impl == "auto" and gemm == "cublas" else 0
     norm = _pick("rms_norm_impl", "rms_norm", rms_norm_impl, "xla")
