@@ -239,6 +239,22 @@ def test_two_gpus_give_one_gpu_tokens():
     _two_device_layouts_give_one_device_tokens()
 
 
+@pytest.mark.gpu
+def test_tensor_parallel_long_prompts_through_cudnn():
+    """tp 2 on 2 GPUs, a bf16 model, prompts whose first chunk goes through cuDNN (the default
+    for bf16 on the GPU) inside the shard_map: the one-GPU tokens; allocators balanced."""
+    import jax
+    from test_paged_prefill_cudnn import long_prompt_tokens
+
+    if sum(d.platform == "gpu" for d in jax.devices()) < 2:
+        pytest.skip("needs 2 GPUs")
+    one, _, one_traces = long_prompt_tokens("cudnn")
+    two, stats, two_traces = long_prompt_tokens("cudnn", tensor_parallel=2)
+    assert one_traces >= 2 and two_traces >= 2, (one_traces, two_traces)
+    assert two == one
+    assert stats.leak_check.startswith("ok"), stats.leak_check
+
+
 _ZERO_ELEMENT_SCRIPT = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"

@@ -202,3 +202,70 @@ def test_backend_routes_long_chunks_to_cudnn(qp, causal, dtype, dim, want, monke
     backend = engine_attention.PagedAttentionBackend("cudnn")
     jax.eval_shape(lambda q, k: backend.attend(KVPool(k=k, v=k, page_size=16), 0, q, meta), q, pool)
     assert seen["impl"] == want
+
+
+# The engine path: prompts past CUDNN_MIN_QUERIES in chunks of CUDNN_MIN_QUERIES, so the first
+# chunk of each goes through cuDNN and the second (a short tail after a prefix) through Triton.
+LONG_LENS = (ppc.CUDNN_MIN_QUERIES + 300, ppc.CUDNN_MIN_QUERIES + 7)
+LONG_NEW = 12
+
+
+def long_prompt_tokens(attention_impl: str, tensor_parallel: int = 1):
+    """``(tokens, stats, cudnn_traces)`` of the tiny engine's target in bf16 (attention matters:
+    ``residual_scale=1.5``) on :data:`LONG_LENS` prompts, greedy; ``cudnn_traces``: how often
+    the cuDNN pass was traced. Shared with the two-GPU test."""
+    import dataclasses
+
+    import engine_helpers as eh
+
+    from jspec.engine.scheduler import Engine
+    from jspec.engine.state import make_engine_config
+    from jspec.models import LlamaTarget, toy_llama_params
+
+    cfg = dataclasses.replace(eh.TINY, dtype="bfloat16")
+    target = LlamaTarget(cfg)
+    params = toy_llama_params(target, 0, residual_scale=1.5)
+    ecfg = make_engine_config(
+        target,
+        page_size=16,
+        topk=4,
+        num_steps=3,
+        num_draft_tokens=8,
+        context_len=max(LONG_LENS) + 2 * LONG_NEW + 16,
+        max_running_requests=2,
+        max_prompt_len=max(LONG_LENS),
+        chunked_prefill_size=ppc.CUDNN_MIN_QUERIES,
+        attention_impl=attention_impl,
+        tensor_parallel=tensor_parallel,
+    )
+    traces = []
+    real = ppc.paged_prefill_cudnn
+
+    def counted(*args, **kw):
+        traces.append(args[0].shape)
+        return real(*args, **kw)
+
+    jax.clear_caches()  # trace afresh: a cached trace would count nothing
+    ppc.paged_prefill_cudnn = counted
+    try:
+        prompts = [
+            np.random.default_rng(n).integers(0, cfg.vocab_size, n).tolist() for n in LONG_LENS
+        ]
+        engine = Engine(ecfg, target, params, num_devices=1)  # dp 1 x tp
+        out, stats = engine.generate(prompts, LONG_NEW)
+    finally:
+        ppc.paged_prefill_cudnn = real
+    return out, stats, len(traces)
+
+
+@pytest.mark.gpu
+def test_engine_long_prompts_through_cudnn_give_the_triton_tokens():
+    """The default GPU path for bf16 models: prompt chunks of >= CUDNN_MIN_QUERIES tokens reach
+    cuDNN inside the engine's jitted prefill (traced at least once per layer), and the greedy
+    tokens equal those of the Triton prefill; allocators balanced."""
+    got, stats, traces = long_prompt_tokens("cudnn")
+    want, ref_stats, ref_traces = long_prompt_tokens("triton")
+    assert traces >= 2 and ref_traces == 0, (traces, ref_traces)  # 2 layers, one long bucket
+    assert got == want
+    assert stats.leak_check.startswith("ok") and ref_stats.leak_check.startswith("ok")
+    assert all(len(t) == LONG_NEW for t in got)
