@@ -29,8 +29,8 @@ IEEE-f32 ``tl.dot``, no TF32). One launch serves every pass shape::
 Launch plans (:func:`launch_plan`): *decode-shaped* passes (``Qp * G <= 64`` rows: decode,
 draft passes A / B, verify; or any non-causal pass) take one 16-64-row tile per (batch row,
 KV head) and split the keys over enough programs to fill the GPU (flash decoding, merged by
-log-sum-exp: :func:`jspec.kernels.merge_state.merge_splits`, or past a few splits a second launch,
-:func:`merge_splits_triton`). *Causal prefill chunks* (``Qp * G > 64``) take
+log-sum-exp: :func:`jspec.kernels.merge_state.merge_splits`, or past a few splits or from 64
+rows a second launch, :func:`merge_splits_triton`). *Causal prefill chunks* (``Qp * G > 64``) take
 128-row tiles (``128 / G`` queries x ``G`` heads: K / V read once per block for the whole
 group), full key blocks below the diagonal and masked blocks on it, the longest query blocks
 first, no split unless the grid is under one wave. Each program's trip count is a runtime value from the lengths: padded
@@ -108,6 +108,13 @@ MIN_SPLIT_BLOCKS = 1
 # 4.9 us and the jnp merge fused away vs 6.8 us unsplit or 4.9 + 2.0 with the Triton merge;
 # verify bs 1 over 2k keys, 17 splits: the jnp merge 7.1 us (three fusions), Triton 4.0.
 XLA_MERGE_MAX_SPLITS = 4
+# ... and only for passes of fewer rows (B * Qp) than this: from CUBLAS_MIN_TOKENS target tokens
+# on (jspec.kernels.policy) the pass's consumer, the output projection, is a cuBLAS GEMM that
+# cannot absorb the jnp merge, which then runs as three fusions of its own (H200, 2026-11-27:
+# the verify's 2 splits at bs 16 x 2k, 128 rows, 1.2 + 2.2 + 1.5 us after a 44 us kernel). The
+# Triton merge there (H100, 2026-11-28, kernel + merge): verify bs 16 over 2k / 8k keys 64.0 ->
+# 62.2 / 197.1 -> 193.7 us, draft pass A bs 16 (64 rows) 55.2 -> 54.4 / 187.2 -> 185.4.
+XLA_MERGE_MAX_ROWS = 64
 # No split for decode-shaped rows (one 16-row tile) when the grid already holds at least half of
 # TARGET_PROGRAMS and each program loops over fewer than this many key blocks: the partials and
 # the XLA merge cost more than they give (measured on the H200, 2026-11-24, bs64 decode over
@@ -686,4 +693,5 @@ def paged_attention_triton(
         **meta,
         **opts,
     )
-    return (merge_splits if ns <= XLA_MERGE_MAX_SPLITS else merge_splits_triton)(out, lse)
+    xla_merge = ns <= XLA_MERGE_MAX_SPLITS and bsz * qp < XLA_MERGE_MAX_ROWS
+    return (merge_splits if xla_merge else merge_splits_triton)(out, lse)

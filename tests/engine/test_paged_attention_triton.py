@@ -351,6 +351,8 @@ GPU_CASES = {
     "draftA-k4": dict(batch=4, qp=4, num_pages=20, kv_lens=[320, 32, 0, 192]),
     "draftB-bs4k4": dict(batch=16, qp=1, num_pages=3, share_pages=True),
     "verify-tree-n8": dict(batch=4, qp=8, num_pages=24, tail_len=8, tail_kind="tree"),
+    # 64 rows (B * Qp): merged by the Triton launch at any split count (XLA_MERGE_MAX_ROWS)
+    "verify-bs8-n8": dict(batch=8, qp=8, num_pages=24, tail_len=8, tail_kind="tree"),
     "extend-n16": dict(batch=2, qp=16, num_pages=16, tail_len=16, tail_kind="causal"),
     "prefill-ragged": dict(
         batch=2, qp=256, num_pages=32, causal=True, q_lens=[256, 131], kv_lens=[256, 200]
@@ -414,6 +416,16 @@ def test_jax_triton_knobs_on_gpu(knobs):
     pc.check(
         *_gpu_compare(case, **{k: v for k, v in knobs.items() if k != "num_splits"}), **BF16_TOL
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [2, 4])
+def test_jax_triton_few_splits_over_many_rows_on_gpu(num_splits):
+    """A pass of XLA_MERGE_MAX_ROWS rows in few splits: the Triton merge, not the jnp one."""
+    case = _gpu_case("verify-bs8-n8", "bfloat16")
+    assert case.q.shape[0] * case.q.shape[1] >= pat.XLA_MERGE_MAX_ROWS
+    assert num_splits <= pat.XLA_MERGE_MAX_SPLITS
+    pc.check(*_gpu_compare(case, num_splits=num_splits), **BF16_TOL)
 
 
 @pytest.mark.gpu
