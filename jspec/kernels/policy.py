@@ -161,15 +161,16 @@ def resolve_kernel_policy(
     gpu = backend == "gpu"
     books = _pick("impl", "bookkeeping", impl, "pallas" if gpu else "xla")
     half = dtype is not None and _cudnn.takes_dtype(dtype)
-    attn_auto = ("cudnn" if half and _cudnn.unavailable() is None else "triton") if gpu else "xla"
+    no_cudnn = _cudnn.unavailable()  # why this jax cannot run the cuDNN kernel (None: it can)
+    attn_auto = ("cudnn" if half and no_cudnn is None else "triton") if gpu else "xla"
     attn = _pick("attention_impl", "attention", attention_impl, attn_auto)
     if attn == "cudnn" and dtype is not None and not half:
         raise ValueError(
             f"attention_impl='cudnn' takes bf16 / f16 models; dtype={jnp.dtype(dtype).name}: "
             "choose 'triton'"
         )
-    if attn == "cudnn" and _cudnn.unavailable() is not None:
-        raise ValueError(f"attention_impl='cudnn': {_cudnn.unavailable()}: choose 'triton'")
+    if attn == "cudnn" and no_cudnn is not None:
+        raise ValueError(f"attention_impl='cudnn': {no_cudnn}: choose 'triton'")
     gemm = _pick("gemm_impl", "gemm", gemm_impl, "cublas" if gpu else "xla")
     min_tokens = CUBLAS_MIN_TOKENS if gemm_impl == "auto" and gemm == "cublas" else 0
     norm = _pick("rms_norm_impl", "rms_norm", rms_norm_impl, "xla")
