@@ -9,7 +9,7 @@
 The model is bench/real_size.py's (8B Llama geometry, random bf16 weights on the device, the
 matched EAGLE-3 head: high acceptance), page 16, topk 4, steps 3, 8 draft tokens. One engine per
 mode whose KV pools are sized from device memory (``mem_fraction_static``) and whose context
-covers the largest cell; prompts are chunk-prefilled (``chunked_prefill_size``); its decode
+covers the largest cell (``--context``: at least that many tokens); prompts are chunk-prefilled (``chunked_prefill_size``); its decode
 launch hints (``kv_len_buckets``) are one per cell context (``--no-kv-len-hints``: none, every
 step planned for the whole context); ``--rms-norm-impl`` picks the models' RMSNorm kernel
 (``make_engine_config``'s, default "auto": XLA's fusion), ``--attention-impl`` the attention
@@ -188,7 +188,7 @@ def make_engine(g, target, params, draft, dparams, mode, cells, args):
     buckets = tuple(sorted({bs for bs, _ in cells}))
     chunk = min(args.chunk, top_ctx)
     prefill_buckets = tuple(sorted({min(chunk, max(c, 16)) for _, c in cells}))
-    context_len = top_ctx + new_tokens(args) + 128
+    context_len = max(top_ctx, args.context) + new_tokens(args) + 128
     # Launch hints (EngineConfig.kv_len_buckets): one per cell context, what the cell's
     # dispatches read (its prompt + the timed rounds' growth), so warm-up compiles only those.
     grow = new_tokens(args) + PAGE
@@ -348,6 +348,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--modes", default="greedy,spec")
     parser.add_argument("--mem-fraction", type=float, default=0.9)
     parser.add_argument("--chunk", type=int, default=8192, help="chunked_prefill_size")
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        help="size the engines for prompts of this many tokens at least (default: the largest "
+        "cell's; the full grid's engines are sized for 128k: its page tables are that wide)",
+    )
     parser.add_argument(
         "--steps", type=int, default=8, help="timed decode rounds per cell (at least)"
     )

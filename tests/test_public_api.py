@@ -288,7 +288,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "AttentionMetadata": "class(page_table: 'jax.Array', kv_lens: 'jax.Array', "
         "q_lens: 'jax.Array | None' = None, tail_slot_ids: 'jax.Array | None' = None, "
         "tail_mask: 'jax.Array | None' = None, page_size: 'int' = 1, causal: 'bool' = False, "
-        "max_kv_len: 'int | None' = None) -> None",
+        "max_kv_len: 'int | None' = None, max_prefix_len: 'int | None' = None) -> None",
         "DraftDecodeMetadata": "class(normal: 'NormalMetadata', expand: 'ExpandMetadata') -> None",
         "ExpandMetadata": "class(cache_seqlens: 'jax.Array', cu_seqlens_q: 'jax.Array', "
         "cu_seqlens_k: 'jax.Array', page_table: 'jax.Array') -> None",
@@ -380,7 +380,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "int]]' = <factory>) -> None",
         "Runner": "class(ecfg: 'EngineConfig', target: 'TargetModel', "
         "draft: 'DraftModel | None' = None, kv: 'KVBackend | None' = None, "
-        "max_kv_len: 'int | None' = None) -> None",
+        "max_kv_len: 'int | None' = None, max_prefix_len: 'int | None' = None) -> None",
         "SamplingBatch": "class(temperature: 'jax.Array', seed: 'jax.Array', "
         "top_k: 'jax.Array | None' = None, top_p: 'jax.Array | None' = None, "
         "min_p: 'jax.Array | None' = None, lossy: 'LossyThresholds | None' = None) -> None",

@@ -39,6 +39,10 @@ class AttentionMetadata:
       max_kv_len: static launch hint, the most prefix keys a row reads (FlashAttention's
         ``max_seqlen_k``): kernels plan their key splits for it rather than for ``C * P``. Not
         a bound (a longer row is read whole, only slower); None: ``C * P``.
+      max_prefix_len: static bound, causal passes only: no row has more than this many keys
+        before its queries (``kv_lens - q_lens``; 0: first prefill chunks). A kernel may read
+        no further (cuDNN's prefill skips the prefix at 0); see
+        :func:`jspec.kernels.paged_attention.paged_attention`. None: no bound.
     """
 
     # (B, C) page ids
@@ -54,6 +58,7 @@ class AttentionMetadata:
     page_size: int = static_field(default=1)
     causal: bool = static_field(default=False)
     max_kv_len: int | None = static_field(default=None)
+    max_prefix_len: int | None = static_field(default=None)
 
     @property
     def num_rows(self) -> int:

@@ -98,6 +98,7 @@ class PagedAttentionBackend:
             causal=meta.causal,
             impl=impl,
             max_kv_len=meta.max_kv_len,
+            max_prefix_len=meta.max_prefix_len,
         )
 
 

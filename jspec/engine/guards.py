@@ -128,6 +128,8 @@ def validate_prefill(
     *,
     vocab_size: int,
     first: jax.Array | None = None,
+    starts: jax.Array | None = None,
+    max_start: int | None = None,
     what: str = "prefill",
 ) -> jax.Array:
     """bool[]: the chunks (``prompt_lens > 0``) go to distinct slots in ``[0, M)``, the first
@@ -139,6 +141,8 @@ def validate_prefill(
       vocab_size: static, the target's.
       first: bool[Bp] entries that start their prompt (default all); the others continue a
         prefilling slot (checked by the prefill itself).
+      starts: i32[Bp] each entry's chunk start; max_start: static bound on the chunks'
+        starts (``Runner.max_prefix_len``; None: none), checked when both are given.
 
     Raises:
       ValueError (trace time): shapes or dtypes that do not fit each other.
@@ -169,7 +173,12 @@ def validate_prefill(
         what,
         f"token id {{value}} outside the vocabulary [0, vocab_size={vocab_size})",
     )
-    return slots_ok & ~jnp.any(too_long) & ~jnp.any(bad_id)
+    ok = slots_ok & ~jnp.any(too_long) & ~jnp.any(bad_id)
+    if starts is not None and max_start is not None:
+        past = valid & (starts > max_start)
+        _probe(past, starts, what, f"chunk start {{value}} > max_prefix_len={max_start}")
+        ok = ok & ~jnp.any(past)
+    return ok
 
 
 def probe_target_logits(logits: jax.Array, live: jax.Array, what: str) -> None:

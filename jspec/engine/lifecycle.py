@@ -89,6 +89,8 @@ def prefill_chunk_body(
         chunk_lens,
         vocab_size=runner.target.vocab_size,
         first=starts == 0,
+        starts=starts,
+        max_start=runner.max_prefix_len,
     )
     valid = (chunk_lens > 0) & ok_in
     lens = jnp.where(valid, chunk_lens, 0).astype(jnp.int32)
@@ -106,7 +108,9 @@ def prefill_chunk_body(
     tok_valid = col[None, :] < lens[:, None]  # [Bp, Cq]
     pos = starts[:, None] + col[None, :]
     write = jnp.where(tok_valid, view.slot_ids(pos), 0)
-    meta = row_metadata(runner.ecfg.spec, view, ends, q_lens=lens, causal=True)
+    meta = row_metadata(
+        runner.ecfg.spec, view, ends, q_lens=lens, causal=True, max_prefix_len=runner.max_prefix_len
+    )
     plan = AttnPlan(write_slot_ids=write.reshape(-1), passes=(meta,))
     positions = jnp.where(tok_valid, pos, 0).reshape(-1)
     tpool, hidden, feature = run_target(

@@ -78,6 +78,12 @@ class Runner:
         engine do not pay for its capacity). Not a bound: a longer request is still read whole,
         only slower. None: ``context_len``. The Engine picks it per dispatch from
         ``ecfg.kv_len_buckets``.
+      max_prefix_len: a bound for prefill calls: no entry's chunk starts past this many
+        prompt tokens (0: every entry is a first chunk). The prefill's attention passes carry
+        it (``AttentionMetadata.max_prefix_len``: cuDNN's prefill then gathers the prefix only
+        that wide, and skips it at 0); a call with an entry past it fails whole (``ok`` False,
+        state unchanged). None: no bound. The Engine sets 0 for calls of first chunks when
+        the kernel policy reads the bound (``KernelPolicy.reads_prefix_bound``).
     """
 
     ecfg: EngineConfig
@@ -85,6 +91,7 @@ class Runner:
     draft: DraftModel | None = None
     kv: KVBackend | None = None
     max_kv_len: int | None = None
+    max_prefix_len: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("target", "draft"):  # the kernel policy reaches the models here, once
@@ -95,6 +102,11 @@ class Runner:
         hint = self.max_kv_len
         if hint is not None and (not isinstance(hint, int) or isinstance(hint, bool) or hint < 1):
             raise ValueError(f"max_kv_len={hint!r} must be None or an int >= 1")
+        bound = self.max_prefix_len
+        if bound is not None and (
+            not isinstance(bound, int) or isinstance(bound, bool) or bound < 0
+        ):
+            raise ValueError(f"max_prefix_len={bound!r} must be None or an int >= 0")
         if self.kv is None:
             object.__setattr__(self, "kv", PagedKVBackend(self.ecfg))
 

@@ -415,16 +415,20 @@ class Engine:
         """Run checkified: asked for, or probes on now (they would be traced into the step)."""
         return self.checkify or probes.probes_on()
 
-    def _fn(self, body, num_tokens: int = 0, kv_len: int | None = None):
+    def _fn(
+        self, body, num_tokens: int = 0, kv_len: int | None = None, prefix_len: int | None = None
+    ):
         """The jitted ``body`` for calls whose target forward holds ``num_tokens`` tokens (the
-        GEMM compile options depend on it: ``KernelPolicy.gemm_compiler_options``) and whose
-        requests read at most ``kv_len`` prefix keys (``Runner.max_kv_len``; None: any)."""
-        key = (body, self._checked, num_tokens, kv_len)
+        GEMM compile options depend on it: ``KernelPolicy.gemm_compiler_options``), whose
+        requests read at most ``kv_len`` prefix keys (``Runner.max_kv_len``; None: any) and
+        whose prefill chunks start at most ``prefix_len`` tokens in (``Runner.max_prefix_len``;
+        None: anywhere)."""
+        key = (body, self._checked, num_tokens, kv_len, prefix_len)
         if key not in self._fns:  # NOTE: cached here: hashing ecfg per host step costs
             options = self.ecfg.kernels.gemm_compiler_options(num_tokens)
             runner = self.runner
-            if kv_len is not None:
-                runner = dataclasses.replace(runner, max_kv_len=kv_len)
+            if kv_len is not None or prefix_len is not None:
+                runner = dataclasses.replace(runner, max_kv_len=kv_len, max_prefix_len=prefix_len)
             self._fns[key] = sharding.sharded(body, runner, self.num_devices, key[1], options)
         return self._fns[key]
 
@@ -440,15 +444,17 @@ class Engine:
         hint = None if max_len is None else self.ecfg.kv_len_bucket_for(max_len)
         return self._fn(self._step_body, self._step_tokens(bucket), hint)
 
-    def _call(self, body, num_tokens: int, *args, kv_len: int | None = None):
+    def _call(
+        self, body, num_tokens: int, *args, kv_len: int | None = None, prefix_len: int | None = None
+    ):
         # NOTE: device_put, not jnp.asarray: jnp.asarray dispatches an eager convert op per
         # argument (~0.3 ms each on the GPU host, measured), which the host loop paid every step.
         # One device_put of the host arguments (one batched transfer, not one per argument).
         checked = self._checked
         host = [jax.tree.map(np.asarray, a) for a in args if a is not None]
-        fn = self._fn(body, num_tokens, kv_len)
+        fn = self._fn(body, num_tokens, kv_len, prefix_len)
         if self._ahead:  # compiled in the background: wait for it rather than compile again
-            ahead = self._ahead.get(self._ahead_key(body, num_tokens, kv_len, host))
+            ahead = self._ahead.get(self._ahead_key(body, num_tokens, (kv_len, prefix_len), host))
             if ahead is not None:
                 try:
                     fn = ahead.result()
@@ -463,17 +469,19 @@ class Engine:
         self.state, result = out
         return _tree_to_host(result)
 
-    def _ahead_key(self, body, num_tokens: int, kv_len: int | None, host: list) -> tuple:
+    def _ahead_key(self, body, num_tokens: int, hints: tuple, host: list) -> tuple:
         shapes = tuple((x.shape, x.dtype.str) for x in jax.tree.leaves(host))
-        return (body, self._checked, num_tokens, kv_len, shapes)
+        return (body, self._checked, num_tokens, hints, shapes)
 
-    def _compile_ahead(self, body, num_tokens: int, *args, kv_len: int | None = None) -> None:
-        """Compile what ``_call(body, num_tokens, *args, kv_len=kv_len)`` runs on a background
-        thread (the weights and state as shapes and shardings, the host arguments placed as
-        ``_call`` places them); ``_call`` waits for it instead of compiling again."""
+    def _compile_ahead(
+        self, body, num_tokens: int, *args, kv_len: int | None = None, prefix_len: int | None = None
+    ) -> None:
+        """Compile what ``_call(body, num_tokens, *args, kv_len=..., prefix_len=...)`` runs on a
+        background thread (the weights and state as shapes and shardings, the host arguments
+        placed as ``_call`` places them); ``_call`` waits for it instead of compiling again."""
         host = [jax.tree.map(np.asarray, a) for a in args if a is not None]
-        key = self._ahead_key(body, num_tokens, kv_len, host)
-        fn = self._fn(body, num_tokens, kv_len)
+        key = self._ahead_key(body, num_tokens, (kv_len, prefix_len), host)
+        fn = self._fn(body, num_tokens, kv_len, prefix_len)
         abstract = functools.partial(
             jax.tree.map, lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
         )
@@ -521,26 +529,23 @@ class Engine:
     ):
         """One prefill call (``[D, Bp]`` entries of ``[D, Bp, Cq]`` tokens); by default every
         entry is a whole prompt (start 0, last chunk); ``sampling``: a SamplingBatch or None;
-        ``ahead``: compile it in the background instead (:meth:`_compile_ahead`)."""
+        ``ahead``: compile it in the background instead (:meth:`_compile_ahead`).
+
+        A call whose entries (padding included) all start at 0 runs with ``max_prefix_len=0``
+        where the kernel policy reads that bound (``KernelPolicy.reads_prefix_bound``: cuDNN's
+        prefill then skips the prefix pass); other calls with none."""
         starts = np.zeros_like(chunk_lens) if starts is None else starts
         is_last = (chunk_lens > 0) if is_last is None else is_last
         next_ids = np.zeros_like(chunk_lens) if next_ids is None else next_ids
         num_tokens = token_ids.shape[-2] * token_ids.shape[-1]
-        if ahead:
-            args = (slot_idx, token_ids, chunk_lens, starts, is_last, next_ids, sampling)
-            return self._compile_ahead(prefill_chunk_body, num_tokens, *args)
-        out = self._call(
-            prefill_chunk_body,
-            num_tokens,
-            slot_idx,
-            token_ids,
-            chunk_lens,
-            starts,
-            is_last,
-            next_ids,
-            sampling,
+        first_only = not np.any(starts)
+        bound = (
+            0 if first_only and self.ecfg.kernels.reads_prefix_bound(token_ids.shape[-1]) else None
         )
-        return out.first_tokens, out.ok
+        args = (slot_idx, token_ids, chunk_lens, starts, is_last, next_ids, sampling)
+        call = self._compile_ahead if ahead else self._call
+        out = call(prefill_chunk_body, num_tokens, *args, prefix_len=bound)
+        return None if ahead else (out.first_tokens, out.ok)
 
     def _call_step(self, slot_idx, live, sampling=None):
         num_tokens = self._step_tokens(slot_idx.shape[-1])
@@ -639,10 +644,20 @@ class Engine:
                     return None
                 return pack_sampling([[params] * width] * d, self.lossy_thresholds)
 
+            chunked = self.ecfg.spec.context_len > self.ecfg.max_chunk_len
             for cq in self.ecfg.prefill_chunk_buckets:
                 args = (np.full((d, bp), m, np.int32), np.zeros((d, bp, cq), np.int32))
                 args += (np.zeros((d, bp), np.int32),)
                 calls.append(functools.partial(self._call_prefill, *args, sampling=batch(bp)))
+                if chunked and self.ecfg.kernels.reads_prefix_bound(cq):
+                    # later chunks' compile too (first chunks' has max_prefix_len=0); the
+                    # padding entries' starts pick it, nothing reads them
+                    later = np.ones((d, bp), np.int32)
+                    calls.append(
+                        functools.partial(
+                            self._call_prefill, *args, starts=later, sampling=batch(bp)
+                        )
+                    )
             hints = (*self.ecfg.kv_len_buckets, None)
             for bucket, hint in itertools.product(self.ecfg.batch_buckets, hints):
                 idx = np.full((d, bucket), m, np.int32)

@@ -117,6 +117,19 @@ def _validate(
         )
 
 
+def _check_prefix_bound(max_prefix_len: Any, causal: bool) -> None:
+    """``max_prefix_len``: None, or an int >= 0 on a causal pass (``ValueError`` naming it)."""
+    if max_prefix_len is None:
+        return
+    probes.static_check(
+        isinstance(max_prefix_len, int)
+        and not isinstance(max_prefix_len, bool)
+        and max_prefix_len >= 0,
+        f"max_prefix_len={max_prefix_len!r} must be None or an int >= 0",
+    )
+    probes.static_check(causal, "max_prefix_len bounds causal passes only (causal=True)")
+
+
 def _probe(
     page_table: jax.Array,
     kv_lens: jax.Array,
@@ -243,6 +256,7 @@ def paged_attention_reference(
         "num_stages",
         "max_kv_len",
         "tail_split",
+        "max_prefix_len",
     ),
 )
 def paged_attention(
@@ -266,6 +280,7 @@ def paged_attention(
     num_stages: int | None = None,
     max_kv_len: int | None = None,
     tail_split: bool | None = None,
+    max_prefix_len: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """One GQA attention pass of ``q`` over a paged KV pool (module docstring).
 
@@ -296,6 +311,12 @@ def paged_attention(
         splits. None: the width. Ignored by ``"xla"``.
       tail_split: static Triton launch knob: read the tail in a split of its own (None: the
         kernel's launch plan; ignored by ``"xla"`` and without a tail).
+      max_prefix_len: static bound, causal passes only: no row has more than this many keys
+        before its queries (``kv_lens - q_lens``; 0: every row's chunk starts at position 0,
+        as first prefill chunks do). A bound, unlike ``max_kv_len``: ``"cudnn"`` gathers the
+        prefix only this wide and skips it at 0, and gives a row past it NaN outputs (never a
+        wrong number; a probe names the row when probes are on). ``"triton"`` and ``"xla"``
+        read by ``kv_lens`` and ignore it. None: no bound.
 
     Returns:
       ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``: a query that sees no key gets
@@ -336,16 +357,25 @@ def paged_attention(
         tail_split is None or isinstance(tail_split, bool),
         f"tail_split={tail_split!r} must be None or a bool",
     )
+    _check_prefix_bound(max_prefix_len, causal)
     impl = _common.resolve_impl(impl, IMPLS, "paged_attention")
     if probes.probes_on():
         _probe(page_table, kv_lens, q_lens, tail_slot_ids, k_pool.shape[1], page_size, q.shape[1])
+        if max_prefix_len is not None:
+            ql = jnp.full_like(kv_lens, q.shape[1]) if q_lens is None else q_lens
+            probes.detect_in_closed_range(
+                kv_lens - ql,
+                0,
+                max_prefix_len,
+                "paged_attention: kv_lens - q_lens vs max_prefix_len",
+            )
     args = (q, k_pool, v_pool, layer, page_table, kv_lens, q_lens, tail_slot_ids, tail_mask)
     if impl == "xla" or q.shape[0] * q.shape[1] == 0:
         return paged_attention_reference(*args, page_size=page_size, causal=causal)
     if impl == "cudnn" and causal and tail_slot_ids is None:
         from jspec.kernels.paged_prefill_cudnn import paged_prefill_cudnn
 
-        return paged_prefill_cudnn(*args[:7], page_size=page_size)
+        return paged_prefill_cudnn(*args[:7], page_size=page_size, max_prefix_len=max_prefix_len)
     from jspec.kernels.paged_attention_triton import paged_attention_triton
 
     return paged_attention_triton(*args, page_size=page_size, causal=causal, **tuning)

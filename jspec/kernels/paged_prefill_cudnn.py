@@ -12,11 +12,17 @@ calls over K / V gathered from the pool's pages, merged by log-sum-exp::
     prefix    keys at positions [0, start) (static width W): no causal mask; key length start
     out = the two merged by cuDNN's f32 softmax statistics (a row with start = 0: the diagonal)
 
+With ``max_prefix_len`` (a static bound on every row's ``start``, from a caller that knows its
+rows: the engine's scheduler for calls of first chunks), the prefix is gathered only that wide,
+and at 0 its call and the merge are skipped; a row whose ``start`` is past the bound gets NaN
+outputs, never a wrong number.
+
 The gathered operands hold only positions a query of the row sees (the rest are zeros read
 from slot 0), so a NaN elsewhere in the pool never reaches an output (as in the Triton kernel).
-``W`` is the page table's width ``C * P`` (``max_kv_len``, the Triton plan's hint, is not a
-bound and is not read here). The gathers cost ``B x (Qp + W)`` K/V rows written and read once
-per pass; the attention itself runs at cuDNN's rate (bench/RESULTS.md).
+``W`` is the page table's width ``C * P``, or ``max_prefix_len`` where smaller (``max_kv_len``,
+the Triton plan's hint, is not a bound and is not read here). The gathers cost ``B x (Qp + W)``
+K/V rows written and read once per pass; the attention itself runs at cuDNN's rate
+(bench/RESULTS.md).
 
 NOTE: jax 0.11's public ``jax.nn.dot_product_attention(return_residual=True)`` casts the
 log-sum-exp to the output dtype (bf16: ~1% error in a merge weight), so this calls the function
@@ -134,6 +140,7 @@ def paged_prefill_cudnn(
     q_lens: jax.Array | None = None,
     *,
     page_size: int,
+    max_prefix_len: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """A causal pass of :func:`jspec.kernels.paged_attention.paged_attention` (no tail) through
     cuDNN (GPU only; validated by ``paged_attention``).
@@ -144,6 +151,8 @@ def paged_prefill_cudnn(
       layer: an int or a traced i32 scalar.
       page_table: i32[B, C] page ids; kv_lens: i32[B]; q_lens: i32[B] (None: ``Qp``).
       page_size: static ``P``.
+      max_prefix_len: static bound on ``kv_lens - q_lens`` (None: the table's width): the
+        prefix is gathered this wide, skipped at 0; a row past it: NaN outputs.
 
     Returns:
       ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``; a query ``i >= q_lens``: 0, -inf.
@@ -156,6 +165,9 @@ def paged_prefill_cudnn(
     attention, mask_type = _cudnn_attention()
     bsz, qp, hq, dim = q.shape
     width = page_table.shape[1] * page_size
+    bounded = max_prefix_len is not None and max_prefix_len < width
+    if bounded:
+        width = max_prefix_len
     q = q.astype(k_pool.dtype)
     q_lens = jnp.full((bsz,), qp, jnp.int32) if q_lens is None else jnp.minimum(q_lens, qp)
     start = kv_lens - q_lens  # i32[B] keys before the chunk
@@ -190,4 +202,8 @@ def paged_prefill_cudnn(
     has_query = diag_ok[:, :, None]  # every real query sees at least its own key
     out = jnp.where(has_query[..., None], out, 0.0)
     lse = jnp.where(has_query, lse, -jnp.inf)
+    if bounded:  # a row past the bound read part of its prefix: NaN, not a wrong number
+        past = (start > width)[:, None, None]
+        out = jnp.where(past[..., None], jnp.nan, out)
+        lse = jnp.where(past, jnp.nan, lse)
     return out, lse

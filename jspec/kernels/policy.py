@@ -111,6 +111,14 @@ class KernelPolicy:
             return (("xla_gpu_enable_triton_gemm", False),)
         return ()
 
+    def reads_prefix_bound(self, chunk_queries: int) -> bool:
+        """Whether causal chunks of ``chunk_queries`` queries a row read a prefix bound
+        (``AttentionMetadata.max_prefix_len``): cuDNN's prefill, which takes chunks of at least
+        ``CUDNN_MIN_QUERIES``, gathers the prefix only that wide (and skips it for first
+        chunks); the other kernels read by length, so a bound would only compile the same
+        program twice."""
+        return self.attention == "cudnn" and chunk_queries >= _cudnn.CUDNN_MIN_QUERIES
+
 
 def _pick(keyword: str, family: str, choice: str, auto: str) -> str:
     """``choice`` checked (``ValueError`` naming ``keyword``), or ``auto`` for ``"auto"``."""

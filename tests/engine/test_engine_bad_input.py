@@ -25,6 +25,7 @@ from jspec.engine import (
     init_engine_state,
     make_engine_config,
     prefill,
+    prefill_chunk,
     release,
     spec_decode_step,
 )
@@ -173,6 +174,40 @@ def test_prefill_prompt_len_past_the_padding_changes_nothing() -> None:
     st, out = prefill(SPEC, Weights(params, dparams), st, _i32([0, 1]), ids, _i32([9, 3]))
     assert not bool(out.ok)
     assert_same_state(before, st)
+
+
+def test_prefill_chunk_past_max_prefix_len_changes_nothing() -> None:
+    """``Runner.max_prefix_len=0`` (first chunks only: the Engine's compile for cuDNN's first
+    chunks): a later chunk is refused whole, the state unchanged, and a probe names it; the
+    same chunk goes through without the bound."""
+    params, _ = tiny_model()
+    weights, bounded = Weights(params), Runner(ECFG, TARGET, max_prefix_len=0)
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+
+    def chunk(runner, st, start, n):
+        ids = np.zeros((2, ECFG.max_prompt_len), np.int32)
+        ids[0, :n] = prompt[start : start + n]
+        last = start + n == len(prompt)
+        return prefill_chunk(
+            runner, weights, st, _i32([0, 2]), jnp.asarray(ids), _i32([n, 0]), _i32([start, 0]),
+            jnp.asarray([last, False]), _i32([0 if last else prompt[start + n], 0]),
+        )  # fmt: skip
+
+    st, out = chunk(bounded, init_engine_state(bounded), 0, 4)  # a first chunk: within it
+    assert bool(out.ok)
+    before = snapshot(st)
+    st, out = chunk(bounded, st, 4, 3)
+    assert not bool(out.ok) and not np.asarray(out.first_tokens).any()
+    assert_same_state(before, st)
+    with pytest.raises(
+        probes.ProbeError, match=r"prefill: entry 0: chunk start 4 > max_prefix_len=0"
+    ):
+        probes.checked(lambda st: chunk(bounded, st, 4, 3))(st)
+    st, out = chunk(GREEDY, st, 4, 3)
+    fresh = init_engine_state(GREEDY)
+    _, whole = prefill(GREEDY, weights, fresh, _i32([0, 2]), *_prompt_batch((prompt, ())))
+    assert bool(out.ok) and int(out.first_tokens[0]) == int(whole.first_tokens[0])
+    check_state(st, "after the unbounded later chunk")
 
 
 # ---- probes name the entry ----------------------------------------------------------------------------

@@ -62,6 +62,36 @@ def test_chunked_prefill_equals_one_shot(spec):
     assert all(t > 0 for t in stats.ttft_s)
 
 
+def test_first_chunks_compile_with_the_prefix_bound(monkeypatch):
+    """Where the kernel policy reads a prefix bound (cuDNN's prefill, GPU only; here forced on
+    for the reference attention, which ignores it): calls of first chunks run with
+    ``max_prefix_len=0``, later chunks without a bound, warm-up compiles both, and the tokens
+    are the one-shot ones. A later chunk sent with the bound would be refused whole (the
+    prefill's guard) and the run would not finish."""
+    from jspec.engine import lifecycle
+    from jspec.kernels.policy import KernelPolicy
+
+    monkeypatch.setattr(KernelPolicy, "reads_prefix_bound", lambda self, n: n >= 8)
+    ecfg = _cfg(prefill_batch=2, chunked_prefill_size=16, prefill_buckets=(4, 8))
+    engine = tiny_engine(ecfg, spec=False)
+    engine.warmup()
+    prefills = {k[-1] for k in engine._fns if k[0] is lifecycle.prefill_chunk_body}
+    assert prefills == {0, None}
+    seen = []
+    real = engine._call
+
+    def spy(body, num_tokens, *args, prefix_len=None, **kw):
+        if body is lifecycle.prefill_chunk_body:
+            seen.append((prefix_len, int(np.max(args[3]))))  # (bound, the call's last start)
+        return real(body, num_tokens, *args, prefix_len=prefix_len, **kw)
+
+    engine._call = spy
+    out, stats = engine.generate(tiny_prompts(), MAX_NEW, arrivals=ARRIVALS)
+    assert out == _baseline() and stats.leak_check.startswith("ok")
+    assert (0, 0) in seen and any(b is None and start > 0 for b, start in seen)
+    assert all(start == 0 for b, start in seen if b == 0)
+
+
 def test_prefill_buckets_validation():
     with pytest.raises(ValueError, match="prefill_buckets"):
         _cfg(prefill_buckets=(8, 4))

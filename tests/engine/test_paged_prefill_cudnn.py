@@ -124,12 +124,99 @@ def test_decomposition_mutant_fails_on_cpu(monkeypatch):
         pc.check(*[np.asarray(x, np.float64) for x in got], *pc.oracle(case), **TOL)
 
 
+def _bounded(case, bound: int, monkeypatch):
+    """The module around the stand-in with ``max_prefix_len=bound``: its outputs (f64) and the
+    key widths of the stand-in's calls (the diagonal's first, then the prefix's, if any)."""
+    widths = []
+
+    def counted(q, k, v, **kw):
+        widths.append(k.shape[1])
+        return _dense_attention(q, k, v, **kw)
+
+    monkeypatch.setattr(ppc, "_cudnn_attention", lambda: (counted, _Mask))
+    args = case.jax_args()
+    got = ppc.paged_prefill_cudnn(*args[:7], page_size=case.page_size, max_prefix_len=bound)
+    return [np.asarray(x, np.float64) for x in got], widths
+
+
+@pytest.mark.parametrize("name", CPU_CASES)
+def test_prefix_bound_on_cpu(name, monkeypatch):
+    """``max_prefix_len`` at the rows' largest start: the oracle's result, the prefix gathered
+    only that wide; one less: the rows at that start NaN, every other row the oracle's."""
+    case = pc.make_case(np.random.default_rng(len(name)), dtype="bfloat16", **pc.CASES[name])
+    starts = case.kv_lens - case.q_lens
+    top = int(starts.max())
+    assert top > 0 and (starts < top).any()  # a case with prefixes, and rows below the top
+    want = pc.oracle(case)
+    got, widths = _bounded(case, top, monkeypatch)
+    pc.check(*got, *want, **TOL)
+    assert widths == [case.q.shape[1], top]
+    got, _ = _bounded(case, top - 1, monkeypatch)
+    past = starts > top - 1
+    assert np.isnan(got[0][past]).all() and np.isnan(got[1][past]).all()
+    pc.check(*(x[~past] for x in got), *(x[~past] for x in want), **TOL)
+
+
+def test_first_chunks_skip_the_prefix_on_cpu(monkeypatch):
+    """``max_prefix_len=0`` on first chunks (every start 0): one call (the diagonal), the
+    oracle's result; a row that does have a prefix gets NaN under it (the bound's check has
+    power: ignoring it would give that row a wrong number, not NaN)."""
+    spec = dict(pc.CASES["causal-offsets-gqa2"])
+    spec["kv_lens"] = spec["q_lens"]  # every chunk at position 0
+    case = pc.make_case(np.random.default_rng(5), dtype="bfloat16", **spec)
+    got, widths = _bounded(case, 0, monkeypatch)
+    pc.check(*got, *pc.oracle(case), **TOL)
+    assert widths == [case.q.shape[1]]
+    case = pc.make_case(
+        np.random.default_rng(5), dtype="bfloat16", **pc.CASES["causal-offsets-gqa2"]
+    )
+    got, widths = _bounded(case, 0, monkeypatch)
+    past = case.kv_lens > case.q_lens
+    assert past.any() and np.isnan(got[0][past]).all() and not np.isnan(got[0][~past]).any()
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"max_prefix_len": -1, "causal": True}, "max_prefix_len=-1 must be None or an int >= 0"),
+        ({"max_prefix_len": True, "causal": True}, "max_prefix_len=True must be None"),
+        ({"max_prefix_len": 8, "causal": False}, "max_prefix_len bounds causal passes only"),
+    ],
+)
+def test_prefix_bound_is_validated(kw, match):
+    case = pc.make_case(np.random.default_rng(0), dtype="float32", **pc.CASES["causal-small-p1"])
+    args = case.jax_args()
+    q_lens = args[6] if kw["causal"] else None
+    with pytest.raises(ValueError, match=match):
+        paged_attention(*args[:6], q_lens, page_size=case.page_size, impl="xla", **kw)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_cudnn_prefill_vs_oracle_on_gpu(name, dtype):
     case = _case(name, dtype)
     pc.check(*_run(case), **TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["fresh-ragged", "prefix-ragged", "chunk-1k-of-8k"])
+def test_cudnn_prefix_bound_on_gpu(name):
+    """cuDNN with ``max_prefix_len`` at the rows' largest start (0 for first chunks: the prefix
+    call skipped) against the reference; one less (where a row has a prefix): that row NaN."""
+    case = _case(name, "bfloat16")
+    args = case.jax_args()
+    top = int((case.kv_lens - case.q_lens).max())
+    want = jax.jit(lambda *a: paged_attention(*a, **case.static, impl="xla"))(*args)
+    want = [np.asarray(x, np.float64) for x in want]
+    for bound in (top, top - 1) if top else (0,):
+        fn = jax.jit(
+            lambda *a, b=bound: paged_attention(*a, **case.static, impl="cudnn", max_prefix_len=b)
+        )
+        got = [np.asarray(x, np.float64) for x in fn(*args[:3], jnp.int32(case.layer), *args[4:])]
+        past = (case.kv_lens - case.q_lens) > bound
+        assert np.isnan(got[0][past]).all()
+        pc.check(*(x[~past] for x in got), *(x[~past] for x in want), **TOL)
 
 
 @pytest.mark.gpu
