@@ -150,8 +150,8 @@ def _jit_calls(engine) -> collections.Counter:
     calls: collections.Counter = collections.Counter()
     make = engine._fn
 
-    def fn(body, num_tokens=0, kv_len=None):
-        jitted = make(body, num_tokens, kv_len)
+    def fn(body, *plan):
+        jitted = make(body, *plan)
 
         def counted(*args):
             calls[body] += 1
