@@ -127,7 +127,6 @@ def validate_prefill(
     prompt_lens: jax.Array,
     *,
     vocab_size: int,
-    first: jax.Array | None = None,
     starts: jax.Array | None = None,
     max_start: int | None = None,
     what: str = "prefill",
@@ -139,10 +138,9 @@ def validate_prefill(
       status: the KV backend's ``slot_status`` (one shard).
       slot_idx: i32[Bp]; prompt_ids: i32[Bp, Cq]; prompt_lens: i32[Bp] (0: padding entry).
       vocab_size: static, the target's.
-      first: bool[Bp] entries that start their prompt (default all); the others continue a
-        prefilling slot (checked by the prefill itself).
-      starts: i32[Bp] each entry's chunk start; max_start: static bound on the chunks'
-        starts (``Runner.max_prefix_len``; None: none), checked when both are given.
+      starts: i32[Bp] each entry's chunk start (default all 0): entries at 0 start their
+        prompt, the others continue a prefilling slot (checked by the prefill itself).
+      max_start: static bound on the chunks' starts (``Runner.max_prefix_len``; None: none).
 
     Raises:
       ValueError (trace time): shapes or dtypes that do not fit each other.
@@ -161,6 +159,7 @@ def validate_prefill(
     lp = prompt_ids.shape[1]
     lens = prompt_lens.astype(jnp.int32)
     valid = lens > 0
+    first = None if starts is None else starts == 0
     slots_ok = _slot_faults(status, slot_idx, valid, what, want="free", check=first)
     too_long = valid & (lens > lp)
     _probe(too_long, lens, what, f"prompt_len {{value}} > max_prompt_len={lp}")

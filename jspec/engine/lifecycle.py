@@ -88,7 +88,6 @@ def prefill_chunk_body(
         token_ids,
         chunk_lens,
         vocab_size=runner.target.vocab_size,
-        first=starts == 0,
         starts=starts,
         max_start=runner.max_prefix_len,
     )

@@ -138,14 +138,21 @@ def _probe(
     num_slots: int,
     page_size: int,
     num_queries: int,
+    max_prefix_len: int | None = None,
 ) -> None:
-    """Runtime checks (probes on only): lengths in range, every read page id / slot in range."""
+    """Runtime checks (probes on only): lengths in range (keys before the queries within
+    ``max_prefix_len`` when given), every read page id / slot in range."""
     width = page_table.shape[1] * page_size
     probes.detect_in_closed_range(kv_lens, 0, width, "paged_attention: kv_lens vs page_table")
     if q_lens is not None:
         probes.detect_in_closed_range(q_lens, 0, num_queries, "paged_attention: q_lens vs Qp")
         probes.detect_in_closed_range(
             kv_lens - q_lens, 0, width, "paged_attention: kv_lens - q_lens (causal offset)"
+        )
+    if max_prefix_len is not None:
+        ql = jnp.full_like(kv_lens, num_queries) if q_lens is None else q_lens
+        probes.detect_in_closed_range(
+            kv_lens - ql, 0, max_prefix_len, "paged_attention: kv_lens - q_lens vs max_prefix_len"
         )
     cols = jnp.arange(page_table.shape[1], dtype=jnp.int32)
     read = cols[None, :] * page_size < kv_lens[:, None]
@@ -360,15 +367,16 @@ def paged_attention(
     _check_prefix_bound(max_prefix_len, causal)
     impl = _common.resolve_impl(impl, IMPLS, "paged_attention")
     if probes.probes_on():
-        _probe(page_table, kv_lens, q_lens, tail_slot_ids, k_pool.shape[1], page_size, q.shape[1])
-        if max_prefix_len is not None:
-            ql = jnp.full_like(kv_lens, q.shape[1]) if q_lens is None else q_lens
-            probes.detect_in_closed_range(
-                kv_lens - ql,
-                0,
-                max_prefix_len,
-                "paged_attention: kv_lens - q_lens vs max_prefix_len",
-            )
+        _probe(
+            page_table,
+            kv_lens,
+            q_lens,
+            tail_slot_ids,
+            k_pool.shape[1],
+            page_size,
+            q.shape[1],
+            max_prefix_len,
+        )
     args = (q, k_pool, v_pool, layer, page_table, kv_lens, q_lens, tail_slot_ids, tail_mask)
     if impl == "xla" or q.shape[0] * q.shape[1] == 0:
         return paged_attention_reference(*args, page_size=page_size, causal=causal)

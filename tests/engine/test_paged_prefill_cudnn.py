@@ -191,6 +191,28 @@ def test_prefix_bound_is_validated(kw, match):
         paged_attention(*args[:6], q_lens, page_size=case.page_size, impl="xla", **kw)
 
 
+def test_prefix_bound_probe_names_the_row():
+    """Probes on: a row with more keys before its queries than ``max_prefix_len`` is named
+    (every impl; the reference here), one within it passes."""
+    from jspec import probes
+
+    case = pc.make_case(
+        np.random.default_rng(1), dtype="float32", **pc.CASES["causal-offsets-gqa2"]
+    )
+    args = case.jax_args()
+    top = int((case.kv_lens - case.q_lens).max())
+
+    def run(bound):
+        fn = lambda *a: paged_attention(  # noqa: E731
+            *a, page_size=case.page_size, causal=True, impl="xla", max_prefix_len=bound
+        )
+        return probes.checked(fn)(*args[:7])
+
+    run(top)
+    with pytest.raises(probes.ProbeError, match=r"kv_lens - q_lens vs max_prefix_len.*value"):
+        run(top - 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", list(CASES))
