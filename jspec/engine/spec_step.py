@@ -226,6 +226,7 @@ def phase_accept(
             accept_index,
             accept_lens,
             valid=live,
+            impl=ecfg.kernels.bookkeeping,
         )
         predict, feature = compact_accept_to_front(
             predict, feature, accept_index, num_draft_tokens=n

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import numpy as np
 import pytest
 from engine_helpers import (
@@ -99,13 +100,29 @@ def test_lossless_kv_indices_draft_attention_matches_cascade():
 
 
 @pytest.mark.parametrize("draft_attention", ["cascade", "kv_indices"])
-def test_lossless_with_the_kernels(draft_attention):
+def test_lossless_with_the_kernels(draft_attention, monkeypatch):
     """impl="pallas": every bookkeeping op of the step through its Pallas kernel (interpret mode
-    on CPU, compiled on GPU) gives the same tokens and the same accept lengths as the refs."""
+    on CPU, compiled on GPU) gives the same tokens and the same accept lengths as the refs.
+    The accepted-KV move into the target pool (``jspec.tree.accept``) takes the policy's impl
+    too: it once ran XLA's gather and scatter whatever the policy said."""
+    from jspec.tree import accept
+
+    moves = []
+
+    def recording_move(*args, **kwargs):
+        moves.append(kwargs.get("impl"))
+        return move_kv_cache(*args, **kwargs)
+
+    move_kv_cache = accept.move_kv_cache
+    monkeypatch.setattr(accept, "move_kv_cache", recording_move)
+    jax.clear_caches()  # an earlier test's engine of the same config: its steps traced again
     out, stats = _run(16, 4, 3, 8, draft_attention=draft_attention, impl="pallas")
     _check(out, stats, 3)
+    assert moves and set(moves) == {"pallas"}, moves
+    moves.clear()
     _, ref = _run(16, 4, 3, 8, draft_attention=draft_attention, impl="xla")
     assert stats.request_accept_lens == ref.request_accept_lens
+    assert moves and set(moves) == {"xla"}, moves
 
 
 @pytest.mark.gpu
