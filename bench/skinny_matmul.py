@@ -1,13 +1,16 @@
 """Decode-shaped matmuls (a few rows x every weight of an 8B layer): XLA's GEMM choices.
 
-    python -m bench.skinny_matmul [--rows 1,8,16,64] [--layers] [--no-shapes]
+    python -m bench.skinny_matmul [--rows 1,8,16,64] [--layers] [--no-shapes] [--impls xla,...]
+                                  [--shapes qkv,down,...]
 
 Per weight shape of Llama-3-8B (q / k / v / o, fused qkv, gate / up, fused gate_up, down, LM
 head) and rows M: device us of ``x @ w`` (bf16, default precision) and the streamed rate over the
 weight bytes, for
 
 * ``xla``: ``jnp.matmul`` as XLA compiles it; ``xla-cublas``: the same with XLA's Triton GEMM
-  emitter off (``xla_gpu_enable_triton_gemm=False`` for this compile: cuBLAS).
+  emitter off (``xla_gpu_enable_triton_gemm=False`` for this compile: cuBLAS);
+  ``xla-exhaustive`` (``--impls``): XLA's autotuner over every Triton tiling
+  (``xla_gpu_exhaustive_tiling_search``), cuBLAS still a candidate.
 
 (A raw split-K Triton GEMV through jax-triton was measured here too, 2026-11-24 on the H200: no
 faster than XLA on any fused shape, 1.6 TB/s on the [4096, 1024] k / v matrices where XLA is at
@@ -59,17 +62,27 @@ def _compile(fn, args, options=None):
     return jax.jit(fn).lower(*args).compile(options)
 
 
-IMPLS = {"xla": None, "xla-cublas": {"xla_gpu_enable_triton_gemm": False}}
+IMPLS = {
+    "xla": None,
+    "xla-cublas": {"xla_gpu_enable_triton_gemm": False},
+    # XLA's autotuner over every Triton GEMM tiling (split-K included), cuBLAS still a candidate.
+    "xla-exhaustive": {"xla_gpu_exhaustive_tiling_search": True},
+}
+DEFAULT_IMPLS = ("xla", "xla-cublas")
 
 
-def shape_rows(rows_list: list[int], bw: float) -> list[dict]:
+def shape_rows(
+    rows_list: list[int], bw: float, impls=DEFAULT_IMPLS, shapes=tuple(SHAPES)
+) -> list[dict]:
     out = []
-    for name, (k, n) in SHAPES.items():
+    for name in shapes:
+        k, n = SHAPES[name]
         ws = _weights(k, n)
         for m in rows_list:
             x = jax.random.normal(jax.random.PRNGKey(m), (m, k), jnp.bfloat16)
             want = np.asarray(jnp.matmul(x, ws[0]), np.float32)
-            for label, options in IMPLS.items():
+            for label in impls:
+                options = IMPLS[label]
                 row = {"shape": name, "K x N": f"{k}x{n}", "M": m, "impl": label}
                 try:
                     compiled = _compile(jnp.matmul, (x, ws[0]), options)
@@ -112,7 +125,7 @@ def _layer(lp, x, positions, inv_freq, mm, fused: bool):
     return x + mm(act, lp["w_down"])
 
 
-def layer_rows(rows_list: list[int], num_layers: int = 8) -> list[dict]:
+def layer_rows(rows_list: list[int], num_layers: int = 8, impls=DEFAULT_IMPLS) -> list[dict]:
     from jspec.models.layers import rope_inv_freq
 
     inv_freq = rope_inv_freq(128, 500000.0, None)
@@ -140,7 +153,8 @@ def layer_rows(rows_list: list[int], num_layers: int = 8) -> list[dict]:
     for m in rows_list:
         x = jax.random.normal(jax.random.PRNGKey(m), (m, H), jnp.bfloat16)
         positions = jnp.arange(m, dtype=jnp.int32) + 100
-        for impl, options in IMPLS.items():
+        for impl in impls:
+            options = IMPLS[impl]
             for fused in (False, True):
 
                 def run(x, layers, fused=fused):
@@ -172,14 +186,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default="1,8,16,64")
     parser.add_argument("--layers", action="store_true")
     parser.add_argument("--no-shapes", action="store_true")
+    parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS), help=f"of {tuple(IMPLS)}")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {tuple(SHAPES)}")
     args = parser.parse_args(argv)
+    impls = tuple(args.impls.split(","))
+    shapes = tuple(args.shapes.split(","))
+    for bad in [i for i in impls if i not in IMPLS] + [s for s in shapes if s not in SHAPES]:
+        parser.error(f"unknown impl or shape {bad!r}")
     rows_list = [int(r) for r in args.rows.split(",")]
     bw = copy_bandwidth_tbs()
     print(f"skinny_matmul on {device_name()}: copy {bw:.2f} TB/s", flush=True)
     if not args.no_shapes:
-        print(format_table(shape_rows(rows_list, bw)))
+        print(format_table(shape_rows(rows_list, bw, impls, shapes)))
     if args.layers:
-        print(format_table(layer_rows(rows_list)))
+        print(format_table(layer_rows(rows_list, impls=impls)))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ pool, sized from device memory, is far larger).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -172,6 +173,7 @@ def kernel_rows(
     compiled = step.lower(engine.weights, engine.state, *inputs).compile(SPLIT_COMPILER_OPTIONS)
     hlo = compiled.as_text()
     if hlo_out:
+        os.makedirs(os.path.dirname(hlo_out) or ".", exist_ok=True)
         with open(hlo_out, "w") as f:
             f.write(hlo)
     op_names, desc = hlo_op_names(hlo), _describe(hlo)
