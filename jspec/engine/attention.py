@@ -53,8 +53,9 @@ class AttentionBackend(Protocol):
     def attend(
         self, pool: Any, layer: int, q: jax.Array, meta: AttentionMetadata
     ) -> tuple[jax.Array, jax.Array]:
-        """One pass: ``q: dtype[B, Qp, Hq, D]`` -> ``(out f32[B, Qp, Hq, D], lse f32[B, Qp,
-        Hq])`` (no visible key: 0, -inf)."""
+        """One pass: ``q: dtype[B, Qp, Hq, D]`` -> ``(out float[B, Qp, Hq, D], lse f32[B, Qp,
+        Hq])`` (no visible key: 0, -inf); ``out`` in f32 or in ``q``'s dtype (as FlashAttention
+        and FlashInfer return it): :func:`run_plan` merges passes in f32 either way."""
         ...
 
 
@@ -99,6 +100,10 @@ class PagedAttentionBackend:
             impl=impl,
             max_kv_len=meta.max_kv_len,
             max_prefix_len=meta.max_prefix_len,
+            # The activations' dtype, written by the kernel: the model casts to it anyway, so
+            # a bf16 model pays no f32 output and convert launch (sglang's FA3 passes return
+            # q's dtype too, and its cascade merges them as run_plan does).
+            out_dtype=q.dtype,
         )
 
 
@@ -115,7 +120,8 @@ class AttnPlan:
 def run_plan(
     plan: AttnPlan, backend: AttentionBackend, pool: Any, layer: int, q: jax.Array
 ) -> jax.Array:
-    """Every pass of ``plan`` for flat queries ``q: dtype[T, Hq, D]``, merged: f32[T, Hq, D]."""
+    """Every pass of ``plan`` for flat queries ``q: dtype[T, Hq, D]``, merged by log-sum-exp
+    in f32: float[T, Hq, D] (one pass: the backend's output as it is)."""
     num_tokens, hq, dim = q.shape
     out = lse = None
     for meta in plan.passes:

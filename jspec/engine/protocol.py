@@ -36,7 +36,8 @@ import jax.numpy as jnp
 
 AttnFn = Callable[[int, Any, jax.Array, jax.Array, jax.Array], tuple[Any, jax.Array]]
 """``attn_fn(layer, pool, q dtype[T, Hq, D], k dtype[T, Hkv, D], v dtype[T, Hkv, D])
--> (pool, out f32[T, Hq, D])``."""
+-> (pool, out float[T, Hq, D])``: ``out`` in f32 or in ``q``'s dtype (the model casts it to
+its activations' dtype)."""
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

@@ -117,6 +117,25 @@ def _validate(
         )
 
 
+OUT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+def _check_out_dtype(out_dtype: Any) -> Any:
+    """``out_dtype`` as a numpy dtype (None: f32), one of :data:`OUT_DTYPES` (``ValueError``
+    naming it)."""
+    if out_dtype is None:
+        return jnp.dtype(jnp.float32)
+    try:
+        dtype = jnp.dtype(out_dtype)
+    except TypeError:
+        dtype = None
+    probes.static_check(
+        dtype in tuple(map(jnp.dtype, OUT_DTYPES)),
+        f"out_dtype={out_dtype!r} must be None, float32, bfloat16 or float16",
+    )
+    return dtype
+
+
 def _check_prefix_bound(max_prefix_len: Any, causal: bool) -> None:
     """``max_prefix_len``: None, or an int >= 0 on a causal pass (``ValueError`` naming it)."""
     if max_prefix_len is None:
@@ -264,6 +283,7 @@ def paged_attention_reference(
         "max_kv_len",
         "tail_split",
         "max_prefix_len",
+        "out_dtype",
     ),
 )
 def paged_attention(
@@ -288,6 +308,7 @@ def paged_attention(
     max_kv_len: int | None = None,
     tail_split: bool | None = None,
     max_prefix_len: int | None = None,
+    out_dtype: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """One GQA attention pass of ``q`` over a paged KV pool (module docstring).
 
@@ -324,9 +345,14 @@ def paged_attention(
         prefix only this wide and skips it at 0, and gives a row past it NaN outputs (never a
         wrong number; a probe names the row when probes are on). ``"triton"`` and ``"xla"``
         read by ``kv_lens`` and ignore it. None: no bound.
+      out_dtype: static; the output's dtype: None or float32 (f32), bfloat16 or float16 (what
+        FlashAttention and FlashInfer return: the activations' dtype). The output is computed
+        in f32 and rounded once to nearest even; ``"triton"`` writes it in this dtype from the
+        kernel or its split merge, so a model that wants its activations' dtype pays no
+        convert launch. ``lse`` is f32 whatever this is.
 
     Returns:
-      ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``: a query that sees no key gets
+      ``(out out_dtype[B, Qp, Hq, D], lse f32[B, Qp, Hq])``: a query that sees no key gets
       ``out = 0`` and ``lse = -inf``.
     """
     _validate(
@@ -365,6 +391,7 @@ def paged_attention(
         f"tail_split={tail_split!r} must be None or a bool",
     )
     _check_prefix_bound(max_prefix_len, causal)
+    out_dtype = _check_out_dtype(out_dtype)
     impl = _common.resolve_impl(impl, IMPLS, "paged_attention")
     if probes.probes_on():
         _probe(
@@ -379,11 +406,17 @@ def paged_attention(
         )
     args = (q, k_pool, v_pool, layer, page_table, kv_lens, q_lens, tail_slot_ids, tail_mask)
     if impl == "xla" or q.shape[0] * q.shape[1] == 0:
-        return paged_attention_reference(*args, page_size=page_size, causal=causal)
+        out, lse = paged_attention_reference(*args, page_size=page_size, causal=causal)
+        return out.astype(out_dtype), lse
     if impl == "cudnn" and causal and tail_slot_ids is None:
         from jspec.kernels.paged_prefill_cudnn import paged_prefill_cudnn
 
-        return paged_prefill_cudnn(*args[:7], page_size=page_size, max_prefix_len=max_prefix_len)
+        out, lse = paged_prefill_cudnn(
+            *args[:7], page_size=page_size, max_prefix_len=max_prefix_len
+        )
+        return out.astype(out_dtype), lse
     from jspec.kernels.paged_attention_triton import paged_attention_triton
 
-    return paged_attention_triton(*args, page_size=page_size, causal=causal, **tuning)
+    return paged_attention_triton(
+        *args, page_size=page_size, causal=causal, out_dtype=out_dtype, **tuning
+    )

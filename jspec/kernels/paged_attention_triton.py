@@ -353,6 +353,7 @@ def _paged_attention_kernel(
         o_mask = in_q[:, None] & d_ok[None, :]
     else:
         o_mask = in_q[:, None]
+    out = out.to(out_ptr.dtype.element_ty)  # f32 partials, or the final out_dtype (one split)
     tl.store(out_ptr + o_off[:, None] * D + dcol[None, :], out, mask=o_mask)
     tl.store(lse_ptr + o_off, lse, mask=in_q)
 
@@ -415,6 +416,7 @@ def _merge_splits_kernel(
     merged = tl.where(has_key[:, None], acc / safe[:, None], 0.0)
     merged_lse = tl.where(has_key, top + tl.log(safe), float("-inf"))
     m_off = (b * R + rows) * D
+    merged = merged.to(merged_ptr.dtype.element_ty)  # the call's out_dtype
     tl.store(
         merged_ptr + m_off[:, None] + dcol[None, :], merged, mask=r_ok[:, None] & d_ok[None, :]
     )
@@ -585,23 +587,27 @@ def plan_pages(num_pages: int, page_size: int, max_kv_len: int | None) -> int:
     return max(1, min(num_pages, -(-max_kv_len // page_size)))
 
 
-def merge_splits_triton(out: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
+def merge_splits_triton(
+    out: jax.Array, lse: jax.Array, out_dtype: Any = jnp.float32
+) -> tuple[jax.Array, jax.Array]:
     """:func:`merge_splits` as one raw Triton launch (:func:`_merge_splits_kernel`; XLA
     lowers the jnp merge to three fusions that cost as much as a short pass's kernel:
     measured on the H100, bs 1 verify over 2k keys, 17 splits: 7 us against the kernel's 12).
 
-    Args: ``out f32[B, NS, Qp, Hq, D]``, ``lse f32[B, NS, Qp, Hq]``. Returns as merge_splits.
+    Args: ``out f32[B, NS, Qp, Hq, D]``, ``lse f32[B, NS, Qp, Hq]``; ``out_dtype``: the merged
+    output's dtype (written by the kernel: no convert launch after it). Returns as
+    merge_splits, the output in ``out_dtype``.
     """
     bsz, ns, qp, hq, dim = out.shape
     if ns == 1:
-        return out[:, 0], lse[:, 0]
+        return out[:, 0].astype(out_dtype), lse[:, 0]
     grid, meta = merge_plan(bsz, ns, qp * hq, dim)
     merged, merged_lse = _common.jax_triton_call(
         out,
         lse,
         kernel=get_merge_kernel(),
         out_shape=(
-            jax.ShapeDtypeStruct((bsz, qp, hq, dim), jnp.float32),
+            jax.ShapeDtypeStruct((bsz, qp, hq, dim), out_dtype),
             jax.ShapeDtypeStruct((bsz, qp, hq), jnp.float32),
         ),
         grid=grid,
@@ -627,6 +633,7 @@ def paged_attention_triton(
     page_size: int,
     causal: bool,
     max_kv_len: int | None = None,
+    out_dtype: Any = jnp.float32,
     **knobs: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """:func:`jspec.kernels.paged_attention.paged_attention` through ``jax_triton`` (GPU only).
@@ -637,17 +644,20 @@ def paged_attention_triton(
     ``q_lens: i32[B] | None`` (causal; None: ``Qp``), ``tail_slot_ids: i32[B, N] | None``,
     ``tail_mask: bool[B, Qp, N] | None``; static ``page_size``, ``causal``; ``max_kv_len``:
     the launch hint (the key splits planned for ``ceil(max_kv_len / P)`` pages instead of
-    ``C``; a longer row is still read whole); ``knobs``: static, passed on to
+    ``C``; a longer row is still read whole); ``out_dtype``: the output's dtype, written by
+    the kernel (one split) or the Triton merge, never by a convert after them; ``knobs``:
+    static, passed on to
     :func:`launch_plan` (``block_m``, ``block_n``, ``num_splits``, ``num_warps``,
     ``num_stages``, ``tail_split``; None or left out: its default).
 
     Returns:
-      ``(out f32[B, Qp, Hq, D], lse f32[B, Qp, Hq])``; a query that sees nothing: 0, -inf.
+      ``(out out_dtype[B, Qp, Hq, D], lse f32[B, Qp, Hq])``; a query that sees nothing: 0,
+      -inf.
     """
     bsz, qp, hq, dim = q.shape
     if bsz * qp == 0:
         return (
-            jnp.zeros((bsz, qp, hq, dim), jnp.float32),
+            jnp.zeros((bsz, qp, hq, dim), out_dtype),
             jnp.full((bsz, qp, hq), -jnp.inf, jnp.float32),
         )
     num_slots, hkv = k_pool.shape[1], k_pool.shape[2]
@@ -671,7 +681,8 @@ def paged_attention_triton(
     )
     ns = grid[1]
     out_shape = (
-        jax.ShapeDtypeStruct((bsz, ns, qp, hq, dim), jnp.float32),
+        # One split: the kernel's output is final, written in out_dtype; else f32 partials.
+        jax.ShapeDtypeStruct((bsz, ns, qp, hq, dim), out_dtype if ns == 1 else jnp.float32),
         jax.ShapeDtypeStruct((bsz, ns, qp, hq), jnp.float32),
     )
     out, lse = _common.jax_triton_call(
@@ -693,5 +704,9 @@ def paged_attention_triton(
         **meta,
         **opts,
     )
-    xla_merge = ns <= XLA_MERGE_MAX_SPLITS and bsz * qp < XLA_MERGE_MAX_ROWS
-    return (merge_splits if xla_merge else merge_splits_triton)(out, lse)
+    if ns == 1:
+        return out[:, 0], lse[:, 0]
+    if ns <= XLA_MERGE_MAX_SPLITS and bsz * qp < XLA_MERGE_MAX_ROWS:
+        merged, merged_lse = merge_splits(out, lse)  # XLA fuses the cast into the merge
+        return merged.astype(out_dtype), merged_lse
+    return merge_splits_triton(out, lse, out_dtype)

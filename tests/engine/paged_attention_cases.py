@@ -325,11 +325,17 @@ def check(got_out, got_lse, want_out, want_lse, *, atol: float, lse_atol: float)
     np.testing.assert_allclose(got_lse[~empty], want_lse[~empty], atol=lse_atol, rtol=1e-5)
 
 
-def launch_interpreted(case: Case, *, kernel: Any = None, **tuning: Any):
+def launch_interpreted(
+    case: Case, *, kernel: Any = None, out_dtype: str = "float32", **tuning: Any
+):
     """The raw Triton kernel on torch CPU tensors (Triton's interpreter must be on).
 
-    Returns ``(out, lse, part_lse)``: the merged numpy outputs and the raw per-split lse
-    ``f32[B, NS, Qp, Hq]`` (outputs are NaN-poisoned before the launch).
+    ``out_dtype``: as ``paged_attention_triton``'s: the kernel writes it when the plan has one
+    split, the merge kernel otherwise (f32 partials between them).
+
+    Returns ``(out, lse, part_lse)``: the merged numpy outputs (``out`` as f32 numbers of
+    ``out_dtype``) and the raw per-split lse ``f32[B, NS, Qp, Hq]`` (outputs are NaN-poisoned
+    before the launch).
     """
     import torch
 
@@ -337,7 +343,8 @@ def launch_interpreted(case: Case, *, kernel: Any = None, **tuning: Any):
     from triton_interpret import patch_interpreter_range
 
     patch_interpreter_range()
-    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[case.dtype]
+    torch_dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    tdtype = torch_dtypes[case.dtype]
     batch, qp, hq, dim = case.q.shape
     _, num_slots, hkv, _ = case.k_pool.shape
     tail_len = 0 if case.tail_slot_ids is None else case.tail_slot_ids.shape[1]
@@ -360,7 +367,8 @@ def launch_interpreted(case: Case, *, kernel: Any = None, **tuning: Any):
     i32 = lambda x: torch.from_numpy(np.ascontiguousarray(x, np.int32))  # noqa: E731
     kv_lens = i32(case.kv_lens)
     q_lens = i32(np.full(batch, qp) if case.q_lens is None else case.q_lens)
-    out = torch.full((batch, ns, qp, hq, dim), float("nan"))
+    out_tdtype = torch_dtypes[out_dtype] if ns == 1 else torch.float32
+    out = torch.full((batch, ns, qp, hq, dim), float("nan"), dtype=out_tdtype)
     lse = torch.full((batch, ns, qp, hq), float("nan"))
     (kernel or pat.get_kernel())[grid](
         torch.from_numpy(np.array(case.q)).to(tdtype),
@@ -379,14 +387,20 @@ def launch_interpreted(case: Case, *, kernel: Any = None, **tuning: Any):
         **meta,
         **opts,
     )
-    merged = merge_interpreted(out.numpy(), lse.numpy())
+    if ns == 1:
+        assert out.dtype == out_tdtype
+        return out[:, 0].float().numpy(), lse[:, 0].numpy(), lse.numpy()
+    merged = merge_interpreted(out.numpy(), lse.numpy(), out_dtype)
     return merged[0], merged[1], lse.numpy()
 
 
-def merge_interpreted(out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def merge_interpreted(
+    out: np.ndarray, lse: np.ndarray, out_dtype: str = "float32"
+) -> tuple[np.ndarray, np.ndarray]:
     """``merge_splits_triton``'s kernel on torch CPU tensors (Triton's interpreter must be on):
-    ``f32[B, NS, Qp, Hq, D], f32[B, NS, Qp, Hq]`` -> merged numpy ``(out, lse)``; one split:
-    taken as it is (the wrapper launches nothing)."""
+    ``f32[B, NS, Qp, Hq, D], f32[B, NS, Qp, Hq]`` -> merged numpy ``(out, lse)`` (``out`` in
+    ``out_dtype``, returned as f32 numbers); one split: taken as it is (the wrapper launches
+    nothing)."""
     import torch
 
     from jspec.kernels import paged_attention_triton as pat
@@ -395,7 +409,8 @@ def merge_interpreted(out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarray, np.
     if ns == 1:
         return out[:, 0], lse[:, 0]
     grid, meta = pat.merge_plan(bsz, ns, qp * hq, dim)
-    merged = torch.full((bsz, qp, hq, dim), float("nan"))
+    out_tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[out_dtype]
+    merged = torch.full((bsz, qp, hq, dim), float("nan"), dtype=out_tdtype)
     merged_lse = torch.full((bsz, qp, hq), float("nan"))
     pat.get_merge_kernel()[grid](
         torch.from_numpy(np.ascontiguousarray(out, np.float32)),
@@ -406,7 +421,7 @@ def merge_interpreted(out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarray, np.
         num_stages=1,
         **meta,
     )
-    return merged.numpy(), merged_lse.numpy()
+    return merged.float().numpy(), merged_lse.numpy()
 
 
 def mutated_kernel(old: str, new: str) -> Any:

@@ -73,6 +73,21 @@ def test_nan_at_a_read_position_reaches_the_output(name, where):
     pc.check(out[others], lse[others], want_out[others], want_lse[others], atol=2e-5, lse_atol=2e-5)
 
 
+@pytest.mark.parametrize("name", ["decode-gqa4-p16", "verify-tree-n8", "prefill-ragged-mqa"])
+def test_reference_out_dtype_is_the_f32_output_rounded_once(name):
+    """``out_dtype`` (what FlashAttention returns: the activations' dtype) is the f32 output
+    rounded once; lse stays f32."""
+    case = pc.make_case(np.random.default_rng(_seed(name)), dtype="bfloat16", **pc.CASES[name])
+    out32, lse32 = paged_attention(*case.jax_args(), **case.static, impl="xla")
+    out16, lse16 = paged_attention(
+        *case.jax_args(), **case.static, impl="xla", out_dtype=jnp.bfloat16
+    )
+    assert out32.dtype == jnp.float32 and out16.dtype == jnp.bfloat16
+    assert lse16.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(out16), np.asarray(out32.astype(jnp.bfloat16)))
+    np.testing.assert_array_equal(np.asarray(lse16), np.asarray(lse32))
+
+
 def test_empty_batch():
     q = jnp.zeros((0, 2, 4, 8), jnp.float32)
     pool = jnp.zeros((1, 16, 2, 8), jnp.float32)
@@ -139,6 +154,9 @@ def _bad_call(**over):
         ({"knobs": {"block_n": 24}}, "block_n=24"),
         ({"knobs": {"num_warps": 3}}, "num_warps=3"),
         ({"knobs": {"impl": "cuda"}}, "impl='cuda'"),
+        ({"knobs": {"out_dtype": jnp.int32}}, "out_dtype="),
+        ({"knobs": {"out_dtype": "float64"}}, "out_dtype='float64'"),
+        ({"knobs": {"out_dtype": "bf"}}, "out_dtype='bf'"),
     ],
 )
 def test_validation_names_the_argument(over, match):

@@ -112,6 +112,35 @@ def test_interpreted_kernel_vs_oracle(name, tuning, request):
 
 
 @in_process
+@pytest.mark.parametrize(
+    "name,tuning",
+    [
+        pytest.param("decode-gqa4-p16", {"num_splits": 1}, id="one-split-kernel-writes"),
+        pytest.param("verify-tree-n8", {"num_splits": 3, "block_n": 16}, id="merge-writes"),
+        pytest.param("prefill-ragged-mqa", {}, id="prefill-plan"),
+    ],
+)
+def test_interpreted_out_dtype_is_the_f32_output_cast_once(name, tuning):
+    """``out_dtype="bfloat16"`` (the engine's bf16 passes): the kernel (one split) or the split
+    merge writes bf16, every number the f32 output cast once, as a convert after an f32 pass
+    would give: the same activations without the convert launch. The cast is the
+    interpreter's: Triton 3.6's interpreter truncates f32 -> bf16 toward zero (compiled, the
+    kernel rounds to nearest even: ``test_jax_triton_out_dtype_on_gpu``)."""
+    case = pc.make_case(
+        np.random.default_rng(_seed(name, "out")), dtype="bfloat16", **pc.CASES[name]
+    )
+    out32, lse32, _ = pc.launch_interpreted(case, **tuning)
+    out16, lse16, _ = pc.launch_interpreted(case, out_dtype="bfloat16", **tuning)
+    truncated = (np.ascontiguousarray(out32, np.float32).view(np.uint32) & 0xFFFF0000).view(
+        np.float32
+    )
+    assert not np.isnan(out16).all()
+    np.testing.assert_array_equal(out16, truncated)  # NaN where the f32 run has NaN
+    np.testing.assert_array_equal(lse16, lse32)
+    assert (out16 != out32).any(), "the bf16 cast must show somewhere (else the check is void)"
+
+
+@in_process
 @pytest.mark.filterwarnings("ignore:All-NaN slice")  # the interpreter's max over NaN rows
 def test_interpreted_padding_queries_holding_nan():
     case = pc.make_case(np.random.default_rng(4), **pc.CASES["prefill-ragged-mqa"])
@@ -436,6 +465,38 @@ def test_jax_triton_mutant_fails_on_gpu(monkeypatch):
     case = _gpu_case("prefill-ragged", "bfloat16")
     with pytest.raises(AssertionError):
         pc.check(*_gpu_compare(case), **BF16_TOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name,knobs",
+    [
+        ("verify-tree-n8", {"num_splits": 1}),  # the kernel writes bf16
+        ("verify-tree-n8", {"num_splits": 3}),  # XLA's merge, cast fused
+        ("verify-bs8-n8", {"num_splits": 2}),  # the Triton merge writes bf16
+        ("prefill-ragged", {}),
+    ],
+    ids=["kernel", "xla-merge", "triton-merge", "prefill"],
+)
+def test_jax_triton_out_dtype_on_gpu(name, knobs):
+    """Compiled, ``out_dtype=bfloat16`` is the f32 pass's output rounded once to nearest even,
+    bit for bit (the engine's passes: the same activations, no convert launch)."""
+    case = _gpu_case(name, "bfloat16")
+    args = case.jax_args()
+
+    def run(out_dtype):
+        fn = lambda *a: paged_attention(  # noqa: E731
+            *a, **case.static, impl="triton", out_dtype=out_dtype, **knobs
+        )
+        return jax.jit(fn)(*args)
+
+    out32, lse32 = run(None)
+    out16, lse16 = run(jnp.bfloat16)
+    assert out16.dtype == jnp.bfloat16 and out32.dtype == jnp.float32
+    np.testing.assert_array_equal(
+        np.asarray(out16, np.float32), np.asarray(out32.astype(jnp.bfloat16), np.float32)
+    )
+    np.testing.assert_array_equal(np.asarray(lse16), np.asarray(lse32))
 
 
 @pytest.mark.gpu
