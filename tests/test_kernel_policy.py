@@ -188,3 +188,65 @@ def test_the_runner_hands_the_policy_to_the_models():
     assert runner.target.rms_norm_impl == "triton"  # one policy, whatever the model came with
     same = make_engine_config(target, context_len=64, max_running_requests=1, max_prompt_len=8)
     assert Runner(same, target).target is target  # nothing to change: the model itself
+
+
+# ---- the policy reaches every op the engine calls ---------------------------------------------
+def _ops_taking_impl(root) -> set[str]:
+    """Names of jspec's public functions with an ``impl`` parameter (the ops whose kernel the
+    policy chooses), the policy's own entry points left out (they take "auto")."""
+    import ast
+
+    names = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                params = node.args.args + node.args.kwonlyargs
+                if any(p.arg == "impl" for p in params):
+                    names.add(node.name)
+    # the policy's own entry points (they take "auto") and the validators (impl positional)
+    return names - {
+        "resolve_kernel_policy",
+        "make_engine_config",
+        "resolve_impl",
+        "check_rms_norm_impl",
+    }
+
+
+def _calls_without_impl(sources: dict[str, str], ops: set[str]) -> list[str]:
+    """``file:line name`` of every call to one of ``ops`` that passes no ``impl=`` keyword
+    (nor ``**kwargs``): such a call runs the op's default, whatever the policy says."""
+    import ast
+
+    missing = []
+    for name, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            callee = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if callee in ops and not any(k.arg in (None, "impl") for k in node.keywords):
+                missing.append(f"{name}:{node.lineno} {callee}")
+    return missing
+
+
+def test_the_engine_passes_the_policy_to_every_op():
+    """Every op call in jspec's layers above the ops (engine, models, apps, and the tree / kv /
+    attention_meta ops that call other ops) names its ``impl``. The accepted-KV move into the
+    target pool once ran XLA's scatter whatever the policy said: its call passed none."""
+    import pathlib
+
+    import jspec
+
+    root = pathlib.Path(jspec.__file__).parent
+    ops = _ops_taking_impl(root)
+    assert {"move_accept_tokens_to_target_kvcache", "paged_attention", "set_kv_buffer"} <= ops
+    units = ("engine", "models", "apps", "tree", "kv", "attention_meta")
+    sources = {
+        str(p.relative_to(root)): p.read_text() for u in units for p in (root / u).rglob("*.py")
+    }
+    assert _calls_without_impl(sources, ops) == []
+    # the check has teeth: the call as it stood before the fix is found
+    bad = "move_accept_tokens_to_target_kvcache(pool, table, rows, lens, loc, idx, n, valid=ok)\n"
+    assert _calls_without_impl({"x.py": bad}, ops) == [
+        "x.py:1 move_accept_tokens_to_target_kvcache"
+    ]
