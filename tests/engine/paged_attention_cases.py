@@ -325,6 +325,13 @@ def check(got_out, got_lse, want_out, want_lse, *, atol: float, lse_atol: float)
     np.testing.assert_allclose(got_lse[~empty], want_lse[~empty], atol=lse_atol, rtol=1e-5)
 
 
+def _torch_dtype(name: str) -> Any:
+    """The torch dtype of a case's dtype name ("float32" / "bfloat16")."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
 def launch_interpreted(
     case: Case, *, kernel: Any = None, out_dtype: str = "float32", **tuning: Any
 ):
@@ -343,8 +350,7 @@ def launch_interpreted(
     from triton_interpret import patch_interpreter_range
 
     patch_interpreter_range()
-    torch_dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    tdtype = torch_dtypes[case.dtype]
+    tdtype = _torch_dtype(case.dtype)
     batch, qp, hq, dim = case.q.shape
     _, num_slots, hkv, _ = case.k_pool.shape
     tail_len = 0 if case.tail_slot_ids is None else case.tail_slot_ids.shape[1]
@@ -367,7 +373,7 @@ def launch_interpreted(
     i32 = lambda x: torch.from_numpy(np.ascontiguousarray(x, np.int32))  # noqa: E731
     kv_lens = i32(case.kv_lens)
     q_lens = i32(np.full(batch, qp) if case.q_lens is None else case.q_lens)
-    out_tdtype = torch_dtypes[out_dtype] if ns == 1 else torch.float32
+    out_tdtype = _torch_dtype(out_dtype) if ns == 1 else torch.float32
     out = torch.full((batch, ns, qp, hq, dim), float("nan"), dtype=out_tdtype)
     lse = torch.full((batch, ns, qp, hq), float("nan"))
     (kernel or pat.get_kernel())[grid](
@@ -409,8 +415,7 @@ def merge_interpreted(
     if ns == 1:
         return out[:, 0], lse[:, 0]
     grid, meta = pat.merge_plan(bsz, ns, qp * hq, dim)
-    out_tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[out_dtype]
-    merged = torch.full((bsz, qp, hq, dim), float("nan"), dtype=out_tdtype)
+    merged = torch.full((bsz, qp, hq, dim), float("nan"), dtype=_torch_dtype(out_dtype))
     merged_lse = torch.full((bsz, qp, hq), float("nan"))
     pat.get_merge_kernel()[grid](
         torch.from_numpy(np.ascontiguousarray(out, np.float32)),
