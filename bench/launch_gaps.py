@@ -2,7 +2,7 @@
 engine's decode dispatches, read from a profiler trace.
 
     python -m bench.launch_gaps [--geometry 8b] [--batches 1,64] [--modes greedy,spec]
-                                [--dispatches 3]
+                                [--dispatches 3] [--rms-norm-impl auto|xla|triton]
 
 Per (mode, batch), on the 8B geometry of :mod:`bench.real_size` (its target, matched head and
 engine): every prompt admitted and prefilled, two decode dispatches run untraced, then
@@ -231,9 +231,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         default=DEFAULT_MAX_ROUNDS,
         help="decode rounds per dispatch (default: Engine's)",
     )
+    parser.add_argument(
+        "--rms-norm-impl", default="auto", help="the engine's RMSNorm kernel: auto | xla | triton"
+    )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     g = rs.GEOMETRIES[args.geometry]
+    rs.RMS_NORM_IMPL = args.rms_norm_impl
     # Room for every request to decode through the untraced and traced dispatches (up to
     # steps + 1 tokens a round): no request ends.
     rs.NEW = (args.dispatches + 3) * args.max_rounds * (rs.STEPS + 1)
@@ -263,7 +267,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         del engine
     text = (
         f"launch_gaps on {device_name()}: {args.geometry}, {args.dispatches} traced dispatches "
-        f"of {args.max_rounds} rounds per row\n\n{format_table(rows, COLUMNS)}\n"
+        f"of {args.max_rounds} rounds per row, rms_norm {args.rms_norm_impl}\n\n{format_table(rows, COLUMNS)}\n"
     )
     print_and_write(text, args.out)
     return rows

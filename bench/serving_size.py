@@ -19,7 +19,11 @@ step planned for the whole context); ``--rms-norm-impl`` picks the models' RMSNo
 * ``TTFT ms``: wall time of the prefill calls of the cell's first request (bs 1 cells: the
   whole prompt's time to first token) beside its floor (FLOPs: 2 x non-embedding params x
   tokens + causal attention 4 x layers x heads x head_dim x C^2 / 2, / the measured matmul
-  rate) and ``x floor``;
+  rate) and ``x floor``. One sample, taken after the previous cell's decode: the GPU at its
+  full clock. ``prefill ms / prompt``: the cell's whole fill (every prompt prefilled back to
+  back, host loop included) / its prompts: the sustained rate, which on the H200 runs at its
+  700 W power cap, the SM clock ~1.6 instead of 1.98 GHz (~10% slower a prompt at 2k:
+  bench/RESULTS.md, nineteenth session);
 * decode: ``step ms (wall)`` the host loop's wall (``Engine._decode_step``) per round over
   whole dispatches of ``--max-rounds`` rounds (the engine's default, 32; the tables of
   2026-11-26/27 ran 8), at least ``--steps`` rounds; ``step ms (device)`` the summed GPU
@@ -78,6 +82,7 @@ COLUMNS = (
     "TTFT ms",
     "TTFT floor ms",
     "TTFT x floor",
+    "prefill ms / prompt",
     "step ms (wall)",
     "step ms (device)",
     "wall / device",
@@ -248,7 +253,11 @@ def run_cell(
     loop = admit_all(engine, prompts, budget, stats)
     fill_s = time.perf_counter() - t0
     first = loop.running[0][min(loop.running[0])]
-    row = {"TTFT ms": first.ttft_s * 1e3, "note": f"fill {fill_s:.1f} s"}
+    row = {
+        "TTFT ms": first.ttft_s * 1e3,
+        "prefill ms / prompt": fill_s / bs * 1e3,
+        "note": f"fill {fill_s:.1f} s",
+    }
     # Decode: dispatches of up to Engine.max_rounds rounds each (the engine's host loop);
     # stats.step_s gets one entry per round (the dispatch's wall / its rounds).
     n_steps0, n_tok0 = len(stats.step_s), len(stats.accept_lens)

@@ -60,11 +60,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # verify tokens) 7.11 -> 6.97, greedy bs1 4.40 -> 4.67.
 CUBLAS_MIN_TOKENS = 64
 # rms_norm "auto" is XLA's fusion on every backend. The one-launch Triton residual add + RMSNorm
-# (rms_norm_impl="triton") saves device time on its own but is a legacy custom call that XLA's
-# command buffers do not capture, two a layer, and the engine's rounds are launch-bound: on the
-# H200 (bench/real_size.py --rms-norm-impl, 8B, 256 new tokens, 2026-11-27) XLA's fusion took
-# the wall per round from 5.84 to 5.52 ms (spec bs 1) and 6.27 to 5.77 (greedy bs 64), greedy
-# bs 1 and spec bs 64 level, device time within +-0.15 ms (bench/RESULTS.md, ninth session).
+# (rms_norm_impl="triton") does not pay in the engine: through the typed FFI launch, on the H200
+# (bench/launch_gaps.py --rms-norm-impl, 8B, bs 1 / 16 / 64, 2026-11-28, bench/RESULTS.md,
+# nineteenth session) its rounds' busy time is -1.3% to +1.1% of XLA's and their wall level
+# (greedy 4.44 / 4.65 / 5.37 ms vs 4.46 / 4.67 / 5.32, spec 5.56 / 7.12 / 17.2 vs 5.65 / 7.14 /
+# 17.2). (Through the legacy custom call, before the typed FFI launch, it cost up to 0.5 ms of
+# wall a round: ninth session.)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
