@@ -397,6 +397,31 @@ def matmul_tflops(n: int = 8192, chain: int = 8, trials: int = 5) -> float:
     return 2 * n**3 * chain / best / 1e12
 
 
+def matmul_tflops_sustained(seconds: float = 4.0, n: int = 8192, chain: int = 64) -> float:
+    """The bf16 matmul rate a long compute-bound run holds: :func:`matmul_tflops`' chain (64
+    products a call, ~0.1 s on the H200) called back to back for ``seconds``, the mean rate of
+    the calls in the second half. On the H200 the SM clock falls from 1.98 to ~1.6 GHz under
+    its 700 W power cap within the first call: 643 TFLOP/s sustained against 721 burst
+    (bench/RESULTS.md, nineteenth session). A long prefill runs at this rate; floors use the
+    burst one. Off GPU a toy size, one second."""
+    if jax.default_backend() != "gpu":
+        n, chain, seconds = 256, 8, min(seconds, 1.0)
+    a = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.bfloat16) * (n**-0.5)
+    b = jax.random.normal(jax.random.PRNGKey(2), (n, n), jnp.bfloat16)
+
+    @jax.jit
+    def run(x, y):
+        return jax.lax.fori_loop(0, chain, lambda _, z: x @ z, y)
+
+    jax.block_until_ready(run(a, b))
+    start, calls = time.perf_counter(), []  # (start offset, duration) per call
+    while (t0 := time.perf_counter()) - start < seconds:
+        jax.block_until_ready(run(a, b))
+        calls.append((t0 - start, time.perf_counter() - t0))
+    late = [dt for at, dt in calls if at >= seconds / 2] or [dt for _, dt in calls]
+    return 2 * n**3 * chain / (sum(late) / len(late)) / 1e12
+
+
 COPY_REPEATS = 10  # timed calls of copy_bandwidth_tbs (its best is the floor's rate)
 
 

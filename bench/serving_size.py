@@ -58,6 +58,7 @@ from bench._timing import (
     device_name,
     format_table,
     matmul_tflops,
+    matmul_tflops_sustained,
     trace_gpu_events,
     write_with_json,
 )
@@ -388,8 +389,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     cells = parse_cells("1x32,2x64" if args.quick else args.cells)
     modes = [m for m in args.modes.split(",") if m]
     bw, tflops = copy_bandwidth_tbs(), matmul_tflops()
+    sustained = matmul_tflops_sustained()
     header = (
-        f"serving_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} TFLOP/s;"
+        f"serving_size on {device_name()}: copy {bw:.2f} TB/s, bf16 matmul {tflops:.0f} TFLOP/s "
+        f"(the floors'; {sustained:.0f} sustained under the power cap);"
         f" {g.name}, page {PAGE}, topk {TOPK}, steps {STEPS}, {DRAFT_TOKENS} draft tokens, "
         f"chunked prefill {args.chunk}, mem_fraction_static {args.mem_fraction}, "
         f"{args.max_rounds} rounds per dispatch, attention {args.attention_impl}, "

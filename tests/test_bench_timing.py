@@ -14,6 +14,7 @@ from bench._timing import (
     attribute_events,
     hlo_fused_op_names,
     hlo_op_names,
+    matmul_tflops_sustained,
     profile_kernel_us,
     profile_split_us,
 )
@@ -34,6 +35,11 @@ def _scoped_args():
 
 def _classify(op_name: str) -> str:
     return "a" if "a" in op_name.split("/") else "rest"
+
+
+def test_matmul_tflops_sustained_runs_on_cpu():
+    rate = matmul_tflops_sustained(seconds=0.3)
+    assert 0 < rate < 1e3
 
 
 def test_hlo_op_names_on_compiled_cpu_hlo():
