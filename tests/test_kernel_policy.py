@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jspec.engine import KERNEL_CHOICES, KernelPolicy, resolve_kernel_policy
-from jspec.kernels.policy import CUBLAS_MIN_TOKENS
+from jspec.kernels.policy import CHOICES, CUBLAS_MIN_TOKENS, GPU_ONLY, KEYWORDS
 from jspec.kernels.rms_norm import MAX_HIDDEN
 from jspec.kernels.topk_probs import MAX_COLS
 from jspec.models import LlamaConfig, LlamaTarget, with_kernel_policy
@@ -174,6 +174,19 @@ def test_with_kernel_policy_sets_the_models_norm():
     assert with_kernel_policy(None, KernelPolicy()) is None
     with pytest.raises(ValueError, match="rms_norm_impl='auto' must be one of"):
         LlamaTarget(CFG, rms_norm_impl="auto")
+
+
+def test_check_backend_refuses_only_gpu_kernels_off_the_gpu():
+    assert set(KEYWORDS) == set(CHOICES)
+    for family, keyword in KEYWORDS.items():
+        for impl in CHOICES[family]:
+            policy = KernelPolicy(**{family: impl})
+            policy.check_backend("gpu")
+            if impl in GPU_ONLY:
+                with pytest.raises(ValueError, match=rf"^{keyword}='{impl}' needs a GPU.*'cpu'"):
+                    policy.check_backend("cpu")
+            else:
+                policy.check_backend("cpu")
 
 
 def test_the_runner_hands_the_policy_to_the_models():

@@ -30,8 +30,10 @@ KERNEL_FLAGS = {
     "--attention-impl": (
         "attention_impl",
         "attention",
-        "paged attention of the model (page tables in): auto = the Triton kernels on GPU, the "
-        "pure-jnp reference otherwise; cudnn = Triton, prefill chunks through cuDNN (bf16 / f16)",
+        "paged attention of the model (page tables in): auto = cudnn on GPU for bf16 / f16 "
+        "models (triton for f32, or where this jax lacks the cuDNN call), the pure-jnp "
+        "reference elsewhere; triton = the Triton kernels; cudnn = Triton, long prefill chunks "
+        "through cuDNN (bf16 / f16)",
     ),
     "--gemm-impl": (
         "gemm_impl",
@@ -245,6 +247,7 @@ def engine_config_from_args(
         ecfg = dataclasses.replace(ecfg, kv_len_buckets=hints)
         check_engine_models(ecfg, target, draft)
         check_devices(args.devices, args.tensor_parallel)
+        ecfg.check_backend()  # a kernel flag naming a GPU-only kernel off the GPU
         if draft is not None and args.topk > draft.vocab_size:
             raise ValueError(
                 f"--topk={args.topk} must be <= the draft's vocab_size={draft.vocab_size}"

@@ -368,6 +368,7 @@ class Engine:
         num_devices = check_count("num_devices", num_devices)
         if (draft is None) != (draft_params is None):
             raise ValueError("draft and draft_params: give both (spec) or neither (greedy)")
+        ecfg.check_backend()  # a GPU-only kernel off the GPU: before any compile
         self.runner = Runner(ecfg, target, draft)  # checks the models against the config
         sharding.check_devices(num_devices, ecfg.tensor_parallel)
         self.ecfg, self.target, self.draft_model = ecfg, self.runner.target, self.runner.draft

@@ -190,6 +190,16 @@ class EngineConfig:
             return self.attention_backend
         return PagedAttentionBackend(self.kernels.attention)
 
+    def check_backend(self) -> None:
+        """``ValueError`` naming the keyword when a kernel this config runs needs a GPU and
+        jax's backend is not one (:meth:`jspec.kernels.policy.KernelPolicy.check_backend`;
+        with an ``attention_backend``, ``kernels.attention`` is not run). What an ``Engine``
+        checks before it compiles anything."""
+        used = self.kernels
+        if self.attention_backend is not None:
+            used = dataclasses.replace(used, attention="xla")
+        used.check_backend()
+
     @property
     def max_chunk_len(self) -> int:
         """Longest prefill chunk per request: ``chunked_prefill_size // prefill_batch``, at

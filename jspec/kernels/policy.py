@@ -40,6 +40,8 @@ from jspec.kernels import topk_probs as _topk_probs
 __all__ = [
     "CHOICES",
     "CUBLAS_MIN_TOKENS",
+    "GPU_ONLY",
+    "KEYWORDS",
     "KernelPolicy",
     "resolve_kernel_policy",
 ]
@@ -51,6 +53,17 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gemm": ("xla", "cublas"),
     "rms_norm": ("xla", "triton"),
     "topk_probs": ("xla", "pallas", "triton"),
+}
+# The choices that run only on a GPU backend (jax-triton's launches, cuDNN): off the GPU their ops
+# raise when traced, so KernelPolicy.check_backend refuses them where an engine is built.
+GPU_ONLY = ("triton", "cudnn")
+# Each family's keyword in resolve_kernel_policy / make_engine_config (what errors name).
+KEYWORDS: dict[str, str] = {
+    "bookkeeping": "impl",
+    "attention": "attention_impl",
+    "gemm": "gemm_impl",
+    "rms_norm": "rms_norm_impl",
+    "topk_probs": "topk_probs_impl",
 }
 # gemm "auto" turns XLA's Triton GEMM emitter off (cuBLAS) on GPU for calls whose target forward
 # holds >= CUBLAS_MIN_TOKENS tokens. Measured on the H200 (bench/skinny_matmul.py --layers,
@@ -103,6 +116,22 @@ class KernelPolicy:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError(f"cublas_min_tokens={n!r} must be an int >= 0")
 
+    def check_backend(self, backend: str | None = None) -> None:
+        """``ValueError`` naming the keyword of the first family whose kernel needs a GPU
+        (:data:`GPU_ONLY`) when ``backend`` (default ``jax.default_backend()``) is not one: what
+        an engine checks before it compiles anything (its ops would raise only when traced).
+        A policy itself may name GPU kernels anywhere (built for a GPU, inspected on CPU)."""
+        backend = jax.default_backend() if backend is None else backend
+        if backend == "gpu":
+            return
+        for family, keyword in KEYWORDS.items():
+            value = getattr(self, family)
+            if value in GPU_ONLY:
+                raise ValueError(
+                    f"{keyword}={value!r} needs a GPU; jax's backend here is {backend!r}: "
+                    f"choose 'auto' or one of {tuple(c for c in CHOICES[family] if c not in GPU_ONLY)}"
+                )
+
     def gemm_compiler_options(self, num_tokens: int) -> tuple[tuple[str, bool], ...]:
         """XLA compile options (``(name, value)`` pairs, hashable) for a jitted call whose target
         forward holds ``num_tokens`` tokens; ``()`` = XLA's defaults (always off the GPU)."""
@@ -148,8 +177,9 @@ def resolve_kernel_policy(
     Args:
       impl: bookkeeping (``"auto"`` | ``"xla"`` | ``"pallas"``).
       attention_impl, gemm_impl, rms_norm_impl, topk_probs_impl: ``"auto"`` or one of the
-        family's :data:`CHOICES`. A GPU-only kernel named off the GPU fails when it is traced
-        (the op's ``ValueError``), as before.
+        family's :data:`CHOICES`. A GPU-only kernel (:data:`GPU_ONLY`) may be named on any
+        backend (a policy built for a GPU); an ``Engine`` refuses it off the GPU when it is
+        built (:meth:`KernelPolicy.check_backend`), the op itself when it is traced.
       hidden_size: the widest RMSNorm row (target and draft): ``rms_norm_impl="triton"``
         takes rows of at most :data:`jspec.kernels.rms_norm.MAX_HIDDEN` columns.
       vocab_size: the widest row ``topk_probs`` sees (the draft's vocabulary); Pallas takes

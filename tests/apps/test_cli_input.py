@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -325,9 +326,36 @@ def test_bad_kernel_impl_is_one_line(flag, capsys, no_weight_read_no_compile):
     _one_line(code, err, "generate", rf"{flag}='cuda' must be one of auto\|")
 
 
-def test_launch_hints_shorter_than_the_prompts_are_dropped():
-    """Decode launch hints no dispatch of these prompts could use are not compiled."""
+GPU_ONLY_FLAGS = [
+    (flag, impl)
+    for flag, (_dest, family, _text) in KERNEL_FLAGS.items()
+    for impl in KERNEL_CHOICES[family]
+    if impl in ("triton", "cudnn")
+]
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the GPU runs these kernels")
+@pytest.mark.parametrize("flag,impl", GPU_ONLY_FLAGS)
+def test_gpu_only_kernel_off_the_gpu_is_one_line_before_the_weights(
+    tmp_path, capsys, flag, impl, no_weight_read_no_compile
+):
+    """A kernel flag naming a GPU-only kernel (jax-triton's launches, cuDNN) on a CPU backend:
+    one line naming the keyword, exit 2, before any weight is read or engine built (it was a
+    traceback from the first trace: the op's own ValueError, rc 1)."""
+    keyword = KERNEL_FLAGS[flag][0]
+    code, err = _gen(capsys, _model(tmp_path), *ARGS, flag, impl)
+    _one_line(code, err, "generate", rf"{keyword}='{impl}'")
+    assert demo.main([flag, impl, "--no-progress"]) == 2
+    _one_line(2, capsys.readouterr().err, "demo", rf"{keyword}='{impl}'")
+
+
+def test_launch_hints_shorter_than_the_prompts_are_dropped(monkeypatch):
+    """Decode launch hints no dispatch of these prompts could use are not compiled (the config
+    of a GPU run: the backend check that refuses "triton" on CPU is off here)."""
     from jspec.apps._cli import engine_config_from_args
+    from jspec.engine import EngineConfig
+
+    monkeypatch.setattr(EngineConfig, "check_backend", lambda self: None)
 
     argv = ["--model", "x", "--prompt-ids", "1", "--attention-impl", "triton"]
     args = generate._parser().parse_args(argv)

@@ -7,6 +7,7 @@ One tiny engine config (M = 2 slots, P = 4) shared by every test, so each step c
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import engine_helpers as helpers
@@ -19,6 +20,7 @@ from engine_helpers import DRAFT, TARGET, TINY, snapshot, tiny_model
 from jspec import probes
 from jspec._pytree import replace
 from jspec.engine import (
+    PagedAttentionBackend,
     Runner,
     Weights,
     greedy_step,
@@ -27,6 +29,7 @@ from jspec.engine import (
     prefill,
     prefill_chunk,
     release,
+    resolve_kernel_policy,
     spec_decode_step,
 )
 
@@ -252,6 +255,27 @@ def test_static_mistakes_name_the_field() -> None:
     ids, lens = _prompt_batch(PROMPTS)
     with pytest.raises(ValueError, match=r"prefill: prompt_ids.dtype=float32"):
         prefill(SPEC, Weights(params, dparams), st, _i32([0, 1]), ids.astype(float), lens)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the GPU runs these kernels")
+def test_gpu_only_kernels_off_the_gpu_are_refused_before_any_compile(monkeypatch) -> None:
+    """An Engine whose kernel policy names a GPU-only kernel on a CPU backend: ValueError naming
+    the keyword at construction (its ops would raise only at the first trace)."""
+    from jspec.engine import Engine
+
+    monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled"))
+    params, dparams = tiny_model()
+    for keyword in ("attention_impl", "rms_norm_impl", "topk_probs_impl"):
+        ecfg = dataclasses.replace(ECFG, kernels=resolve_kernel_policy(**{keyword: "triton"}))
+        with pytest.raises(ValueError, match=rf"{keyword}='triton' needs a GPU"):
+            Engine(ecfg, TARGET, params, DRAFT, dparams)
+    # A serving stack's own attention backend replaces the policy's attention kernel.
+    own = dataclasses.replace(
+        ECFG,
+        kernels=resolve_kernel_policy(attention_impl="triton"),
+        attention_backend=PagedAttentionBackend("xla"),
+    )
+    own.check_backend()
 
 
 # ---- NaN target logits: a probe in prefill, greedy and the spec step ----------------------------------
