@@ -156,7 +156,7 @@ def check_spec_args(args: argparse.Namespace) -> None:
             check_count("--" + flag.replace("_", "-"), getattr(args, flag))
     for flag, bound, why in (
         ("steps", MAX_NUM_STEPS, "the draft loop is unrolled: compile time grows with it"),
-        ("page_size", MAX_PAGE_SIZE, "sglang's attention backends use pages of 1 to 128"),
+        ("page_size", MAX_PAGE_SIZE, "twice the largest page sglang's attention backends use, 128"),
         ("draft_tokens", MAX_NUM_DRAFT_TOKENS, "sglang's tree kernels' limit"),
     ):
         if getattr(args, flag) > bound:
