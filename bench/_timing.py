@@ -372,51 +372,47 @@ def time_torch(fn: Callable[[], Any], *, iters: int = 50, warmup: int = 5) -> fl
     return statistics.median(samples)
 
 
+def _matmul_chain(n: int, chain: int) -> Callable[[], Any]:
+    """A warmed-up thunk running ``chain`` n x n x n bf16 products back to back in one jitted
+    call (each feeds the next, its left factor scaled by 1/sqrt(n) so the values stay finite:
+    nothing to hoist or fuse), blocking until they are done."""
+    a = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.bfloat16) * (n**-0.5)
+    b = jax.random.normal(jax.random.PRNGKey(2), (n, n), jnp.bfloat16)
+    run = jax.jit(lambda x, y: jax.lax.fori_loop(0, chain, lambda _, z: x @ z, y))
+    jax.block_until_ready(run(a, b))
+    return lambda: jax.block_until_ready(run(a, b))
+
+
 def matmul_tflops(n: int = 8192, chain: int = 8, trials: int = 5) -> float:
-    """Device bf16 matmul rate in TFLOP/s: ``chain`` n x n x n products back to back in one
-    jitted call (each feeds the next, its left factor scaled by 1/sqrt(n) so the values stay
-    finite: nothing to hoist or fuse), the best of ``trials`` after a warm-up, as
+    """Device bf16 matmul rate in TFLOP/s: a chain of ``chain`` products
+    (:func:`_matmul_chain`), the best of ``trials`` after a warm-up, as
     :func:`copy_bandwidth_tbs` takes its best (a floor is what the device can do). A single
     product timed from the host read 572-676 TFLOP/s on one H200 across calls, 589 and 663 in
     one. Off GPU a toy size."""
     if jax.default_backend() != "gpu":
         n = 256
-    a = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.bfloat16) * (n**-0.5)
-    b = jax.random.normal(jax.random.PRNGKey(2), (n, n), jnp.bfloat16)
-
-    @jax.jit
-    def run(x, y):
-        return jax.lax.fori_loop(0, chain, lambda _, z: x @ z, y)
-
-    jax.block_until_ready(run(a, b))
+    run = _matmul_chain(n, chain)
     best = float("inf")
     for _ in range(trials):
         t0 = time.perf_counter()
-        jax.block_until_ready(run(a, b))
+        run()
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 * chain / best / 1e12
 
 
 def matmul_tflops_sustained(seconds: float = 4.0, n: int = 8192, chain: int = 64) -> float:
-    """The bf16 matmul rate a long compute-bound run holds: :func:`matmul_tflops`' chain (64
-    products a call, ~0.1 s on the H200) called back to back for ``seconds``, the mean rate of
-    the calls in the second half. On the H200 the SM clock falls from 1.98 to ~1.6 GHz under
-    its 700 W power cap within the first call: 643 TFLOP/s sustained against 721 burst
-    (bench/RESULTS.md, nineteenth session). A long prefill runs at this rate; floors use the
-    burst one. Off GPU a toy size, one second."""
+    """The bf16 matmul rate a long compute-bound run holds: a chain of 64 products a call
+    (~0.1 s on the H200) called back to back for ``seconds``, the mean rate of the calls in
+    the second half. On the H200 the SM clock falls from 1.98 to ~1.6 GHz under its 700 W
+    power cap within the first call: 643 TFLOP/s sustained against 721 for
+    :func:`matmul_tflops` (bench/RESULTS.md, nineteenth session). A long prefill runs at this
+    rate; floors use the burst one. Off GPU a toy size, at most one second."""
     if jax.default_backend() != "gpu":
         n, chain, seconds = 256, 8, min(seconds, 1.0)
-    a = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.bfloat16) * (n**-0.5)
-    b = jax.random.normal(jax.random.PRNGKey(2), (n, n), jnp.bfloat16)
-
-    @jax.jit
-    def run(x, y):
-        return jax.lax.fori_loop(0, chain, lambda _, z: x @ z, y)
-
-    jax.block_until_ready(run(a, b))
+    run = _matmul_chain(n, chain)
     start, calls = time.perf_counter(), []  # (start offset, duration) per call
     while (t0 := time.perf_counter()) - start < seconds:
-        jax.block_until_ready(run(a, b))
+        run()
         calls.append((t0 - start, time.perf_counter() - t0))
     late = [dt for at, dt in calls if at >= seconds / 2] or [dt for _, dt in calls]
     return 2 * n**3 * chain / (sum(late) / len(late)) / 1e12
