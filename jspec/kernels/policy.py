@@ -127,9 +127,10 @@ class KernelPolicy:
         for family, keyword in KEYWORDS.items():
             value = getattr(self, family)
             if value in GPU_ONLY:
+                anywhere = tuple(c for c in CHOICES[family] if c not in GPU_ONLY)
                 raise ValueError(
                     f"{keyword}={value!r} needs a GPU; jax's backend here is {backend!r}: "
-                    f"choose 'auto' or one of {tuple(c for c in CHOICES[family] if c not in GPU_ONLY)}"
+                    f"choose 'auto' or one of {anywhere}"
                 )
 
     def gemm_compiler_options(self, num_tokens: int) -> tuple[tuple[str, bool], ...]:
