@@ -151,12 +151,14 @@ class KernelPolicy:
         return self.attention == "cudnn" and chunk_queries >= _cudnn.CUDNN_MIN_QUERIES
 
 
-def _pick(keyword: str, family: str, choice: str, auto: str) -> str:
-    """``choice`` checked (``ValueError`` naming ``keyword``), or ``auto`` for ``"auto"``."""
+def _pick(family: str, choice: str, auto: str) -> str:
+    """``choice`` checked (``ValueError`` naming the family's keyword, :data:`KEYWORDS`), or
+    ``auto`` for ``"auto"``."""
     if choice == "auto":
         return auto
     if choice not in CHOICES[family]:
-        raise ValueError(f"{keyword}={choice!r} must be one of {('auto',) + CHOICES[family]}")
+        choices = ("auto",) + CHOICES[family]
+        raise ValueError(f"{KEYWORDS[family]}={choice!r} must be one of {choices}")
     return choice
 
 
@@ -199,11 +201,11 @@ def resolve_kernel_policy(
     """
     backend = jax.default_backend() if backend is None else backend
     gpu = backend == "gpu"
-    books = _pick("impl", "bookkeeping", impl, "pallas" if gpu else "xla")
+    books = _pick("bookkeeping", impl, "pallas" if gpu else "xla")
     half = dtype is not None and _cudnn.takes_dtype(dtype)
     no_cudnn = _cudnn.unavailable()  # why this jax cannot run the cuDNN kernel (None: it can)
     attn_auto = ("cudnn" if half and no_cudnn is None else "triton") if gpu else "xla"
-    attn = _pick("attention_impl", "attention", attention_impl, attn_auto)
+    attn = _pick("attention", attention_impl, attn_auto)
     if attn == "cudnn" and dtype is not None and not half:
         raise ValueError(
             f"attention_impl='cudnn' takes bf16 / f16 models; dtype={jnp.dtype(dtype).name}: "
@@ -211,9 +213,9 @@ def resolve_kernel_policy(
         )
     if attn == "cudnn" and no_cudnn is not None:
         raise ValueError(f"attention_impl='cudnn': {no_cudnn}: choose 'triton'")
-    gemm = _pick("gemm_impl", "gemm", gemm_impl, "cublas" if gpu else "xla")
+    gemm = _pick("gemm", gemm_impl, "cublas" if gpu else "xla")
     min_tokens = CUBLAS_MIN_TOKENS if gemm_impl == "auto" and gemm == "cublas" else 0
-    norm = _pick("rms_norm_impl", "rms_norm", rms_norm_impl, "xla")
+    norm = _pick("rms_norm", rms_norm_impl, "xla")
     if norm == "triton" and hidden_size > _rms_norm.MAX_HIDDEN:
         raise ValueError(
             f"rms_norm_impl='triton' takes rows of at most {_rms_norm.MAX_HIDDEN} columns; "
@@ -223,7 +225,7 @@ def resolve_kernel_policy(
     topk_auto = books
     if books == "pallas" and wide:
         topk_auto = "triton" if gpu else "xla"  # Pallas takes one tile of <= MAX_COLS columns
-    topk = _pick("topk_probs_impl", "topk_probs", topk_probs_impl, topk_auto)
+    topk = _pick("topk_probs", topk_probs_impl, topk_auto)
     if topk == "pallas" and wide:
         raise ValueError(
             f"topk_probs_impl='pallas' takes rows of at most {_topk_probs.MAX_COLS} columns "
