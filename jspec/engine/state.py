@@ -195,10 +195,8 @@ class EngineConfig:
         jax's backend is not one (:meth:`jspec.kernels.policy.KernelPolicy.check_backend`;
         with an ``attention_backend``, ``kernels.attention`` is not run). What an ``Engine``
         checks before it compiles anything."""
-        used = self.kernels
-        if self.attention_backend is not None:
-            used = dataclasses.replace(used, attention="xla")
-        used.check_backend()
+        foreign = self.attention_backend is not None
+        self.kernels.check_backend(skip=("attention",) if foreign else ())
 
     @property
     def max_chunk_len(self) -> int:

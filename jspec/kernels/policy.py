@@ -116,17 +116,18 @@ class KernelPolicy:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError(f"cublas_min_tokens={n!r} must be an int >= 0")
 
-    def check_backend(self, backend: str | None = None) -> None:
+    def check_backend(self, backend: str | None = None, *, skip: tuple[str, ...] = ()) -> None:
         """``ValueError`` naming the keyword of the first family whose kernel needs a GPU
         (:data:`GPU_ONLY`) when ``backend`` (default ``jax.default_backend()``) is not one: what
         an engine checks before it compiles anything (its ops would raise only when traced).
-        A policy itself may name GPU kernels anywhere (built for a GPU, inspected on CPU)."""
+        ``skip``: families the caller does not run. A policy itself may name GPU kernels
+        anywhere (built for a GPU, inspected on CPU)."""
         backend = jax.default_backend() if backend is None else backend
         if backend == "gpu":
             return
         for family, keyword in KEYWORDS.items():
             value = getattr(self, family)
-            if value in GPU_ONLY:
+            if value in GPU_ONLY and family not in skip:
                 anywhere = tuple(c for c in CHOICES[family] if c not in GPU_ONLY)
                 raise ValueError(
                     f"{keyword}={value!r} needs a GPU; jax's backend here is {backend!r}: "
