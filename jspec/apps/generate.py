@@ -235,21 +235,14 @@ def _load_tokenizer(model_dir: str) -> Any | None:
 def _eos_ids(model_dir: str, target: Any) -> list[int]:
     """EOS ids: the target config's, else ``generation_config.json`` / ``config.json``'s."""
     eos = getattr(getattr(target, "config", None), "eos_token_ids", None)
-    for name in ("generation_config.json", "config.json"):
-        if eos is not None:
-            break
-        path = os.path.join(model_dir, name)
-        if os.path.exists(path):
-            from jspec.models._json import get_int_list, in_file, read_json_object
-
-            try:
-                with in_file(path):
-                    eos = get_int_list(read_json_object(path), "eos_token_id", scalar_ok=True)
-            except ValueError as e:
-                raise InputError(str(e)) from None
     if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+        from jspec.models import read_eos_token_ids
+
+        try:
+            eos = read_eos_token_ids(model_dir)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+    return [int(e) for e in eos or ()]
 
 
 def main(argv: Sequence[str] | None = None, *, loader: Loader | None = None) -> int:

@@ -30,6 +30,7 @@ from jspec.models.hf_config import (
     load_llama_config,
     parse_eagle3_config,
     parse_llama_config,
+    read_eos_token_ids,
 )
 from jspec.models.llama import LayerParams, LlamaParams, LlamaTarget, random_llama_params
 from jspec.models.synthetic import matched_eagle3, toy_eagle1, toy_llama_params
@@ -58,6 +59,7 @@ __all__ = [
     "matched_eagle3",
     "parse_eagle3_config",
     "parse_llama_config",
+    "read_eos_token_ids",
     "random_eagle3_params",
     "random_llama_params",
     "save_eagle3",

@@ -369,6 +369,26 @@ def parse_eagle3_config(raw: dict[str, Any], *, dtype: str | None = None) -> Eag
     )
 
 
+def read_eos_token_ids(directory: str | os.PathLike) -> tuple[int, ...] | None:
+    """The EOS ids a model directory names, for a target whose config does not carry them:
+    ``generation_config.json``'s ``eos_token_id`` (an int or a list), else ``config.json``'s;
+    None where neither file names one (or neither exists).
+
+    Raises:
+      ValueError naming the file and the field (not an int, not a list of ints, bad JSON).
+    """
+    directory = os.fspath(directory)
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(directory, name)
+        if not os.path.exists(path):
+            continue
+        with in_file(path):
+            ids = get_int_list(read_json_object(path), "eos_token_id", scalar_ok=True)
+        if ids is not None:
+            return ids
+    return None
+
+
 def load_llama_config(directory: str | os.PathLike, *, dtype: str | None = None) -> LlamaConfig:
     """:func:`parse_llama_config` of ``directory/config.json``.
 

@@ -13,6 +13,7 @@ from jspec.models import (
     RopeScaling,
     load_llama_config,
     parse_eagle3_config,
+    read_eos_token_ids,
 )
 from jspec.models import parse_llama_config as parse
 from jspec.models.layers import rope_inv_freq
@@ -184,6 +185,24 @@ def test_generation_config_eos_takes_precedence(tmp_path):
     assert cfg.eos_token_ids == (1, 9) and cfg.bos_token_ids == (0,) and cfg.dtype == "float32"
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6}))
     assert load_llama_config(tmp_path).eos_token_ids == (1,)
+
+
+def test_read_eos_token_ids(tmp_path):
+    """A directory's EOS ids without a parsed config (a foreign target's, in ``jspec generate``):
+    generation_config.json first, else config.json, None where neither names one."""
+    assert read_eos_token_ids(tmp_path) is None  # no file at all
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 5}))
+    assert read_eos_token_ids(tmp_path) == (5,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6}))
+    assert read_eos_token_ids(tmp_path) == (5,)  # generation_config names none: config's
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
+    assert read_eos_token_ids(tmp_path) == (7, 8)
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": None}))
+    (tmp_path / "generation_config.json").write_text("{}")
+    assert read_eos_token_ids(tmp_path) is None
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": "2"}))
+    with pytest.raises(ValueError, match=r"generation_config\.json.*eos_token_id='2'"):
+        read_eos_token_ids(tmp_path)
 
 
 def test_check_tensor_parallel():
