@@ -498,6 +498,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "parse_eagle3_config": "def(raw: 'dict[str, Any]', *, dtype: 'str | None' = None) -> 'Eagle3Config'",
         "parse_llama_config": "def(raw: 'dict[str, Any]', *, dtype: 'str | None' = None, "
         "allow_eagle1: 'bool' = False) -> 'LlamaConfig'",
+        "read_eos_token_ids": "def(directory: 'str | os.PathLike') -> 'tuple[int, ...] | None'",
         "random_eagle3_params": "def(draft: 'Eagle3Draft', seed: 'int' = 0, *, "
         "target_vocab_size: 'int | None' = None) -> 'Eagle3Params'",
         "random_llama_params": "def(target: 'LlamaTarget', seed: 'int' = 0, *, "
