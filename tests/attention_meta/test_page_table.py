@@ -298,6 +298,11 @@ def test_normal_metadata_checks():
         fn(rtt, rpi, jnp.asarray([5, 9], I32), max_pages=11)
     with pytest.raises(probes.ProbeError, match="full prefix pages vs max_pages=1"):
         probes.checked(functools.partial(fn, max_pages=1))(rtt, rpi, jnp.asarray([5, 9], I32))
+    # Rows and lengths of two batch sizes (both 1-D): a ValueError naming both shapes.
+    with pytest.raises(
+        ValueError, match=r"req_pool_indices.shape=\(2,\) and seq_lens.shape=\(3,\)"
+    ):
+        fn(rtt, rpi, jnp.asarray([5, 9, 1], I32), max_pages=2)
     with pytest.raises(probes.ProbeError, match="req_pool_indices"):
         probes.checked(functools.partial(fn, max_pages=4))(
             rtt, jnp.asarray([1, 3], I32), jnp.asarray([5, 9], I32)

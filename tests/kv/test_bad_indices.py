@@ -134,6 +134,20 @@ def test_release_kv_cache_one_page_already_free_loses_nothing() -> None:
         probes.checked(D.release_kv_cache)(a, r2t, reqs, jnp.array([True, False]))
 
 
+def test_release_kv_cache_a_full_row_is_legal() -> None:
+    """``allocated == W`` (the whole row) and ``committed == allocated`` are in bounds: the
+    request's 13 pages all come back."""
+    width = CFG.req_to_token_width  # 51: 13 pages of 4, the last one partly in the row
+    a = A.init_allocator(CFG.num_pages, CFG.page_size)
+    a, slots, ok = A.alloc(a, 52, max_slots=52)
+    assert bool(ok) and int(a.num_free) == CFG.num_pages - 13
+    r2t = jnp.zeros((CFG.num_req_rows, width), jnp.int32).at[1].set(slots[:width])
+    reqs = _reqs([width, 0], [width, 0], [1, 0], [True, False])
+    a2, reqs2, ok = D.release_kv_cache(a, r2t, reqs, jnp.array([True, False]), return_ok=True)
+    assert bool(ok) and int(a2.num_free) == CFG.num_pages
+    assert not bool(reqs2.valid[0])
+
+
 # ---- free_segment: a segment out of its row's bounds frees nothing -----------------------------
 @pytest.mark.parametrize(
     "start,end",

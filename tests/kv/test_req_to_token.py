@@ -112,6 +112,13 @@ def _probe_cases():
             r"start > end at request 0",
             id="start_gt_end",
         ),
+        pytest.param(  # request 0 an empty write (start == end): the probe names request 1
+            lambda: T.assign_req_to_token_pool(
+                table, _arr([0, 1]), _arr([2, 5]), _arr([2, 3]), locs
+            ),
+            r"start > end at request 1",
+            id="start_gt_end_second",
+        ),
         pytest.param(
             lambda: T.assign_req_to_token_pool(table, _arr([3]), _arr([0]), _arr([2]), locs),
             r"req_pool_indices: max value 3 >= high bound 3",
@@ -147,6 +154,18 @@ def test_probes_fire_when_checked(call, pattern) -> None:
 def test_probes_silent_when_off(call, pattern) -> None:
     del pattern
     jax.block_until_ready(call())
+
+
+def test_probes_silent_at_the_row_edges() -> None:
+    """Legal edges with the probes on: an empty write at the row's end (``start == end == W``)
+    and a last location at ``prefix == W`` fire nothing."""
+    table = jnp.arange(24, dtype=jnp.int32).reshape(3, 8)
+    out = probes.checked(T.assign_req_to_token_pool)(
+        table, _arr([1]), _arr([8]), _arr([8]), _arr([5])
+    )
+    np.testing.assert_array_equal(out, table)
+    last = probes.checked(T.get_last_loc)(table, _arr([2]), _arr([8]))
+    assert list(np.asarray(last)) == [23]
 
 
 def test_probes_off_leave_jaxpr_clean() -> None:
