@@ -148,34 +148,6 @@ def test_release_kv_cache_a_full_row_is_legal() -> None:
     assert not bool(reqs2.valid[0])
 
 
-# ---- free_segment: a segment out of its row's bounds frees nothing -----------------------------
-@pytest.mark.parametrize(
-    "start,end",
-    [(4, 0), (0, CFG.req_to_token_width + 4), (2, 8), (-4, 8)],
-    ids=["start_past_end", "end_past_row", "unaligned_start", "negative_start"],
-)
-def test_free_segment_bad_bounds_free_nothing(start, end) -> None:
-    """Row 1 owns pages 1, 2 (positions 0..7): a segment with ``start > end``, past the row, an
-    unaligned or a negative start is refused whole (``ok=False``, the allocator bit-identical);
-    a probe names the bounds."""
-    a, r2t = _one_request()
-    a2, ok = A.free_segment(a, r2t[1], start, end, return_ok=True)
-    assert not bool(ok)
-    chex.assert_trees_all_equal(a2, a)
-    with pytest.raises(probes.ProbeError, match="free_segment"):
-        probes.checked(A.free_segment)(a, r2t[1], start, end)
-
-
-def test_free_segment_good_segment_frees_its_pages() -> None:
-    a, r2t = _one_request()
-    a2, ok = A.free_segment(a, r2t[1], 4, 8, return_ok=True)  # page 2 (position 4's)
-    assert bool(ok) and int(a2.num_free) == int(a.num_free) + 1
-    a3, ok = A.free_segment(a2, r2t[1], 0, 4, return_ok=True)  # then page 1
-    assert bool(ok) and int(a3.num_free) == int(a.num_free) + 2
-    free = np.asarray(a3.free_pages[: int(a3.num_free)]).tolist()
-    assert sorted(free) == list(range(1, CFG.num_pages + 1))  # every page free once again
-
-
 def test_release_kv_cache_good_release_still_works() -> None:
     a, r2t, reqs = _two_requests()
     a2, reqs2, ok = D.release_kv_cache(a, r2t, reqs, jnp.array([True, False]), return_ok=True)

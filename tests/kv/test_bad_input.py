@@ -7,6 +7,7 @@ Every expected value is by hand. Poisoned tables (``POISON``) show rows were lef
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import chex
 import jax.numpy as jnp
@@ -95,6 +96,10 @@ def test_free_segment_bad_input_rejected() -> None:
         a2, ok = A.free_segment(a, row, start, end, return_ok=True)
         assert not bool(ok)
         chex.assert_trees_all_equal(a2, a)
+    for start, end in [(4, 12), (8, 4), (-4, 4)]:  # a probe names the bounds
+        want = f"free_segment: need 0 <= start <= end <= 8, got start={start} end={end}"
+        with pytest.raises(probes.ProbeError, match=re.escape(want)):
+            probes.checked(A.free_segment)(a, row, start, end)
     a2, ok = A.free_segment(a, _i32([0, 1, 2, 3, 8, 9, 10, 11]), 0, 8, return_ok=True)
     assert not bool(ok)  # page 0 in the row
     chex.assert_trees_all_equal(a2, a)
