@@ -223,6 +223,14 @@ def test_check_req_rows_integrity() -> None:
         I.check_req_rows_integrity(both, [1, 2])
     with pytest.raises(I.AllocatorIntegrityError, match=r"leak detected.*rows lost: \[2\]"):
         I.check_req_rows_integrity(r, [1])
+    last = dataclasses.replace(r, num_free=jnp.int32(1))  # free [3]: the last row, 4, lost
+    with pytest.raises(I.AllocatorIntegrityError, match=r"leak detected.*rows lost: \[4\]"):
+        I.check_req_rows_integrity(last, [1, 2])
+    for bad in (-1, 5):
+        with pytest.raises(
+            I.AllocatorIntegrityError, match=rf"bad request-row count num_free={bad}"
+        ):
+            I.check_req_rows_integrity(dataclasses.replace(r, num_free=jnp.int32(bad)))
     with pytest.raises(I.AllocatorIntegrityError, match=r"outside \[1, 4\]: \[0\]"):
         I.check_req_rows_integrity(dataclasses.replace(r, num_free=jnp.int32(3)))
 

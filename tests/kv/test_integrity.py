@@ -154,3 +154,27 @@ def test_row_minus_one_write_is_a_leak_after_the_fact() -> None:
     )
     with pytest.raises(I.AllocatorIntegrityError, match=r"leak detected.*pages lost: \[1\]"):
         I.check_integrity(a, owned)
+
+
+@pytest.mark.parametrize(
+    "num_free,num_staged", [(NUM_PAGES + 1, 0), (-1, 0), (0, NUM_PAGES + 1), (0, -1)]
+)
+def test_bad_free_list_counts_detected(num_free, num_staged) -> None:
+    """A count outside ``[0, num_pages]`` is named before any list is read."""
+    a = dataclasses.replace(
+        A.init_allocator(NUM_PAGES, P),
+        num_free=jnp.int32(num_free),
+        num_staged=jnp.int32(num_staged),
+    )
+    want = rf"bad free-list counts num_free={num_free} num_staged={num_staged} \(num_pages=8\)"
+    with pytest.raises(I.AllocatorIntegrityError, match=want):
+        I.check_integrity(a)
+
+
+def test_full_and_empty_free_lists_are_healthy() -> None:
+    """``num_free == 0`` (every page taken) and ``num_free == num_pages`` are in range."""
+    a = A.init_allocator(NUM_PAGES, P)
+    I.check_integrity(a)
+    full, _, ok = A.alloc(a, jnp.int32(NUM_PAGES * P), max_slots=NUM_PAGES * P)
+    assert bool(ok) and int(full.num_free) == 0
+    I.check_integrity(full)
