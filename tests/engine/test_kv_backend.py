@@ -3,6 +3,7 @@ a loop reference written here."""
 
 from __future__ import annotations
 
+import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -68,14 +69,6 @@ def _prefill(backend, kv, slots, starts, ends, valid):
     )
 
 
-def _same(a, b) -> None:
-    import jax
-
-    jax.tree_util.tree_map_with_path(
-        lambda p, x, y: np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(p)), a, b
-    )
-
-
 @pytest.mark.parametrize(
     "num_pages,slots,starts,ends,valid",
     [
@@ -91,11 +84,11 @@ def test_prepare_prefill_refused_takes_nothing(num_pages, slots, starts, ends, v
     backend, kv = _paged(num_pages)
     kv2, view, ok = _prefill(backend, kv, slots, starts, ends, valid)
     assert not bool(ok) and not np.asarray(view.valid).any()
-    _same(
+    chex.assert_trees_all_equal(
         (kv2.allocator, kv2.req_rows, kv2.req_to_token[1:], kv2.committed_lens),
         (kv.allocator, kv.req_rows, kv.req_to_token[1:], kv.committed_lens),
     )
-    _same(
+    chex.assert_trees_all_equal(
         (kv2.allocated_lens, kv2.req_pool_indices, kv2.live),
         (kv.allocated_lens, kv.req_pool_indices, kv.live),
     )
@@ -109,8 +102,8 @@ def test_prepare_prefill_rows_run_out_takes_nothing() -> None:
     assert bool(ok) and int(kv.req_rows.num_free) == 0
     kv2, view, ok = _prefill(backend, kv, [0, 1], [0, 0], [4, 4], [True, False])
     assert not bool(ok) and not np.asarray(view.valid).any()
-    _same(
+    chex.assert_trees_all_equal(
         (kv2.allocator, kv2.req_rows, kv2.req_to_token[1:], kv2.allocated_lens),
         (kv.allocator, kv.req_rows, kv.req_to_token[1:], kv.allocated_lens),
     )
-    _same(kv2.req_pool_indices, kv.req_pool_indices)
+    chex.assert_trees_all_equal(kv2.req_pool_indices, kv.req_pool_indices)
