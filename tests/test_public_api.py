@@ -378,6 +378,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "num_preemptions: 'int' = 0, leak_check: 'str' = '', "
         "sampling: 'list[SamplingParams]' = <factory>, policy: 'list[tuple[str, "
         "int]]' = <factory>) -> None",
+        "RoundsOutput": "class(tokens: 'jax.Array', lens: 'jax.Array', num_rounds: 'jax.Array', "
+        "ok: 'jax.Array') -> None",
         "Runner": "class(ecfg: 'EngineConfig', target: 'TargetModel', "
         "draft: 'DraftModel | None' = None, kv: 'KVBackend | None' = None, "
         "max_kv_len: 'int | None' = None, max_prefix_len: 'int | None' = None) -> None",
@@ -398,6 +400,11 @@ RECORDED: dict[str, dict[str, str]] = {
         "SpecStepOutput": "class(accept_tokens: 'jax.Array', accept_lens: 'jax.Array', ok: 'jax.Array') -> None",
         "TargetModel": "class(*args, **kwargs)",
         "Weights": "class(target: 'Any', draft: 'Any' = None) -> None",
+        "decode_rounds": "def(step: 'Callable[..., Any]', runner: 'Runner', weights: 'Weights', "
+        "state: 'EngineState', slot_idx: 'jax.Array', live: 'jax.Array', budget: 'jax.Array', "
+        "eos_ids: 'jax.Array', num_rounds: 'int | jax.Array', "
+        "sampling: 'SamplingBatch | None' = None, *, max_rounds: 'int' = 32) -> "
+        "'tuple[EngineState, RoundsOutput]'",
         "greedy_step": "def(runner: 'Runner', weights: 'Weights', state: 'EngineState', "
         "slot_idx: 'jax.Array', live: 'jax.Array', "
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, GreedyStepOutput]'",

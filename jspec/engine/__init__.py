@@ -40,6 +40,10 @@ The way in, one shard, your own loop::
     state, out = prefill(runner, weights, state, slot_idx, ids, lens)
     # (or prefill_chunk(..., token_ids, chunk_lens, starts, is_last, next_ids) chunk by chunk)
     state, out = spec_decode_step(runner, weights, state, slot_idx, live)
+    # or up to max_rounds steps in one dispatch, entries stopped on the device at a stop id
+    # or their budget (a serving loop's way: no host round trip a step):
+    state, rounds = decode_rounds(spec_decode_step, runner, weights, state, slot_idx, live,
+                                  budget, eos_ids, num_rounds)
     state = release(runner, state, slot_idx, finished)  # return_ok=True: (state, ok)
 
 or the continuous-batching loop: ``Engine(ecfg, target, tparams, draft, dparams).generate(...)``,
@@ -58,6 +62,7 @@ from jspec.engine.lifecycle import prefill, prefill_chunk, release
 from jspec.engine.memory import kv_bytes_per_token, num_pages_for_memory
 from jspec.engine.paged_kv import PagedKVBackend, PagedKVState
 from jspec.engine.protocol import AttnFn, DraftModel, TargetModel
+from jspec.engine.rounds import RoundsOutput, decode_rounds
 from jspec.engine.runner import Runner, Weights, init_engine_state
 from jspec.engine.sampling import SamplingBatch
 from jspec.engine.sampling_params import SamplingParams
@@ -87,6 +92,7 @@ __all__ = [
     "PagedKVState",
     "PrefillOutput",
     "Request",
+    "RoundsOutput",
     "RunStats",
     "Runner",
     "SamplingBatch",
@@ -96,6 +102,7 @@ __all__ = [
     "SpecStepOutput",
     "TargetModel",
     "Weights",
+    "decode_rounds",
     "greedy_step",
     "init_engine_state",
     "kv_bytes_per_token",

@@ -17,6 +17,10 @@ A finished entry stays in its batch slot (the host retires it after reading the 
 every round is exactly the single step's transition: tokens and state are those of ``r``
 single steps (tests/engine/test_engine_rounds.py). Pages are taken round by round by the steps
 themselves; when they run short the loop returns early and the host preempts or waits.
+
+:func:`decode_rounds` is the public call (a loop of your own around the public steps, over any
+KV backend): ``decode_rounds(spec_decode_step, runner, weights, state, slot_idx, live, budget,
+eos_ids, num_rounds)``; the :class:`jspec.engine.Engine` maps the same body over its shards.
 """
 
 from __future__ import annotations
@@ -28,11 +32,21 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jspec import probes
 from jspec._pytree import pytree_dataclass
-from jspec.engine.greedy import greedy_step_body, target_only_step_body
-from jspec.engine.runner import Runner, Weights
+from jspec.engine.greedy import greedy_step, greedy_step_body, target_only_step_body
+from jspec.engine.inputs import check_count
+from jspec.engine.runner import Runner, Weights, jit_step
 from jspec.engine.sampling import SamplingBatch
+from jspec.engine.spec_step import spec_decode_step, spec_step_body
 from jspec.engine.state import EngineConfig, EngineState
+
+# Decode rounds per dispatch (Engine(max_rounds=...), decode_rounds(max_rounds=...)). Each
+# dispatch costs the host ~2-3 ms outside the device's work (argument transfer and launch, the
+# while loop's exit and the results' read, the token pass; bench/launch_gaps.py, H200,
+# 2026-11-26): at 8 rounds that was 0.3-0.4 ms of every 8B round (wall 1.11-1.20x device), at 32
+# rounds ~0.1 ms (1.06-1.16x).
+DEFAULT_MAX_ROUNDS = 32
 
 
 @pytree_dataclass
@@ -132,3 +146,77 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
 
     body.__name__ = f"rounds_{getattr(step_body, '__name__', 'step')}_{max_rounds}"
     return body
+
+
+# The public steps a caller may loop, and the bodies they jit.
+_STEP_BODIES = ((spec_decode_step, spec_step_body), (greedy_step, greedy_step_body))
+
+
+@functools.cache
+def _jitted_rounds(step_body: Callable[..., Any], max_rounds: int) -> Callable[..., Any]:
+    return jit_step(rounds_body(step_body, max_rounds))
+
+
+def decode_rounds(
+    step: Callable[..., Any],
+    runner: Runner,
+    weights: Weights,
+    state: EngineState,
+    slot_idx: jax.Array,
+    live: jax.Array,
+    budget: jax.Array,
+    eos_ids: jax.Array,
+    num_rounds: int | jax.Array,
+    sampling: SamplingBatch | None = None,
+    *,
+    max_rounds: int = DEFAULT_MAX_ROUNDS,
+) -> tuple[EngineState, RoundsOutput]:
+    """Up to ``num_rounds`` calls of ``step`` in one device dispatch, stopping each entry on
+    the device at a stop id or at its budget (module docstring): the loop a serving engine
+    runs around the public step, without a host round trip a step.
+
+    Every round is the single step's transition (the same tokens and state as that many
+    calls of ``step``, each with the entries still running as ``live``); a stopped entry
+    stays in its slot, live in ``state``, for the caller to read its tokens and ``release``.
+    Jitted like the steps (``runner`` static, ``state`` donated; one compile per step,
+    ``max_rounds`` and shapes).
+
+    Args:
+      step: :func:`jspec.engine.spec_decode_step` or :func:`jspec.engine.greedy_step`.
+      runner, weights, state, slot_idx, live, sampling: as ``step`` takes them
+        (``slot_idx: i32[Bb]``, ``live: bool[Bb]``).
+      budget: i32[Bb] tokens each entry may still emit (its max_new_tokens left, >= 1 on live
+        entries); an entry stops once its round's tokens reach it (the last round may emit
+        past it: cut the surplus on the host, as the Engine does).
+      eos_ids: i32[E] stop ids (``E >= 0``; -1 pads): an entry stops after a round that
+        emitted one (the tokens after it in that round are emitted too: cut at the first).
+      num_rounds: rounds to run at most, an int or i32[] (clamped to ``max_rounds``; a
+        negative ``-k``: a warm-up, ``k`` rounds even with no entry live).
+      max_rounds: static capacity of the output (``RoundsOutput.tokens: i32[max_rounds, Bb,
+        W]``, ``W`` = tokens one step can emit); an int >= 1.
+
+    Returns:
+      ``(state, RoundsOutput)``; ``out.num_rounds`` rounds ran and changed ``state``; ``out.ok``
+      False: the next round found the pages short (or a bad slot) and changed nothing, as
+      ``step`` returning ok=False.
+
+    Raises:
+      ValueError: naming the argument: ``step`` not one of the two public steps, a bad
+      ``max_rounds``, or shapes that disagree with ``slot_idx``.
+    """
+    body = next((b for s, b in _STEP_BODIES if step is s), None)
+    if body is None:
+        names = [getattr(s, "__name__", str(s)) for s, _ in _STEP_BODIES]
+        raise ValueError(f"step={step!r} must be one of jspec.engine's {names}")
+    check_count("max_rounds", max_rounds)
+    if jnp.ndim(slot_idx) != 1:
+        raise ValueError(f"slot_idx.shape={jnp.shape(slot_idx)} must be [Bb]")
+    for name, x in (("live", live), ("budget", budget)):
+        probes.static_check_shape(jnp.asarray(x), jnp.shape(slot_idx), name)
+    if jnp.ndim(eos_ids) != 1:
+        raise ValueError(f"eos_ids.shape={jnp.shape(eos_ids)} must be [E]")
+    if jnp.ndim(num_rounds) != 0:
+        raise ValueError(f"num_rounds.shape={jnp.shape(num_rounds)} must be []")
+    call = _jitted_rounds(body, int(max_rounds))
+    args = (slot_idx, live, budget, jnp.asarray(eos_ids, jnp.int32), num_rounds)
+    return call(runner, weights, state, *args, sampling)

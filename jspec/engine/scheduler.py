@@ -53,6 +53,7 @@ from jspec.engine.inputs import validate_requests
 from jspec.engine.lifecycle import prefill_chunk_body, release_body
 from jspec.engine.paged_kv import PagedKVState
 from jspec.engine.protocol import DraftModel, TargetModel
+from jspec.engine.rounds import DEFAULT_MAX_ROUNDS, rounds_body
 from jspec.engine.runner import Runner, Weights, init_engine_state
 from jspec.engine.sampling_params import (
     GREEDY,
@@ -67,11 +68,6 @@ from jspec.kv.integrity import check_integrity, owned_page_mask
 from jspec.tree.sampling import LossyThresholds
 
 ADMISSIONS = ("reserve", "optimistic")
-# Decode rounds per dispatch (Engine(max_rounds=...)). Each dispatch costs the host ~2-3 ms
-# outside the device's work (argument transfer and launch, the while loop's exit and the
-# results' read, the token pass; bench/launch_gaps.py, H200, 2026-11-26): at 8 rounds that was
-# 0.3-0.4 ms of every 8B round (wall 1.11-1.20x device), at 32 rounds ~0.1 ms (1.06-1.16x).
-DEFAULT_MAX_ROUNDS = 32
 # Rounds per dispatch while a queued request waits for a slot or pages and a stop id may end a
 # running request (free its slot) sooner than its budget: the most rounds the queue's head may
 # wait past such an end, against a dispatch's host cost paid once per round at 1.
@@ -576,8 +572,6 @@ class Engine:
         draft kept current (:mod:`jspec.engine.greedy`), ``"greedy"`` its target-only variant,
         else the engine's step; ``kv_len``: the launch hint (:meth:`_kv_len_for`); ``ahead``:
         compile it in the background instead (:meth:`_compile_ahead`; returns None)."""
-        from jspec.engine.rounds import rounds_body
-
         d = self.num_devices
         eos = self._eos_array()
         step = {"plain": greedy_step_body, "greedy": target_only_step_body}.get(kind)
