@@ -74,7 +74,7 @@ def _emitted(out):
     return np.asarray(out.next_tokens)[:, None], np.ones(NUM, np.int32)
 
 
-def _single_steps(step, runner, weights, state, slots, budget, eos, rounds):
+def _single_steps(step, runner, weights, state, slots, budget, eos, rounds, sampling=None):
     """The rounds' oracle: ``rounds`` single calls of ``step`` with the same stop rule.
     Returns (state, tokens [R, B, W], lens [R, B], rounds that ran, ok)."""
     live = np.ones(NUM, bool)
@@ -83,7 +83,7 @@ def _single_steps(step, runner, weights, state, slots, budget, eos, rounds):
     for _ in range(rounds):
         if not live.any():
             break
-        state, out = step(runner, weights, state, slots, jnp.asarray(live))
+        state, out = step(runner, weights, state, slots, jnp.asarray(live), sampling)
         if not bool(out.ok):
             return state, toks, lens, len(lens), False
         t, n = _emitted(out)
@@ -109,15 +109,15 @@ def _assert_same_state(a, b):
             np.testing.assert_array_equal(x, y)
 
 
-def _compare(step, runner, weights, state, slots, budget, eos, rounds):
+def _compare(step, runner, weights, state, slots, budget, eos, rounds, sampling=None):
     ref_state, toks, lens, ran, ok = _single_steps(
-        step, runner, weights, _copy(state), slots, budget, eos, rounds
+        step, runner, weights, _copy(state), slots, budget, eos, rounds, sampling
     )
     eos_ids = jnp.asarray(list(eos) or [], jnp.int32).reshape(-1)
     live = jnp.ones((NUM,), bool)
     new, out = decode_rounds(
         step, runner, weights, state, slots, live, jnp.asarray(budget, jnp.int32), eos_ids,
-        rounds, max_rounds=rounds,
+        rounds, sampling, max_rounds=rounds,
     )  # fmt: skip
     assert int(out.num_rounds) == ran and bool(out.ok) == ok
     got_t, got_n = np.asarray(out.tokens), np.asarray(out.lens)
@@ -150,6 +150,22 @@ def test_spec_rounds_stop_an_entry_at_a_stop_id():
     _, _, got = _compare(spec_decode_step, runner, weights, state, slots, [64, 64], (stop,), 3)
     assert got[0][0] >= 1 and all(n[0] == 0 for n in got[1:])  # entry 0 ended there
     assert got[1][1] >= 1  # entry 1 ran on
+
+
+def test_sampled_spec_rounds_are_single_steps():
+    """Sampled requests (T = 0.9, one seed each): a round's coins come from the request's
+    seed and positions, so the rounds draw what as many single steps draw."""
+    from jspec.engine import SamplingBatch
+
+    runner, weights, state, slots = _setup(spec=True, own_kv=False)
+    sampling = SamplingBatch(
+        temperature=jnp.full((NUM,), 0.9, jnp.float32),
+        seed=jnp.asarray([[0, 11], [0, 12]], jnp.uint32),
+    )
+    _, _, lens = _compare(
+        spec_decode_step, runner, weights, state, slots, [64, 64], (), 3, sampling
+    )
+    assert all(n.min() >= 1 for n in lens)
 
 
 def test_greedy_rounds_are_single_steps():
