@@ -1178,14 +1178,12 @@ class Engine:
         for s, st in enumerate(shards):
             avail = int(available_size(st.allocator))
             rows = int(st.req_rows.num_free)
-            if (
-                avail != spec.pool_size
-                or rows != spec.max_running_requests
-                or bool(np.any(np.asarray(st.live)))
-            ):
+            live = int(np.sum(np.asarray(st.live)))
+            if avail != spec.pool_size or rows != spec.max_running_requests or live:
                 raise AssertionError(
                     f"shard {s}: memory leak detected! available={avail} slots of "
-                    f"{spec.pool_size}, free rows={rows} of {spec.max_running_requests}"
+                    f"{spec.pool_size}, free rows={rows} of {spec.max_running_requests}, "
+                    f"live slots={live}"
                 )
         return (
             f"ok: {self.num_devices} x {spec.num_pages} pages and "

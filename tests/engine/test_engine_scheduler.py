@@ -179,6 +179,29 @@ def test_warmup_is_a_no_op_on_the_bookkeeping():
     assert_same_state(before, snapshot(engine.state), page_size=16)
 
 
+def test_check_leaks_refuses_each_leak_alone(monkeypatch):
+    """The after-run leak check (``RunStats.leak_check``) raises on a req_to_token row not
+    given back, or a slot still marked live, each alone (every page free), naming it."""
+    import dataclasses
+
+    engine = _spec_engine(num_pages=_small_pool())
+    clean = engine._host_shards()
+    st = clean[0]
+    live = np.asarray(st.live).copy()
+    live[1] = True
+    rows = dataclasses.replace(st.req_rows, num_free=st.req_rows.num_free - 1)
+    cases = {
+        r"free rows=\d+ of": dataclasses.replace(st, req_rows=rows),
+        r"live slots=1": dataclasses.replace(st, live=live),
+    }
+    for message, leaked in cases.items():
+        monkeypatch.setattr(engine, "_host_shards", lambda leaked=leaked: [leaked, *clean[1:]])
+        with pytest.raises(AssertionError, match=message):
+            engine.check_leaks()
+    monkeypatch.setattr(engine, "_host_shards", lambda: clean)
+    assert engine.check_leaks().startswith("ok")
+
+
 def test_spec_step_with_pages_short_changes_no_state():
     """prepare_for_decode finds the pool short: ok False, every entry becomes padding and the
     step leaves the state as it was (only the padding page, a write sink, may change)."""
