@@ -204,3 +204,20 @@ def test_bad_arguments_raise_naming_them():
     bad = (runner, weights, state, slots, live, budget, eos, jnp.asarray([2]))
     with pytest.raises(ValueError, match=r"num_rounds\.shape"):
         decode_rounds(spec_decode_step, *bad)
+
+
+def test_rounds_nest_inside_a_callers_jit():
+    """Inside a caller's own jit (a scheduler step of its own), decode_rounds traces as a plain
+    nested jit (JAX refuses compile options there) with the top-level call's result."""
+    runner, weights, state, slots = _setup(spec=False, own_kv=False)
+    live, budget = jnp.ones((NUM,), bool), jnp.asarray([2, 3], jnp.int32)
+    eos = jnp.zeros((0,), jnp.int32)
+
+    def call(w, st):
+        return decode_rounds(greedy_step, runner, w, st, slots, live, budget, eos, 4, max_rounds=4)
+
+    nested = jax.jit(call)(weights, _copy(state))
+    top = call(weights, state)
+    _assert_same_state(nested[0], top[0])
+    jax.tree.map(np.testing.assert_array_equal, nested[1], top[1])
+    assert int(top[1].num_rounds) == 3 and np.asarray(top[1].lens).sum() == 5
