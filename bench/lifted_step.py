@@ -12,6 +12,10 @@ either
 * ``decode_rounds(step, ..., num_rounds=R)``: up to ``R`` steps in one dispatch, each entry
   stopped on the device at its budget or a stop id, the tokens read once a dispatch.
 
+A third loop compiles the step's body without XLA's command buffers (the kernels launched from
+the host, no CUDA graph to update when an execution's buffers move): ``step wall ms (no
+graphs)``.
+
 For each (mode, batch) this times both loops from the same prefilled state (bench.real_size's
 synthetic geometry and matched EAGLE-3 head: bf16, page 16, topk 4, steps 3, 8 draft tokens;
 random prompts from the head's hot ids) and the device time of a dispatch's rounds from a
@@ -53,14 +57,21 @@ from jspec.engine import (
     prefill,
     spec_decode_step,
 )
+from jspec.engine.greedy import greedy_step_body
+from jspec.engine.runner import compiler_options
+from jspec.engine.spec_step import spec_step_body
+
+NO_COMMAND_BUFFERS = (("xla_gpu_enable_command_buffer", ""),)
 
 COLUMNS = (
     "mode",
     "bs",
     "step wall ms",
+    "step wall ms (no graphs)",
     "rounds wall ms",
     "device ms",
     "step wall / device",
+    "no graphs / device",
     "rounds wall / device",
     "tokens / round",
 )
@@ -110,16 +121,28 @@ def run_cell(g, target, params, draft, dparams, mode: str, bs: int, args) -> dic
             return np.asarray(out.accept_tokens), np.asarray(out.accept_lens)
         return np.asarray(out.next_tokens), None
 
-    for _ in range(2):  # compile, then one more (a command buffer's first update)
-        state, out = step(runner, weights, state, slots, live)
-        read(out)
-    samples = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        state, out = step(runner, weights, state, slots, live)
-        read(out)
-        samples.append(time.perf_counter() - t0)
-    step_ms = float(np.median(samples)) * 1e3
+    def loop(fn, state):
+        """Median wall ms of a call a step, its tokens read each step (2 calls untimed: the
+        compile, then a command buffer's first update)."""
+        samples = []
+        for i in range(2 + args.steps):
+            t0 = time.perf_counter()
+            state, out = fn(runner, weights, state, slots, live)
+            read(out)
+            samples.append(time.perf_counter() - t0)
+        return state, float(np.median(samples[2:])) * 1e3
+
+    state, step_ms = loop(step, state)
+    # The same body compiled without XLA's command buffers (CUDA graphs): kernels launched
+    # from the host one by one, no graph to update when an execution's buffers move.
+    body = spec_step_body if mode == "spec" else greedy_step_body
+    no_graphs = jax.jit(
+        body,
+        static_argnames=("runner",),
+        donate_argnames=("state",),
+        compiler_options=compiler_options(NO_COMMAND_BUFFERS),
+    )
+    state, step_nocb_ms = loop(no_graphs, state)
 
     def dispatch(state):
         state, out = decode_rounds(
@@ -148,12 +171,14 @@ def run_cell(g, target, params, draft, dparams, mode: str, bs: int, args) -> dic
         "mode": mode,
         "bs": bs,
         "step wall ms": step_ms,
+        "step wall ms (no graphs)": step_nocb_ms,
         "rounds wall ms": rounds_ms,
         "device ms": device_ms,
         "tokens / round": float(np.mean(emitted)),
     }
     if device_ms:
         row["step wall / device"] = step_ms / device_ms
+        row["no graphs / device"] = step_nocb_ms / device_ms
         row["rounds wall / device"] = rounds_ms / device_ms
     return row
 
