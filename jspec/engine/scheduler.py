@@ -1034,6 +1034,12 @@ class Engine:
                 self._preempt(loop, s, max(victims, key=lambda r: r.admitted_at))
             if num.max() > 0 or not any(running):
                 break
+            if not stuck:  # no round, no shortage: retrying would spin forever
+                raise RuntimeError(
+                    f"decode step {stats.num_decode_steps}: a dispatch ran no round for "
+                    f"{sum(map(len, running))} running request(s) and found no page short "
+                    "(internal error: the host's batch and the device state disagree)"
+                )
         plain = kind in ("plain", "greedy")
         emitted = self._take_rounds(out, order, running, stats, wall, plain)
         if self.policy is not None:

@@ -18,6 +18,7 @@ from engine_helpers import (
     tiny_prompts,
 )
 
+from jspec.engine.rounds import RoundsOutput
 from jspec.engine.scheduler import Engine, Request
 from jspec.engine.state import make_engine_config
 
@@ -200,6 +201,30 @@ def test_check_leaks_refuses_each_leak_alone(monkeypatch):
             engine.check_leaks()
     monkeypatch.setattr(engine, "_host_shards", lambda: clean)
     assert engine.check_leaks().startswith("ok")
+
+
+def test_a_dispatch_that_runs_no_round_raises_instead_of_spinning(monkeypatch):
+    """A decode dispatch that runs no round yet reports no shortage cannot make progress: the
+    engine raises (naming it) instead of retrying forever."""
+    engine = _spec_engine(num_pages=_small_pool())
+    calls = []
+
+    def no_round(slot_idx, live, budget, num_rounds, *args, **kwargs):
+        calls.append(num_rounds)
+        if len(calls) > 20:  # without the guard: fail, do not hang
+            raise AssertionError("the engine retried a dispatch that ran no round")
+        d, width = slot_idx.shape
+        return RoundsOutput(
+            tokens=np.zeros((d, 1, width, 1), np.int32),
+            lens=np.zeros((d, 1, width), np.int32),
+            num_rounds=np.zeros((d,), np.int32),
+            ok=np.ones((d,), bool),
+        )
+
+    monkeypatch.setattr(engine, "_call_rounds", no_round)
+    with pytest.raises(RuntimeError, match=r"ran no round for \d+ running request"):
+        engine.generate(tiny_prompts()[:2], MAX_NEW)
+    assert len(calls) == 1
 
 
 def test_spec_step_with_pages_short_changes_no_state():
