@@ -32,7 +32,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jspec import probes
 from jspec._pytree import pytree_dataclass
 from jspec.engine.greedy import greedy_step, greedy_step_body, target_only_step_body
 from jspec.engine.inputs import check_count
@@ -212,7 +211,8 @@ def decode_rounds(
     if jnp.ndim(slot_idx) != 1:
         raise ValueError(f"slot_idx.shape={jnp.shape(slot_idx)} must be [Bb]")
     for name, x in (("live", live), ("budget", budget)):
-        probes.static_check_shape(jnp.asarray(x), jnp.shape(slot_idx), name)
+        if jnp.shape(x) != jnp.shape(slot_idx):
+            raise ValueError(f"{name}.shape={jnp.shape(x)} must be {jnp.shape(slot_idx)}")
     if jnp.ndim(eos_ids) != 1:
         raise ValueError(f"eos_ids.shape={jnp.shape(eos_ids)} must be [E]")
     if jnp.ndim(num_rounds) != 0:
