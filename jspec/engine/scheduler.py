@@ -896,6 +896,12 @@ class Engine:
         chunk = [
             [min(len(r.prefill_ids) - r.prefilled, max_chunk) for r in batch[s]] for s in range(d)
         ]
+        empty = [r.rid for s in range(d) for r, c in zip(batch[s], chunk[s]) if c <= 0]
+        if empty:  # a prefill round that cannot advance them would be repeated forever
+            raise RuntimeError(
+                f"prefill: request(s) {empty} are prefilling with nothing left to prefill "
+                "(internal error: a last chunk was not taken as last)"
+            )
         cq = self.ecfg.prefill_bucket_for(max(max(c, default=1) for c in chunk))
         slot_idx = np.full((d, bp), m, np.int32)
         token_ids = np.zeros((d, bp, cq), np.int32)

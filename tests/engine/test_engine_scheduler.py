@@ -227,6 +227,27 @@ def test_a_dispatch_that_runs_no_round_raises_instead_of_spinning(monkeypatch):
     assert len(calls) == 1
 
 
+def test_a_prefill_with_nothing_left_raises_instead_of_spinning(monkeypatch):
+    """A request left prefilling after its last chunk (here: the call's ``is_last`` turned
+    False behind the scheduler's back) would get empty chunks forever: the engine raises,
+    naming it."""
+    engine = _spec_engine(num_pages=_small_pool())
+    real, calls = engine._call_prefill, []
+
+    def last_not_last(slot_idx, token_ids, lens, starts, is_last, *args):
+        calls.append(int(lens.sum()))
+        if len(calls) > 20:  # without the guard: fail, do not hang
+            raise AssertionError("the engine repeated a prefill that cannot advance")
+        out = real(slot_idx, token_ids, lens, starts, is_last, *args)
+        is_last[:] = False
+        return out
+
+    monkeypatch.setattr(engine, "_call_prefill", last_not_last)
+    with pytest.raises(RuntimeError, match=r"request\(s\) \[0\] are prefilling with nothing"):
+        engine.generate(tiny_prompts()[:1], MAX_NEW)
+    assert len(calls) == 1 and calls[0] > 0
+
+
 def test_spec_step_with_pages_short_changes_no_state():
     """prepare_for_decode finds the pool short: ok False, every entry becomes padding and the
     step leaves the state as it was (only the padding page, a write sink, may change)."""
