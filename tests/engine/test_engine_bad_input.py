@@ -153,9 +153,13 @@ def test_step_bad_slot_changes_nothing(mode, slots, live) -> None:
         ([0, 0], ([1, 2], [3])),  # a free slot twice (both free: rows are not short)
         ([1, 2], ([1, 999], ())),  # out of vocab (was clamped to 63)
         ([1, 2], ([-5, 2], ())),  # negative id (was clamped to 59)
+        ([1, 2], ([1, 64], ())),  # the first id past the vocabulary (vocab_size = 64)
     ],
-    ids=["live_slot", "slot_past_end", "slot_minus1", "slot_twice", "id_999", "id_minus5"],
-)
+    ids=[
+        "live_slot", "slot_past_end", "slot_minus1", "slot_twice", "id_999", "id_minus5",
+        "id_vocab_size",
+    ],
+)  # fmt: skip
 def test_prefill_bad_input_changes_nothing(slots, prompts) -> None:
     params, dparams = tiny_model()
     st = spec_state()
@@ -167,6 +171,22 @@ def test_prefill_bad_input_changes_nothing(slots, prompts) -> None:
     assert not bool(out.ok) and not np.asarray(out.first_tokens).any()
     assert_same_state(before, st)
     check_state(st, "after a refused prefill")
+
+
+def test_prefill_reads_no_id_past_prompt_len() -> None:
+    """The padding past each prompt may hold anything (-1, ids past the vocabulary): the guard
+    checks only ids inside ``prompt_lens``, and the first tokens are zero padding's."""
+    params, dparams = tiny_model()
+    weights = Weights(params, dparams)
+    ids, lens = _prompt_batch(PROMPTS)
+    junk = np.asarray(ids).copy()
+    for i, p in enumerate(PROMPTS):
+        junk[i, len(p) :] = [-1 if j % 2 else 64 for j in range(ECFG.max_prompt_len - len(p))]
+    _, clean = prefill(SPEC, weights, init_engine_state(SPEC), _i32([0, 1]), ids, lens)
+    st, out = prefill(SPEC, weights, init_engine_state(SPEC), _i32([0, 1]), jnp.asarray(junk), lens)
+    assert bool(clean.ok) and bool(out.ok)
+    np.testing.assert_array_equal(out.first_tokens, clean.first_tokens)
+    check_state(st, "after a prefill with junk padding")
 
 
 def test_prefill_prompt_len_past_the_padding_changes_nothing() -> None:
@@ -255,6 +275,12 @@ def test_static_mistakes_name_the_field() -> None:
     ids, lens = _prompt_batch(PROMPTS)
     with pytest.raises(ValueError, match=r"prefill: prompt_ids.dtype=float32"):
         prefill(SPEC, Weights(params, dparams), st, _i32([0, 1]), ids.astype(float), lens)
+    with pytest.raises(ValueError, match=r"prefill: prompt_ids.shape=\(3, 8\) must be \(Bp=2,"):
+        prefill(SPEC, Weights(params, dparams), st, _i32([0, 1]), jnp.tile(ids, (2, 1))[:3], lens)
+    with pytest.raises(ValueError, match=r"spec_decode_step: slot_idx must be a 1-D int array"):
+        spec_decode_step(
+            SPEC, Weights(params, dparams), st, jnp.asarray([0.0, 1.0]), jnp.ones(2, bool)
+        )
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the GPU runs these kernels")
