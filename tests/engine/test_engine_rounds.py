@@ -152,6 +152,15 @@ def test_spec_rounds_stop_an_entry_at_a_stop_id():
     assert got[1][1] >= 1  # entry 1 ran on
 
 
+def test_a_stop_id_equal_to_the_padding_stops_nobody():
+    """A step's tokens past its emitted count are 0: a stop id 0 (a real id in many
+    vocabularies) is matched only among the emitted tokens, so no entry stops on padding."""
+    runner, weights, state, slots = _setup(spec=True, own_kv=False)
+    _, _, lens = _compare(spec_decode_step, runner, weights, state, slots, [64, 64], (0,), 3)
+    assert all(n.min() >= 1 for n in lens)  # both entries ran every round
+    assert any(n.max() < 4 for n in lens)  # some round left padding past its tokens
+
+
 def test_sampled_spec_rounds_are_single_steps():
     """Sampled requests (T = 0.9, one seed each): a round's coins come from the request's
     seed and positions, so the rounds draw what as many single steps draw."""
