@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from engine_helpers import assert_same_state
 
 from jspec.engine import (
     Runner,
@@ -97,16 +98,9 @@ def _single_steps(step, runner, weights, state, slots, budget, eos, rounds, samp
 
 
 def _assert_same_state(a, b):
-    """Equal states, the pools' padding page aside: padding entries all write token slots
-    ``[0, P)``, and which write lands there is unordered on the GPU (a don't-care page)."""
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        x, y = np.asarray(x), np.asarray(y)
-        if x.ndim == 4:  # a pool's K or V: [layers, slots, heads, dim]
-            x, y = x[:, PAGE:], y[:, PAGE:]
-        if np.issubdtype(x.dtype, np.floating):
-            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
-        else:
-            np.testing.assert_array_equal(x, y)
+    """Equal states, the pools' padding page aside (padding entries all write token slots
+    ``[0, P)``, in no set order on the GPU); floats to the f32 ulp."""
+    assert_same_state(b, a, PAGE, float_tol=(1e-5, 1e-6))
 
 
 def _compare(step, runner, weights, state, slots, budget, eos, rounds, sampling=None):
