@@ -42,6 +42,7 @@ from bench.real_size import (
     DRAFT_TOKENS,
     GEOMETRIES,
     PAGE,
+    SPLIT_COMPILER_OPTIONS,
     STEPS,
     TOPK,
     make_params,
@@ -60,8 +61,6 @@ from jspec.engine import (
 from jspec.engine.greedy import greedy_step_body
 from jspec.engine.runner import compiler_options
 from jspec.engine.spec_step import spec_step_body
-
-NO_COMMAND_BUFFERS = (("xla_gpu_enable_command_buffer", ""),)
 
 COLUMNS = (
     "mode",
@@ -140,7 +139,7 @@ def run_cell(g, target, params, draft, dparams, mode: str, bs: int, args) -> dic
         body,
         static_argnames=("runner",),
         donate_argnames=("state",),
-        compiler_options=compiler_options(NO_COMMAND_BUFFERS),
+        compiler_options=compiler_options(tuple(SPLIT_COMPILER_OPTIONS.items())),
     )
     state, step_nocb_ms = loop(no_graphs, state)
 
