@@ -7,7 +7,7 @@ treedef (hashable, static under ``jax.jit``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
 import jax
 import jax.numpy as jnp
@@ -15,15 +15,18 @@ import jax.numpy as jnp
 T = TypeVar("T")
 
 
+def static_field(**kwargs: Any) -> Any:
+    """A dataclass field that is static (part of the treedef, not a leaf)."""
+    return dataclasses.field(metadata={"static": True}, **kwargs)
+
+
+# NOTE: dataclass_transform tells type checkers the decorated class is a frozen dataclass
+# (its generated __init__, its fields, static_field among the field specifiers).
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, static_field))
 def pytree_dataclass(cls: type[T]) -> type[T]:
     """``@dataclass(frozen=True)`` + ``jax.tree_util.register_dataclass``."""
     cls = dataclasses.dataclass(frozen=True)(cls)
     return jax.tree_util.register_dataclass(cls)
-
-
-def static_field(**kwargs: Any) -> Any:
-    """A dataclass field that is static (part of the treedef, not a leaf)."""
-    return dataclasses.field(metadata={"static": True}, **kwargs)
 
 
 replace = dataclasses.replace
