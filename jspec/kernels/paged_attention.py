@@ -242,6 +242,8 @@ def paged_attention_reference(
     slots, visible = visibility(page_table, kv_lens, q_lens, qp, page_size=page_size, causal=causal)
     key_ok = jnp.any(visible, axis=1)  # [B, W] read by some query of the row
     if tail_slot_ids is not None:
+        if tail_mask is None:
+            raise ValueError("tail_slot_ids and tail_mask: give both or neither")
         tail_ok = jnp.any(tail_mask, axis=1)  # [B, N]
         slots = jnp.concatenate([slots, jnp.where(tail_ok, tail_slot_ids, 0)], axis=1)
         visible = jnp.concatenate([visible, tail_mask], axis=2)
@@ -368,23 +370,16 @@ def paged_attention(
         page_size,
         causal,
     )
-    tuning = {
-        "max_kv_len": max_kv_len,
-        "block_m": block_m,
-        "block_n": block_n,
-        "num_splits": num_splits,
-        "num_warps": num_warps,
-        "num_stages": num_stages,
-        "tail_split": tail_split,
-    }
     # num_splits and num_stages are any positive ints (the others powers of 2).
-    _common.validate_tuning(
-        **{k: v for k, v in tuning.items() if k in ("block_m", "block_n", "num_warps")}
-    )
-    for name in ("num_splits", "num_stages", "max_kv_len"):
+    _common.validate_tuning(block_m=block_m, block_n=block_n, num_warps=num_warps)
+    for name, knob in (
+        ("num_splits", num_splits),
+        ("num_stages", num_stages),
+        ("max_kv_len", max_kv_len),
+    ):
         probes.static_check(
-            tuning[name] is None or (isinstance(tuning[name], int) and tuning[name] >= 1),
-            f"{name}={tuning[name]!r} must be None or an int >= 1",
+            knob is None or (isinstance(knob, int) and knob >= 1),
+            f"{name}={knob!r} must be None or an int >= 1",
         )
     probes.static_check(
         tail_split is None or isinstance(tail_split, bool),
@@ -418,5 +413,15 @@ def paged_attention(
     from jspec.kernels.paged_attention_triton import paged_attention_triton
 
     return paged_attention_triton(
-        *args, page_size=page_size, causal=causal, out_dtype=out_dtype, **tuning
+        *args,
+        page_size=page_size,
+        causal=causal,
+        out_dtype=out_dtype,
+        max_kv_len=max_kv_len,
+        block_m=block_m,
+        block_n=block_n,
+        num_splits=num_splits,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        tail_split=tail_split,
     )

@@ -666,6 +666,12 @@ def paged_attention_triton(
     if causal and q_lens is None:
         q_lens = jnp.full((bsz,), qp, jnp.int32)
     tail_len = 0 if tail_slot_ids is None else tail_slot_ids.shape[1]
+    # Without a tail both tail operands are unread: kv_lens stands in for them.
+    tail_ids, tail_bits = kv_lens, kv_lens
+    if tail_len:
+        if tail_slot_ids is None or tail_mask is None:
+            raise ValueError("tail_slot_ids and tail_mask: give both or neither")
+        tail_ids, tail_bits = tail_slot_ids, tail_mask.astype(jnp.int8)
     grid, meta, opts = launch_plan(
         bsz,
         qp,
@@ -693,8 +699,8 @@ def paged_attention_triton(
         page_table,
         kv_lens,
         q_lens if causal else kv_lens,  # unread when not causal
-        tail_slot_ids if tail_len else kv_lens,  # unread without a tail
-        tail_mask.astype(jnp.int8) if tail_len else kv_lens,
+        tail_ids,
+        tail_bits,
         int(page_table.shape[1]),  # Python ints: jax_triton passes them as i32 scalars
         int(num_slots),
         kernel=get_kernel(),

@@ -164,6 +164,17 @@ def test_validation_names_the_argument(over, match):
         _bad_call(**over)
 
 
+def test_reference_tail_needs_its_mask():
+    """Regression: the oracle called directly with tail_slot_ids but no tail_mask failed in
+    jnp.any(None) (TypeError); now the ValueError paged_attention's validation gives."""
+    q = jnp.zeros((2, 3, 4, 8), jnp.float32)
+    pool = jnp.zeros((2, 32, 2, 8), jnp.float32)
+    table, lens = jnp.zeros((2, 4), jnp.int32), jnp.zeros((2,), jnp.int32)
+    tail = jnp.zeros((2, 5), jnp.int32)
+    with pytest.raises(ValueError, match="give both or neither"):
+        paged_attention_reference(q, pool, pool, 0, table, lens, None, tail, page_size=4)
+
+
 @pytest.mark.parametrize("layer", [2, -1, True])
 def test_validation_of_a_static_layer(layer):
     """An int layer out of ``[0, L)`` (checked where the layer is a Python int: the jitted op
