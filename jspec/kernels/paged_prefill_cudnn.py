@@ -165,9 +165,9 @@ def paged_prefill_cudnn(
     attention, mask_type = _cudnn_attention()
     bsz, qp, hq, dim = q.shape
     width = page_table.shape[1] * page_size
-    bounded = max_prefix_len is not None and max_prefix_len < width
-    if bounded:
-        width = max_prefix_len
+    bounded = False
+    if max_prefix_len is not None and max_prefix_len < width:
+        bounded, width = True, max_prefix_len
     q = q.astype(k_pool.dtype)
     q_lens = jnp.full((bsz,), qp, jnp.int32) if q_lens is None else jnp.minimum(q_lens, qp)
     start = kv_lens - q_lens  # i32[B] keys before the chunk

@@ -242,14 +242,19 @@ def resolve_kernel_policy(
     )
 
 
+def _has_field(model: Any, name: str) -> bool:
+    # NOTE: a helper keeps ``model`` Any at the caller (is_dataclass narrows it to a protocol).
+    return dataclasses.is_dataclass(model) and any(
+        f.name == name for f in dataclasses.fields(model)
+    )
+
+
 def with_kernel_policy(model: Any, kernels: KernelPolicy) -> Any:
     """``model`` with its ``rms_norm_impl`` set to ``kernels.rms_norm``: jspec's models
     (``LlamaTarget``, ``Eagle3Draft``, ``Eagle1Draft``) read their RMSNorm kernel from that
     field. ``None``, models without the field and models already set are returned as they are.
     ``jspec.engine.runner.Runner`` applies it to its models; ``jspec.models`` re-exports it."""
-    if not dataclasses.is_dataclass(model) or not any(
-        f.name == "rms_norm_impl" for f in dataclasses.fields(model)
-    ):
+    if not _has_field(model, "rms_norm_impl"):
         return model
     if model.rms_norm_impl == kernels.rms_norm:
         return model

@@ -269,8 +269,10 @@ def verify_tree_greedy(
     tree = (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
     _validate(*tree, target_predict, num_spec_steps)
     impl = resolve_impl(impl, IMPLS, "verify_tree_greedy")
-    tree = tuple(x.astype(jnp.int32) for x in tree)
-    candidates, retrive_index, retrive_next_token, retrive_next_sibling = tree
+    candidates, retrive_index, retrive_next_token, retrive_next_sibling = (
+        x.astype(jnp.int32) for x in tree
+    )
+    tree = (candidates, retrive_index, retrive_next_token, retrive_next_sibling)
     target_predict = target_predict.astype(jnp.int32)
     _probe_inputs(retrive_index, retrive_next_token, retrive_next_sibling)
     if impl == "pallas" and candidates.shape[0] > 0:
