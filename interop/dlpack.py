@@ -51,7 +51,8 @@ _WIDE_DTYPES = (torch.int64, torch.float64, torch.uint64)
 
 
 def x64_enabled() -> bool:
-    return bool(jax.config.jax_enable_x64)
+    # NOTE: jax declares its flags as dynamic Config attributes, which mypy cannot see.
+    return bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
 
 
 def _is_compact(tensor: torch.Tensor) -> bool:

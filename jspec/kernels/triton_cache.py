@@ -50,7 +50,8 @@ def cache_dir() -> str | None:
     """``<jax_compilation_cache_dir>/jax_triton``, or None when JAX's cache is off."""
     import jax
 
-    root = jax.config.jax_compilation_cache_dir
+    # NOTE: jax declares its flags as dynamic Config attributes, which mypy cannot see.
+    root = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]
     return os.path.join(root, _SUBDIR) if root else None
 
 
@@ -141,7 +142,8 @@ def cached(original: Any, module: Any, versions: tuple) -> Any:
         memory[key] = hit
         return hit
 
-    get_or_create_triton_kernel.original = original
+    # The wrapped function stays reachable (debugging); setattr: a def has no declared attrs.
+    setattr(get_or_create_triton_kernel, "original", original)
     return get_or_create_triton_kernel
 
 

@@ -48,7 +48,10 @@ def ffi_target_registered() -> bool:
     try:
         from jax._src.lib import gpu_triton
 
-        return FFI_TARGET in dict(gpu_triton._cuda_triton.registrations())
+        cuda_triton = gpu_triton._cuda_triton
+        if cuda_triton is None:  # no CUDA plugin
+            return False
+        return FFI_TARGET in dict(cuda_triton.registrations())
     except (ImportError, AttributeError, TypeError, ValueError):
         return False
 
@@ -74,7 +77,8 @@ def typed_ffi(original: Any) -> Any:
         rule = original(call_target_name, *args, **kwargs)
         return lambda ctx, *operands: rule(ctx, *operands, opaque=opaque)
 
-    ffi_lowering.original = original
+    # The wrapped function stays reachable (debugging); setattr: a def has no declared attrs.
+    setattr(ffi_lowering, "original", original)
     return ffi_lowering
 
 
