@@ -113,8 +113,8 @@ def integrity_violations(
 
 
 def _ids(x: np.ndarray, limit: int = 16) -> str:
-    x = [int(v) for v in x]
-    return str(x[:limit]) + (f" (+{len(x) - limit} more)" if len(x) > limit else "")
+    ids = [int(v) for v in x]
+    return str(ids[:limit]) + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")
 
 
 def _distinct_in_range(

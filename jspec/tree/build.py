@@ -253,6 +253,7 @@ def build_tree_kernel_efficient(
             node=lambda: first_invalid[jnp.argmin(is_valid)],
         )
     if mode == TreeMaskMode.FULL_MASK:
+        assert max_seq_len is not None  # _validate raised ValueError for FULL_MASK without it
         tree_mask = _full_mask(mask, seq_lens, max_seq_len, fill_prefix_mask)
     else:
         tree_mask = mask

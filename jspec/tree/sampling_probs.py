@@ -112,9 +112,7 @@ def mass_pivot(probs: jax.Array, target: jax.Array, *, ways: int = SEARCH_WAYS) 
     return jax.lax.bitcast_convert_type(_largest_reaching(hi, reaches, ways), jnp.float32)
 
 
-def _per_row(x: jax.Array | None, rows_per_request: int, dtype) -> jax.Array | None:
-    if x is None:
-        return None
+def _per_row(x: jax.Array, rows_per_request: int, dtype) -> jax.Array:
     return jnp.repeat(jnp.asarray(x).reshape(-1).astype(dtype), rows_per_request)
 
 

@@ -93,7 +93,8 @@ def select_top_k_tokens(
         tree_info = (topk_p[:, None, :], topk_index, parents)
         return input_ids, hidden, topk_p, tree_info
 
-    probes.static_check(scores is not None, f"scores must be given at step={step}")
+    if scores is None:
+        raise ValueError(f"scores must be given at step={step}")
     probes.static_check(
         topk_p.ndim == 2 and topk_p.shape[1] == k and topk_p.shape[0] % k == 0,
         f"topk_p.shape={topk_p.shape} must be (B*topk, topk={k}) at step {step}",
