@@ -13,7 +13,7 @@ keeps the free list and provides ``clear()`` (called last by the constructor), `
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,8 +29,17 @@ class SglangAllocatorAPI:
     page_size: int
     debug_mode: bool
     _kvcache: Any
-    free_pages: torch.Tensor
-    staged_pages: list[torch.Tensor]
+
+    if TYPE_CHECKING:
+        # NOTE: read-only here: the reference keeps them as attributes, the drop-in as
+        # properties (views of jspec's state). Declared for the checker only: a runtime
+        # property here would block the reference's assignments.
+
+        @property
+        def free_pages(self) -> torch.Tensor: ...  # i64 free page ids, sglang order
+
+        @property
+        def staged_pages(self) -> list[torch.Tensor]: ...  # need_sort: pages awaiting a merge
 
     def __init__(
         self,

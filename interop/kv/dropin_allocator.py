@@ -161,7 +161,7 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
         seq_lens_cpu: torch.Tensor,
         last_loc: torch.Tensor,
         extend_num_tokens: int,
-        num_new_pages: int = None,  # noqa: RUF013 - sglang's annotation
+        num_new_pages: int | None = None,
     ) -> torch.Tensor | None:
         p = self.page_size
         if self.debug_mode:

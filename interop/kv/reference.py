@@ -52,7 +52,7 @@ class MHATokenToKVPool:
         layer_num: int,
         device: Any = "cpu",
         *,
-        fill: float | None = 0.0,
+        fill: float = 0.0,
     ) -> None:
         self.size = size
         self.page_size = page_size

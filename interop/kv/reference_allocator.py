@@ -35,10 +35,13 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
     """Paged token-slot allocator: slots ``page*P + offset`` for pages ``1..size//P``
     (constructor: :class:`SglangAllocatorAPI`'s, sglang's signature)."""
 
+    free_pages: torch.Tensor
+    staged_pages: list[torch.Tensor]
+
     # ---- state -----------------------------------------------------------------------------
     def clear(self) -> None:
         self.free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64, device=self.device)
-        self.staged_pages: list[torch.Tensor] = []
+        self.staged_pages = []
         self.num_staged_pages = 0
         self._reset_groups()
 
@@ -85,7 +88,7 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
         seq_lens_cpu: torch.Tensor,
         last_loc: torch.Tensor,
         extend_num_tokens: int,
-        num_new_pages: int = None,  # noqa: RUF013 - sglang's annotation
+        num_new_pages: int | None = None,
     ) -> torch.Tensor | None:
         """Slots for positions ``[prefix_lens[b], seq_lens[b])`` of every request, packed.
 
