@@ -57,7 +57,7 @@ def compare_outputs(
 ) -> dict[str, Any]:
     """Compare two output dicts; returns ``{"ok", "outputs": {name: summary}, "first_diff"}``."""
     summaries: dict[str, Any] = {}
-    first = None
+    first: dict[str, Any] | None = None
     for name in ref.keys() | got.keys():
         if name not in ref or name not in got:
             summaries[name] = {"ok": False, "why": "missing on one side"}
@@ -225,11 +225,11 @@ def run_compare(
         row["outputs"] = result["outputs"]
         if result["ok"]:
             floats = [s for s in result["outputs"].values() if s.get("kind") == "float"]
-            err = max((s["max_abs"] for s in floats), default=None)
+            max_err = max((s["max_abs"] for s in floats), default=None)
             row.update(
                 status="ok",
                 detail=f"{len(result['outputs'])} outputs equal"
-                + (f", max abs err {err:.2e}" if err else ""),
+                + (f", max abs err {max_err:.2e}" if max_err else ""),
             )
         else:
             diff = result["first_diff"]
@@ -262,6 +262,8 @@ def sglang_rows() -> list[dict[str, Any]]:
                 "detail": "skipped: sglang not importable",
             }
         ]
+    import torch
+
     from interop._world import make_world
     from interop.kv.compare import allocator_script
     from interop.kv.reference_allocator import PagedTokenToKVPoolAllocator as Ref
@@ -288,12 +290,14 @@ def sglang_rows() -> list[dict[str, Any]]:
             ref = allocator_script(
                 world,
                 np.random.default_rng(7),
-                Ref(size, case.page_size, None, "cpu", None, False),
+                Ref(size, case.page_size, torch.float32, "cpu", None, False),
             )
             got = allocator_script(
                 world,
                 np.random.default_rng(7),
-                paged.PagedTokenToKVPoolAllocator(size, case.page_size, None, "cpu", None, False),
+                paged.PagedTokenToKVPoolAllocator(
+                    size, case.page_size, torch.float32, "cpu", None, False
+                ),
             )
         except Exception as err:  # noqa: BLE001 - sglang on CPU may lack its kernels
             rows.append(row | {"status": "skipped", "detail": f"skipped: {err}"[:300]})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -19,7 +21,8 @@ def op_expand_metadata(w: World, rng: np.random.Generator, impl: str):
         w.req_to_token, w.req_pool_indices, w.seq_lens, c.topk, c.num_steps, c.page_size
     ).view(-1, c.num_steps)
     lp = (w.seq_lens % c.page_size).to(I32)
-    ref, got = {}, {}
+    ref: dict[str, np.ndarray] = {}
+    got: dict[str, np.ndarray] = {}
     for d in range(1, c.num_steps + 1):
         # cuda-graph path (live columns only, width d+1) every step; the eager path (all S
         # columns, width S) at the first step only: each step is a fresh compile
@@ -27,13 +30,13 @@ def op_expand_metadata(w: World, rng: np.random.Generator, impl: str):
             [("eager", out, c.num_steps)] if d == 1 else []
         )
         for tag, loc, width in variants:
-            for res, fn, kw in (
-                (ref, ref_attn.draft_decode_set_expand_metadata, {}),
-                (got, api.draft_decode_set_expand_metadata, {"impl": impl}),
+            for res, fn in (
+                (ref, ref_attn.draft_decode_set_expand_metadata),
+                (got, functools.partial(api.draft_decode_set_expand_metadata, impl=impl)),
             ):
                 seqlens = torch.full((loc.shape[0],), POISON, dtype=I32)
                 table = torch.full((loc.shape[0], width), POISON, dtype=I32)
-                fn(seqlens, table, lp, d, loc.contiguous(), c.topk, c.page_size, **kw)
+                fn(seqlens, table, lp, d, loc.contiguous(), c.topk, c.page_size)
                 res[f"d{d}.{tag}.cache_seqlens"] = to_numpy(seqlens)
                 res[f"d{d}.{tag}.page_table"] = to_numpy(table)
     # jspec's public wrapper (slices the S-wide cache_loc to d itself, zeros past the distinct
@@ -68,9 +71,9 @@ def op_kv_indices(w: World, rng: np.random.Generator, impl: str):
     width = b * k * (int(w.seq_lens.max()) + s) + 5
     positions = torch.repeat_interleave(w.seq_lens, k)
     outs = []
-    for fn, kw in (
-        (ref_attn.generate_draft_decode_kv_indices, {}),
-        (api.generate_draft_decode_kv_indices, {"impl": impl}),
+    for fn in (
+        ref_attn.generate_draft_decode_kv_indices,
+        functools.partial(api.generate_draft_decode_kv_indices, impl=impl),
     ):
         kv_indices = torch.full((s, width), POISON, dtype=I32)
         kv_indptr = torch.full((s, b * k + 2), POISON, dtype=I32)
@@ -88,7 +91,6 @@ def op_kv_indices(w: World, rng: np.random.Generator, impl: str):
             1 << s,
             1 << (b * k - 1).bit_length(),
             c.page_size,
-            **kw,
         )
         outs.append({"kv_indices": to_numpy(kv_indices), "kv_indptr": to_numpy(kv_indptr)})
     return outs[0], outs[1], {"seq_lens": w.seq_lens, "req_pool_indices": w.req_pool_indices}

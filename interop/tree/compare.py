@@ -111,7 +111,8 @@ def op_build_tree(w: World, rng: np.random.Generator, impl: str):
     c = w.case
     modes = ref_tree.TreeMaskMode
     args = _build_args(w, rng, modes.FULL_MASK)
-    ref, got = {}, {}
+    ref: dict[str, np.ndarray] = {}
+    got: dict[str, np.ndarray] = {}
     # FULL_MASK (with sglang's ragged flattening) always, plus one other mode (each is a fresh
     # compile): QLEN_ONLY for odd topk, QLEN_ONLY_BITPACKING for even topk
     for mode in (modes.FULL_MASK, modes.QLEN_ONLY if c.topk % 2 else modes.QLEN_ONLY_BITPACKING):

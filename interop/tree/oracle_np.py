@@ -58,8 +58,10 @@ def verify_tree_greedy_np(
     predicts_init: int = -1,
 ):
     """Serial port of sglang's ``_ref_verify_tree_greedy``."""
-    links = tuple(np.asarray(x) for x in (candidates, retrive_index, next_token, next_sibling))
-    candidates = links[0]
+    candidates, retrive_index, next_token, next_sibling = (
+        np.asarray(x) for x in (candidates, retrive_index, next_token, next_sibling)
+    )
+    links = (candidates, retrive_index, next_token, next_sibling)
     bs, n = candidates.shape
     out = _outputs(bs, n, num_spec_steps, predicts_init)
     predicts, _, num = out
@@ -96,8 +98,10 @@ def tree_sampling_np(
     ``draft_probs_out`` (f32[B, N, V] or None): receives each rejected sibling's target
     probability at ``[b, row, token]``, as the kernel writes its ``draft_probs`` argument.
     """
-    links = tuple(np.asarray(x) for x in (candidates, retrive_index, next_token, next_sibling))
-    candidates = links[0]
+    candidates, retrive_index, next_token, next_sibling = (
+        np.asarray(x) for x in (candidates, retrive_index, next_token, next_sibling)
+    )
+    links = (candidates, retrive_index, next_token, next_sibling)
     q = np.asarray(target_probs, np.float32)
     coins = np.asarray(coins, np.float32)
     bs, n = candidates.shape

@@ -45,6 +45,8 @@ def select_top_k_tokens(
         parents = torch.arange(-1, topk, dtype=torch.int64, device=topk_p.device)
         tree_info = (topk_p.unsqueeze(1), topk_index, parents.unsqueeze(0).repeat(batch, 1))
         return input_ids, hidden_states, topk_p, tree_info
+    if scores is None:
+        raise ValueError(f"scores must be given at step i={i}")
     expand_scores = scores.unsqueeze(2) * topk_p.reshape(-1, topk, topk)  # (B, K, K)
     cs_p, cs_index = torch.topk(expand_scores.flatten(start_dim=1), topk, dim=-1)
     topk_index = topk_index.reshape(-1, topk**2)

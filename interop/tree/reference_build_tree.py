@@ -110,9 +110,12 @@ def sglang_tree(
 
         for i in range(n - 1, 0, -1):
             is_root, cp = parent_of(i - 1)
-            if not is_root and cp is None:
+            if is_root:
+                parent = 0
+            elif cp is None:
                 continue  # sglang: "WARNING: invalid eagle tree", node left unlinked
-            parent = 0 if is_root else cp + 1
+            else:
+                parent = cp + 1
             if next_token[b, parent] != -1:
                 next_sibling[b, i] = next_token[b, parent]
             next_token[b, parent] = i

@@ -177,6 +177,16 @@ def test_build_tree_mtp_step1_empty_parent_list():
     assert sib.tolist() == [[-1, -1], [-1, -1]]
 
 
+def test_select_after_step_0_needs_scores():
+    """Regression: scores=None past step 0 raised AttributeError (None.unsqueeze); now a
+    ValueError naming the argument, as jspec.tree.select_top_k_tokens."""
+    bs, k, hidden = 2, 2, 3
+    topk_p = torch.softmax(torch.randn(bs * k, k), -1)
+    topk_index = torch.randint(0, 50, (bs * k, k))
+    with pytest.raises(ValueError, match="scores must be given"):
+        tree.select_top_k_tokens(1, topk_p, topk_index, torch.randn(bs * k, hidden), None, k)
+
+
 def test_select_and_organize_reproduce_a_small_tree():
     torch.manual_seed(0)
     bs, k, steps, n, hidden = 2, 2, 3, 6, 3
