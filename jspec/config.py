@@ -80,7 +80,7 @@ def _need(cond: bool, msg: str) -> None:
 
 def _need_int(value: Any, name: str) -> None:
     _need(
-        isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1,
+        isinstance(value, (int, np.integer)) and not isinstance(value, bool) and bool(value >= 1),
         f"{name}={value!r} must be an int >= 1",
     )
 
