@@ -193,6 +193,7 @@ class Eagle3Config:
         must be strictly increasing and inside ``[0, N)``.
         """
         n = num_target_layers
+        layers: tuple[int, ...]
         if self.aux_layer_ids is None:
             layers = (2, n // 2, n - 3)
         else:
@@ -406,9 +407,10 @@ def load_llama_config(directory: str | os.PathLike, *, dtype: str | None = None)
         return cfg
     with in_file(path):
         gen = read_json_object(path)
-        ids = {}
-        for key, field in (("bos_token_id", "bos_token_ids"), ("eos_token_id", "eos_token_ids")):
-            value = get_token_ids(gen, key, cfg.vocab_size)
-            if value is not None:
-                ids[field] = value
-    return dataclasses.replace(cfg, **ids)
+        bos_token_ids = get_token_ids(gen, "bos_token_id", cfg.vocab_size)
+        eos_token_ids = get_token_ids(gen, "eos_token_id", cfg.vocab_size)
+    return dataclasses.replace(
+        cfg,
+        bos_token_ids=cfg.bos_token_ids if bos_token_ids is None else bos_token_ids,
+        eos_token_ids=cfg.eos_token_ids if eos_token_ids is None else eos_token_ids,
+    )
