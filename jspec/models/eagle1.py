@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from jspec._pytree import pytree_dataclass, replace
 from jspec.models._geometry import ConfigGeometry
@@ -31,6 +30,7 @@ from jspec.models.llama import (
     LayerParams,
     LlamaParams,
     _lm_head_logits,
+    _spec_leaf,
     decoder_layer,
     layer_specs,
 )
@@ -148,8 +148,8 @@ class Eagle1Draft(ConfigGeometry):
         if params.layer.attn_norm is None:
             specs = replace(specs, attn_norm=None)
         return Eagle1Params(
-            fc=P(),
-            fc_bias=None if params.fc_bias is None else P(),
+            fc=_spec_leaf(),
+            fc_bias=None if params.fc_bias is None else _spec_leaf(),
             layer=specs,
-            final_norm=None if params.final_norm is None else P(),
+            final_norm=None if params.final_norm is None else _spec_leaf(),
         )

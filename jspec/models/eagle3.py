@@ -27,7 +27,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import PartitionSpec as P
 
 from jspec._pytree import pytree_dataclass
 from jspec.models._geometry import ConfigGeometry
@@ -43,7 +42,13 @@ from jspec.models.layers import (
     model_scope,
     rms_norm,
 )
-from jspec.models.llama import LayerParams, LlamaParams, _random_layer, layer_specs
+from jspec.models.llama import (
+    LayerParams,
+    LlamaParams,
+    _random_layer,
+    _spec_leaf,
+    layer_specs,
+)
 
 
 @pytree_dataclass
@@ -182,13 +187,13 @@ class Eagle3Draft(ConfigGeometry):
     def param_specs(self, params: Eagle3Params, tp_axis: str | None) -> Eagle3Params:
         """PartitionSpecs: the midlayer split over ``tp_axis``, the rest replicated."""
         return Eagle3Params(
-            fc=P(),
-            fc_bias=None if params.fc_bias is None else P(),
-            hidden_norm=P(),
+            fc=_spec_leaf(),
+            fc_bias=None if params.fc_bias is None else _spec_leaf(),
+            hidden_norm=_spec_leaf(),
             layer=layer_specs(tp_axis),
-            final_norm=P(),
-            lm_head=P(),
-            d2t=P(),
+            final_norm=_spec_leaf(),
+            lm_head=_spec_leaf(),
+            d2t=_spec_leaf(),
         )
 
 

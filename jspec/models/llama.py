@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -154,17 +154,33 @@ class LlamaParams:
     lm_head: jax.Array | None  # [H, V]; None = tied (the LM head is embed.T)
 
 
+def _spec_leaf(*axes: str | None) -> jax.Array:
+    """``PartitionSpec(*axes)``, a leaf of a spec tree.
+
+    NOTE: a spec tree (``param_specs``) is the params dataclass itself with a PartitionSpec
+    where each array sits (jax's prefix-tree convention), so it is typed as the params class;
+    the cast says that this leaf stands where the params hold an array."""
+    return cast(jax.Array, P(*axes))
+
+
 def layer_specs(tp_axis: str | None) -> LayerParams:
     """PartitionSpecs of one :class:`LayerParams`: KV-head groups / MLP split over ``tp_axis``."""
     if tp_axis is None:
-        return LayerParams(attn_norm=P(), wqkv=P(), wo=P(), mlp_norm=P(), w_gate_up=P(), w_down=P())
+        return LayerParams(
+            attn_norm=_spec_leaf(),
+            wqkv=_spec_leaf(),
+            wo=_spec_leaf(),
+            mlp_norm=_spec_leaf(),
+            w_gate_up=_spec_leaf(),
+            w_down=_spec_leaf(),
+        )
     return LayerParams(
-        attn_norm=P(),
-        wqkv=P(None, tp_axis, None, None),
-        wo=P(tp_axis, None),
-        mlp_norm=P(),
-        w_gate_up=P(None, None, tp_axis),
-        w_down=P(tp_axis, None),
+        attn_norm=_spec_leaf(),
+        wqkv=_spec_leaf(None, tp_axis, None, None),
+        wo=_spec_leaf(tp_axis, None),
+        mlp_norm=_spec_leaf(),
+        w_gate_up=_spec_leaf(None, None, tp_axis),
+        w_down=_spec_leaf(tp_axis, None),
     )
 
 
@@ -298,10 +314,10 @@ class LlamaTarget(ConfigGeometry):
     def param_specs(self, params: LlamaParams, tp_axis: str | None) -> LlamaParams:
         """PartitionSpecs for ``params``: layers split over ``tp_axis``, the rest replicated."""
         return LlamaParams(
-            embed=P(),
+            embed=_spec_leaf(),
             layers=tuple(layer_specs(tp_axis) for _ in params.layers),
-            final_norm=P(),
-            lm_head=None if params.lm_head is None else P(),
+            final_norm=_spec_leaf(),
+            lm_head=None if params.lm_head is None else _spec_leaf(),
         )
 
 
