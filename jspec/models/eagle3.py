@@ -122,7 +122,8 @@ class Eagle3Draft(ConfigGeometry):
           (pool, hidden_out dtype[T, H]): the pre-norm sum, fed to the next draft step.
 
         Raises:
-          ValueError: ``hidden_in`` is not ``[T, hidden_size]`` (trace time).
+          ValueError: ``hidden_in`` is not ``[T, hidden_size]``, or ``params.layer.attn_norm``
+            is None (trace time).
         """
         cfg = self.config
         dt = jnp.dtype(cfg.dtype)
@@ -133,6 +134,11 @@ class Eagle3Draft(ConfigGeometry):
             )
         hidden = hidden_in.astype(dt)
         lp = params.layer
+        if lp.attn_norm is None:
+            raise ValueError(
+                "params.layer.attn_norm=None: an EAGLE-3 midlayer normalizes the embedding "
+                "(midlayer.input_layernorm.weight, [hidden_size])"
+            )
         embeds = target_params.embed[token_ids].astype(dt)
         norm = self.rms_norm_impl
         x = jnp.concatenate(

@@ -167,3 +167,28 @@ def test_eagle1_combine_is_identity(target_params):
 
     hidden = jnp.ones((3, 32), jnp.float32)
     assert Eagle1Draft(TARGET.config).combine_hidden_states(None, hidden) is hidden
+
+
+def test_forward_without_the_midlayer_input_norm_names_the_field(target_params):
+    """An EAGLE-3 midlayer normalizes the embedding (``input_layernorm``): a hand-built
+    ``Eagle3Params`` whose layer has ``attn_norm=None`` (EAGLE-1's identity) is a ValueError
+    naming the field, not an error from inside rms_norm."""
+    from jspec.models import Eagle3Config, random_eagle3_params
+
+    cfg = Eagle3Config(
+        hidden_size=32,
+        intermediate_size=40,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        vocab_size=96,
+        draft_vocab_size=40,
+        num_aux=3,
+    )
+    draft = Eagle3Draft(cfg, (2, 4, 5))
+    params = random_eagle3_params(draft, seed=3)
+    params = dataclasses.replace(params, layer=dataclasses.replace(params.layer, attn_norm=None))
+    ids = jnp.arange(5, dtype=jnp.int32)
+    hidden = jnp.ones((5, 32), jnp.float32)
+    with pytest.raises(ValueError, match="params.layer.attn_norm"):
+        draft.forward(params, target_params, None, ids, hidden, ids, dense_attn_fn)
