@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from jspec._strict_json import loads_unique_keys
@@ -42,9 +43,16 @@ class PromptLine:
     index: int  # its place among the file's requests (blank lines skipped), 0-based
     where: str  # "FILE:LINE", the prefix of its error messages
     text: str | None  # the "prompt" text, or None
-    ids: list[int] | None  # "prompt_ids", or the encoded text (after encode_prompts)
-    max_new_tokens: int | None  # None: the --max-new-tokens flag's
+    ids: list[int] | None  # "prompt_ids", or the encoded text (None until encode_prompts)
+    max_new_tokens: int  # the line's, else the --max-new-tokens flag's
     sampling: SamplingParams  # resolved: a sampled line has its seed
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The prompt's ids: ``prompt_ids``, or the text's once :func:`encode_prompts` ran."""
+        if self.ids is None:
+            raise ValueError(f"{self.where}: ids=None: encode_prompts fills in a text prompt's ids")
+        return self.ids
 
 
 def _read_bytes(path: str) -> tuple[bytes, str]:
@@ -71,7 +79,7 @@ def read_prompts_file(
       max_new_tokens: the ``--max-new-tokens`` flag, or None (then every line must give one).
     """
     data, name = _read_bytes(path)
-    lines = []
+    lines: list[PromptLine] = []
     for number, raw in enumerate(data.split(b"\n"), start=1):
         where = f"{name}:{number}"
         try:
@@ -182,18 +190,18 @@ def encode_prompts(lines: list[PromptLine], tokenizer: Any, model_dir: str, *, c
             raise InputError(f"{line.where}: {e}") from None
 
 
-def check_prompts(lines: list[PromptLine], target: Any) -> None:
+def check_prompts(lines: Sequence[PromptLine], target: Any) -> None:
     """Every line's ids in ``[0, target.vocab_size)`` and its prompt + max_new_tokens within
     the model's ``max_position_embeddings`` (when ``target.config`` has one)."""
     limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
     for line in lines:
         field = "prompt_ids" if line.text is None else "prompt (encoded)"
         try:
-            check_token_ids(field, line.ids, target.vocab_size)
+            check_token_ids(field, line.token_ids, target.vocab_size)
         except InputError as e:
             raise InputError(f"{line.where}: {e}") from None
-        if limit is not None and len(line.ids) + line.max_new_tokens > limit:
+        if limit is not None and len(line.token_ids) + line.max_new_tokens > limit:
             raise InputError(
-                f"{line.where}: len(prompt) + max_new_tokens = {len(line.ids)} + "
+                f"{line.where}: len(prompt) + max_new_tokens = {len(line.token_ids)} + "
                 f"{line.max_new_tokens} exceeds the model's max_position_embeddings={limit}"
             )

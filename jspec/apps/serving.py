@@ -151,16 +151,16 @@ def many_config(
     """The ``EngineConfig`` of a prompts file's requests (``--max-running`` at once, a context
     holding the longest), every line checked against the model first."""
     check_prompts(lines, target)
-    longest = max(lines, key=lambda line: len(line.ids) + line.max_new_tokens)
-    context_len = check_context(target, len(longest.ids), longest.max_new_tokens)
+    longest = max(lines, key=lambda line: len(line.token_ids) + line.max_new_tokens)
+    context_len = check_context(target, len(longest.token_ids), longest.max_new_tokens)
     return engine_config_from_args(
         args,
         target,
         draft,
         context_len=context_len,
         max_running_requests=min(args.max_running, len(lines)),
-        max_prompt_len=max(len(line.ids) for line in lines),
-        shortest_prompt=min(len(line.ids) for line in lines),
+        max_prompt_len=max(len(line.token_ids) for line in lines),
+        shortest_prompt=min(len(line.token_ids) for line in lines),
     )
 
 
@@ -192,7 +192,7 @@ def _record(line: PromptLine, tokens: list[int], ttft_s: float, eos: set, tokeni
         "token_ids": tokens,
         "text": tokenizer.decode(tokens) if tokenizer is not None else None,
         "num_tokens": len(tokens),
-        "num_prompt_tokens": len(line.ids),
+        "num_prompt_tokens": len(line.token_ids),
         "finish_reason": "eos" if tokens and tokens[-1] in eos else "length",
         "sampling": line.sampling.to_dict(),
         "ttft_s": ttft_s,
@@ -212,7 +212,7 @@ def run_many(
 ) -> int:
     """Run a prompts file's requests; JSON lines on stdout, stats on stderr; exit status (130
     after Ctrl-C, with the finished requests' lines printed); ``load``: ``build_engine``'s."""
-    prompts = [line.ids for line in lines]
+    prompts = [line.token_ids for line in lines]
     max_new = [line.max_new_tokens for line in lines]
     sampling = [line.sampling for line in lines]
     tracker = _Tracker(lines, eos)
