@@ -300,6 +300,9 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
         if lines is not None:
             ecfg = many_config(args, target, draft, lines)
         else:
+            # NOTE: the parser's required group gives --prompts-file, --prompt-ids or --prompt,
+            # and --prompt's text was encoded above: one prompt always has its ids here.
+            assert prompt_ids is not None
             ecfg, _ = run_config(args, target, draft, prompt_ids)
         check_run_memory(ecfg, target, draft, weight_bytes=nbytes, num_devices=args.devices)
 
@@ -331,6 +334,7 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
             return run_many(
                 args, ecfg, models, lines, say, eos=eos, tokenizer=tokenizer, load=deferred
             )
+        assert prompt_ids is not None  # as above: one prompt always has its ids here
         stream = StreamPrinter(tokenizer)
         try:
             out, stats = generate_ids(
