@@ -320,6 +320,33 @@ def test_both_clis_accept_every_kernel_impl_the_engine_has():
             assert getattr(args, dest) == impl
 
 
+def test_every_kernel_flag_reaches_make_engine_config_as_its_dest(monkeypatch):
+    """engine_config_from_args passes each KERNEL_FLAGS value by the keyword its dest names."""
+    import jspec.engine.state as state
+    from jspec.apps._cli import engine_config_from_args
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def make_engine_config(target, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(state, "make_engine_config", make_engine_config)
+    argv = ["--model", "x", "--prompt-ids", "1"]
+    for flag, (dest, _family, _text) in KERNEL_FLAGS.items():
+        argv += [flag, f"value-of-{dest}"]
+    args = generate._parser().parse_args(argv)
+    with pytest.raises(Stop):
+        engine_config_from_args(
+            args, TARGET, None, context_len=64, max_running_requests=1, max_prompt_len=8
+        )
+    for dest, _family, _text in KERNEL_FLAGS.values():
+        assert seen[dest] == f"value-of-{dest}", dest
+
+
 @pytest.mark.parametrize("flag", list(KERNEL_FLAGS))
 def test_bad_kernel_impl_is_one_line(flag, capsys, no_weight_read_no_compile):
     assert demo.main([flag, "cuda"]) == 2
