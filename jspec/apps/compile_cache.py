@@ -36,8 +36,8 @@ def cache_dir(enabled: bool = True) -> str | None:
     return os.path.join(env.USER_CACHE_DIR, "jspec", "xla")
 
 
-def add_cache_flag(parser: argparse.ArgumentParser) -> None:
-    """The commands' ``--no-compilation-cache`` flag."""
+def add_cache_flag(parser: argparse._ActionsContainer) -> None:
+    """The commands' ``--no-compilation-cache`` flag (on a parser or an argument group)."""
     parser.add_argument(
         "--no-compilation-cache",
         action="store_true",
