@@ -26,8 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.engine import (
+    DraftModel,
     KVView,
     Runner,
+    TargetModel,
     Weights,
     decode_rounds,
     greedy_step,
@@ -39,7 +41,15 @@ from jspec.engine import (
     view_from_page_table,
 )
 from jspec.kv import KVPool
-from jspec.models import LlamaConfig, LlamaTarget, toy_eagle1, toy_llama_params
+from jspec.models import (
+    Eagle1Draft,
+    Eagle1Params,
+    LlamaConfig,
+    LlamaParams,
+    LlamaTarget,
+    toy_eagle1,
+    toy_llama_params,
+)
 
 
 @jax.tree_util.register_dataclass
@@ -68,10 +78,10 @@ class BlockTableBackend:
     max_blocks: int  # per request: covers context_len + the spec step's reserve
     max_seqs: int
 
-    def init_state(self, target, draft) -> BlockTableKV:
-        def pool(model):
-            shape = (model.num_layers, (self.num_blocks + 1) * self.block_size)
-            shape += (model.num_kv_heads, model.head_dim)
+    def init_state(self, target: TargetModel, draft: DraftModel | None) -> BlockTableKV:
+        def pool(model: TargetModel | DraftModel) -> KVPool:
+            slots = (self.num_blocks + 1) * self.block_size
+            shape = (model.num_layers, slots, model.num_kv_heads, model.head_dim)
             k, v = (jnp.zeros(shape, jnp.dtype(model.dtype)) for _ in "kv")
             return KVPool(k=k, v=v, page_size=self.block_size)
 
@@ -88,14 +98,16 @@ class BlockTableBackend:
             draft_pool=None if draft is None else pool(draft),
         )
 
-    def slot_status(self, kv: BlockTableKV):
+    def slot_status(self, kv: BlockTableKV) -> tuple[jax.Array, jax.Array]:
         return kv.live, kv.held
 
     # -- the block allocator --------------------------------------------------------------
-    def _at(self, x, slot_idx):
+    def _at(self, x: jax.Array, slot_idx: jax.Array) -> jax.Array:
         return x[jnp.clip(slot_idx, 0, self.max_seqs - 1)]
 
-    def _grow(self, kv: BlockTableKV, slot_idx, mask, new_lens):
+    def _grow(
+        self, kv: BlockTableKV, slot_idx: jax.Array, mask: jax.Array, new_lens: jax.Array
+    ) -> tuple[BlockTableKV, jax.Array]:
         """Blocks for positions ``[0, new_len)`` of the masked entries, all or nothing."""
         have = jnp.where(mask, self._at(kv.num_blocks, slot_idx), 0)
         want = -(-new_lens // self.block_size)
@@ -117,18 +129,31 @@ class BlockTableBackend:
         )
         return kv, ok
 
-    def _view(self, kv: BlockTableKV, slot_idx, valid, seq_lens) -> KVView:
+    def _view(
+        self, kv: BlockTableKV, slot_idx: jax.Array, valid: jax.Array, seq_lens: jax.Array
+    ) -> KVView:
         table = jnp.where(valid[:, None], self._at(kv.block_tables, slot_idx), 0)
         return view_from_page_table(table, seq_lens, valid, page_size=self.block_size)
 
     # -- the KVBackend protocol -----------------------------------------------------------
-    def prepare_decode(self, kv: BlockTableKV, slot_idx, live, *, num_tokens: int):
+    def prepare_decode(
+        self, kv: BlockTableKV, slot_idx: jax.Array, live: jax.Array, *, num_tokens: int
+    ) -> tuple[BlockTableKV, KVView, jax.Array]:
         seq = jnp.where(live, self._at(kv.seq_lens, slot_idx), 0)
         kv, ok = self._grow(kv, slot_idx, live, seq + num_tokens)
         live = live & ok
         return kv, self._view(kv, slot_idx, live, seq), ok
 
-    def prepare_prefill(self, kv: BlockTableKV, slot_idx, starts, ends, valid, *, chunk_width):
+    def prepare_prefill(
+        self,
+        kv: BlockTableKV,
+        slot_idx: jax.Array,
+        starts: jax.Array,
+        ends: jax.Array,
+        valid: jax.Array,
+        *,
+        chunk_width: int,
+    ) -> tuple[BlockTableKV, KVView, jax.Array]:
         del chunk_width  # this allocator needs no static bound on the chunk
         cont = valid & (starts > 0)  # a later chunk continues its prefilling request
         same = self._at(kv.held, slot_idx) & ~self._at(kv.live, slot_idx)
@@ -141,7 +166,14 @@ class BlockTableBackend:
         kv = dataclasses.replace(kv, held=kv.held.at[dst].set(True, mode="drop"))
         return kv, self._view(kv, slot_idx, valid, starts), ok
 
-    def commit(self, kv: BlockTableKV, slot_idx, valid, seq_lens, live):
+    def commit(
+        self,
+        kv: BlockTableKV,
+        slot_idx: jax.Array,
+        valid: jax.Array,
+        seq_lens: jax.Array,
+        live: jax.Array,
+    ) -> BlockTableKV:
         dst = jnp.where(valid, slot_idx, self.max_seqs)
         return dataclasses.replace(
             kv,
@@ -149,7 +181,9 @@ class BlockTableBackend:
             live=kv.live.at[dst].set(live, mode="drop"),
         )
 
-    def release(self, kv: BlockTableKV, slot_idx, finished):
+    def release(
+        self, kv: BlockTableKV, slot_idx: jax.Array, finished: jax.Array
+    ) -> tuple[BlockTableKV, jax.Array]:
         have = jnp.where(finished, self._at(kv.num_blocks, slot_idx), 0)
         col = jnp.arange(self.max_blocks, dtype=jnp.int32)[None, :]
         back = finished[:, None] & (col < have[:, None])
@@ -172,7 +206,7 @@ class BlockTableBackend:
         return kv, jnp.asarray(True)
 
 
-def toy_models():
+def toy_models() -> tuple[LlamaTarget, LlamaParams, Eagle1Draft, Eagle1Params]:
     """The toy f32 target (vocab 64) and its EAGLE-1 head, with their params."""
     cfg = LlamaConfig(
         vocab_size=64,
@@ -189,7 +223,16 @@ def toy_models():
     return target, params, draft, dparams
 
 
-def run(prompts, max_new_tokens: int, *, spec: bool, own_kv: bool, page_size=4, topk=2, rounds=0):
+def run(
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    spec: bool,
+    own_kv: bool,
+    page_size: int = 4,
+    topk: int = 2,
+    rounds: int = 0,
+) -> tuple[list[list[int]], list[int]]:
     """Tokens of every prompt (one batch slot each), spec or plain greedy, over the block-table
     cache (``own_kv``) or jspec's paged allocator; one step a call, or with ``rounds`` up to
     that many steps a dispatch (``decode_rounds``). Returns (tokens, accept lengths)."""
@@ -207,12 +250,12 @@ def run(prompts, max_new_tokens: int, *, spec: bool, own_kv: bool, page_size=4, 
         batch_buckets=(num,),
         prefill_batch=num,
     )
-    kv = None
+    backend = None  # None: jspec's paged allocator
     if own_kv:
         spec_cfg = ecfg.spec
         per_request = -(-(spec_cfg.context_len + spec_cfg.alloc_reserve_per_decode) // page_size)
-        kv = BlockTableBackend(page_size, num * per_request, per_request, num)
-    runner = Runner(ecfg, target, draft if spec else None, kv=kv)
+        backend = BlockTableBackend(page_size, num * per_request, per_request, num)
+    runner = Runner(ecfg, target, draft if spec else None, kv=backend)
     weights = Weights(params, dparams if spec else None)
     state = init_engine_state(runner)
     slots = jnp.arange(num, dtype=jnp.int32)
@@ -235,11 +278,11 @@ def run(prompts, max_new_tokens: int, *, spec: bool, own_kv: bool, page_size=4, 
         state, r = decode_rounds(
             step_fn, runner, weights, state, slots, live, budget, eos_ids, rounds, max_rounds=rounds
         )
-        tokens, lens = np.asarray(r.tokens), np.asarray(r.lens)
+        tokens, round_lens = np.asarray(r.tokens), np.asarray(r.lens)
         for k in range(int(r.num_rounds)):
             for i in range(num):
-                out[i] += tokens[k, i, : lens[k, i]].tolist()
-                accept_lens += [int(lens[k, i])] if spec and lens[k, i] else []
+                out[i] += tokens[k, i, : round_lens[k, i]].tolist()
+                accept_lens += [int(round_lens[k, i])] if spec and round_lens[k, i] else []
         assert bool(r.ok)
     while not rounds and min(map(len, out)) < max_new_tokens:
         if spec:
@@ -255,8 +298,8 @@ def run(prompts, max_new_tokens: int, *, spec: bool, own_kv: bool, page_size=4, 
         assert bool(step.ok)
     state, ok = release(runner, state, slots, jnp.ones((num,), bool), return_ok=True)
     assert bool(ok)
-    if own_kv:  # every block back on the free stack
-        assert int(state.kv.num_free) == runner.kv.num_blocks
+    if backend is not None:  # every block back on the free stack
+        assert int(state.kv.num_free) == backend.num_blocks
     return [o[:max_new_tokens] for o in out], accept_lens
 
 
