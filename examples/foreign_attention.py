@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.attention_meta import AttentionMetadata
-from jspec.engine import Engine, make_engine_config
-from jspec.kv import set_kv_buffer
+from jspec.engine import AttentionBackend, Engine, RunStats, make_engine_config
+from jspec.kv import KVPool, set_kv_buffer
 from jspec.models import LlamaConfig, LlamaTarget, toy_eagle1, toy_llama_params
 
 
@@ -31,11 +31,15 @@ class PageGatherBackend:
     """Attention over the pool read page by page (any hashable object with these two methods
     is a backend: ``jspec.engine.AttentionBackend``)."""
 
-    def write_kv(self, pool, layer, slot_ids, k, v):
+    def write_kv(
+        self, pool: KVPool, layer: int, slot_ids: jax.Array, k: jax.Array, v: jax.Array
+    ) -> KVPool:
         # The pool is jspec's KVPool here; a stack with its own cache writes its own.
         return set_kv_buffer(pool, layer, slot_ids, k.astype(pool.k.dtype), v.astype(pool.v.dtype))
 
-    def attend(self, pool, layer, q, meta: AttentionMetadata):
+    def attend(
+        self, pool: KVPool, layer: int, q: jax.Array, meta: AttentionMetadata
+    ) -> tuple[jax.Array, jax.Array]:
         p = meta.page_size
         bsz, qp, hq, dim = q.shape
         hkv = pool.k.shape[2]
@@ -50,10 +54,11 @@ class PageGatherBackend:
             qpos = meta.kv_lens[:, None] - q_lens[:, None] + jnp.arange(qp)[None, :]
             seen = seen & (pos[None, None, :] <= qpos[:, :, None])
         seen = jnp.broadcast_to(seen, (bsz, qp, keys.shape[1]))
-        if meta.tail_slot_ids is not None:
-            keys = jnp.concatenate([keys, pool.k[layer][meta.tail_slot_ids]], axis=1)
-            vals = jnp.concatenate([vals, pool.v[layer][meta.tail_slot_ids]], axis=1)
-            seen = jnp.concatenate([seen, meta.tail_mask], axis=2)
+        tail_slot_ids, tail_mask = meta.tail_slot_ids, meta.tail_mask  # both or neither
+        if tail_slot_ids is not None and tail_mask is not None:
+            keys = jnp.concatenate([keys, pool.k[layer][tail_slot_ids]], axis=1)
+            vals = jnp.concatenate([vals, pool.v[layer][tail_slot_ids]], axis=1)
+            seen = jnp.concatenate([seen, tail_mask], axis=2)
         group = hq // hkv
         keys = jnp.repeat(keys.astype(jnp.float32), group, axis=2)  # [B, W, Hq, D]
         vals = jnp.repeat(vals.astype(jnp.float32), group, axis=2)
@@ -72,7 +77,13 @@ class PageGatherBackend:
         return jnp.where(any_key[..., None], out, 0.0), lse
 
 
-def run(prompts, max_new_tokens: int, *, backend=None, spec: bool = True):
+def run(
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    backend: AttentionBackend | None = None,
+    spec: bool = True,
+) -> tuple[list[list[int]], RunStats]:
     """Tokens of ``prompts`` from the toy target (+ its EAGLE-1 head when ``spec``)."""
     cfg = LlamaConfig(
         vocab_size=64,
