@@ -68,7 +68,7 @@ def validate_requests(
     if len(prompts) == 0:
         raise InputError("prompts is empty: give at least one prompt")
     n = len(prompts)
-    if isinstance(max_new_tokens, (int, np.integer)) and not isinstance(max_new_tokens, bool):
+    if not isinstance(max_new_tokens, (Sequence, np.ndarray)):  # one for all (a bool: rejected)
         max_new = [check_count("max_new_tokens", max_new_tokens)] * n
     else:
         if len(max_new_tokens) != n:

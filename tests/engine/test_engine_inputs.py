@@ -42,6 +42,13 @@ def test_validate_requests_rejects(prompts, max_new, match):
         validate_requests(prompts, max_new, **LIMITS)
 
 
+@pytest.mark.parametrize("max_new", [True, 2.5, None], ids=["bool", "float", "none"])
+def test_validate_requests_bad_max_new_tokens_names_it(max_new):
+    """A scalar max_new_tokens that is not an int (True once reached len(): a TypeError)."""
+    with pytest.raises(InputError, match=r"max_new_tokens=.* must be an int >= 1"):
+        validate_requests([[1, 2]], max_new, **LIMITS)
+
+
 def test_validate_requests_accepts_the_edges():
     prompts, max_new, arrivals = validate_requests([[0, 63], [5] * 8], [14, 8], **LIMITS)
     assert prompts == [[0, 63], [5] * 8] and max_new == [14, 8] and arrivals == [0, 0]
