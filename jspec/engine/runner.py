@@ -61,7 +61,7 @@ def check_engine_models(
             model.check_tensor_parallel(tp)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class Runner:
     """The static half of every step (hashable: a static jit argument).
 
@@ -70,8 +70,9 @@ class Runner:
       target: the target model (``jspec.engine.protocol.TargetModel``); a model with a
         ``rms_norm_impl`` dataclass field gets the engine's ``ecfg.kernels.rms_norm`` there.
       draft: the draft head (``DraftModel``), or None for a plain greedy engine (the same).
-      kv: the KV backend (``jspec.engine.kv_backend.KVBackend``); None: jspec's paged
-        allocator over ``ecfg.spec`` (:class:`jspec.engine.paged_kv.PagedKVBackend`).
+      kv: the KV backend (``jspec.engine.kv_backend.KVBackend``); None given: jspec's paged
+        allocator over ``ecfg.spec`` (:class:`jspec.engine.paged_kv.PagedKVBackend`), so the
+        attribute is never None.
       max_kv_len: a launch hint for the decode passes: no request of a call reads more than
         this many prefix keys (``AttentionMetadata.max_kv_len``: the attention kernels plan
         their key splits for it, not for ``context_len``, so short batches in a long-context
@@ -88,27 +89,44 @@ class Runner:
 
     ecfg: EngineConfig
     target: TargetModel
-    draft: DraftModel | None = None
-    kv: KVBackend | None = None
-    max_kv_len: int | None = None
-    max_prefix_len: int | None = None
+    draft: DraftModel | None
+    kv: KVBackend
+    max_kv_len: int | None
+    max_prefix_len: int | None
 
-    def __post_init__(self) -> None:
-        for name in ("target", "draft"):  # the kernel policy reaches the models here, once
-            object.__setattr__(
-                self, name, with_kernel_policy(getattr(self, name), self.ecfg.kernels)
-            )
-        check_engine_models(self.ecfg, self.target, self.draft)
-        hint = self.max_kv_len
+    # NOTE: written out (not the dataclass's) so that ``kv`` is None only as an argument: the
+    # attribute is always a backend. dataclasses.replace passes every field back in here.
+    def __init__(
+        self,
+        ecfg: EngineConfig,
+        target: TargetModel,
+        draft: DraftModel | None = None,
+        kv: KVBackend | None = None,
+        max_kv_len: int | None = None,
+        max_prefix_len: int | None = None,
+    ) -> None:
+        # the kernel policy reaches the models here, once
+        target = with_kernel_policy(target, ecfg.kernels)
+        draft = with_kernel_policy(draft, ecfg.kernels)
+        check_engine_models(ecfg, target, draft)
+        hint = max_kv_len
         if hint is not None and (not isinstance(hint, int) or isinstance(hint, bool) or hint < 1):
             raise ValueError(f"max_kv_len={hint!r} must be None or an int >= 1")
-        bound = self.max_prefix_len
+        bound = max_prefix_len
         if bound is not None and (
             not isinstance(bound, int) or isinstance(bound, bool) or bound < 0
         ):
             raise ValueError(f"max_prefix_len={bound!r} must be None or an int >= 0")
-        if self.kv is None:
-            object.__setattr__(self, "kv", PagedKVBackend(self.ecfg))
+        fields = {
+            "ecfg": ecfg,
+            "target": target,
+            "draft": draft,
+            "kv": PagedKVBackend(ecfg) if kv is None else kv,
+            "max_kv_len": max_kv_len,
+            "max_prefix_len": max_prefix_len,
+        }
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
 
 
 @pytree_dataclass

@@ -53,6 +53,7 @@ different computations of the same logits and may flip a near-tied argmax: test 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -305,8 +306,9 @@ def spec_step_body(
     """
     status = runner.kv.slot_status(state.kv)
     ok_in = guards.validate_step_slots(status, slot_idx, live, "spec_decode_step")
-    x = phase_prepare(runner.ecfg, runner.kv, state, slot_idx, live & ok_in, runner.max_kv_len)
-    x = replace(x, batch=replace(x.batch, ok=x.batch.ok & ok_in))  # bad slots: a skipped step
+    plan = phase_prepare(runner.ecfg, runner.kv, state, slot_idx, live & ok_in, runner.max_kv_len)
+    plan = replace(plan, batch=replace(plan.batch, ok=plan.batch.ok & ok_in))  # bad slots: skipped
+    x: Any = plan  # each phase hands the next its own step_types value, DraftPlan to ExtendResult
     for kind, phase in PHASES:
         x = call_phase(kind, phase, runner, weights, x, sampling)
         guards.probe_verify_logits(x)  # with probes on: NaN target logits of live rows
