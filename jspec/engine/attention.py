@@ -113,8 +113,8 @@ class AttnPlan:
 
     # i32[T]: slot for each token's K/V (0, the padding page, for padding tokens)
     write_slot_ids: jax.Array
-    # tuple[AttentionMetadata, ...]: passes over the same T queries, merged by log-sum-exp
-    passes: tuple
+    # passes over the same T queries (at least one), merged by log-sum-exp
+    passes: tuple[AttentionMetadata, ...]
 
 
 def run_plan(
@@ -122,13 +122,18 @@ def run_plan(
 ) -> jax.Array:
     """Every pass of ``plan`` for flat queries ``q: dtype[T, Hq, D]``, merged by log-sum-exp
     in f32: float[T, Hq, D] (one pass: the backend's output as it is)."""
+    if not plan.passes:
+        raise ValueError("plan.passes=() is empty: an AttnPlan reads at least one pass")
     num_tokens, hq, dim = q.shape
-    out = lse = None
-    for meta in plan.passes:
+
+    def attend(meta: AttentionMetadata) -> tuple[jax.Array, jax.Array]:
         rows = meta.num_rows
         o, part = backend.attend(pool, layer, q.reshape(rows, num_tokens // rows, hq, dim), meta)
-        o, part = o.reshape(num_tokens, hq, dim), part.reshape(num_tokens, hq)
-        out, lse = (o, part) if out is None else merge_states(out, lse, o, part)
+        return o.reshape(num_tokens, hq, dim), part.reshape(num_tokens, hq)
+
+    out, lse = attend(plan.passes[0])
+    for meta in plan.passes[1:]:
+        out, lse = merge_states(out, lse, *attend(meta))
     return out
 
 

@@ -158,3 +158,11 @@ def test_make_attn_fn_writes_then_reads_through_any_backend():
     np.testing.assert_array_equal(outs[0], outs[1])
     # query 0 sees only key 0: its output is v[0] (GQA: query heads 0, 1 read KV head 0)
     np.testing.assert_allclose(outs[0][0, :2], np.asarray(v)[0, [0, 0]], rtol=1e-6)
+
+
+def test_plan_without_passes_is_a_value_error():
+    """An AttnPlan with no pass once gave the model None as its attention output."""
+    pool = _pool(np.random.default_rng(0), 2)
+    q = jnp.zeros((4, HQ, D), jnp.float32)
+    with pytest.raises(ValueError, match=r"plan.passes=\(\) is empty"):
+        run_plan(AttnPlan(jnp.zeros(4, jnp.int32), ()), PagedAttentionBackend(), pool, 0, q)
