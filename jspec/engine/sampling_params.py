@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import secrets
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
+import jax
 import numpy as np
 
 from jspec.engine.inputs import InputError
@@ -144,8 +145,9 @@ def pack_sampling(params: Sequence[Any], lossy: LossyThresholds | None = None) -
     flat = [p if p is not None else GREEDY for p in arr.reshape(-1)]
     shape = arr.shape
 
-    def field(get, dtype) -> np.ndarray:
-        return np.asarray([get(p) for p in flat], dtype).reshape(shape)
+    # NOTE: host numpy leaves, typed as the step reads them: its jit makes each a jax.Array.
+    def field(get: Callable[[SamplingParams], Any], dtype: Any) -> jax.Array:
+        return cast(jax.Array, np.asarray([get(p) for p in flat], dtype).reshape(shape))
 
     sampled = [p for p in flat if not p.is_greedy]
     if any(p.seed is None for p in sampled):  # a fresh seed per step would not replay
@@ -155,7 +157,7 @@ def pack_sampling(params: Sequence[Any], lossy: LossyThresholds | None = None) -
     ).reshape(shape + (2,))
     return SamplingBatch(
         temperature=field(lambda p: p.temperature, np.float32),
-        seed=seeds,
+        seed=cast(jax.Array, seeds),
         top_k=field(lambda p: p.top_k, np.int32) if any(p.top_k > 0 for p in sampled) else None,
         top_p=field(lambda p: p.top_p, np.float32) if any(p.top_p < 1 for p in sampled) else None,
         min_p=field(lambda p: p.min_p, np.float32) if any(p.min_p > 0 for p in sampled) else None,
