@@ -339,12 +339,13 @@ def make_engine_config(
         dtype=target.dtype,
     )
     if kv_len_buckets is None:
-        kv_len_buckets = []
+        picked: list[int] = []
         if kernels.attention in ("triton", "cudnn") and attention_backend is None:
             b = KV_LEN_BUCKET_MIN
             while b < context_len:
-                kv_len_buckets.append(b)
+                picked.append(b)
                 b *= KV_LEN_BUCKET_RATIO
+        kv_len_buckets = tuple(picked)
     return EngineConfig(
         spec=spec,
         max_prompt_len=max_prompt_len,
