@@ -12,9 +12,20 @@ from typing import Any
 import jax
 
 from jspec.engine.attention import AttnPlan, make_attn_fn
-from jspec.engine.protocol import model_scope
+from jspec.engine.protocol import DraftModel, model_scope
 from jspec.engine.runner import Runner, Weights
 from jspec.kernels.topk_probs import topk_probs
+
+
+def require_draft(runner: Runner, caller: str) -> DraftModel:
+    """``runner.draft``, or ValueError naming ``caller`` when the runner has none (a call that
+    runs the draft: the speculative step, its phases)."""
+    if runner.draft is None:
+        raise ValueError(
+            f"{caller}: runner.draft is None; speculative decoding needs a draft head "
+            "(Runner(ecfg, target, draft)), a runner without one steps with greedy_step"
+        )
+    return runner.draft
 
 
 def run_target(
@@ -54,8 +65,8 @@ def run_target(
     if draft is None:
         return pool, hidden, hidden
     with model_scope("draft"):
-        feature = draft.combine_hidden_states(weights.draft, hidden if aux is None else aux)
-    return pool, hidden, feature
+        draft_in = draft.combine_hidden_states(weights.draft, hidden if aux is None else aux)
+    return pool, hidden, draft_in
 
 
 def target_logits(runner: Runner, weights: Weights, hidden: jax.Array) -> jax.Array:
@@ -79,9 +90,10 @@ def run_draft(
     Returns:
       (pool, hidden_out dtype[T, Hd]).
     """
+    draft = require_draft(runner, "run_draft")
     attn_fn = make_attn_fn(plan, runner.ecfg.attention)
     with model_scope("draft"):
-        return runner.draft.forward(
+        return draft.forward(
             weights.draft,
             weights.target,
             pool,
@@ -103,7 +115,7 @@ def draft_topk(runner: Runner, weights: Weights, hidden: jax.Array) -> tuple[jax
       (topk_p f32[T, K], topk_index i32[T, K] TARGET ids): the top-K of the draft vocab's
       softmax, then ``draft.to_target_ids`` (sglang's ``hot_token_id`` / d2t mapping).
     """
-    ecfg, draft = runner.ecfg, runner.draft
+    ecfg, draft = runner.ecfg, require_draft(runner, "draft_topk")
     with model_scope("draft"):
         logits = draft.logits(weights.draft, weights.target, hidden)
     topk_p, draft_ids = topk_probs(logits, ecfg.spec.topk, impl=ecfg.kernels.topk_probs)

@@ -68,7 +68,7 @@ from jspec.engine.draft_phases import (
     window_metadata,
 )
 from jspec.engine.kv_backend import KVBackend
-from jspec.engine.model_calls import run_target, target_logits
+from jspec.engine.model_calls import require_draft, run_target, target_logits
 from jspec.engine.runner import Runner, Weights, jit_step
 from jspec.engine.sampling import SamplingBatch, sample_tree
 from jspec.engine.state import EngineConfig, EngineState, commit_carry, gather_slots
@@ -303,7 +303,11 @@ def spec_step_body(
 
     Returns:
       (state, :class:`SpecStepOutput`).
+
+    Raises:
+      ValueError when ``runner.draft`` is None (a plain runner steps with ``greedy_step``).
     """
+    require_draft(runner, "spec_decode_step")
     status = runner.kv.slot_status(state.kv)
     ok_in = guards.validate_step_slots(status, slot_idx, live, "spec_decode_step")
     plan = phase_prepare(runner.ecfg, runner.kv, state, slot_idx, live & ok_in, runner.max_kv_len)

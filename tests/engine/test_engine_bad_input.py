@@ -283,6 +283,14 @@ def test_static_mistakes_name_the_field() -> None:
         )
 
 
+def test_spec_step_without_a_draft_names_it() -> None:
+    """A draftless runner in spec_decode_step (once an AttributeError on the None draft pool)."""
+    params, _ = tiny_model()
+    state = init_engine_state(GREEDY)
+    with pytest.raises(ValueError, match=r"spec_decode_step: runner.draft is None"):
+        spec_decode_step(GREEDY, Weights(params), state, _i32([0, 1]), jnp.zeros(2, bool))
+
+
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the GPU runs these kernels")
 def test_gpu_only_kernels_off_the_gpu_are_refused_before_any_compile(monkeypatch) -> None:
     """An Engine whose kernel policy names a GPU-only kernel on a CPU backend: ValueError naming
