@@ -89,12 +89,12 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
       slot_idx: i32[Bb]; live: bool[Bb] (as the step's).
       budget: i32[Bb] tokens each entry may still emit (its max_new_tokens left).
       eos_ids: i32[E] stop tokens (-1 pads).
-      num_rounds: i32[] rounds to run at most (``<= max_rounds``, the static capacity); a
-        negative ``-k``: a warm-up dispatch, ``k`` rounds even with no entry live (all-padding
-        inputs change nothing, but the step's kernels run once: the first-use costs of the
-        loop body, kernel loading and CUDA-graph capture, are paid then, not by the first
-        request; measured on CPU, the first dispatch after a warm-up that skipped the body
-        cost 2.3 ms a round against 0.3).
+      num_rounds: an int or i32[] rounds to run at most (``<= max_rounds``, the static
+        capacity); a negative ``-k``: a warm-up dispatch, ``k`` rounds even with no entry live
+        (all-padding inputs change nothing, but the step's kernels run once: the first-use
+        costs of the loop body, kernel loading and CUDA-graph capture, are paid then, not by
+        the first request; measured on CPU, the first dispatch after a warm-up that skipped
+        the body cost 2.3 ms a round against 0.3).
       sampling: None or the entries' ``jspec.engine.sampling.SamplingBatch`` (each round's
         coins come from the request's seed and positions, so rounds need no fresh key).
     """
@@ -109,7 +109,7 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
         live: jax.Array,
         budget: jax.Array,
         eos_ids: jax.Array,
-        n: jax.Array,
+        n: int | jax.Array,
         sampling: SamplingBatch | None = None,
     ) -> tuple[EngineState, RoundsOutput]:
         width = _tokens_per_step(runner.ecfg, step_body)
@@ -138,8 +138,8 @@ def rounds_body(step_body: Callable[..., Any], max_rounds: int) -> Callable[...,
             lens = lens.at[r].set(emitted)
             return st, r + ok.astype(jnp.int32), alive & ~done, left, tokens, lens, ok
 
-        carry = (state, jnp.int32(0), live, budget.astype(jnp.int32), tokens0, lens0)
-        carry = (*carry, jnp.asarray(True))
+        left0 = budget.astype(jnp.int32)
+        carry = (state, jnp.int32(0), live, left0, tokens0, lens0, jnp.asarray(True))
         state, r, _, _, tokens, lens, ok = jax.lax.while_loop(cond, step, carry)
         return state, RoundsOutput(tokens=tokens, lens=lens, num_rounds=r, ok=ok)
 
