@@ -148,7 +148,11 @@ class _Holes:
     """
 
     def __init__(self, tree: Any, specs: Any, mesh: Mesh) -> None:
-        leaves, self.treedef = jax.tree.flatten(tree)
+        # NOTE: jaxlib ships no type stub for PyTreeDef: typed it has no methods for mypy.
+        treedef: Any
+        spec_def: Any
+        leaves, treedef = jax.tree.flatten(tree)
+        self.treedef = treedef
         spec_leaves, spec_def = jax.tree.flatten(specs, is_leaf=lambda s: isinstance(s, P))
         subtrees = spec_def.flatten_up_to(tree)
         per_leaf = [s for s, sub in zip(spec_leaves, subtrees) for _ in jax.tree.leaves(sub)]
