@@ -398,7 +398,7 @@ class Engine:
 
         What :meth:`generate` runs first after a run that ended by an exception. The old state
         is dropped before the new one is built (no second copy of the pools)."""
-        self.state = None
+        del self.state  # the old pools freed before the new are built
         self.state = sharding.init_states(
             lambda: init_engine_state(self.runner),
             self.num_devices,
@@ -540,9 +540,11 @@ class Engine:
             0 if first_only and self.ecfg.kernels.reads_prefix_bound(token_ids.shape[-1]) else None
         )
         args = (slot_idx, token_ids, chunk_lens, starts, is_last, next_ids, sampling)
-        call = self._compile_ahead if ahead else self._call
-        out = call(prefill_chunk_body, num_tokens, *args, prefix_len=bound)
-        return None if ahead else (out.first_tokens, out.ok)
+        if ahead:
+            self._compile_ahead(prefill_chunk_body, num_tokens, *args, prefix_len=bound)
+            return None
+        out = self._call(prefill_chunk_body, num_tokens, *args, prefix_len=bound)
+        return out.first_tokens, out.ok
 
     def _call_step(self, slot_idx, live, sampling=None):
         num_tokens = self._step_tokens(slot_idx.shape[-1])
@@ -629,7 +631,7 @@ class Engine:
         bp = self.ecfg.prefill_batch
         calls: list[Callable[..., Any]] = []
         fallbacks: list[Callable[..., Any]] = []
-        variants = [None]
+        variants: list[SamplingParams | None] = [None]
         if sampling is not None and not sampling.is_greedy:
             variants.append(dataclasses.replace(sampling, seed=0))
         for params in variants:
@@ -641,8 +643,11 @@ class Engine:
 
             chunked = self.ecfg.spec.context_len > self.ecfg.max_chunk_len
             for cq in self.ecfg.prefill_chunk_buckets:
-                args = (np.full((d, bp), m, np.int32), np.zeros((d, bp, cq), np.int32))
-                args += (np.zeros((d, bp), np.int32),)
+                args = (
+                    np.full((d, bp), m, np.int32),
+                    np.zeros((d, bp, cq), np.int32),
+                    np.zeros((d, bp), np.int32),
+                )
                 calls.append(functools.partial(self._call_prefill, *args, sampling=batch(bp)))
                 if chunked and self.ecfg.kernels.reads_prefix_bound(cq):
                     # later chunks' compile too (first chunks' has max_prefix_len=0); the
@@ -658,9 +663,11 @@ class Engine:
                 idx = np.full((d, bucket), m, np.int32)
                 none = np.zeros((d, bucket), bool)
                 # -1: one all-padding round that runs the loop body (rounds_body)
-                args = (idx, none, np.zeros((d, bucket), np.int32), -1, batch(bucket))
+                rounds_args = (idx, none, np.zeros((d, bucket), np.int32), -1, batch(bucket))
                 for kind in ("spec", "plain", "greedy") if self.policy else ("spec",):
-                    call = functools.partial(self._call_rounds, *args, kind=kind, kv_len=hint)
+                    call = functools.partial(
+                        self._call_rounds, *rounds_args, kind=kind, kv_len=hint
+                    )
                     (calls if kind == "spec" else fallbacks).append(call)
                 if params is None and hint is None:
                     calls.append(functools.partial(self._call_release, idx, none))
@@ -685,6 +692,7 @@ class Engine:
             target=sharding.replicate(self.target, target_params, self.num_devices, tp),
             draft=sharding.replicate(self.draft_model, draft_params, self.num_devices, tp),
         )
+        old_tree: Any  # NOTE: jaxlib ships no type stub for PyTreeDef (no __ne__ for mypy)
         old_leaves, old_tree = jax.tree.flatten_with_path(self.weights)
         new_leaves, new_tree = jax.tree.flatten_with_path(new)
         if old_tree != new_tree:
@@ -810,10 +818,11 @@ class Engine:
             elif not any(loop.prefilling) and loop.pending:
                 step = max(step + 1, loop.pending[0].arrival_step)
                 continue
-            for r in reqs if on_tokens is not None else ():
-                if len(r.output) > sent[r.rid]:
-                    new, sent[r.rid] = r.output[sent[r.rid] :], len(r.output)
-                    on_tokens(r.rid, new)
+            if on_tokens is not None:
+                for r in reqs:
+                    if len(r.output) > sent[r.rid]:
+                        new, sent[r.rid] = r.output[sent[r.rid] :], len(r.output)
+                        on_tokens(r.rid, new)
             if progress is not None:
                 progress(sum(len(r.output) for r in reqs), total_tokens)
             step += 1
@@ -1049,12 +1058,12 @@ class Engine:
         plain = kind in ("plain", "greedy")
         emitted = self._take_rounds(out, order, running, stats, wall, plain)
         if self.policy is not None:
-            num = int(np.asarray(out.num_rounds).max())
-            self.policy.observe(kind, num, wall, emitted)
+            num_rounds = int(np.asarray(out.num_rounds).max())
+            self.policy.observe(kind, num_rounds, wall, emitted)
             accept_len = self.policy.accept_len
             if accept_len is not None and accept_len < self.policy.try_plain_below:
                 self._submit_deferred()  # speculation may stop paying: compile its fallbacks
-            stats.policy.append((kind, num))
+            stats.policy.append((kind, num_rounds))
 
     def _take_rounds(
         self, out, order, running, stats: RunStats, wall: float, plain: bool = False
@@ -1108,10 +1117,12 @@ class Engine:
         (``req.stop_scanned``): the host pass stays linear in the tokens, not in output x
         calls (64 requests of 4000 tokens: 8.3 ms a call before, on this CPU)."""
         eos = self.eos_token_id
-        eos = () if eos is None else {int(eos)} if isinstance(eos, (int, np.integer)) else set(eos)
-        if eos:
+        stop_ids = (
+            set() if eos is None else {int(eos)} if isinstance(eos, (int, np.integer)) else set(eos)
+        )
+        if stop_ids:
             for i in range(req.stop_scanned, len(req.output)):
-                if req.output[i] in eos:
+                if req.output[i] in stop_ids:
                     del req.output[i + 1 :]
                     req.stop_scanned = len(req.output)
                     return True
