@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
 
@@ -145,6 +145,9 @@ def init_engine_state(runner: Runner, kv: Any = None) -> EngineState:
     return EngineState(kv=kv, carry=init_spec_carry(runner.ecfg, runner.draft))
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
 # XLA's rematerialization pass (HloRematerialization) recomputes values to keep a program under a
 # memory limit of 80% of the device's memory *minus the program's arguments and outputs*. The KV
 # pools fill the device by design (``mem_fraction_static``), so beside them that limit is below
@@ -164,19 +167,20 @@ def compiler_options(extra: tuple[tuple[str, Any], ...] = ()) -> dict[str, Any]:
     return dict(ENGINE_COMPILER_OPTIONS + tuple(extra))
 
 
-class _JitStep:
+class _JitStep(Generic[_P, _R]):
     """A step body jitted as :func:`jit_step` says: called at top level (concrete arguments),
     ``jax.jit(body, compiler_options=compiler_options())``; called while tracing (inside the
     caller's own ``jit``, ``checkify``, ``eval_shape``, a loop), the same jit without options:
-    JAX accepts ``compiler_options`` on top-level jits only (a nested one raises)."""
+    JAX accepts ``compiler_options`` on top-level jits only (a nested one raises). Typed as
+    ``body`` is: a caller's type checker reads the step's signature."""
 
-    def __init__(self, body: Callable[..., Any]) -> None:
+    def __init__(self, body: Callable[_P, _R]) -> None:
         functools.update_wrapper(self, body)
         kw: dict[str, Any] = {"static_argnames": ("runner",), "donate_argnames": ("state",)}
         self._top = jax.jit(body, compiler_options=compiler_options(), **kw)
         self._nested = jax.jit(body, **kw)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         leaves = jax.tree.leaves((args, kwargs))
         traced = any(isinstance(x, jax.core.Tracer) for x in leaves)
         return (self._nested if traced else self._top)(*args, **kwargs)
@@ -186,7 +190,7 @@ class _JitStep:
         return self._top.lower(*args, **kwargs)
 
 
-def jit_step(body: Callable[..., Any]) -> Callable[..., Any]:
+def jit_step(body: Callable[_P, _R]) -> _JitStep[_P, _R]:
     """The public jitted form of a step body ``body(runner, weights, state, ...)``: one compile
     per runner (static) and shapes, the state donated (updated in place); called at top level
     it compiles with the engine's :func:`compiler_options` (beside a pool that fills the
