@@ -52,12 +52,29 @@ MODEL_SCOPE = "jspec_model"
 class TargetModel(Protocol):
     """The target model (static config; params passed beside it)."""
 
-    num_layers: int  # layers in the target KV pool
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int
-    dtype: str  # "float32" | "bfloat16" | "float16" (weights / activations / pool)
+    # NOTE: read-only members (properties), so a frozen dataclass or a class with properties
+    # conforms for a type checker too (a plain annotation would ask for a settable attribute).
+    @property
+    def num_layers(self) -> int:
+        """Layers in the target KV pool."""
+        ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def dtype(self) -> str:
+        """``"float32"`` | ``"bfloat16"`` | ``"float16"`` (weights / activations / pool)."""
+        ...
 
     def forward(
         self,
@@ -95,15 +112,34 @@ class TargetModel(Protocol):
 class DraftModel(Protocol):
     """A draft head (EAGLE-1 / EAGLE-3 style; static config, params passed beside it)."""
 
-    num_layers: int  # layers in the draft KV pool (1 for EAGLE heads)
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    vocab_size: int  # the draft's own vocab (EAGLE-3: draft_vocab_size; EAGLE-1: target's)
-    dtype: str
-    # Target layers whose incoming residual the draft consumes (EAGLE-3, e.g. (2, N//2, N-3));
-    # () = EAGLE-1: the draft consumes the target's final-norm hidden [T, H].
-    capture_layers: tuple[int, ...]
+    # NOTE: read-only members, as TargetModel's.
+    @property
+    def num_layers(self) -> int:
+        """Layers in the draft KV pool (1 for EAGLE heads)."""
+        ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int:
+        """The draft's own vocab (EAGLE-3: ``draft_vocab_size``; EAGLE-1: the target's)."""
+        ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:
+        """Target layers whose incoming residual the draft consumes (EAGLE-3, e.g. ``(2, N//2,
+        N-3)``); ``()`` = EAGLE-1: the draft consumes the target's final-norm hidden [T, H]."""
+        ...
 
     def forward(
         self,
@@ -206,5 +242,9 @@ def check_models(target: Any, draft: Any = None) -> None:
 
 def _protocol_members(proto: type) -> tuple[str, ...]:
     names = set(getattr(proto, "__annotations__", {}))
-    names |= {n for n, v in vars(proto).items() if callable(v) and not n.startswith("_")}
+    names |= {
+        n
+        for n, v in vars(proto).items()
+        if (callable(v) or isinstance(v, property)) and not n.startswith("_")
+    }
     return tuple(sorted(names))
