@@ -25,8 +25,9 @@ page-rounded decode reserve: ``nxt = ceil_P(committed + reserve) <= context_len 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -59,7 +60,11 @@ def _is_power_of_2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
 
 
-def ceil_div(a: int, b: int) -> int:
+# an int, or an integer array (element-wise)
+_IntOrArray = TypeVar("_IntOrArray", int, jax.Array)
+
+
+def ceil_div(a: _IntOrArray, b: int) -> _IntOrArray:
     return -(-a // b)
 
 
