@@ -195,16 +195,17 @@ def run(prompts: list[list[int]], max_new_tokens: int, *, spec: bool, seed: int 
     accept_lens = []
     while min(map(len, out)) < max_new_tokens:
         if spec:
-            state, step = spec_decode_step(runner, weights, state, slots, live)
+            state, spec_out = spec_decode_step(runner, weights, state, slots, live)
+            assert bool(spec_out.ok)
             for i in range(num):
-                n = int(step.accept_lens[i])
-                out[i] += [int(t) for t in step.accept_tokens[i, :n]]
+                n = int(spec_out.accept_lens[i])
+                out[i] += [int(t) for t in spec_out.accept_tokens[i, :n]]
                 accept_lens.append(n)
         else:
-            state, step = greedy_step(runner, weights, state, slots, live)
+            state, greedy_out = greedy_step(runner, weights, state, slots, live)
+            assert bool(greedy_out.ok)
             for i in range(num):
-                out[i].append(int(step.next_tokens[i]))
-        assert bool(step.ok)
+                out[i].append(int(greedy_out.next_tokens[i]))
     state = release(runner, state, slots, live)
     return [o[:max_new_tokens] for o in out], accept_lens
 

@@ -286,16 +286,17 @@ def run(
         assert bool(r.ok)
     while not rounds and min(map(len, out)) < max_new_tokens:
         if spec:
-            state, step = spec_decode_step(runner, weights, state, slots, live)
+            state, spec_out = spec_decode_step(runner, weights, state, slots, live)
+            assert bool(spec_out.ok)
             for i in range(num):
-                n = int(step.accept_lens[i])
-                out[i] += [int(t) for t in step.accept_tokens[i, :n]]
+                n = int(spec_out.accept_lens[i])
+                out[i] += [int(t) for t in spec_out.accept_tokens[i, :n]]
                 accept_lens.append(n)
         else:
-            state, step = greedy_step(runner, weights, state, slots, live)
+            state, greedy_out = greedy_step(runner, weights, state, slots, live)
+            assert bool(greedy_out.ok)
             for i in range(num):
-                out[i].append(int(step.next_tokens[i]))
-        assert bool(step.ok)
+                out[i].append(int(greedy_out.next_tokens[i]))
     state, ok = release(runner, state, slots, jnp.ones((num,), bool), return_ok=True)
     assert bool(ok)
     if backend is not None:  # every block back on the free stack
