@@ -83,7 +83,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "max_num_draft_tokens: 'int' = 0, spec_enabled: 'bool' = True) -> None",
         "TreeGeometry": "class(topk: 'int', num_steps: 'int', num_draft_tokens: 'int', "
         "page_size: 'int') -> None",
-        "ceil_div": "def(a: 'int', b: 'int') -> 'int'",
+        "ceil_div": "def(a: '_IntOrArray', b: 'int') -> '_IntOrArray'",
         "check_geometry": "def(geometry: 'Any', where: 'str') -> 'TreeGeometry'",
         "ceil_to_multiple": "def(a: 'int', b: 'int') -> 'int'",
         "next_power_of_2": "def(x: 'int') -> 'int'",
@@ -326,7 +326,8 @@ RECORDED: dict[str, dict[str, str]] = {
     "jspec.engine": {
         "AttentionBackend": "class(*args, **kwargs)",
         "AttnFn": "alias of collections.abc.Callable",
-        "AttnPlan": "class(write_slot_ids: 'jax.Array', passes: 'tuple') -> None",
+        "AttnPlan": "class(write_slot_ids: 'jax.Array', passes: 'tuple[AttentionMetadata, ...]') "
+        "-> None",
         "DraftModel": "class(*args, **kwargs)",
         "Engine": "class(ecfg: 'EngineConfig', target: 'TargetModel', target_params: 'Any', "
         "draft: 'DraftModel | None' = None, draft_params: 'Any' = None, *, "
@@ -382,7 +383,7 @@ RECORDED: dict[str, dict[str, str]] = {
         "ok: 'jax.Array') -> None",
         "Runner": "class(ecfg: 'EngineConfig', target: 'TargetModel', "
         "draft: 'DraftModel | None' = None, kv: 'KVBackend | None' = None, "
-        "max_kv_len: 'int | None' = None, max_prefix_len: 'int | None' = None) -> None",
+        "max_kv_len: 'int | None' = None, max_prefix_len: 'int | None' = None) -> 'None'",
         "SamplingBatch": "class(temperature: 'jax.Array', seed: 'jax.Array', "
         "top_k: 'jax.Array | None' = None, top_p: 'jax.Array | None' = None, "
         "min_p: 'jax.Array | None' = None, lossy: 'LossyThresholds | None' = None) -> None",
