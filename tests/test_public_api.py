@@ -434,7 +434,8 @@ RECORDED: dict[str, dict[str, str]] = {
         "starts: 'jax.Array', is_last: 'jax.Array', next_ids: 'jax.Array', "
         "sampling: 'SamplingBatch | None' = None) -> 'tuple[EngineState, PrefillOutput]'",
         "release": "def(runner: 'Runner', state: 'EngineState', slot_idx: 'jax.Array', "
-        "finished: 'jax.Array', *, return_ok: 'bool' = False) -> 'Any'",
+        "finished: 'jax.Array', *, return_ok: 'bool' = False) "
+        "-> 'EngineState | tuple[EngineState, jax.Array]'",
         "resolve_kernel_policy": "def(*, impl: 'str' = 'auto', attention_impl: 'str' = 'auto', "
         "gemm_impl: 'str' = 'auto', rms_norm_impl: 'str' = 'auto', "
         "topk_probs_impl: 'str' = 'auto', hidden_size: 'int' = 0, "

@@ -34,6 +34,8 @@ ADOPTER = textwrap.dedent(
         decode_rounds,
         greedy_step,
         make_engine_config,
+        prefill,
+        release,
         spec_decode_step,
     )
     from jspec.models import Eagle1Draft, LlamaConfig, LlamaTarget
@@ -69,6 +71,12 @@ ADOPTER = textwrap.dedent(
         Weights(1, 2, 3)  # E
         SamplingParams(temperature=0.7, seed="one")  # E
         runner.kv = None  # E
+        state, first = prefill(runner, weights, state, slots, slots, slots)
+        print(first.first_tokens)
+        prefill(runner, weights, state, slots, slots)  # E
+        state, ok = release(runner, state, slots, live, return_ok=True)
+        state = release(runner, state, slots, live)
+        state, ok = release(runner, state, slots, live)  # E
         state, rounds = decode_rounds(
             spec_decode_step, runner, weights, state, slots, live, live, live, 4
         )

@@ -33,7 +33,7 @@ Release hands each finished request back to the KV backend (jspec's frees its pa
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -146,8 +146,7 @@ def prefill_chunk_body(
 prefill_chunk = jit_step(prefill_chunk_body)
 
 
-@functools.partial(jax.jit, static_argnames=("runner",), donate_argnames=("state",))
-def prefill(
+def prefill_body(
     runner: Runner,
     weights: Weights,
     state: EngineState,
@@ -175,6 +174,9 @@ def prefill(
     )  # fmt: skip
 
 
+prefill = jit_step(prefill_body)
+
+
 def release_body(
     runner: Runner,
     weights: Weights | None,
@@ -194,7 +196,36 @@ def release_body(
     return replace(state, kv=kv), ok & ok_in
 
 
-@functools.partial(jax.jit, static_argnames=("runner", "return_ok"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("runner",), donate_argnames=("state",))
+def _release(
+    runner: Runner, state: EngineState, slot_idx: jax.Array, finished: jax.Array
+) -> tuple[EngineState, jax.Array]:
+    return release_body(runner, None, state, slot_idx, finished)
+
+
+# NOTE: overloads on the static return_ok give a caller's type checker the exact return type.
+@overload
+def release(
+    runner: Runner,
+    state: EngineState,
+    slot_idx: jax.Array,
+    finished: jax.Array,
+    *,
+    return_ok: Literal[False] = False,
+) -> EngineState: ...
+
+
+@overload
+def release(
+    runner: Runner,
+    state: EngineState,
+    slot_idx: jax.Array,
+    finished: jax.Array,
+    *,
+    return_ok: Literal[True],
+) -> tuple[EngineState, jax.Array]: ...
+
+
 def release(
     runner: Runner,
     state: EngineState,
@@ -202,7 +233,7 @@ def release(
     finished: jax.Array,
     *,
     return_ok: bool = False,
-) -> Any:
+) -> EngineState | tuple[EngineState, jax.Array]:
     """Free the memory of the finished requests and clear their batch slots.
 
     All or nothing: if a finished entry names a slot out of range, twice or holding no request
@@ -217,5 +248,5 @@ def release(
     Returns:
       The state, or ``(state, ok: bool[])`` with ``return_ok``.
     """
-    state, ok = release_body(runner, None, state, slot_idx, finished)
+    state, ok = _release(runner, state, slot_idx, finished)
     return (state, ok) if return_ok else state
