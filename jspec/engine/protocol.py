@@ -48,15 +48,16 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 MODEL_SCOPE = "jspec_model"
 
 
-@runtime_checkable
-class TargetModel(Protocol):
-    """The target model (static config; params passed beside it)."""
+class ModelGeometry(Protocol):
+    """What the engine reads of either model: the geometry of its KV pool and its vocab.
 
-    # NOTE: read-only members (properties), so a frozen dataclass or a class with properties
-    # conforms for a type checker too (a plain annotation would ask for a settable attribute).
+    NOTE: read-only members (properties), so a frozen dataclass or a class with properties
+    conforms for a type checker too (a plain annotation would ask for a settable attribute).
+    """
+
     @property
     def num_layers(self) -> int:
-        """Layers in the target KV pool."""
+        """Layers in the model's KV pool (1 for EAGLE heads)."""
         ...
 
     @property
@@ -69,12 +70,19 @@ class TargetModel(Protocol):
     def hidden_size(self) -> int: ...
 
     @property
-    def vocab_size(self) -> int: ...
+    def vocab_size(self) -> int:
+        """Its output vocab (an EAGLE-3 head: ``draft_vocab_size``; EAGLE-1: the target's)."""
+        ...
 
     @property
     def dtype(self) -> str:
         """``"float32"`` | ``"bfloat16"`` | ``"float16"`` (weights / activations / pool)."""
         ...
+
+
+@runtime_checkable
+class TargetModel(ModelGeometry, Protocol):
+    """The target model (static config; params passed beside it)."""
 
     def forward(
         self,
@@ -109,31 +117,8 @@ class TargetModel(Protocol):
 
 
 @runtime_checkable
-class DraftModel(Protocol):
+class DraftModel(ModelGeometry, Protocol):
     """A draft head (EAGLE-1 / EAGLE-3 style; static config, params passed beside it)."""
-
-    # NOTE: read-only members, as TargetModel's.
-    @property
-    def num_layers(self) -> int:
-        """Layers in the draft KV pool (1 for EAGLE heads)."""
-        ...
-
-    @property
-    def num_kv_heads(self) -> int: ...
-
-    @property
-    def head_dim(self) -> int: ...
-
-    @property
-    def hidden_size(self) -> int: ...
-
-    @property
-    def vocab_size(self) -> int:
-        """The draft's own vocab (EAGLE-3: ``draft_vocab_size``; EAGLE-1: the target's)."""
-        ...
-
-    @property
-    def dtype(self) -> str: ...
 
     @property
     def capture_layers(self) -> tuple[int, ...]:
@@ -241,10 +226,14 @@ def check_models(target: Any, draft: Any = None) -> None:
 
 
 def _protocol_members(proto: type) -> tuple[str, ...]:
-    names = set(getattr(proto, "__annotations__", {}))
-    names |= {
-        n
-        for n, v in vars(proto).items()
-        if (callable(v) or isinstance(v, property)) and not n.startswith("_")
-    }
+    names: set[str] = set()
+    for cls in proto.__mro__:  # ModelGeometry's members too
+        if cls in (object, Protocol) or not isinstance(cls, type):
+            continue
+        names |= set(getattr(cls, "__annotations__", {}))
+        names |= {
+            n
+            for n, v in vars(cls).items()
+            if (callable(v) or isinstance(v, property)) and not n.startswith("_")
+        }
     return tuple(sorted(names))
