@@ -36,6 +36,7 @@ compare-and-select, no scatter), ``"triton"`` (the same algorithm as a raw Trito
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -303,15 +304,15 @@ def expand_page_table(
         # Empty batch (or no columns): nothing to launch.
         seqlens = decode_length + jnp.repeat(last_page_lens, topk, total_repeat_length=num_rows)
         return seqlens.astype(jnp.int32), jnp.zeros((num_rows, width), jnp.int32)
+    # NOTE: Any values: the keywords of two differently typed signatures, passed whole.
+    kwargs: dict[str, Any] = {
+        "decode_length": decode_length,
+        "geometry": geometry,
+        "page_table_width": width,
+        "num_cols": num_cols,
+    }
     if impl == "xla":
-        return expand_page_table_reference(
-            last_page_lens,
-            cache_loc,
-            decode_length=decode_length,
-            geometry=geometry,
-            page_table_width=width,
-            num_cols=num_cols,
-        )
+        return expand_page_table_reference(last_page_lens, cache_loc, **kwargs)
     # Pallas and Triton: one program per block of rows, the same two outputs.
     block_rows = _block_rows(num_rows, block_rows)
     out_shape = (
@@ -338,15 +339,7 @@ def expand_page_table(
             num_warps=NUM_WARPS,
             name="jspec_expand_page_table",
         )(last_page_lens, cache_loc)
-    launch = triton_launch(
-        num_rows,
-        cache_loc.shape[1],
-        decode_length=decode_length,
-        geometry=geometry,
-        page_table_width=width,
-        num_cols=num_cols,
-        block_rows=block_rows,
-    )
+    launch = triton_launch(num_rows, cache_loc.shape[1], **kwargs, block_rows=block_rows)
     return _common.triton_call(
         launch,
         last_page_lens,
