@@ -1,5 +1,6 @@
 """The public annotations have power: mypy (the lint extra's pinned one) run over adopter code
-flags exactly the misuses in it, and passes the same calls written right.
+flags exactly the misuses in it, and passes the same calls written right (the steps, the
+models, the jitted ops).
 
 jspec ships ``py.typed``; ``make lint`` type-checks jspec, interop and examples/ (clean). This
 test is the other half: an annotation erased to ``Any`` (a step jitted into
@@ -38,6 +39,7 @@ ADOPTER = textwrap.dedent(
         release,
         spec_decode_step,
     )
+    from jspec.kv import assign_req_to_token_pool
     from jspec.models import Eagle1Draft, LlamaConfig, LlamaTarget
 
 
@@ -77,6 +79,8 @@ ADOPTER = textwrap.dedent(
         state, ok = release(runner, state, slots, live, return_ok=True)
         state = release(runner, state, slots, live)
         state, ok = release(runner, state, slots, live)  # E
+        assign_req_to_token_pool(slots, slots, slots, slots, slots)
+        assign_req_to_token_pool(slots, slots, slots, slots)  # E
         state, rounds = decode_rounds(
             spec_decode_step, runner, weights, state, slots, live, live, live, 4
         )

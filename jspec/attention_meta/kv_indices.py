@@ -29,13 +29,13 @@ buffer's values (in-place update, no ``S * W`` zero fill; donate the buffer in t
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._jit import jit
 from jspec.attention_meta.page_table import validate_row_args
 from jspec.config import TreeGeometry, check_geometry
 from jspec.kernels import draft_kv_indices as _kernel
@@ -53,8 +53,7 @@ def draft_kv_indices_used_len(
     return sum_seq_lens * topk + num_seqs_times_topk * it
 
 
-@functools.partial(
-    jax.jit,
+@jit(
     static_argnames=(
         "geometry",
         "kv_indices_width",

@@ -34,12 +34,11 @@ NOTE: deviations from sglang, all in padding/unused entries:
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._jit import jit
 from jspec._layout import holey_geometry
 from jspec._pytree import pytree_dataclass
 from jspec.config import TreeGeometry, check_geometry
@@ -91,8 +90,7 @@ def _exclusive_cumsum(x: jax.Array) -> jax.Array:
     )
 
 
-@functools.partial(
-    jax.jit,
+@jit(
     static_argnames=(
         "decode_length",
         "geometry",
@@ -191,7 +189,7 @@ def validate_row_args(
         probes.static_check_dtype(x, jnp.int32, name)
 
 
-@functools.partial(jax.jit, static_argnames=("geometry", "max_pages"))
+@jit(static_argnames=("geometry", "max_pages"))
 def draft_decode_normal_metadata(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
@@ -247,7 +245,7 @@ def draft_decode_normal_metadata(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("geometry", "max_pages", "impl", "interpret"))
+@jit(static_argnames=("geometry", "max_pages", "impl", "interpret"))
 def draft_decode_metadata(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,

@@ -32,12 +32,12 @@ Release hands each finished request back to the KV backend (jspec's frees its pa
 
 from __future__ import annotations
 
-import functools
 from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
 
+from jspec._jit import jit
 from jspec._pytree import replace
 from jspec.engine import guards
 from jspec.engine.attention import AttnPlan
@@ -196,7 +196,7 @@ def release_body(
     return replace(state, kv=kv), ok & ok_in
 
 
-@functools.partial(jax.jit, static_argnames=("runner",), donate_argnames=("state",))
+@jit(static_argnames=("runner",), donate_argnames=("state",))
 def _release(
     runner: Runner, state: EngineState, slot_idx: jax.Array, finished: jax.Array
 ) -> tuple[EngineState, jax.Array]:

@@ -7,12 +7,13 @@ the speculative engine must both reproduce these tokens exactly (f32).
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jspec._jit import jit
 
 if TYPE_CHECKING:  # annotations only: the oracle runs no jspec code
     from jspec.engine.protocol import TargetModel
@@ -39,7 +40,7 @@ def _dense_attn_fn(length: jax.Array):
     return attn_fn
 
 
-@functools.partial(jax.jit, static_argnames=("target",))
+@jit(static_argnames=("target",))
 def dense_next_token(
     target: TargetModel, params: Any, token_ids: jax.Array, length: jax.Array
 ) -> jax.Array:

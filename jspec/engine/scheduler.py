@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jspec import probes
@@ -1189,7 +1190,7 @@ class Engine:
                 st.allocated_lens,
                 num_pages=spec.num_pages,
                 page_size=spec.page_size,
-                valid=np.asarray(st.req_pool_indices) > 0,  # live + prefilling requests
+                valid=jnp.asarray(st.req_pool_indices) > 0,  # live + prefilling requests
             )
             check_integrity(st.allocator, owned, what=f"shard {s} {what}".strip())
 

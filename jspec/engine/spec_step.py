@@ -229,9 +229,11 @@ def phase_accept(
             valid=live,
             impl=ecfg.kernels.bookkeeping,
         )
-        predict, feature = compact_accept_to_front(
+        predict, compacted = compact_accept_to_front(
             predict, feature, accept_index, num_draft_tokens=n
         )
+        assert compacted is not None  # a hidden in gives a hidden out
+        feature = compacted
     return AcceptResult(
         kv=replace(res.kv, target_pool=tpool),
         batch=res.batch,

@@ -24,6 +24,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec._index import valid_mask
+from jspec._jit import jit
 from jspec.config import next_power_of_2
 from jspec.kernels._common import pallas_call, resolve_impl
 
@@ -70,7 +71,7 @@ def _ranks(seq_lens: jax.Array, valid: jax.Array, page_size: int) -> jax.Array:
     return jnp.where(new_page, rank, jnp.where(valid, -1, -2))
 
 
-@functools.partial(jax.jit, static_argnames=("page_size", "impl", "interpret"))
+@jit(static_argnames=("page_size", "impl", "interpret"))
 def alloc_decode_slots(
     seq_lens: jax.Array,
     last_loc: jax.Array,

@@ -27,6 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
+from jspec._jit import jit
 from jspec.config import next_power_of_2
 from jspec.kernels._common import pallas_call, resolve_impl, segment_owners
 
@@ -103,7 +104,7 @@ def _check_args(prefix_lens, seq_lens, last_loc, free_pages, page_size, max_new_
         probes.static_check_shape(out, (max_new_slots,), "out")
 
 
-@functools.partial(jax.jit, static_argnames=("page_size", "max_new_slots", "impl", "interpret"))
+@jit(static_argnames=("page_size", "max_new_slots", "impl", "interpret"))
 def alloc_extend_slots(
     prefix_lens: jax.Array,
     seq_lens: jax.Array,

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from jspec._jit import jit
 from jspec.config import next_power_of_2
 from jspec.kernels._common import pallas_call, resolve_impl
 from jspec.sentinels import NO_NODE
@@ -298,7 +299,7 @@ def build_tree_reference(
 
 
 # ---- dispatch -----------------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("topk", "word_dtype", "impl", "interpret"))
+@jit(static_argnames=("topk", "word_dtype", "impl", "interpret"))
 def build_tree(
     parent_list: jax.Array,
     sel: jax.Array,

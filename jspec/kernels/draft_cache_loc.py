@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jspec import probes
 from jspec._compact import pack_to
 from jspec._index import valid_mask
+from jspec._jit import jit
 from jspec._layout import draft_footprint, holey_geometry
 from jspec.config import INT32_LIMIT, TreeGeometry, check_geometry, next_power_of_2
 from jspec.kernels._common import pallas_call, resolve_impl
@@ -312,7 +313,7 @@ def _draft_cache_loc_pallas(
     return out_cache_loc, tgt[:max_pairs], src[:max_pairs], num_pairs
 
 
-@functools.partial(jax.jit, static_argnames=("geometry", "max_pairs", "impl", "interpret"))
+@jit(static_argnames=("geometry", "max_pairs", "impl", "interpret"))
 def draft_cache_loc(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,

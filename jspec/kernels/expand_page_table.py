@@ -44,6 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
+from jspec._jit import jit
 from jspec.config import TreeGeometry, ceil_div, check_geometry, next_power_of_2
 from jspec.kernels import _common
 from jspec.kernels._common import TritonLaunch
@@ -244,8 +245,7 @@ def triton_launch(
 
 
 # ---- public wrapper --------------------------------------------------------------------------
-@functools.partial(
-    jax.jit,
+@jit(
     static_argnames=(
         "decode_length",
         "geometry",

@@ -43,6 +43,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jspec import probes
 from jspec._index import int32_ids
+from jspec._jit import jit
 from jspec.kernels._common import pallas_call, resolve_impl, resolve_interpret
 from jspec.kernels.move_kv_plan import (
     MODE_DIRECT,
@@ -223,7 +224,7 @@ def _move_pallas(
 
 
 # ---- public wrapper and reference -----------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=STATIC_ARGNAMES, donate_argnames=("k", "v"))
+@jit(static_argnames=STATIC_ARGNAMES, donate_argnames=("k", "v"))
 def move_kv_cache(
     k: jax.Array,
     v: jax.Array,

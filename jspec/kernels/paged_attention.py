@@ -45,13 +45,13 @@ in the reference and the kernel alike.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._jit import jit
 from jspec.kernels import _common
 
 IMPLS = ("xla", "triton", "cudnn")
@@ -271,8 +271,7 @@ def paged_attention_reference(
 
 
 # ---- public op --------------------------------------------------------------------------------
-@functools.partial(
-    jax.jit,
+@jit(
     static_argnames=(
         "page_size",
         "causal",

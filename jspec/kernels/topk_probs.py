@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jspec import probes
+from jspec._jit import jit
 from jspec.config import next_power_of_2
 from jspec.kernels import _common
 
@@ -218,8 +219,7 @@ def _topk_probs_pallas(
 
 
 # ---- public wrapper --------------------------------------------------------------------------
-@functools.partial(
-    jax.jit,
+@jit(
     static_argnames=("topk", "impl", "interpret", "block_rows", "num_warps", "block_cols"),
 )
 def topk_probs(

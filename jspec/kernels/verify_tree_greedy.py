@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jspec import probes
+from jspec._jit import jit
 from jspec._tree_walk import TreeWalk, at_node, finish_predicts, start_walk, step_walk
 from jspec.config import next_power_of_2
 from jspec.kernels._common import pallas_call, resolve_impl
@@ -234,9 +235,7 @@ def verify_tree_greedy_reference(
 
 
 # ---- public wrapper -----------------------------------------------------------------------------
-@functools.partial(
-    jax.jit, static_argnames=("num_spec_steps", "predicts_init", "impl", "interpret")
-)
+@jit(static_argnames=("num_spec_steps", "predicts_init", "impl", "interpret"))
 def verify_tree_greedy(
     candidates: jax.Array,
     retrive_index: jax.Array,

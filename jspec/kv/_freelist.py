@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import _compact, probes
+from jspec._jit import jit
 from jspec._pytree import pytree_dataclass, replace, static_field
 from jspec.sentinels import PAD_PAGE_ID  # free-list padding past the live prefix
 
@@ -90,7 +91,7 @@ def release(a: PagedAllocator, pages: jax.Array, count: jax.Array) -> PagedAlloc
     return replace(a, free_pages=free, num_free=jnp.minimum(a.num_free + count, n))
 
 
-@jax.jit
+@jit()
 def merge_and_sort_free(a: PagedAllocator) -> PagedAllocator:
     """sglang ``merge_and_sort_free``: ``free_pages = sort(free ++ staged)``; staged emptied."""
     n = a.num_pages

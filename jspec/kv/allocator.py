@@ -32,7 +32,6 @@ before failing; here a failed call returns the input state bit-identical (no mer
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -40,6 +39,7 @@ import jax.numpy as jnp
 
 from jspec import probes
 from jspec._index import flat_ids, valid_mask
+from jspec._jit import jit
 from jspec._pytree import tree_where
 from jspec.config import SpecConfig, ceil_div
 from jspec.kernels.alloc_decode import alloc_decode_slots
@@ -137,7 +137,7 @@ def _commit(
     return new, jnp.where(ok, slot_ids, 0), ok
 
 
-@functools.partial(jax.jit, static_argnames=("max_slots",))
+@jit(static_argnames=("max_slots",))
 def _alloc(
     a: PagedAllocator, num_slots: jax.Array, *, max_slots: int
 ) -> tuple[PagedAllocator, jax.Array, jax.Array]:
@@ -158,7 +158,7 @@ def _alloc(
     return _commit(a, work, ok, n_pages, slot_ids)
 
 
-@functools.partial(jax.jit, static_argnames=("max_new_slots", "impl", "interpret", "merge_rule"))
+@jit(static_argnames=("max_new_slots", "impl", "interpret", "merge_rule"))
 def alloc_extend(
     a: PagedAllocator,
     prefix_lens: jax.Array,
@@ -247,7 +247,7 @@ def alloc_extend(
     return _commit(a, work, ok, total_pages, slot_ids)
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "interpret", "merge_rule"))
+@jit(static_argnames=("impl", "interpret", "merge_rule"))
 def alloc_decode(
     a: PagedAllocator,
     seq_lens: jax.Array,
@@ -319,7 +319,7 @@ def _result(new: PagedAllocator, old: PagedAllocator, ok: jax.Array, return_ok: 
     return (out, ok) if return_ok else out
 
 
-@functools.partial(jax.jit, static_argnames=("return_ok",))
+@jit(static_argnames=("return_ok",))
 def free(
     a: PagedAllocator,
     slot_ids: jax.Array,
@@ -357,7 +357,7 @@ def free(
     return _result(_fl.release(a, uniq, count), a, ok, return_ok)
 
 
-@functools.partial(jax.jit, static_argnames=("return_ok",))
+@jit(static_argnames=("return_ok",))
 def free_page_ids(
     a: PagedAllocator,
     page_ids: jax.Array,
@@ -382,7 +382,7 @@ def free_page_ids(
     return _result(_fl.release(a, pages, count), a, ok, return_ok)
 
 
-@functools.partial(jax.jit, static_argnames=("return_ok",))
+@jit(static_argnames=("return_ok",))
 def free_segment(
     a: PagedAllocator,
     row_slot_ids: jax.Array,

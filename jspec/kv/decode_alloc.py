@@ -22,13 +22,13 @@ Requests are a padded batch (static ``B``) in :class:`ReqKVState`; padding rows 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jspec import _index, probes
+from jspec._jit import jit
 from jspec._pytree import pytree_dataclass, replace, tree_where
 from jspec.config import SpecConfig, ceil_div, ceil_to_multiple
 from jspec.kv.allocator import PagedAllocator, alloc, alloc_extend, free
@@ -166,7 +166,7 @@ def _rows_ok(reqs: ReqKVState, req_to_token: jax.Array, what: str) -> jax.Array:
     return ~jnp.any(bad_row | twice | bad_len)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "impl", "interpret", "max_new_slots"))
+@jit(static_argnames=("cfg", "impl", "interpret", "max_new_slots"))
 def prepare_for_decode(
     allocator: PagedAllocator,
     req_to_token: jax.Array,
@@ -249,7 +249,7 @@ def prepare_for_decode(
     return allocator, req_to_token, reqs, ok
 
 
-@functools.partial(jax.jit, static_argnames=("return_ok",))
+@jit(static_argnames=("return_ok",))
 def commit_kv_lens(reqs: ReqKVState, accept_lens: jax.Array, *, return_ok: bool = False) -> Any:
     """Result processing: ``kv_committed_len += accept_len`` on live rows (SPEC.md §2 step 7).
 
@@ -289,7 +289,7 @@ def commit_kv_lens(reqs: ReqKVState, accept_lens: jax.Array, *, return_ok: bool 
     return (new, ok) if return_ok else new
 
 
-@functools.partial(jax.jit, static_argnames=("return_ok",))
+@jit(static_argnames=("return_ok",))
 def release_kv_cache(
     allocator: PagedAllocator,
     req_to_token: jax.Array,

@@ -13,13 +13,13 @@ no duplicate free pages). Pages are counted, not slots; messages also give token
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec._jit import jit
 from jspec.kv.allocator import PagedAllocator
 from jspec.kv.req_to_token import ReqRowAllocator
 
@@ -28,7 +28,7 @@ class AllocatorIntegrityError(AssertionError):
     """The allocator's free lists disagree with the pages owned by live requests."""
 
 
-@functools.partial(jax.jit, static_argnames=("num_pages", "page_size"))
+@jit(static_argnames=("num_pages", "page_size"))
 def owned_page_mask(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
@@ -80,7 +80,7 @@ def _free_counts(a: PagedAllocator) -> jax.Array:
     return jnp.zeros((n + 2,), jnp.int32).at[ids].add(1, mode="drop")
 
 
-@jax.jit
+@jit()
 def integrity_violations(
     a: PagedAllocator, owned_mask: jax.Array | None = None
 ) -> dict[str, jax.Array]:

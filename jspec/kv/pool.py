@@ -15,13 +15,12 @@ pure (``new_pool = f(pool, ...)``); the jitted entry points donate the pool, so 
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from jspec import probes
 from jspec._index import int32_ids
+from jspec._jit import jit
 from jspec._pytree import pytree_dataclass, replace, static_field
 from jspec.config import SpecConfig
 from jspec.kernels import move_kv_cache as _move
@@ -99,7 +98,7 @@ def _check_layer(pool: KVPool, layer: int, op: str) -> None:
     )
 
 
-@functools.partial(jax.jit, static_argnames=("layer", "impl"), donate_argnames=("pool",))
+@jit(static_argnames=("layer", "impl"), donate_argnames=("pool",))
 def set_kv_buffer(
     pool: KVPool,
     layer: int,
@@ -195,7 +194,7 @@ def get_kv(pool: KVPool, layer: int, slot_ids: jax.Array) -> tuple[jax.Array, ja
     )
 
 
-@functools.partial(jax.jit, static_argnames=_move.STATIC_ARGNAMES, donate_argnames=("pool",))
+@jit(static_argnames=_move.STATIC_ARGNAMES, donate_argnames=("pool",))
 def move_kv_cache(
     pool: KVPool,
     tgt_slot_ids: jax.Array,

@@ -11,7 +11,6 @@ token position to a token slot id (``slot = page*P + offset``); sglang keeps the
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 
 from jspec import probes
 from jspec._index import flat_ids
+from jspec._jit import jit
 from jspec._pytree import pytree_dataclass, replace, tree_where
 from jspec.config import SpecConfig
 from jspec.kernels import assign_req_to_token_pool as _assign
@@ -30,7 +30,7 @@ def init_req_to_token(cfg: SpecConfig) -> jax.Array:
     return jnp.zeros((cfg.num_req_rows, cfg.req_to_token_width), jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "interpret", "return_ok"))
+@jit(static_argnames=("impl", "interpret", "return_ok"))
 def assign_req_to_token_pool(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
@@ -108,7 +108,7 @@ def assign_req_to_token_pool(
     return (out, ok) if return_ok else out
 
 
-@jax.jit
+@jit()
 def get_last_loc(
     req_to_token: jax.Array, req_pool_indices: jax.Array, prefix_lens: jax.Array
 ) -> jax.Array:
@@ -166,7 +166,7 @@ def alloc_req_rows(
     return _alloc_req_rows(r, num, max_rows=max_rows)
 
 
-@functools.partial(jax.jit, static_argnames=("max_rows",))
+@jit(static_argnames=("max_rows",))
 def _alloc_req_rows(
     r: ReqRowAllocator, num: jax.Array, *, max_rows: int
 ) -> tuple[ReqRowAllocator, jax.Array, jax.Array]:
@@ -183,7 +183,7 @@ def _alloc_req_rows(
     return tree_where(ok, new, r), rows, ok
 
 
-@functools.partial(jax.jit, static_argnames=("return_ok",))
+@jit(static_argnames=("return_ok",))
 def free_req_rows(
     r: ReqRowAllocator, rows: jax.Array, *, valid: jax.Array | None = None, return_ok: bool = False
 ) -> Any:

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jspec._jit import jit
 from jspec.models._sources import TensorSource
 
 Progress = Callable[[int, int], None]  # (tensors loaded, tensors in all)
@@ -122,7 +123,7 @@ def _finite(x: jax.Array) -> jax.Array:
     return jnp.isfinite(jnp.sum(x * 0))
 
 
-@jax.jit
+@jit()
 def _transpose_checked(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return x.T, _finite(x)
 

@@ -19,14 +19,13 @@ All slot ids are int32 (sglang int64). Packed buffers are static-size with a ``0
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from jspec import probes
 from jspec._compact import compact, pack_to
 from jspec._index import valid_mask
+from jspec._jit import jit
 from jspec.kv.pool import KVPool, move_kv_cache
 from jspec.sentinels import NOT_ACCEPTED, PAD_SLOT_ID
 
@@ -58,7 +57,7 @@ def _accepted_src(
     return compact(src_val, flat_acc, flat_acc.shape[0], fill=PAD_SLOT_ID, dtype=jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
+@jit(static_argnames=("num_draft_tokens",))
 def verify_out_cache_loc(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
@@ -91,7 +90,7 @@ def verify_out_cache_loc(
     return _row_gather(req_to_token, req_pool_indices, pos, live).reshape(-1)
 
 
-@jax.jit
+@jit()
 def accept_kv_move_pairs(
     req_to_token: jax.Array,
     req_pool_indices: jax.Array,
@@ -180,7 +179,7 @@ def move_accept_tokens_to_target_kvcache(
     return move_kv_cache(target_pool, tgt, src, impl=impl, interpret=interpret)
 
 
-@functools.partial(jax.jit, static_argnames=("num_draft_tokens", "page_size"))
+@jit(static_argnames=("num_draft_tokens", "page_size"))
 def get_src_tgt_cache_loc(
     seq_lens: jax.Array,
     out_cache_loc: jax.Array,

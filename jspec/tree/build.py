@@ -37,13 +37,13 @@ Index dtype is int32 (sglang: int64).
 from __future__ import annotations
 
 import enum
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jspec import probes
+from jspec._jit import jit
 from jspec._pytree import pytree_dataclass
 from jspec.config import TreeGeometry, check_geometry
 from jspec.kernels.build_tree import build_tree
@@ -150,8 +150,7 @@ def _full_mask(
     return jnp.where(in_tree[:, None, :], tree_bits, prefix[:, None, :])
 
 
-@functools.partial(
-    jax.jit,
+@jit(
     static_argnames=(
         "geometry",
         "mode",

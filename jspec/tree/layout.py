@@ -27,13 +27,13 @@ padding rows read nothing, produce slot 0 and no copy pairs. Slot ids are int32.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._jit import jit
 from jspec.config import TreeGeometry, check_geometry
 from jspec.kernels.draft_cache_loc import draft_cache_loc, draft_rows_ok, max_prefix_tail_pairs
 from jspec.kv.pool import KVPool, move_kv_cache
@@ -211,7 +211,7 @@ def _layout_and_holes(
     return draft_pool, out_cache_loc
 
 
-@functools.partial(jax.jit, static_argnames=("topk",))
+@jit(static_argnames=("topk",))
 def draft_positions(seq_lens: jax.Array, *, topk: int) -> jax.Array:
     """Draft-step positions ``repeat_interleave(seq_lens, K)``: i32[B*K]."""
     return jnp.repeat(seq_lens, topk, total_repeat_length=seq_lens.shape[0] * topk)

@@ -45,12 +45,12 @@ once), unrolled (no device loop); deterministic.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._jit import jit
 from jspec._tree_walk import at_node, finish_predicts, start_walk, step_walk
 from jspec.tree.sampling_probs import target_probs_from_logits
 
@@ -97,7 +97,7 @@ def _inverse_cdf(weights: jax.Array, coins: jax.Array) -> jax.Array:
     return jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), v - 1).astype(jnp.int32)
 
 
-@jax.jit
+@jit()
 def sample_from_probs(probs: jax.Array, coins: jax.Array) -> jax.Array:
     """Plain sampling by inverse CDF: one token per row of ``probs``.
 
@@ -193,7 +193,7 @@ def _sibling_walk(
     return predicts, walk.acc, walk.num.astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("num_spec_steps", "lossy", "predicts_init"))
+@jit(static_argnames=("num_spec_steps", "lossy", "predicts_init"))
 def tree_sampling_verify(
     candidates: jax.Array,
     retrive_index: jax.Array,
@@ -242,7 +242,7 @@ def tree_sampling_verify(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("num_spec_steps", "deterministic", "predicts_init"))
+@jit(static_argnames=("num_spec_steps", "deterministic", "predicts_init"))
 def tree_speculative_sampling_target_only(
     candidates: jax.Array,
     retrive_index: jax.Array,

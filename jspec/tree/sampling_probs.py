@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._jit import jit
 
 # Threshold search: ways per pass (each pass compares every row value against ways - 1
 # candidates: fewer ways, fewer reads in all but more passes; ``bench/sampling_filters.py``),
@@ -116,7 +117,7 @@ def _per_row(x: jax.Array, rows_per_request: int, dtype) -> jax.Array:
     return jnp.repeat(jnp.asarray(x).reshape(-1).astype(dtype), rows_per_request)
 
 
-@jax.jit
+@jit()
 def target_probs_from_logits(
     logits: jax.Array,
     temperatures: jax.Array,

@@ -20,12 +20,11 @@ also picks the lower index), so exactly tied scores are a possible divergence fr
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from jspec import probes
+from jspec._jit import jit
 from jspec.sentinels import ROOT_PARENT
 
 
@@ -38,7 +37,7 @@ def _probe_draft(
         probes.detect_oob(topk_index, 0, vocab_size, f"{where}: draft topk_index vs vocab")
 
 
-@functools.partial(jax.jit, static_argnames=("step", "topk", "vocab_size"))
+@jit(static_argnames=("step", "topk", "vocab_size"))
 def select_top_k_tokens(
     step: int,
     topk_p: jax.Array,
@@ -125,7 +124,7 @@ def ss_width(topk: int, num_steps: int) -> int:
     return topk + (num_steps - 1) * topk * topk
 
 
-@functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
+@jit(static_argnames=("num_draft_tokens",))
 def organize_draft_results(
     score_list: list[jax.Array] | tuple[jax.Array, ...],
     token_list: list[jax.Array] | tuple[jax.Array, ...],

@@ -18,13 +18,12 @@ The scheduler then reads ``next_token_ids[b*N : b*N + accept_lens[b]]``. Slot id
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from jspec import probes
 from jspec._compact import compact
+from jspec._jit import jit
 from jspec.kernels.verify_tree_greedy import (
     verify_tree_greedy,
     verify_tree_greedy_reference,
@@ -40,7 +39,7 @@ __all__ = [
 ]
 
 
-@jax.jit
+@jit()
 def fill_bonus_tokens(accept_tokens: jax.Array, accept_lens: jax.Array) -> jax.Array:
     """``bonus[b] = accept_tokens[b, accept_lens[b] - 1]`` (sgl_kernel ``fill_bonus_tokens``).
 
@@ -62,7 +61,7 @@ def fill_bonus_tokens(accept_tokens: jax.Array, accept_lens: jax.Array) -> jax.A
     return jnp.take_along_axis(accept_tokens, col[:, None], axis=1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("num_draft_tokens",))
+@jit(static_argnames=("num_draft_tokens",))
 def compact_accept_to_front(
     predict: jax.Array, hidden: jax.Array | None, accept_index: jax.Array, *, num_draft_tokens: int
 ) -> tuple[jax.Array, jax.Array | None]:
@@ -94,7 +93,7 @@ def compact_accept_to_front(
     return compact(predict), (None if hidden is None else compact(hidden))
 
 
-@jax.jit
+@jit()
 def fill_accept_out_cache_loc(accept_index: jax.Array, out_cache_loc: jax.Array) -> jax.Array:
     """Packed gather of the accepted slots (sgl_kernel ``fill_accept_out_cache_loc``).
 
@@ -116,7 +115,7 @@ def fill_accept_out_cache_loc(accept_index: jax.Array, out_cache_loc: jax.Array)
     return compact(out_cache_loc[jnp.maximum(flat, 0)], flat >= 0)
 
 
-@functools.partial(jax.jit, static_argnames=("num_spec_steps", "impl", "interpret"))
+@jit(static_argnames=("num_spec_steps", "impl", "interpret"))
 def eagle_sample_greedy(
     logits: jax.Array,
     candidates: jax.Array,
