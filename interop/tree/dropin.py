@@ -245,8 +245,33 @@ def _links(candidates, retrive_index, retrive_next_token, retrive_next_sibling) 
     )
 
 
+def _check_accept_outputs(predicts, accept_index, accept_token_num, candidates) -> None:
+    """The three output tensors' ranks and batch sizes, before any work (ValueError naming the
+    tensor): a mismatch found only at write-back would leave them half-written."""
+    bs = candidates.shape[0] if candidates.dim() else 0
+    if predicts.dim() != 1:
+        raise ValueError(f"predicts.shape={tuple(predicts.shape)} must be 1-D (B*N,)")
+    if accept_index.dim() != 2 or accept_index.shape[0] != bs:
+        raise ValueError(
+            f"accept_index.shape={tuple(accept_index.shape)} must be (B={bs}, num_spec_steps+1)"
+        )
+    if tuple(accept_token_num.shape) != (bs,):
+        raise ValueError(f"accept_token_num.shape={tuple(accept_token_num.shape)} must be ({bs},)")
+
+
 def _write_accept(predicts, accept_index, accept_token_num, out) -> None:
-    write_accepted(predicts, accept_index, accept_token_num, tuple(to_torch(x) for x in out))
+    """Write-back after checking every accepted node id indexes ``predicts``: an id from a bad
+    ``retrive_index`` raises before any write (torch would wrap a negative id onto another node,
+    and an id past the end would fail with ``accept_index`` already written)."""
+    out = tuple(to_torch(x) for x in out)
+    ids = out[1][out[1] != -1]
+    bad = (ids < 0) | (ids >= predicts.numel())
+    if bool(bad.any()):
+        raise ValueError(
+            f"retrive_index: accepted node id {int(ids[bad][0])} is outside predicts "
+            f"[0, {predicts.numel()}) (predicts.shape={tuple(predicts.shape)})"
+        )
+    write_accepted(predicts, accept_index, accept_token_num, out)
 
 
 def verify_tree_greedy(
@@ -263,6 +288,7 @@ def verify_tree_greedy(
     interpret: bool | None = None,
 ) -> None:
     """In place into ``predicts``, ``accept_index`` and ``accept_token_num`` (as sgl_kernel)."""
+    _check_accept_outputs(predicts, accept_index, accept_token_num, candidates)
     out = run_jspec(
         _mod("jspec.tree.verify").verify_tree_greedy,
         *_links(candidates, retrive_index, retrive_next_token, retrive_next_sibling),
@@ -291,6 +317,7 @@ def tree_speculative_sampling_target_only(
     deterministic: bool = True,
 ) -> None:
     """In place like :func:`verify_tree_greedy` (``draft_probs`` is not written)."""
+    _check_accept_outputs(predicts, accept_index, accept_token_num, candidates)
     out = run_jspec(
         _mod("jspec.tree.sampling").tree_speculative_sampling_target_only,
         *_links(candidates, retrive_index, retrive_next_token, retrive_next_sibling),

@@ -1,0 +1,76 @@
+"""Drop-ins on mistaken input: a ValueError naming the argument, raised before any caller tensor
+is written (the caller's tensors compare equal to their copies taken before the call)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from interop import torch_api as api
+
+I64, I32 = torch.int64, torch.int32
+
+
+def _t(x, dtype=I64):
+    return torch.tensor(x, dtype=dtype)
+
+
+def _assert_untouched(tensors, copies):
+    for t, c in zip(tensors, copies):
+        assert torch.equal(t, c)
+
+
+# ---- verify_tree_greedy / tree_speculative_sampling_target_only ---------------------------------
+CANDIDATES = _t([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
+RIDX = _t([[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]])
+NXT = _t([[1, 2, -1, 4, 5, -1], [4, 2, 3, -1, 5, -1]])
+SIB = _t([[-1, 3, -1, -1, -1, -1], [-1, -1, -1, -1, 1, -1]])
+
+
+def _target():
+    target = torch.full((2, 6), 18, dtype=I64)
+    for (b, j), tok in {(0, 0): 3, (0, 3): 4, (0, 4): 5, (1, 0): 11, (1, 4): 12}.items():
+        target[b, j] = tok
+    return target
+
+
+def _verify(predicts, accept, num, ridx):
+    api.verify_tree_greedy(predicts, accept, num, CANDIDATES, ridx, NXT, SIB, _target())
+
+
+def _sample(predicts, accept, num, ridx):
+    probs = torch.softmax(torch.arange(2 * 6 * 16, dtype=torch.float32).reshape(2, 6, 16), -1)
+    coins = torch.full((2, 6), 0.5)
+    api.tree_speculative_sampling_target_only(
+        predicts, accept, num, CANDIDATES, ridx, NXT, SIB, coins, coins[:, 0], probs, probs * 0
+    )
+
+
+@pytest.mark.parametrize("fn", [_verify, _sample], ids=["greedy", "sampling"])
+@pytest.mark.parametrize(
+    "predicts_len, accept_shape, num_shape, root_id, match",
+    [
+        pytest.param(6, (2, 4), (2,), 0, "accepted node id 6 is outside predicts", id="short"),
+        pytest.param(12, (2, 4), (3,), 0, r"accept_token_num.shape=\(3,\)", id="num_len"),
+        pytest.param(12, (2, 4), (), 0, r"accept_token_num.shape=\(\)", id="num_0d"),
+        pytest.param(12, (3, 4), (2,), 0, r"accept_index.shape=\(3, 4\)", id="accept_rows"),
+        pytest.param(12, (8,), (2,), 0, r"accept_index.shape=\(8,\)", id="accept_1d"),
+        pytest.param(12, (2, 4), (2,), 99, "node id 99 is outside predicts", id="ridx_past"),
+        pytest.param(12, (2, 4), (2,), -5, "node id -5 is outside predicts", id="ridx_neg"),
+    ],
+)
+def test_verify_bad_outputs_raise_before_writing(
+    fn, predicts_len, accept_shape, num_shape, root_id, match
+):
+    """Before: IndexError / RuntimeError with accept_index (and predicts) already written, and a
+    negative retrive_index silently wrapped onto another node's predicts entry."""
+    predicts = torch.full((predicts_len,), -1, dtype=I32)
+    accept = torch.full(accept_shape, -1, dtype=I32)
+    num = torch.zeros(num_shape, dtype=I32)
+    ridx = RIDX.clone()
+    ridx[0, 0] = root_id  # request 0's root: always accepted, so always written
+    copies = [x.clone() for x in (predicts, accept, num)]
+    with pytest.raises(ValueError, match=match):
+        fn(predicts, accept, num, ridx)
+    _assert_untouched((predicts, accept, num), copies)
