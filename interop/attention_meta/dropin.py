@@ -47,6 +47,18 @@ def draft_decode_set_expand_metadata(
     columns (sglang's function; callers slice ``cache_loc`` to the live steps, PR #27360)."""
     loc = cache_loc.unsqueeze(0) if cache_loc.dim() == 1 else cache_loc
     rows, cols = loc.shape
+    # NOTE: checked before any work: cache_seqlens_int32 is written first, so a page_table
+    # found too small afterwards would leave it half-updated.
+    if tuple(cache_seqlens_int32.shape) != (rows,):
+        raise ValueError(
+            f"cache_seqlens_int32.shape={tuple(cache_seqlens_int32.shape)} must be ({rows},), "
+            f"one entry per cache_loc row"
+        )
+    if page_table.dim() != 2 or page_table.shape[0] < rows:
+        raise ValueError(
+            f"page_table.shape={tuple(page_table.shape)} must be 2-D with >= {rows} rows "
+            f"(cache_loc.shape={tuple(cache_loc.shape)})"
+        )
     width = page_table.shape[1]
     seqlens, table = run_jspec(
         _mod("jspec.attention_meta.page_table").draft_decode_set_expand_metadata,
@@ -65,6 +77,23 @@ def draft_decode_set_expand_metadata(
     written = torch.arange(width, device=loc.device)[None, :] < distinct[:, None]
     new = to_torch(table)[:, :width].to(page_table.device, page_table.dtype)
     page_table[:rows] = torch.where(written, new, page_table[:rows])
+
+
+def _check_kv_buffers(
+    kv_indices: torch.Tensor, kv_indptr: torch.Tensor, num_steps: int, rows: int
+) -> None:
+    """Both output buffers' shapes before any work (kv_indices is written first, so a kv_indptr
+    found too small afterwards would leave the call half-done)."""
+    if kv_indices.dim() != 2 or kv_indices.shape[0] < num_steps:
+        raise ValueError(
+            f"kv_indices.shape={tuple(kv_indices.shape)} must be 2-D with >= num_steps="
+            f"{num_steps} rows"
+        )
+    if kv_indptr.dim() != 2 or kv_indptr.shape[0] < num_steps or kv_indptr.shape[1] < rows + 1:
+        raise ValueError(
+            f"kv_indptr.shape={tuple(kv_indptr.shape)} must be 2-D with >= num_steps="
+            f"{num_steps} rows and >= num_seqs*topk+1={rows + 1} columns"
+        )
 
 
 def generate_draft_decode_kv_indices(
@@ -95,9 +124,12 @@ def generate_draft_decode_kv_indices(
 ) -> None:
     """In place into ``kv_indices`` [S, W] and ``kv_indptr`` [S, >= B*K+1] (see module doc)."""
     check_default_launch(window_size, sink_size, ENTRY_PAGE_SIZE, v2p, TRANSLATE)
+    if req_pool_indices.numel() == 0:
+        return  # sglang launches an empty grid: nothing is written
     num_seqs, num_steps, topk = launch_grid(
         req_pool_indices, kv_indices, positions, bs_upper, NUM_STEPS, num_steps, topk
     )
+    _check_kv_buffers(kv_indices, kv_indptr, num_steps, num_seqs * topk)
     indices, indptr = run_jspec(
         _mod("jspec.attention_meta.kv_indices").generate_draft_decode_kv_indices,
         _j(req_pool_indices, "req_pool_indices"),

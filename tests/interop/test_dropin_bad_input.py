@@ -74,3 +74,59 @@ def test_verify_bad_outputs_raise_before_writing(
     with pytest.raises(ValueError, match=match):
         fn(predicts, accept, num, ridx)
     _assert_untouched((predicts, accept, num), copies)
+
+
+# ---- draft_decode_set_expand_metadata / generate_draft_decode_kv_indices ------------------------
+@pytest.mark.parametrize(
+    "seqlens_shape, table_shape, match",
+    [
+        pytest.param((2,), (1, 4), r"page_table.shape=\(1, 4\)", id="table_rows"),
+        pytest.param((2,), (4,), r"page_table.shape=\(4,\)", id="table_1d"),
+        pytest.param((3,), (2, 4), r"cache_seqlens_int32.shape=\(3,\)", id="seqlens_len"),
+    ],
+)
+def test_expand_metadata_bad_outputs_raise_before_writing(seqlens_shape, table_shape, match):
+    """Before: cache_seqlens_int32 written, then a RuntimeError / IndexError on page_table."""
+    seqlens = torch.zeros(seqlens_shape, dtype=I32)
+    table = torch.full(table_shape, -7, dtype=I32)
+    copies = [seqlens.clone(), table.clone()]
+    with pytest.raises(ValueError, match=match):
+        api.draft_decode_set_expand_metadata(
+            seqlens, table, _t([3], I32), 2, _t([[23, 28], [31, 36]]), 2, 4
+        )
+    _assert_untouched((seqlens, table), copies)
+
+
+def _kv_indices_call(req_pool_indices, lens, kv_indices, kv_indptr, positions):
+    row = torch.arange(100, 148, dtype=I32)
+    req_to_token = torch.stack([torch.zeros_like(row), row])
+    api.generate_draft_decode_kv_indices(
+        req_pool_indices, req_to_token, lens, kv_indices, kv_indptr, positions, 48, 40, 4, 1, 4,
+        2, 4,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "indices_shape, indptr_shape, match",
+    [
+        pytest.param((3, 40), (3, 2), r"kv_indptr.shape=\(3, 2\)", id="indptr_narrow"),
+        pytest.param((3, 40), (2, 4), r"kv_indptr.shape=\(2, 4\)", id="indptr_rows"),
+        pytest.param((40,), (3, 4), r"kv_indices.shape=\(40,\)", id="indices_1d"),
+    ],
+)
+def test_kv_indices_bad_buffers_raise_before_writing(indices_shape, indptr_shape, match):
+    """Before: kv_indices written, then a RuntimeError on kv_indptr (or a bare IndexError)."""
+    kv_indices = torch.full(indices_shape, -7, dtype=I32)
+    kv_indptr = torch.full(indptr_shape, -7, dtype=I32)
+    copies = [kv_indices.clone(), kv_indptr.clone()]
+    with pytest.raises(ValueError, match=match):
+        _kv_indices_call(_t([1]), _t([7]), kv_indices, kv_indptr, _t([7, 7]))
+    _assert_untouched((kv_indices, kv_indptr), copies)
+
+
+def test_kv_indices_empty_batch_writes_nothing():
+    """sglang launches an empty grid; before: ValueError 'topk=0' (inferred, never passed)."""
+    kv_indices = torch.full((3, 40), -7, dtype=I32)
+    kv_indptr = torch.full((3, 4), -7, dtype=I32)
+    _kv_indices_call(_t([]), _t([]), kv_indices, kv_indptr, _t([]))
+    assert (kv_indices == -7).all() and (kv_indptr == -7).all()
