@@ -27,6 +27,7 @@ power of 2 so that varying sizes reuse a few compiled variants; the padding is m
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import jax.numpy as jnp
@@ -64,6 +65,14 @@ def _padded_batch(*tensors: torch.Tensor, fill: tuple[int, ...]) -> list[Any]:
         padded[:n] = t.reshape(-1)
         out.append(to_jax_default(padded, "batch input"))
     return out
+
+
+def _check_batch(**tensors: torch.Tensor) -> None:
+    """Per-request tensors of one batch: equal lengths (ValueError naming them). Padding a shorter
+    one to the batch would hand its missing requests made-up lengths."""
+    lens = {name: t.numel() for name, t in tensors.items()}
+    if len(set(lens.values())) > 1:
+        raise ValueError(f"per-request tensors must have one length, got numel {lens}")
 
 
 def _num_new_pages_extend(prefix_cpu: torch.Tensor, seq_cpu: torch.Tensor, page_size: int) -> int:
@@ -139,6 +148,14 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
 
     # ---- alloc -----------------------------------------------------------------------------
     def alloc(self, need_size: int) -> torch.Tensor | None:
+        try:
+            need_size = operator.index(need_size)
+        except TypeError:
+            raise TypeError(
+                f"need_size={need_size!r} must be an int, got {type(need_size).__name__}"
+            ) from None
+        if need_size < 0:
+            raise ValueError(f"need_size={need_size} must be >= 0")
         if self.debug_mode:
             assert need_size % self.page_size == 0, "The allocation size should be page-aligned"
         num_slots = need_size // self.page_size * self.page_size  # sglang: whole pages only
@@ -164,6 +181,21 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
         num_new_pages: int | None = None,
     ) -> torch.Tensor | None:
         p = self.page_size
+        _check_batch(
+            prefix_lens=prefix_lens,
+            prefix_lens_cpu=prefix_lens_cpu,
+            seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            last_loc=last_loc,
+        )
+        extend_lens = seq_lens_cpu.reshape(-1).to(torch.int64) - prefix_lens_cpu.reshape(-1)
+        if bool((extend_lens < 0).any()):
+            raise ValueError(f"seq_lens_cpu - prefix_lens_cpu={extend_lens.tolist()} must be >= 0")
+        if int(extend_num_tokens) != int(extend_lens.sum()):
+            raise ValueError(
+                f"extend_num_tokens={extend_num_tokens} must equal sum(seq_lens - prefix_lens)="
+                f"{int(extend_lens.sum())} (sglang sizes its output by it)"
+            )
         if self.debug_mode:
             assert torch.all((last_loc + 1) % p == prefix_lens % p)
         if num_new_pages is not None:
@@ -190,6 +222,7 @@ class PagedTokenToKVPoolAllocator(SglangAllocatorAPI):
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
+        _check_batch(seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu, last_loc=last_loc)
         if self.debug_mode:
             assert torch.all((last_loc + 2) % self.page_size == seq_lens % self.page_size)
         n = seq_lens.numel()

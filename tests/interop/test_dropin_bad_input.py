@@ -130,3 +130,62 @@ def test_kv_indices_empty_batch_writes_nothing():
     kv_indptr = torch.full((3, 4), -7, dtype=I32)
     _kv_indices_call(_t([]), _t([]), kv_indices, kv_indptr, _t([]))
     assert (kv_indices == -7).all() and (kv_indptr == -7).all()
+
+
+# ---- PagedTokenToKVPoolAllocator -------------------------------------------------------------------
+def _alloc(need_sort=False):
+    return api.PagedTokenToKVPoolAllocator(32, 4, torch.float32, "cpu", None, need_sort)
+
+
+def _state(a):
+    return a.available_size(), a.free_pages.tolist(), a.release_pages.tolist()
+
+
+@pytest.mark.parametrize("need_sort", [False, True])
+@pytest.mark.parametrize(
+    "need_size, error, match",
+    [
+        pytest.param(8.0, TypeError, "need_size=8.0 must be an int", id="float"),
+        pytest.param(-4, ValueError, "need_size=-4 must be >= 0", id="negative"),
+    ],
+)
+def test_alloc_bad_need_size_keeps_the_pages(need_sort, need_size, error, match):
+    """Before: a float took two pages and then failed slicing its result (pages lost); a
+    negative size returned None, the out-of-memory answer."""
+    a = _alloc(need_sort)
+    before = _state(a)
+    with pytest.raises(error, match=match):
+        a.alloc(need_size)
+    assert _state(a) == before
+    assert a.alloc(torch.tensor(8)).tolist() == [4, 5, 6, 7, 8, 9, 10, 11]  # 0-d int: accepted
+
+
+@pytest.mark.parametrize("need_sort", [False, True])
+@pytest.mark.parametrize(
+    "prefix, seq, last, num_tokens, match",
+    [
+        pytest.param([0, 3], [5, 6], [-1, 14], 4, "extend_num_tokens=4 must equal", id="short"),
+        pytest.param([0, 3], [5, 6], [-1, 14], 12, "extend_num_tokens=12 must equal", id="long"),
+        pytest.param([0, 3], [5], [-1, 14], 5, "one length", id="seq_len"),
+        pytest.param([6, 3], [5, 6], [-1, 14], 2, r"must be >= 0", id="prefix_gt_seq"),
+    ],
+)
+def test_alloc_extend_inconsistent_batch_is_refused(
+    need_sort, prefix, seq, last, num_tokens, match
+):
+    """Before: a short extend_num_tokens or a negative extend length returned None (read as out
+    of memory); a long one returned slot 0 (the padding slot) for the extra entries; a shorter
+    seq_lens was padded and slot 0 handed out with the state changed."""
+    a = _alloc(need_sort)
+    before = _state(a)
+    with pytest.raises(ValueError, match=match):
+        a.alloc_extend(_t(prefix), _t(prefix), _t(seq), _t(seq), _t(last), num_tokens)
+    assert _state(a) == before
+
+
+def test_alloc_decode_length_mismatch_is_refused():
+    """Before: None (the out-of-memory answer)."""
+    a = _alloc()
+    with pytest.raises(ValueError, match="one length"):
+        a.alloc_decode(_t([5, 2]), _t([5, 2]), _t([3]))
+    assert a.available_size() == 32
