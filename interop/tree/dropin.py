@@ -163,6 +163,27 @@ def _probe_sglang_tree(parent_list: torch.Tensor, sel: torch.Tensor, topk: int, 
         )
 
 
+def _check_tree_mask_buf(
+    buf: torch.Tensor | None, mode: Any, seq_lens: torch.Tensor, n: int
+) -> None:
+    """A given ``tree_mask_buf`` holds every cell the kernel writes (ValueError before any work:
+    it is filled first, so one found short while writing would be left half-written)."""
+    if buf is None:
+        return
+    bs, total = seq_lens.numel(), int(seq_lens.sum())
+    if mode == _ref_build.TreeMaskMode.QLEN_ONLY:
+        need = bs * n * n
+    elif mode == _ref_build.TreeMaskMode.QLEN_ONLY_BITPACKING:
+        need = bs * n
+    else:
+        need = total * n + bs * n * n
+    if buf.numel() < need:
+        raise ValueError(
+            f"tree_mask_buf.numel()={buf.numel()} must be >= {need} for {mode.name} "
+            f"(B={bs}, num_verify_tokens={n}, sum(seq_lens)={total})"
+        )
+
+
 def build_tree_kernel_efficient(
     bonus_tokens: torch.Tensor,
     parent_list: torch.Tensor,
@@ -185,6 +206,9 @@ def build_tree_kernel_efficient(
     (FULL_MASK: the ragged flat ``ΣL·N + B·N²`` layout)."""
     n = num_verify_tokens
     mode = _ref_build.TreeMaskMode(int(tree_mask_mode))
+    if topk < 1:
+        raise ValueError(f"topk={topk} must be >= 1")
+    _check_tree_mask_buf(tree_mask_buf, mode, seq_lens, n)
     if top_scores_index.dim() != 2 or top_scores_index.shape[1] < n - 1:
         raise ValueError(
             f"top_scores_index.shape={tuple(top_scores_index.shape)}: needs (B, >= "

@@ -189,3 +189,40 @@ def test_alloc_decode_length_mismatch_is_refused():
     with pytest.raises(ValueError, match="one length"):
         a.alloc_decode(_t([5, 2]), _t([5, 2]), _t([3]))
     assert a.available_size() == 32
+
+
+# ---- build_tree_kernel_efficient ----------------------------------------------------------------
+def _build(topk=2, mode=0, buf=None):
+    return api.build_tree_kernel_efficient(
+        _t([7]), _t([[-1, 0, 1, 2, 3]]), _t([[0, 1, 3]]), _t([[1, 2, 3]]), _t([5]), 5, topk, 3, 4,
+        mode, buf,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mode, size, dtype",
+    [
+        pytest.param(0, 35, torch.bool, id="full_mask"),  # needs 5*4 + 4*4 = 36
+        pytest.param(1, 15, torch.bool, id="qlen_only"),  # needs 16
+        pytest.param(2, 3, torch.uint8, id="bitpacking"),  # needs 4
+    ],
+)
+def test_build_tree_short_mask_buffer_raises_before_filling(mode, size, dtype):
+    """Before: the buffer filled (and partly written) and then an IndexError / RuntimeError."""
+    buf = (
+        torch.full((size,), 2, dtype=dtype)
+        if dtype != torch.bool
+        else torch.zeros(size, dtype=dtype)
+    )
+    copy = buf.clone()
+    with pytest.raises(ValueError, match=rf"tree_mask_buf.numel\(\)={size} must be >= {size + 1}"):
+        _build(mode=mode, buf=buf)
+    assert torch.equal(buf, copy)
+    _build(mode=mode, buf=torch.zeros(size + 1, dtype=dtype))  # exactly the size needed: fine
+
+
+@pytest.mark.parametrize("topk", [0, -1])
+def test_build_tree_nonpositive_topk_names_topk(topk):
+    """Before: ZeroDivisionError (topk=0) or a silently built tree (topk=-1)."""
+    with pytest.raises(ValueError, match=f"topk={topk} must be >= 1"):
+        _build(topk=topk)
