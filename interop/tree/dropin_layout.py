@@ -96,9 +96,18 @@ def duplicate_prefix_tail_to_draft_branches(
     """In place into the draft pool object (``k_buffer``/``v_buffer`` lists), as sglang."""
     if topk <= 1 or page_size <= 1 or rows.shape[0] == 0:
         return
+    bs = rows.shape[0]
+    per_request = {
+        "prefix_base": prefix_base,
+        "last_page": last_page,
+        "num_new_pages": num_new_pages,
+    }
+    for name, t in per_request.items():
+        # NOTE: a shorter one would broadcast in prefix_base + last_page: wrong slots, no error.
+        if tuple(t.shape) != (bs,):
+            raise ValueError(f"{name}.shape={tuple(t.shape)} must be ({bs},), one per rows row")
     base, lp, nnp = (x.tolist() for x in (prefix_base, last_page, num_new_pages))
     steps = _steps_for(base, lp, nnp, page_size)
-    bs = rows.shape[0]
     table = _j(rows, "rows")
     seq = _j(prefix_base + last_page, "seq_lens")
     layout = _mod("jspec.tree.layout")

@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from interop import torch_api as api
+from interop.kv import reference as memory
 
 I64, I32 = torch.int64, torch.int32
 
@@ -226,3 +227,23 @@ def test_build_tree_nonpositive_topk_names_topk(topk):
     """Before: ZeroDivisionError (topk=0) or a silently built tree (topk=-1)."""
     with pytest.raises(ValueError, match=f"topk={topk} must be >= 1"):
         _build(topk=topk)
+
+
+# ---- duplicate_prefix_tail_to_draft_branches / move_kv_cache ---------------------------------------
+def test_duplicate_prefix_tail_short_per_request_tensor_is_refused():
+    """Before: prefix_base of one entry broadcast against two requests' last_page; request 1's
+    prefix-tail copies went to the wrong slots with no error."""
+    p = 4
+    row = torch.arange(4, 4 + 64, dtype=I32)
+    rows = torch.stack([row, row + 64])
+    seq = _t([7, 13])
+    last_page, base = seq % p, seq - seq % p
+    num_new_pages = (last_page + 3 + p - 1) // p
+    pool = memory.MHATokenToKVPool(200, p, torch.float32, 1, 2, 1)
+    pool.k_buffer[0].copy_(torch.arange(204 * 2, dtype=torch.float32).reshape(204, 1, 2))
+    copy = pool.k_buffer[0].clone()
+    with pytest.raises(ValueError, match=r"prefix_base.shape=\(1,\) must be \(2,\)"):
+        api.duplicate_prefix_tail_to_draft_branches(
+            pool, rows, base[:1], last_page, num_new_pages, 2, p
+        )
+    assert torch.equal(pool.k_buffer[0], copy)
