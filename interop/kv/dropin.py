@@ -73,12 +73,15 @@ def _stack(buffers: Any) -> jax.Array:
 
 
 def _write_back(buffers: Any, stacked: jax.Array) -> None:
+    # NOTE: under no_grad, as sglang's Triton copy writes: a buffer with requires_grad would
+    # otherwise raise at its copy_, after the layers (or the K buffers) before it were written.
     out = to_torch(stacked)
-    if isinstance(buffers, torch.Tensor):
-        buffers.copy_(out)
-        return
-    for layer, buf in enumerate(buffers):
-        buf.copy_(out[layer])
+    with torch.no_grad():
+        if isinstance(buffers, torch.Tensor):
+            buffers.copy_(out)
+            return
+        for layer, buf in enumerate(buffers):
+            buf.copy_(out[layer])
 
 
 def kv_pool_of(k_buffers: Any, v_buffers: Any, page_size: int) -> Any:

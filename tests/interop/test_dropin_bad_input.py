@@ -247,3 +247,14 @@ def test_duplicate_prefix_tail_short_per_request_tensor_is_refused():
             pool, rows, base[:1], last_page, num_new_pages, 2, p
         )
     assert torch.equal(pool.k_buffer[0], copy)
+
+
+def test_move_kv_cache_writes_buffers_that_require_grad():
+    """Before: the K buffers were moved, then a RuntimeError on the first V buffer (half done).
+    Now both move, as sglang's Triton copy writes them."""
+    k = [torch.arange(16.0).reshape(8, 1, 2) for _ in range(2)]
+    v = [(torch.arange(16.0).reshape(8, 1, 2) + 100).requires_grad_() for _ in range(2)]
+    api.move_kv_cache(k, v, _t([1, 2]), _t([3, 4]))
+    for layer in range(2):
+        assert k[layer][:3, 0, 0].tolist() == [0.0, 6.0, 8.0]
+        assert v[layer][:3, 0, 0].tolist() == [100.0, 106.0, 108.0]
