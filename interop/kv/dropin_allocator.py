@@ -15,8 +15,8 @@ assertions, all as ``AssertionError``: ``alloc`` sizes page-aligned; ``alloc_ext
 and staged pages (a double free); ``free_segment`` page representatives ``free_index[::P]``
 equal to ``unique(free_index // P)`` (a malformed page block).
 
-Differences from sglang: a ``num_new_pages`` hint must equal the exact count (ValueError; sglang
-trusts it); outside debug mode a free naming a bad page (already free, page 0, out of range)
+Differences from sglang: a ``num_new_pages`` hint must equal the exact count and
+``extend_num_tokens`` the sum of the extend lengths (ValueError; sglang trusts both); outside debug mode a free naming a bad page (already free, page 0, out of range)
 frees its good pages and skips the bad ones (sglang lists the bad page twice, a corrupt free
 list; jspec alone would reject the call whole and lose the good pages); a failed need_sort allocation follows :mod:`jspec.kv.allocator` (input state returned
 unchanged; sglang keeps the merge it did first); ``staged_pages`` is one tensor (sglang: one per free call, same pages in the same order).
