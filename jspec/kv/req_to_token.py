@@ -116,14 +116,16 @@ def get_last_loc(
 
     Args:
       req_to_token: i32[R, W].
-      req_pool_indices: i32[B]; row per request.
+      req_pool_indices: i32[B]; row per request, ``< R`` (probe).
       prefix_lens: i32[B]; ``<= W`` (probe).
     """
     width = req_to_token.shape[1]
     prefix_lens = prefix_lens.astype(jnp.int32)
+    rows = req_pool_indices.astype(jnp.int32)
+    probes.detect_oob(rows, 0, req_to_token.shape[0], "get_last_loc: req_pool_indices")
     probes.detect_in_closed_range(prefix_lens, 0, width, "get_last_loc: prefix_lens")
     col = jnp.clip(prefix_lens - 1, 0, width - 1)
-    loc = req_to_token[req_pool_indices.astype(jnp.int32), col]
+    loc = req_to_token[rows, col]
     return jnp.where(prefix_lens > 0, loc, -1).astype(prefix_lens.dtype)
 
 

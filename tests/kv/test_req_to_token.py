@@ -136,6 +136,16 @@ def _probe_cases():
             r"get_last_loc: prefix_lens: max value 9 > high bound 8",
             id="last_loc",
         ),
+        pytest.param(  # -1 would wrap to the last row, 3 clamp to it: both read row 2
+            lambda: T.get_last_loc(table, _arr([-1]), _arr([1])),
+            r"get_last_loc: req_pool_indices: min value -1 < low bound 0",
+            id="last_loc_row_negative",
+        ),
+        pytest.param(
+            lambda: T.get_last_loc(table, _arr([1, 3]), _arr([1, 1])),
+            r"get_last_loc: req_pool_indices: max value 3 >= high bound 3",
+            id="last_loc_row_past",
+        ),
         pytest.param(
             lambda: T.free_req_rows(T.init_req_rows(SpecConfig(max_running_requests=4)), _arr([0])),
             r"free_req_rows: rows: min value 0 < low bound 1",
