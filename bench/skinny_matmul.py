@@ -10,7 +10,8 @@ weight bytes, for
 * ``xla``: ``jnp.matmul`` as XLA compiles it; ``xla-cublas``: the same with XLA's Triton GEMM
   emitter off (``xla_gpu_enable_triton_gemm=False`` for this compile: cuBLAS);
   ``xla-exhaustive`` (``--impls``): XLA's autotuner over every Triton tiling
-  (``xla_gpu_exhaustive_tiling_search``), cuBLAS still a candidate.
+  (``xla_gpu_exhaustive_tiling_search``), cuBLAS still a candidate; ``xla-cublaslt``
+  (``--impls``): the Triton emitter off and cuBLASLt on (``xla_gpu_enable_cublaslt``).
 
 (A raw split-K Triton GEMV through jax-triton was measured here too, 2026-11-24 on the H200: no
 faster than XLA on any fused shape, 1.6 TB/s on the [4096, 1024] k / v matrices where XLA is at
@@ -67,6 +68,8 @@ IMPLS = {
     "xla-cublas": {"xla_gpu_enable_triton_gemm": False},
     # XLA's autotuner over every Triton GEMM tiling (split-K included), cuBLAS still a candidate.
     "xla-exhaustive": {"xla_gpu_exhaustive_tiling_search": True},
+    # cuBLASLt instead of legacy cuBLAS (its own heuristics, epilogues XLA may fuse into it).
+    "xla-cublaslt": {"xla_gpu_enable_triton_gemm": False, "xla_gpu_enable_cublaslt": True},
 }
 DEFAULT_IMPLS = ("xla", "xla-cublas")
 
