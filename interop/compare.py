@@ -384,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown ops {unknown}; choose from {[op.name for op in REGISTRY]}")
     ops = [op for op in REGISTRY if not wanted or op.name in wanted]
     impls = [i for i in args.impl.split(",") if i]
+    known = sorted({impl for op in REGISTRY for impl in op.impls})
+    bad = sorted(set(impls) - set(known))
+    if bad or not impls:
+        parser.error(f"--impl={args.impl!r}: unknown impls {bad}; choose from {known}")
     t0 = time.perf_counter()
     rows = run_compare(
         grid_cases(args.grid),

@@ -154,6 +154,16 @@ def test_main_json_exit_codes_and_sglang(tmp_path, capsys, monkeypatch):
         compare.main(["--ops", "no_such_op"])
 
 
+@pytest.mark.parametrize("impl", ["foo", "xla,foo", ","])
+def test_an_unknown_impl_is_a_usage_error(impl, capsys):
+    """Not a run of nothing that exits 0 ("total: 0")."""
+    with pytest.raises(SystemExit) as exc:
+        compare.main(["--ops", "get_last_loc", "--impl", impl, "--no-progress"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--impl={impl!r}: unknown impls" in err and "'pallas'" in err
+
+
 def test_cli_dispatch():
     from jspec.cli import main as cli
 
