@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import itertools
 import json
+import os
 import sys
 import time
 import traceback
@@ -384,6 +385,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown ops {unknown}; choose from {[op.name for op in REGISTRY]}")
     ops = [op for op in REGISTRY if not wanted or op.name in wanted]
     impls = [i for i in args.impl.split(",") if i]
+    for flag, tol in (("--rtol", args.rtol), ("--atol", args.atol)):
+        if not tol >= 0:  # NaN too
+            parser.error(f"{flag}={tol} must be >= 0")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        parser.error(f"--json {args.json}: its directory does not exist")
     known = sorted({impl for op in REGISTRY for impl in op.impls})
     bad = sorted(set(impls) - set(known))
     if bad or not impls:
@@ -403,8 +409,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report(rows))
     summary = summarize(rows) | {"seconds": round(time.perf_counter() - t0, 1)}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"summary": summary, "rows": rows}, f, indent=1, default=str)
+        try:
+            with open(args.json, "w") as f:
+                json.dump({"summary": summary, "rows": rows}, f, indent=1, default=str)
+        except OSError as e:
+            print(f"jspec compare: --json {args.json}: {e.strerror or e}", file=sys.stderr)
+            return 2
     return 1 if summary["MISMATCH"] or summary["ERROR"] else 0
 
 

@@ -164,6 +164,33 @@ def test_an_unknown_impl_is_a_usage_error(impl, capsys):
     assert f"--impl={impl!r}: unknown impls" in err and "'pallas'" in err
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rtol", "-1"], "--rtol=-1.0 must be >= 0"),
+        (["--atol", "nan"], "--atol=nan must be >= 0"),
+        (["--json", "/nonexistent/dir/out.json"], "its directory does not exist"),
+    ],
+)
+def test_bad_flags_are_usage_errors_before_the_run(args, message, capsys, monkeypatch):
+    monkeypatch.setattr(compare, "run_compare", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as exc:
+        compare.main(["--ops", "get_last_loc", "--impl", "xla", "--no-progress", *args])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_unwritable_json_is_one_line_and_exit_2(tmp_path, capsys):
+    target = tmp_path / "taken"
+    target.mkdir()  # a directory where the file should go: open() fails after the run
+    code = compare.main(
+        ["--ops", "get_last_loc", "--impl", "xla", "--no-progress", "--json", str(target)]
+    )
+    err = capsys.readouterr().err
+    assert (
+        code == 2 and err.startswith(f"jspec compare: --json {target}: ") and err.count("\n") == 1
+    )
+
+
 def test_cli_dispatch():
     from jspec.cli import main as cli
 
