@@ -283,6 +283,10 @@ def _main(argv: Sequence[str] | None, loader: Loader) -> int:
 
     # Everything that can be checked without the weights is, before they load: the tokenizer
     # and the prompts, then (for checkpoint directories) configs, file headers, context, memory.
+    if loader is hf_loader:
+        for flag, path in (("--model", args.model), ("--draft", args.draft)):
+            if path is not None and not os.path.isdir(path):
+                raise InputError(f"{flag} {path}: no such directory (a checkpoint directory)")
     tokenizer = _load_tokenizer(args.model)
     if lines is not None:
         encode_prompts(lines, tokenizer, args.model, chat=args.chat)

@@ -155,6 +155,17 @@ def test_generate_prompt_id_outside_the_vocab_before_the_weights(
     _one_line(code, err, "generate", r"prompt 0\[2\]=50 is outside the vocabulary")
 
 
+@pytest.mark.parametrize("flag", ["--model", "--draft"])
+def test_generate_missing_directory_is_named_first(
+    tmp_path, capsys, flag, no_weight_read_no_compile
+):
+    """A path that is no directory is named as such, not as a missing tokenizer.json."""
+    model = _model(tmp_path) if flag == "--draft" else tmp_path / "nowhere"
+    extra = ["--draft", str(tmp_path / "nowhere")] if flag == "--draft" else []
+    code, err = _gen(capsys, model, *extra, "--prompt", "hi", "--max-new-tokens", "2")
+    _one_line(code, err, "generate", rf"{flag} \S*nowhere: no such directory")
+
+
 @pytest.mark.parametrize("case", sorted(BAD_INDEXES))
 def test_generate_bad_index(tmp_path, capsys, case, no_weight_read_no_compile):
     model = _model(tmp_path, shards=2)
