@@ -51,12 +51,14 @@ compare: $(STAMP)
 	$(VENV)/bin/jspec compare
 
 # Format check and lint over the whole tree (`make fmt` rewrites it); mypy over the library,
-# interop and the examples (pyproject's [tool.mypy]: the annotations adopters' checkers read).
+# interop and the examples (pyproject's [tool.mypy]: the annotations adopters' checkers read),
+# and the examples once more under --strict (the code adopters copy).
 lint: $(STAMP)
 	@rc=0; \
 	$(VPY) -m ruff format --check $(LINT_PATHS) || rc=1; \
 	$(VPY) -m ruff check $(LINT_PATHS) || rc=1; \
 	$(VPY) -m mypy || rc=1; \
+	$(VPY) -m mypy --strict --follow-imports=silent examples || rc=1; \
 	exit $$rc
 
 fmt: $(STAMP)

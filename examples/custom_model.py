@@ -15,12 +15,14 @@ inside the draft loop, and it predicts over a smaller draft vocabulary mapped to
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jspec.engine import (
+    AttnFn,
     Runner,
     Weights,
     greedy_step,
@@ -34,15 +36,27 @@ from jspec.engine import (
 HIGHEST = jax.lax.Precision.HIGHEST  # f32 model: exact matmuls keep verify == plain decode
 
 
-def _mm(a, b):
+Params = dict[str, Any]  # a model's weights: arrays (and lists / dicts of them)
+
+
+def _mm(a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.matmul(a, b, precision=HIGHEST)
 
 
-def _norm(x):
+def _norm(x: jax.Array) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
 
 
-def _attention_layer(w, layer, pool, x, positions, attn_fn, num_heads, head_dim):
+def _attention_layer(
+    w: Params,
+    layer: int,
+    pool: Any,
+    x: jax.Array,
+    positions: jax.Array,
+    attn_fn: AttnFn,
+    num_heads: int,
+    head_dim: int,
+) -> tuple[Any, jax.Array]:
     """q/k/v projections (position added to q and k), jspec's attention, output projection."""
     t = x.shape[0]
     phase = jnp.sin(positions[:, None] * (1.0 + jnp.arange(head_dim)) / head_dim)[:, None, :]
@@ -66,8 +80,16 @@ class MyTarget:
     dtype: str = "float32"
 
     def forward(
-        self, params, pool, token_ids, positions, attn_fn, *, capture_layers=(), tp_axis=None
-    ):
+        self,
+        params: Params,
+        pool: Any,
+        token_ids: jax.Array,
+        positions: jax.Array,
+        attn_fn: AttnFn,
+        *,
+        capture_layers: tuple[int, ...] = (),
+        tp_axis: str | None = None,
+    ) -> tuple[Any, jax.Array, jax.Array | None]:
         del tp_axis
         x = params["embed"][token_ids]
         captured = []
@@ -82,7 +104,7 @@ class MyTarget:
         aux = jnp.concatenate(captured, -1) if capture_layers else None
         return pool, _norm(x), aux
 
-    def logits(self, params, hidden):
+    def logits(self, params: Params, hidden: jax.Array) -> jax.Array:
         return _mm(hidden, params["lm_head"]).astype(jnp.float32)
 
 
@@ -100,8 +122,17 @@ class MyDraft:
     capture_layers: tuple[int, ...] = (0, 1)
 
     def forward(
-        self, params, target_params, pool, token_ids, hidden_in, positions, attn_fn, *, tp_axis=None
-    ):
+        self,
+        params: Params,
+        target_params: Params,
+        pool: Any,
+        token_ids: jax.Array,
+        hidden_in: jax.Array,
+        positions: jax.Array,
+        attn_fn: AttnFn,
+        *,
+        tp_axis: str | None = None,
+    ) -> tuple[Any, jax.Array]:
         del tp_axis  # hidden_in: [T, H], combined target feature or the previous hidden_out
         x = _mm(jnp.concatenate([target_params["embed"][token_ids], hidden_in], -1), params["w_in"])
         pool, attn = _attention_layer(
@@ -109,27 +140,28 @@ class MyDraft:
         )
         return pool, x + attn
 
-    def combine_hidden_states(self, params, feature):
+    def combine_hidden_states(self, params: Params, feature: jax.Array) -> jax.Array:
         return _mm(feature, params["fc"])  # the target's aux feature [T, 2H] -> [T, H]
 
-    def logits(self, params, target_params, hidden):
+    def logits(self, params: Params, target_params: Params, hidden: jax.Array) -> jax.Array:
         del target_params
         return _mm(_norm(hidden), params["lm_head"]).astype(jnp.float32)
 
-    def to_target_ids(self, params, draft_ids):
-        return draft_ids + params["d2t"][draft_ids]
+    def to_target_ids(self, params: Params, draft_ids: jax.Array) -> jax.Array:
+        d2t: jax.Array = params["d2t"]
+        return draft_ids + d2t[draft_ids]
 
 
-def init_models(seed: int = 0):
+def init_models(seed: int = 0) -> tuple[MyTarget, Params, MyDraft, Params]:
     """Random weights with a predictable transition, so the draft is often right."""
     target, draft = MyTarget(), MyDraft()
     rng = np.random.default_rng(seed)
     h, v, d = target.hidden_size, target.vocab_size, target.head_dim
 
-    def dense(n_in, n_out, scale=1.0):
+    def dense(n_in: int, n_out: int, scale: float = 1.0) -> jax.Array:
         return jnp.asarray(rng.standard_normal((n_in, n_out)) * scale / np.sqrt(n_in), jnp.float32)
 
-    def layer(scale):
+    def layer(scale: float) -> Params:
         return {
             "wq": dense(h, 2 * d),
             "wk": dense(h, d),
@@ -159,15 +191,16 @@ def init_models(seed: int = 0):
     return target, tparams, draft, dparams
 
 
-def run(prompts: list[list[int]], max_new_tokens: int, *, spec: bool, seed: int = 0):
+def run(
+    prompts: list[list[int]], max_new_tokens: int, *, spec: bool, seed: int = 0
+) -> tuple[list[list[int]], list[int]]:
     """Generate with the public step functions, one shard, every prompt in its own batch slot.
 
     Returns:
       (tokens per prompt, accept lengths per spec step).
     """
-    target, tparams, draft, dparams = init_models(seed)
-    if not spec:
-        draft = dparams = None
+    target, tparams, my_draft, my_dparams = init_models(seed)
+    draft, dparams = (my_draft, my_dparams) if spec else (None, None)
     num = len(prompts)
     ecfg = make_engine_config(
         target,
@@ -192,7 +225,7 @@ def run(prompts: list[list[int]], max_new_tokens: int, *, spec: bool, seed: int 
     assert bool(pre.ok)
     out = [[int(t)] for t in pre.first_tokens]
     live = jnp.ones((num,), bool)
-    accept_lens = []
+    accept_lens: list[int] = []
     while min(map(len, out)) < max_new_tokens:
         if spec:
             state, spec_out = spec_decode_step(runner, weights, state, slots, live)
@@ -218,7 +251,7 @@ def main() -> bool:
     print("greedy:", greedy)
     print("spec:  ", spec)
     print(f"mean acceptance length {np.mean(accept_lens):.2f} over {len(accept_lens)} steps")
-    lossless = spec == greedy
+    lossless = bool(spec == greedy)
     print("lossless:", "PASS" if lossless else "FAIL")
     return lossless
 
