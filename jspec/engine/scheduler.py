@@ -399,7 +399,9 @@ class Engine:
 
         What :meth:`generate` runs first after a run that ended by an exception. The old state
         is dropped before the new one is built (no second copy of the pools)."""
-        del self.state  # the old pools freed before the new are built
+        # the old pools freed before the new are built (idempotent: a reset that failed, e.g.
+        # out of memory, left no state to drop)
+        vars(self).pop("state", None)
         self.state = sharding.init_states(
             lambda: init_engine_state(self.runner),
             self.num_devices,

@@ -66,3 +66,23 @@ def test_probe_error_keeps_the_state_and_reset_frees_it() -> None:
         engine.check_leaks()  # the admitted request still holds its pages
     engine.reset()
     assert engine.check_leaks().startswith("ok")
+
+
+def test_a_reset_that_failed_can_be_retried(monkeypatch) -> None:
+    """A reset that fails building the new state (e.g. out of memory) has already dropped the
+    old one; the next reset (the next generate's) must build it, not fail on the missing state."""
+    from jspec.engine import sharding
+
+    engine = tiny_engine(ECFG, spec=False)
+    real = sharding.init_states
+
+    def oom(*args, **kwargs):
+        raise MemoryError("no room for the pools")
+
+    monkeypatch.setattr(sharding, "init_states", oom)
+    with pytest.raises(MemoryError):
+        engine.reset()
+    monkeypatch.setattr(sharding, "init_states", real)
+    engine.reset()
+    out, stats = engine.generate(PROMPTS, MAX_NEW)
+    assert len(out) == len(PROMPTS) and stats.leak_check.startswith("ok")
