@@ -121,6 +121,12 @@ def add_spec_args(group: Any) -> None:
     add_kernel_args(group)
 
 
+def kernel_impls(args: argparse.Namespace) -> dict[str, Any]:
+    """The kernel flags as ``make_engine_config`` keywords (``Any``: passed whole beside its
+    other, differently typed keywords)."""
+    return {dest: getattr(args, dest) for dest, _family, _text in KERNEL_FLAGS.values()}
+
+
 def check_spec_args(args: argparse.Namespace) -> None:
     """Host checks of the spec / run flags shared by ``jspec demo`` and ``jspec generate``
     (``InputError`` naming the flag, before anything is built or compiled): counts >= 1,
@@ -233,12 +239,7 @@ def engine_config_from_args(
             max_prompt_len=max_prompt_len,
             draft_attention=args.draft_attention,
             tensor_parallel=args.tensor_parallel,
-            # the KERNEL_FLAGS, each by its dest
-            impl=args.impl,
-            attention_impl=args.attention_impl,
-            gemm_impl=args.gemm_impl,
-            rms_norm_impl=args.rms_norm_impl,
-            topk_probs_impl=args.topk_probs_impl,
+            **kernel_impls(args),
             chunked_prefill_size=getattr(args, "chunked_prefill_size", 8192),
             mem_fraction_static=getattr(args, "mem_fraction_static", None),
             draft=draft,
