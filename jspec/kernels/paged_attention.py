@@ -369,16 +369,22 @@ def paged_attention(
         page_size,
         causal,
     )
+    # NOTE: Any values: the launch knobs, passed whole to the Triton wrapper's typed keywords.
+    tuning: dict[str, Any] = {
+        "max_kv_len": max_kv_len,
+        "block_m": block_m,
+        "block_n": block_n,
+        "num_splits": num_splits,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+        "tail_split": tail_split,
+    }
     # num_splits and num_stages are any positive ints (the others powers of 2).
     _common.validate_tuning(block_m=block_m, block_n=block_n, num_warps=num_warps)
-    for name, knob in (
-        ("num_splits", num_splits),
-        ("num_stages", num_stages),
-        ("max_kv_len", max_kv_len),
-    ):
+    for name in ("num_splits", "num_stages", "max_kv_len"):
         probes.static_check(
-            knob is None or (isinstance(knob, int) and knob >= 1),
-            f"{name}={knob!r} must be None or an int >= 1",
+            tuning[name] is None or (isinstance(tuning[name], int) and tuning[name] >= 1),
+            f"{name}={tuning[name]!r} must be None or an int >= 1",
         )
     probes.static_check(
         tail_split is None or isinstance(tail_split, bool),
@@ -412,15 +418,5 @@ def paged_attention(
     from jspec.kernels.paged_attention_triton import paged_attention_triton
 
     return paged_attention_triton(
-        *args,
-        page_size=page_size,
-        causal=causal,
-        out_dtype=out_dtype,
-        max_kv_len=max_kv_len,
-        block_m=block_m,
-        block_n=block_n,
-        num_splits=num_splits,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        tail_split=tail_split,
+        *args, page_size=page_size, causal=causal, out_dtype=out_dtype, **tuning
     )
