@@ -228,7 +228,7 @@ def check_models(target: Any, draft: Any = None) -> None:
 def _protocol_members(proto: type) -> tuple[str, ...]:
     names: set[str] = set()
     for cls in proto.__mro__:  # ModelGeometry's members too
-        if cls in (object, Protocol) or not isinstance(cls, type):
+        if cls in (object, Protocol):
             continue
         names |= set(getattr(cls, "__annotations__", {}))
         names |= {
