@@ -171,12 +171,7 @@ def _check_tree_mask_buf(
     if buf is None:
         return
     bs, total = seq_lens.numel(), int(seq_lens.sum())
-    if mode == _ref_build.TreeMaskMode.QLEN_ONLY:
-        need = bs * n * n
-    elif mode == _ref_build.TreeMaskMode.QLEN_ONLY_BITPACKING:
-        need = bs * n
-    else:
-        need = total * n + bs * n * n
+    need = _ref_build.tree_mask_numel(mode, bs, n, total)
     if buf.numel() < need:
         raise ValueError(
             f"tree_mask_buf.numel()={buf.numel()} must be >= {need} for {mode.name} "

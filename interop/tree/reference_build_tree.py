@@ -42,6 +42,16 @@ def packed_dtype(n: int) -> torch.dtype:
     return [torch.uint8, torch.uint16, torch.uint32][math.ceil(math.log2((n + 7) // 8))]
 
 
+def tree_mask_numel(mode: TreeMaskMode, bs: int, n: int, prefix_tokens: int) -> int:
+    """Cells of a ``tree_mask`` buffer: QLEN_ONLY ``B*N*N`` bools, QLEN_ONLY_BITPACKING ``B*N``
+    words, FULL_MASK ``prefix_tokens*N + B*N*N`` bools (each query's prefix, then its tree)."""
+    if mode == TreeMaskMode.QLEN_ONLY:
+        return bs * n * n
+    if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
+        return bs * n
+    return prefix_tokens * n + bs * n * n
+
+
 def _tdiv(a: int, b: int) -> int:
     """C / Triton integer division (truncation toward zero)."""
     q = abs(a) // b
@@ -158,13 +168,13 @@ def assemble_tree_mask(
             mask.fill_(0)
         elif mode == TreeMaskMode.QLEN_ONLY or fill_prefix_mask:
             mask.fill_(True)
-    elif mode == TreeMaskMode.QLEN_ONLY:
-        mask = torch.full((n * bs * n,), True, dtype=torch.bool, device=device)
-    elif mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
-        mask = torch.zeros((n * bs,), dtype=packed_dtype(n), device=device)
     else:
-        size = seq_lens_sum * n + n * n * bs
-        mask = torch.full((size,), bool(fill_prefix_mask), dtype=torch.bool, device=device)
+        size = tree_mask_numel(mode, bs, n, seq_lens_sum)
+        if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
+            mask = torch.zeros((size,), dtype=packed_dtype(n), device=device)
+        else:
+            fill = mode == TreeMaskMode.QLEN_ONLY or bool(fill_prefix_mask)
+            mask = torch.full((size,), fill, dtype=torch.bool, device=device)
     flat = mask.view(-1)
     if mode == TreeMaskMode.QLEN_ONLY:
         flat[: bs * n * n] = anc.reshape(-1).to(flat.device, flat.dtype)
