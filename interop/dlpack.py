@@ -138,7 +138,8 @@ def to_jax(
     """A torch tensor as a JAX array, zero-copy when DLPack allows it.
 
     Args:
-      tensor: any-dtype torch tensor on CPU or CUDA.
+      tensor: any-dtype dense torch tensor on CPU or CUDA (another layout or device, e.g. a
+        sparse or ``meta`` tensor: ``ValueError`` naming ``what``).
       int64: policy for int64 (and uint64) tensors: ``"int32"`` range-checks and casts (copy;
         ``ValueError`` naming the first value outside int32), ``"x64"`` keeps int64 zero-copy
         (needs ``jax_enable_x64``), ``"error"`` refuses. float64 always needs ``jax_enable_x64``.
@@ -158,6 +159,15 @@ def to_jax(
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"to_jax: {what} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise ValueError(
+            f"to_jax: {what} has layout {tensor.layout}; DLPack shares dense tensors only "
+            f"(call .to_dense() first)"
+        )
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"to_jax: {what} is on device {tensor.device}; DLPack shares CPU and CUDA tensors only"
+        )
     with _stream_ctx(tensor, stream):
         tensor = _prepare(tensor, int64=int64, strict=strict, what=what)
         if sync and tensor.device.type == "cuda":

@@ -178,6 +178,23 @@ def test_rejects_non_tensor():
         to_jax(np.zeros(3))
 
 
+@pytest.mark.parametrize(
+    "tensor, match",
+    [
+        (torch.empty(3, device="meta"), "out_cache_loc is on device meta"),
+        (
+            torch.zeros(4, dtype=torch.int32).to_sparse(),
+            "out_cache_loc has layout torch.sparse_coo",
+        ),
+    ],
+    ids=["meta", "sparse"],
+)
+def test_rejects_what_dlpack_cannot_share_naming_it(tensor, match):
+    # Before: "Unknown device type meta for Dlpack" (no name) and a RuntimeError from torch.
+    with pytest.raises(ValueError, match=match):
+        to_jax(tensor, what="out_cache_loc")
+
+
 # ---- pytrees -----------------------------------------------------------------------------------------
 class Pair(NamedTuple):
     first: object
