@@ -87,14 +87,24 @@ class LossyThresholds:
                 raise ValueError(f"{name}={value} must be in [0, 1]")
 
 
-def _inverse_cdf(weights: jax.Array, coins: jax.Array) -> jax.Array:
+def _inverse_cdf(weights: jax.Array, coins: jax.Array, *, exact: bool = True) -> jax.Array:
     """i32[B]: the first ``v`` with ``cumsum(weights)[v] > coin * sum(weights)`` and
     ``weights[v] > 0`` (FlashInfer's rule; ``weights: f32[B, V] >= 0``, ``coins: f32[B]`` in
-    ``[0, 1)``); ``V - 1`` when no entry qualifies (an all-zero row)."""
+    ``[0, 1)``). When no entry qualifies: the last ``v`` with ``weights[v] > 0``
+    (FlashInfer's ``last_valid_id``; ``exact`` False: ``V - 1``, sglang 0.5.23's kernel), and
+    ``V - 1`` for an all-zero row.
+
+    NOTE: a row with mass can have no qualifying entry: ``sum`` and ``cumsum``'s last entry
+    are rounded in different orders, so a coin near 1 can give ``coin * sum >= cumsum[-1]``;
+    ``V - 1`` there is a token of probability 0 as often as not.
+    """
     v = weights.shape[-1]
     u = coins.astype(jnp.float32) * jnp.sum(weights, axis=-1)
-    hit = (jnp.cumsum(weights, axis=-1) > u[:, None]) & (weights > 0)
-    return jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), v - 1).astype(jnp.int32)
+    positive = weights > 0
+    hit = (jnp.cumsum(weights, axis=-1) > u[:, None]) & positive
+    # argmax of the reversed row: the last positive entry (V - 1 when there is none).
+    past_end = v - 1 - jnp.argmax(positive[:, ::-1], axis=-1) if exact else v - 1
+    return jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), past_end).astype(jnp.int32)
 
 
 @jit()
@@ -188,7 +198,7 @@ def _sibling_walk(
     residual = jnp.where(removed, 0.0, q_last)
     if exact:  # NOTE: rounding can leave no mass (coin ~ 1 walked past every token): q_last
         residual = jnp.where(jnp.any(residual > 0, axis=-1, keepdims=True), residual, q_last)
-    sampled = _inverse_cdf(residual, final_coins)
+    sampled = _inverse_cdf(residual, final_coins, exact=exact)
     predicts = finish_predicts(walk, sampled, retrive_index, predicts_init=predicts_init)
     return predicts, walk.acc, walk.num.astype(jnp.int32)
 

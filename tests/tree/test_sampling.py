@@ -17,7 +17,11 @@ from test_verify import (
 from tree_oracles import ref_tree_sampling
 
 from jspec import probes
-from jspec.tree.sampling import target_probs_from_logits, tree_speculative_sampling_target_only
+from jspec.tree.sampling import (
+    target_probs_from_logits,
+    tree_sampling_verify,
+    tree_speculative_sampling_target_only,
+)
 
 
 def _i32(x):
@@ -175,3 +179,41 @@ def test_probes():
     with pytest.raises(probes.ProbeError, match="target_probs: 1 NaN"):
         probes.checked(f)(jnp.asarray(probs))
     assert "check" not in str(jax.make_jaxpr(f)(jnp.asarray(probs)))
+
+
+def _root_children(tokens, n):
+    """Trees of a root (node 0) whose children 1..K carry ``tokens[b]`` (i32[B, K]), padded to
+    ``n`` nodes: ``(candidates, retrive_index, next_token, next_sibling)``."""
+    num, k = tokens.shape
+    cand = np.zeros((num, n), np.int32)
+    cand[:, 1 : k + 1] = tokens
+    nt = np.full((num, n), -1, np.int32)
+    ns = np.full((num, n), -1, np.int32)
+    if k:
+        nt[:, 0] = 1
+        ns[:, 1:k] = np.arange(2, k + 1)
+    return _i32(cand), _i32(np.arange(num * n).reshape(num, n)), _i32(nt), _i32(ns)
+
+
+def test_exact_bonus_coin_near_one_is_a_token_with_mass():
+    """A childless root: the bonus is the root row's inverse CDF. Its top coins can round past
+    ``cumsum[-1]``; the bonus is then the last token with mass, never a token of probability
+    0 (token ``V - 1`` here)."""
+    rng = np.random.default_rng(21)
+    num, n, v = 300, 2, 200
+    probs = np.zeros((num, n, v), np.float32)
+    probs[:, 0] = rng.dirichlet(np.full(v, 0.3), num)
+    probs[:, 0][rng.random((num, v)) < 0.3] = 0.0
+    probs[:, 0, -1] = 0.0
+    probs[:, 1] = 1.0 / v
+    for k in (1, 2, 3):
+        predicts, accept, _ = tree_sampling_verify(
+            *_root_children(np.zeros((num, 0), np.int32), n),
+            jnp.zeros((num, n), jnp.float32),
+            jnp.full((num,), 1 - k * 2**-24, jnp.float32),
+            jnp.asarray(probs),
+            num_spec_steps=2,
+        )
+        bonus = np.asarray(predicts).reshape(num, n)[:, 0]
+        assert (np.asarray(accept)[:, 1] == -1).all()
+        assert (probs[np.arange(num), 0, bonus] > 0).all(), bonus

@@ -122,3 +122,21 @@ def test_sample_from_probs_law_and_support():
         jnp.asarray([0.0, 0.3, 1 - 2**-24]),
     )
     assert edge.tolist() == [1, 0, 1]  # coin 0: never a zero-probability token
+
+
+@pytest.mark.parametrize("v", [100, 1000])
+def test_sample_from_probs_coin_near_one_is_a_token_with_mass(v):
+    """The top coins of the grid: ``coin * sum`` can round past ``cumsum[-1]`` (the two sum in
+    different orders); the draw is then the last token with mass, never token ``V - 1`` of
+    probability 0 (FlashInfer's ``last_valid_id``)."""
+    rng = np.random.default_rng(v)
+    rows = 200
+    probs = rng.dirichlet(np.full(v, 0.3), rows).astype(np.float32)
+    probs[rng.random((rows, v)) < 0.3] = 0.0
+    probs[:, -1] = 0.0
+    last_valid = v - 1 - np.argmax(probs[:, ::-1] > 0, axis=-1)
+    for k in (1, 2, 3):
+        coins = jnp.full((rows,), 1 - k * 2**-24, jnp.float32)
+        got = np.asarray(sample_from_probs(jnp.asarray(probs), coins))
+        assert (probs[np.arange(rows), got] > 0).all(), got[probs[np.arange(rows), got] == 0]
+        assert (got <= last_valid).all()
