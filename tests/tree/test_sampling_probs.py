@@ -140,3 +140,21 @@ def test_sample_from_probs_coin_near_one_is_a_token_with_mass(v):
         got = np.asarray(sample_from_probs(jnp.asarray(probs), coins))
         assert (probs[np.arange(rows), got] > 0).all(), got[probs[np.arange(rows), got] == 0]
         assert (got <= last_valid).all()
+
+
+def test_sample_from_probs_is_half_open_on_the_grid():
+    """Dyadic rows, one coin per point of the 16-grid: token ``v`` owns ``[cdf[v-1], cdf[v])``,
+    so each token is drawn exactly ``16 * p[v]`` times (a coin on a breakpoint goes up)."""
+    rng = np.random.default_rng(11)
+    grid, v, rows = 16, 7, 12
+    probs = np.zeros((rows, v), np.float32)
+    for r in range(rows):
+        support = rng.choice(v, 4, replace=False)
+        cuts = np.sort(rng.choice(np.arange(1, grid), 3, replace=False))
+        probs[r, support] = np.diff(np.concatenate([[0], cuts, [grid]])) / grid
+    coins = np.arange(grid, dtype=np.float32) / grid
+    got = np.asarray(
+        sample_from_probs(jnp.asarray(np.repeat(probs, grid, 0)), jnp.asarray(np.tile(coins, rows)))
+    ).reshape(rows, grid)
+    for r in range(rows):
+        np.testing.assert_array_equal(np.bincount(got[r], minlength=v), probs[r] * grid)
