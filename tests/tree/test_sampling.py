@@ -217,3 +217,41 @@ def test_exact_bonus_coin_near_one_is_a_token_with_mass():
         bonus = np.asarray(predicts).reshape(num, n)[:, 0]
         assert (np.asarray(accept)[:, 1] == -1).all()
         assert (probs[np.arange(num), 0, bonus] > 0).all(), bonus
+
+
+def _inverse_cdf_np(q, coin):
+    """The half-open inverse CDF of one row (float64): the first token whose CDF passes
+    ``coin * sum(q)``."""
+    q = np.asarray(q, np.float64)
+    return int(np.argmax((np.cumsum(q) > coin * q.sum()) & (q > 0)))
+
+
+def test_exact_every_child_rejected_by_rounding_bonus_from_the_row():
+    """The children's tokens hold the root row's whole support but its f32 mass is
+    ``1 - 2**-24``: the coin ``1 - 2**-24`` rejects them all and the residual is empty; the
+    bonus is then drawn from the whole row (never the empty residual's ``V - 1``)."""
+    rng = np.random.default_rng(22)
+    num, n, v = 64, 5, 6
+    row = np.array([0.5, 0.25, 0.25 - 2**-24], np.float32)
+    probs = np.full((num, n, v), 1.0 / v, np.float32)
+    probs[:, 0] = 0.0
+    tokens = np.zeros((num, 3), np.int32)
+    for b in range(num):
+        support = rng.choice(v - 1, 3, replace=False)  # token V - 1 has no mass
+        probs[b, 0, support] = row
+        tokens[b] = rng.permutation(support)
+    final = rng.random(num, dtype=np.float32)
+    want = [_inverse_cdf_np(probs[b, 0], final[b]) for b in range(num)]
+    cand, ridx, nt, ns = _root_children(tokens, n)
+    predicts, accept, num_acc = tree_sampling_verify(
+        cand,
+        ridx,
+        nt,
+        ns,
+        jnp.full((num, n), 1 - 2**-24, jnp.float32),
+        jnp.asarray(final),
+        jnp.asarray(probs),
+        num_spec_steps=2,
+    )
+    assert np.asarray(num_acc).tolist() == [0] * num
+    np.testing.assert_array_equal(np.asarray(predicts).reshape(num, n)[:, 0], want)
