@@ -255,3 +255,88 @@ def test_exact_every_child_rejected_by_rounding_bonus_from_the_row():
     )
     assert np.asarray(num_acc).tolist() == [0] * num
     np.testing.assert_array_equal(np.asarray(predicts).reshape(num, n)[:, 0], want)
+
+
+def test_exact_static_errors():
+    z = jnp.zeros((2, 4), jnp.int32)
+    coins, final, probs = jnp.zeros((2, 4)), jnp.zeros(2), jnp.full((2, 4, 5), 0.2)
+    for verify in (tree_sampling_verify, tree_speculative_sampling_target_only):
+        with pytest.raises(ValueError, match=r"num_spec_steps=0 must be an int >= 1 \(S\+1\)"):
+            verify(z, z, z, z, coins, final, probs, num_spec_steps=0)
+
+
+def test_exact_one_spec_step_is_plain_sampling():
+    """``num_spec_steps`` 1 (max depth 0): no child is ever accepted, not even one of
+    probability 1, and the token emitted is the root row's plain inverse-CDF draw."""
+    rng = np.random.default_rng(23)
+    bs, topk, steps, n, v = 8, 4, 3, 12, 6
+    cand, ridx, nt, ns, _ = _random_tree(rng, bs, topk, steps, n, vocab=v)
+    probs = rng.dirichlet(np.full(v, 0.7), (bs, n)).astype(np.float32)
+    first_child_token = np.asarray(cand)[np.arange(bs), np.asarray(nt)[:, 0]]
+    probs[:2, 0] = np.eye(v)[first_child_token[:2]]  # a child of probability 1
+    coins = rng.random((bs, n), dtype=np.float32)
+    final = rng.random(bs, dtype=np.float32)
+    predicts, accept, num = tree_sampling_verify(
+        _i32(cand),
+        _i32(ridx),
+        _i32(nt),
+        _i32(ns),
+        jnp.asarray(coins),
+        jnp.asarray(final),
+        jnp.asarray(probs),
+        num_spec_steps=1,
+        predicts_init=-1,
+    )
+    ridx = np.asarray(ridx)
+    assert np.asarray(num).tolist() == [0] * bs
+    np.testing.assert_array_equal(accept, ridx[:, :1])
+    want = np.full(bs * n, -1)
+    want[ridx[:, 0]] = [_inverse_cdf_np(probs[b, 0], final[b]) for b in range(bs)]
+    np.testing.assert_array_equal(predicts, want)
+
+
+@pytest.mark.parametrize("num_spec_steps", [2, 3])
+def test_exact_walk_stops_at_max_depth(num_spec_steps):
+    """Trees deeper than ``num_spec_steps - 1``, distinct tokens, every row one-hot on the
+    token of the child that leads deepest: the walk accepts that path down to depth
+    ``num_spec_steps - 1`` and no deeper, and emits the path's next token as the bonus."""
+    rng = np.random.default_rng(24 + num_spec_steps)
+    bs, topk, steps, n, v = 6, 2, 4, 10, 12
+    _, ridx, nt, ns, _ = _random_tree(rng, bs, topk, steps, n, vocab=v)
+    ridx, nt, ns = np.asarray(ridx), np.asarray(nt), np.asarray(ns)
+    cand = np.stack([rng.permutation(v)[:n] for _ in range(bs)])
+    probs = np.full((bs, n, v), 1.0 / v, np.float32)
+    paths = []
+    for b in range(bs):
+
+        def children(j, b=b):
+            c = nt[b, j]
+            while c >= 0:
+                yield c
+                c = ns[b, c]
+
+        def deepest(j):  # the longest path of nodes below j
+            return max(([c, *deepest(c)] for c in children(j)), key=len, default=[])
+
+        path = deepest(0)
+        assert len(path) >= num_spec_steps  # deeper than the cap
+        for parent, child in zip([0, *path], path):
+            probs[b, parent] = np.eye(v)[cand[b, child]]
+        paths.append(path)
+    predicts, accept, num = tree_sampling_verify(
+        _i32(cand),
+        _i32(ridx),
+        _i32(nt),
+        _i32(ns),
+        jnp.asarray(rng.random((bs, n), dtype=np.float32)),
+        jnp.asarray(rng.random(bs, dtype=np.float32)),
+        jnp.asarray(probs),
+        num_spec_steps=num_spec_steps,
+    )
+    assert np.asarray(num).tolist() == [num_spec_steps - 1] * bs
+    predicts = np.asarray(predicts)
+    for b, path in enumerate(paths):
+        kept = path[: num_spec_steps - 1]
+        assert np.asarray(accept)[b].tolist() == [ridx[b, j] for j in [0, *kept]]
+        emitted = [int(predicts[ridx[b, j]]) for j in [0, *kept]]
+        assert emitted == [int(cand[b, j]) for j in path[:num_spec_steps]]
