@@ -95,3 +95,7 @@ def test_lossy_thresholds_validate():
         LossyThresholds(threshold_acc=1.5)
     with pytest.raises(ValueError, match="threshold_single='x'"):
         LossyThresholds(threshold_single="x")
+    with pytest.raises(ValueError, match="threshold_acc=True must be a float"):
+        LossyThresholds(threshold_acc=True)
+    LossyThresholds(threshold_single=0.0, threshold_acc=0.0)  # both ends of [0, 1] are valid
+    LossyThresholds(threshold_single=1, threshold_acc=1)

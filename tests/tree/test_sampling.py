@@ -18,6 +18,7 @@ from tree_oracles import ref_tree_sampling
 
 from jspec import probes
 from jspec.tree.sampling import (
+    LossyThresholds,
     target_probs_from_logits,
     tree_sampling_verify,
     tree_speculative_sampling_target_only,
@@ -340,3 +341,48 @@ def test_exact_walk_stops_at_max_depth(num_spec_steps):
         assert np.asarray(accept)[b].tolist() == [ridx[b, j] for j in [0, *kept]]
         emitted = [int(predicts[ridx[b, j]]) for j in [0, *kept]]
         assert emitted == [int(cand[b, j]) for j in path[:num_spec_steps]]
+
+
+@pytest.mark.parametrize(
+    "lossy,q_children,coin,accepted",
+    [
+        pytest.param(LossyThresholds(threshold_single=0.5), [0.5], 0.9, 1, id="single_reached"),
+        pytest.param(LossyThresholds(threshold_single=0.5), [0.25, 0.5], 0.9, 2, id="single_2nd"),
+        pytest.param(LossyThresholds(threshold_single=0.5), [0.375], 0.9, 0, id="single_below"),
+        pytest.param(LossyThresholds(threshold_single=0.0), [0.0], 0.5, 0, id="single0_q0"),
+        pytest.param(LossyThresholds(threshold_single=0.0), [0.0, 0.125], 0.5, 2, id="single0"),
+        pytest.param(LossyThresholds(threshold_acc=0.5), [0.25], 0.4375, 1, id="acc_scaled"),
+        pytest.param(LossyThresholds(threshold_acc=0.5), [0.25], 0.5, 0, id="acc_half_open"),
+        pytest.param(LossyThresholds(threshold_acc=0.0), [0.0, 0.25], 0.99, 2, id="acc0_q0"),
+        pytest.param(LossyThresholds(1.0, 1.0), [0.25, 0.5], 0.5, 2, id="exact_thresholds"),
+    ],
+)
+def test_exact_walk_lossy_thresholds(lossy, q_children, coin, accepted):
+    """The exact walk under explicit lossy thresholds, one root and its children (distinct
+    tokens, dyadic probabilities): accept the first child with ``q > 0`` and ``q >=
+    threshold_single`` or ``coin < prob_acc / threshold_acc`` (0: none accepted)."""
+    rng = np.random.default_rng(len(q_children) + int(coin * 16))
+    v, k = 6, len(q_children)
+    n = k + 1
+    tokens = rng.choice(v, k, replace=False)
+    root = np.zeros(v, np.float32)
+    root[tokens] = q_children
+    rest = [t for t in range(v) if t not in tokens]
+    root[rest] = (1.0 - sum(q_children)) / len(rest)
+    probs = np.broadcast_to(np.stack([root] + [np.full(v, 1 / v, np.float32)] * k), (1, n, v))
+    cand, ridx, nt, ns = _root_children(tokens[None], n)
+    coins = np.full((1, n), 0.0, np.float32)
+    coins[0, 0] = coin
+    _, accept, num = tree_sampling_verify(
+        cand,
+        ridx,
+        nt,
+        ns,
+        jnp.asarray(coins),
+        jnp.asarray([0.5], jnp.float32),
+        jnp.asarray(probs),
+        num_spec_steps=2,
+        lossy=lossy,
+    )
+    assert int(num[0]) == (accepted > 0)
+    assert np.asarray(accept)[0].tolist() == [0, accepted if accepted else -1]
