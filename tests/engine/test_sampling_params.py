@@ -82,6 +82,8 @@ def test_pack_sampling_shapes_and_static_presence():
     np.testing.assert_array_equal(batch.seed[0, 0], [7, 3])
     assert batch.top_k is None and batch.min_p is None  # nobody uses them: not compiled
     np.testing.assert_allclose(batch.top_p, [[0.9, 1.0], [1.0, 1.0]])
+    # A sampled request at a filter's off value (top_p 1) does not switch it on either.
+    assert pack_sampling([b]).top_p is None
     # A greedy request's filters do not switch a filter on.
     assert pack_sampling([b, SamplingParams(top_k=3)]).top_k is None
     lossy = LossyThresholds(threshold_acc=0.5)
