@@ -93,6 +93,28 @@ def test_matches_serial_kernel_port(ts, ta):
             np.testing.assert_array_equal(g, w, err_msg=name)
 
 
+def test_matches_serial_kernel_port_on_the_grid():
+    """Dyadic probabilities (multiples of 1/8, zeros included) and coins on the 8-grid (0
+    included): coins land on CDF breakpoints, where the kernel's closed ``coin <= prob_acc``
+    accepts (a zero-probability first sibling at coin 0 too)."""
+    rng = np.random.default_rng(6)
+    bs, topk, steps, n, v, grid = 16, 4, 3, 12, 6, 8
+    for _ in range(3):
+        cand, ridx, nt, ns, _ = _random_tree(rng, bs, topk, steps, n, vocab=v)
+        probs = np.zeros((bs, n, v), np.float32)
+        for b in range(bs):
+            for j in range(n):
+                support = rng.choice(v, 3, replace=False)
+                cuts = np.sort(rng.choice(np.arange(1, grid), 2, replace=False))
+                probs[b, j, support] = np.diff(np.concatenate([[0], cuts, [grid]])) / grid
+        coins = (rng.integers(0, grid, (bs, n)) / grid).astype(np.float32)
+        final = (rng.integers(0, grid, bs) / grid).astype(np.float32)
+        got = _sample(cand, ridx, nt, ns, coins, final, probs, steps + 1)
+        want = ref_tree_sampling(cand, ridx, nt, ns, coins, final, probs, steps + 1, 1.0, 1.0)
+        for name, g, w in zip(("predicts", "accept_index", "accept_token_num"), got, want):
+            np.testing.assert_array_equal(g, w, err_msg=name)
+
+
 def _chi_square(counts, probs):
     expected = probs * counts.sum()
     return float(((counts - expected) ** 2 / expected).sum())
