@@ -158,3 +158,71 @@ def test_sample_from_probs_is_half_open_on_the_grid():
     ).reshape(rows, grid)
     for r in range(rows):
         np.testing.assert_array_equal(np.bincount(got[r], minlength=v), probs[r] * grid)
+
+
+@pytest.mark.parametrize(
+    "present",
+    [("top_k",), ("top_p",), ("min_p",), ("top_k", "top_p"), ("top_p", "min_p")],
+    ids=lambda p: "+".join(p),
+)
+def test_each_filter_alone_matches_the_oracle(present):
+    """Filters left None (static absence, as ``pack_sampling`` leaves the unused ones): the
+    ones given still cut, the absent ones keep everything."""
+    rng = np.random.default_rng(len("".join(present)))
+    b, n, v = 8, 2, 16
+    logits = _rows(rng, b * n, v)
+    temps = rng.choice([0.5, 1.0, 1.5], b).astype(np.float32)
+    values = dict(
+        top_k=rng.choice([1, 3, 6], b).astype(np.int32),
+        top_p=rng.choice([0.3, 0.7, 0.9], b).astype(np.float32),
+        min_p=rng.choice([0.05, 0.2], b).astype(np.float32),
+    )
+    got = np.asarray(
+        target_probs_from_logits(
+            jnp.asarray(logits),
+            jnp.asarray(temps),
+            *(
+                jnp.asarray(values[k]) if k in present else None
+                for k in ("top_k", "top_p", "min_p")
+            ),
+        )
+    ).reshape(b * n, v)
+    for r in range(b * n):
+        params = {k: values[k][r // n].item() for k in present}
+        if top_p_margin(logits[r], float(temps[r // n]), **params) < 1e-5:
+            continue  # a cut decided by rounding
+        want = processed_np(logits[r], float(temps[r // n]), **params)
+        np.testing.assert_array_equal(got[r] > 0, want > 0, err_msg=f"row {r} {params}")
+        np.testing.assert_allclose(got[r], want, rtol=2e-5, atol=1e-7, err_msg=str(params))
+
+
+def test_top_p_one_keeps_tokens_below_the_mass_resolution():
+    """``top_p`` 1 beside rows that cut: tokens far below the f32 resolution of the row's mass
+    (adding one does not change the sum) are still kept."""
+    logits = np.array([[0.0, -30.0, 1.0, -40.0], [2.0, 0.0, -35.0, -1.0]], np.float32)
+    got = np.asarray(
+        target_probs_from_logits(
+            jnp.asarray(logits), jnp.ones(2), top_ps=jnp.asarray([1.0, 0.5], jnp.float32)
+        )
+    )[:, 0]
+    want = [processed_np(logits[0]), processed_np(logits[1], top_p=0.5)]
+    np.testing.assert_array_equal(got > 0, np.stack(want) > 0)
+    np.testing.assert_allclose(got, np.stack(want), rtol=2e-6, atol=0)
+
+
+@pytest.mark.parametrize("ways", [2, 16])
+def test_mass_pivot_target_on_a_cumulative_mass(ways):
+    """Dyadic rows (every partial sum exact in f32), each target exactly a cumulative mass of
+    the sorted row: the pivot is the value where the mass first reaches it (``>=``)."""
+    rng = np.random.default_rng(ways + 1)
+    rows, v, grid = 64, 9, 64
+    p = np.zeros((rows, v), np.float32)
+    for r in range(rows):
+        support = rng.choice(v, 6, replace=False)
+        cuts = np.sort(rng.choice(np.arange(1, grid), 5, replace=False))
+        p[r, support] = np.diff(np.concatenate([[0], cuts, [grid]])) / grid
+    desc = -np.sort(-p, axis=-1)
+    cut = rng.integers(0, 6, rows)
+    target = np.cumsum(desc, axis=-1)[np.arange(rows), cut]
+    got = np.asarray(mass_pivot(jnp.asarray(p), jnp.asarray(target), ways=ways))
+    np.testing.assert_array_equal(got, desc[np.arange(rows), cut])
