@@ -143,6 +143,57 @@ def test_config_validation():
         LlamaConfig(8, 8, 8, 1, 1, 1, 8, dtype="f32")
 
 
+def test_config_without_architectures_reads_model_type():
+    """No ``architectures``: ``model_type`` decides (llama, the default, is read; any other
+    family is refused by name)."""
+    bare = {k: v for k, v in BASE.items() if k != "architectures"}
+    assert parse(bare) == parse(BASE)
+    assert parse({k: v for k, v in bare.items() if k != "model_type"}) == parse(BASE)
+    with pytest.raises(ValueError, match="model_type='mistral'"):
+        parse({**bare, "model_type": "mistral"})
+
+
+def test_tie_word_embeddings_defaults_to_false():
+    """transformers' LlamaConfig default: a config.json without the key has its own LM head."""
+    untied = {k: v for k, v in BASE.items() if k != "tie_word_embeddings"}
+    assert parse(untied).tie_word_embeddings is False
+
+
+SMALL = dict(
+    vocab_size=16,
+    hidden_size=8,
+    intermediate_size=8,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+)
+
+
+@pytest.mark.parametrize(
+    "field,inside,outside,match",
+    [
+        pytest.param("num_layers", 1, True, "num_layers=True must be an int", id="bool"),
+        pytest.param("rms_norm_eps", 1e-30, 0.0, "rms_norm_eps=0.0 must be", id="eps-0"),
+        pytest.param("rope_theta", 1e30, float("inf"), "rope_theta=inf must be", id="theta-inf"),
+        pytest.param("rope_theta", 1e30, float("nan"), "rope_theta=nan must be", id="theta-nan"),
+        pytest.param("eos_token_ids", (0, 15), (3, 16), "eos_token_ids=", id="eos-at-vocab"),
+    ],
+)
+def test_direct_config_boundaries(field, inside, outside, match):
+    """A config built in code (not parsed) is checked at the boundary: the last value inside
+    is accepted, the first outside is a ValueError naming the field."""
+    assert getattr(LlamaConfig(**{**SMALL, field: inside}), field) == inside
+    with pytest.raises(ValueError, match=match):
+        LlamaConfig(**{**SMALL, field: outside})
+
+
+def test_rope_scaling_factor_must_be_positive():
+    assert RopeScaling(1e-3, 1.0, 4.0, 64).factor == 1e-3
+    with pytest.raises(ValueError, match="factor=0.0 must be > 0"):
+        RopeScaling(0.0, 1.0, 4.0, 64)
+
+
 def _eagle3(**extra):
     raw = {
         **BASE,
@@ -173,6 +224,23 @@ def test_eagle3_config():
         _eagle3(draft_vocab_size=200)
     with pytest.raises(ValueError, match="num_hidden_layers"):
         _eagle3(num_hidden_layers=2)
+
+
+def test_eagle3_target_hidden_size_must_equal_hidden_size():
+    assert _eagle3(target_hidden_size=64) == _eagle3()
+    with pytest.raises(ValueError, match="target_hidden_size=128 != hidden_size=64"):
+        _eagle3(target_hidden_size=128)
+
+
+def test_capture_layers_are_distinct_layers_below_the_depth():
+    """Strictly increasing inside ``[0, N)``: layer N - 1 is the last one allowed, N is
+    refused, and so is a layer named twice (sglang captures each layer once)."""
+    named = _eagle3(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 15, 28]})
+    assert named.capture_layers(30) == (2, 16, 29)
+    with pytest.raises(ValueError, match="capture_layers"):
+        named.capture_layers(29)  # layer 29 of a 29-layer target
+    with pytest.raises(ValueError, match=r"capture_layers=\(2, 2, 2\)"):
+        _eagle3().capture_layers(5)  # sglang's default (2, N // 2, N - 3) at N = 5
 
 
 def test_generation_config_eos_takes_precedence(tmp_path):
