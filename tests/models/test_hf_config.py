@@ -277,6 +277,7 @@ def test_check_tensor_parallel():
     from jspec.models import LlamaTarget
 
     target = LlamaTarget(parse(BASE))  # 8 heads, 2 KV heads, MLP 96
+    target.check_tensor_parallel(1)
     target.check_tensor_parallel(2)
     with pytest.raises(ValueError, match="num_kv_heads=2"):
         target.check_tensor_parallel(4)

@@ -16,7 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jspec.models.layers import GEMV_PAD_MIN_ELEMENTS, STRENGTH_REDUCE_MAX_ELEMENTS, matmul
+from jspec.models.layers import (
+    GEMV_PAD_MIN_ELEMENTS,
+    STRENGTH_REDUCE_MAX_ELEMENTS,
+    lm_logits,
+    matmul,
+)
 
 
 def _dot_lhs_rows(fn, a, b) -> list[int]:
@@ -32,6 +37,8 @@ def _dot_lhs_rows(fn, a, b) -> list[int]:
         (1, 2048, 4096, True),  # the 8B o_proj shard at tp 2
         (1, 256, 256, False),  # 65k: too small to matter
         (1, 4096, 4096, False),  # 16.8M: XLA keeps it a GEMM already
+        (1, 1024, 1023, True),  # exactly GEMV_PAD_MIN_ELEMENTS: the band's first size
+        (1, 2000, 4999, False),  # exactly STRENGTH_REDUCE_MAX_ELEMENTS: past the band
         (2, 2048, 4096, False),  # not a one-row product
     ],
 )
@@ -56,6 +63,24 @@ def test_bf16_one_row_product_matches_the_plain_one():
     want = np.asarray(jax.jit(jnp.matmul)(a, b), np.float32)
     assert got.dtype == np.float32 and np.abs(want).max() > 0.1  # not a product of zeros
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_logits_are_rounded_to_the_model_dtype(dtype):
+    """A bf16 / f16 model's LM head is its dtype's product upcast (what the checkpoint's own
+    framework computes), not an f32-accumulated one: every logit is a value of ``dtype``,
+    and it tracks the f64 product to the dtype's rounding."""
+    rng = np.random.default_rng(11)
+    hidden = jnp.asarray(rng.standard_normal((5, 64)), dtype)
+    lm_head = jnp.asarray(rng.standard_normal((64, 48)) / 8.0, dtype)
+    want = np.asarray(hidden, np.float64) @ np.asarray(lm_head, np.float64)
+    assert np.abs(want).max() > 1.0
+    # untied [H, V], and tied: the embedding [V, H] read transposed
+    for got in (lm_logits(hidden, lm_head), lm_logits(hidden, lm_head.T, transposed=True)):
+        got = np.asarray(got)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, np.asarray(jnp.asarray(got).astype(dtype), np.float32))
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
 
 
 def _product_multiplies(hlo: str, k: int, n: int) -> int:
