@@ -15,6 +15,7 @@ import numpy as np
 import paged_attention_cases as pc
 import pytest
 
+from jspec import probes
 from jspec.kernels import paged_attention as pa
 from jspec.kernels.paged_attention import paged_attention, paged_attention_reference
 
@@ -157,6 +158,7 @@ def _bad_call(**over):
         ({"knobs": {"out_dtype": jnp.int32}}, "out_dtype="),
         ({"knobs": {"out_dtype": "float64"}}, "out_dtype='float64'"),
         ({"knobs": {"out_dtype": "bf"}}, "out_dtype='bf'"),
+        ({"knobs": {"num_splits": 0}}, "num_splits=0"),
     ],
 )
 def test_validation_names_the_argument(over, match):
@@ -184,3 +186,41 @@ def test_validation_of_a_static_layer(layer):
     table, lens = jnp.zeros((2, 4), jnp.int32), jnp.zeros((2,), jnp.int32)
     with pytest.raises(ValueError, match=f"layer={layer!r}"):
         pa._validate(q, pool, pool, layer, table, lens, None, None, None, 4, False)
+
+
+def test_validation_accepts_a_static_layer_in_range():
+    q = jnp.zeros((2, 3, 4, 8), jnp.float32)
+    pool = jnp.zeros((2, 32, 2, 8), jnp.float32)
+    table, lens = jnp.zeros((2, 4), jnp.int32), jnp.zeros((2,), jnp.int32)
+    for layer in (0, 1):
+        pa._validate(q, pool, pool, layer, table, lens, None, None, None, 4, False)
+
+
+def test_knobs_at_their_lower_bounds_are_accepted():
+    """The smallest value of each launch knob and bound is valid (``"xla"`` ignores them):
+    1 split / stage / key, and ``max_prefix_len=0`` on a pass whose rows are all first
+    chunks (``kv_lens == q_lens``)."""
+    lens = [5, 3, 0]
+    case = pc.make_case(
+        np.random.default_rng(6), **pc.CASES["causal-small-p1"] | {"q_lens": lens, "kv_lens": lens}
+    )
+    knobs = {"num_splits": 1, "num_stages": 1, "max_kv_len": 1, "max_prefix_len": 0}
+    got = paged_attention(*case.jax_args(), **case.static, **knobs)
+    pc.check(*got, *pc.oracle(case), atol=2e-5, lse_atol=2e-5)
+
+
+def test_probe_checks_the_page_ids_a_pass_reads_and_only_those():
+    """With probes on, a page id a row reads must be in ``[0, S / P)``: the first id past it is
+    named; entries from ``ceil(kv_lens / P)`` on are never read, so any value there passes
+    (here row 0's column at exactly ``kv_lens / P``, and every column of the empty row 2)."""
+    case = pc.make_case(np.random.default_rng(7), **pc.CASES["draftA-k4-mqa"])  # kv 48, 64, 0
+    num_page_ids = case.k_pool.shape[1] // case.page_size
+    run = probes.checked(paged_attention)
+    want = pc.oracle(case)
+    pc.check(*run(*case.jax_args(), **case.static), *want, atol=2e-5, lse_atol=2e-5)
+    case.page_table[0, 3] = num_page_ids  # unread: position 48 = kv_lens[0]
+    case.page_table[2] = -1
+    pc.check(*run(*case.jax_args(), **case.static), *want, atol=2e-5, lse_atol=2e-5)
+    case.page_table[1, 3] = num_page_ids  # read: positions 48..63 of row 1
+    with pytest.raises(probes.ProbeError, match="page id read from page_table"):
+        run(*case.jax_args(), **case.static)
