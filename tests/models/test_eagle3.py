@@ -192,3 +192,26 @@ def test_forward_without_the_midlayer_input_norm_names_the_field(target_params):
     hidden = jnp.ones((5, 32), jnp.float32)
     with pytest.raises(ValueError, match="params.layer.attn_norm"):
         draft.forward(params, target_params, None, ids, hidden, ids, dense_attn_fn)
+
+
+def test_random_head_maps_draft_ids_to_distinct_target_ids():
+    """``random_eagle3_params``' d2t is injective, as a trained head's hot-token map is: the
+    draft ids map to distinct target ids, in order, inside the target vocabulary (here 90 of
+    96, where ids drawn with replacement would repeat)."""
+    from jspec.models import Eagle3Config, random_eagle3_params
+
+    cfg = Eagle3Config(
+        hidden_size=32,
+        intermediate_size=40,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        vocab_size=96,
+        draft_vocab_size=90,
+        num_aux=3,
+    )
+    draft = Eagle3Draft(cfg, (2, 4, 5))
+    for seed in range(3):
+        params = random_eagle3_params(draft, seed=seed)
+        ids = np.asarray(draft.to_target_ids(params, jnp.arange(90, dtype=jnp.int32)))
+        assert (np.diff(ids) > 0).all() and ids[0] >= 0 and ids[-1] < 96, ids
