@@ -95,6 +95,24 @@ def test_missing_tensor_names_it_and_the_files(tmp_path, shards):
         load_llama(tmp_path)
 
 
+@pytest.mark.parametrize("model", ["llama", "eagle3"])
+def test_input_layernorm_is_required_outside_eagle1(tmp_path, model):
+    """Only an EAGLE-1 head may omit its layer's input_layernorm (an identity norm there); a
+    target layer or an EAGLE-3 midlayer without it is a missing tensor."""
+    if model == "llama":
+        tensors = llama_tensors()
+        del tensors["model.layers.1.input_layernorm.weight"]
+        with pytest.raises(
+            ValueError, match=r"'model\.layers\.1\.input_layernorm\.weight' is missing"
+        ):
+            load_llama(write_llama(tmp_path, tensors))
+    else:
+        tensors = eagle3_tensors()
+        del tensors["midlayer.input_layernorm.weight"]
+        with pytest.raises(ValueError, match=r"'midlayer\.input_layernorm\.weight' is missing"):
+            load_eagle3(write_head(tmp_path, tensors, eagle3_config()), TARGET)
+
+
 def test_untied_model_without_lm_head(tmp_path):
     tensors = llama_tensors()
     del tensors["lm_head.weight"]
@@ -173,10 +191,16 @@ def test_unsupported_draft_architecture(tmp_path):
         load_draft(path, TARGET)
 
 
-def test_d2t_outside_the_target_vocab(tmp_path):
+@pytest.mark.parametrize(
+    "row,target_id,match",
+    [(-1, 1000, r"to \[\d+, 1000\]"), (0, -1, r"to \[-1, \d+\]")],
+    ids=["above", "below"],
+)
+def test_d2t_outside_the_target_vocab(tmp_path, row, target_id, match):
     tensors = eagle3_tensors()
-    tensors["d2t"][-1] = 1000
-    with pytest.raises(ValueError, match="d2t maps draft ids"):
+    draft_id = np.arange(len(tensors["d2t"]))[row]
+    tensors["d2t"][row] = target_id - draft_id  # target id = draft id + d2t[draft id]
+    with pytest.raises(ValueError, match="d2t maps draft ids " + match):
         load_eagle3(write_head(tmp_path, tensors, eagle3_config()), TARGET)
 
 

@@ -59,12 +59,14 @@ def test_eagle1_head_from_hf_files(tmp_path, published):
         "num_key_value_heads": 2,
         "vocab_size": 48,
         "rms_norm_eps": CFG.rms_norm_eps,
+        "torch_dtype": "float16",  # published heads' files; the head runs in the target's
     }
     (tmp_path / "config.json").write_text(json.dumps(raw))
     target = LlamaTarget(CFG)
     params = tp = toy_llama_params(target, 3)
     draft, head = load_draft(tmp_path, target)
     assert isinstance(draft, Eagle1Draft) and draft.capture_layers == ()
+    assert draft.dtype == target.dtype == "float32" and head.fc.dtype == jnp.float32
     assert (head.final_norm is None) == published and (head.layer.attn_norm is None) == published
     np.testing.assert_array_equal(np.asarray(head.fc), tensors["fc.weight"].T)
     ids, pos = _ids(seed=6)
