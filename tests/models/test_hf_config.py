@@ -63,6 +63,7 @@ def test_old_and_new_rope_keys_give_the_same_config():
         pytest.param(
             {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}, id="new-default"
         ),
+        pytest.param({"rope_parameters": {"rope_theta": 10000.0}}, id="new-theta-only"),
     ],
 )
 def test_default_rope(rope):
@@ -107,7 +108,17 @@ def test_head_dim_dtype_and_token_ids():
             id="eagle3-as-target",
         ),
         pytest.param(
+            {**BASE, "architectures": ["LlamaForCausalLMEagle"]},
+            "LlamaForCausalLMEagle",
+            id="eagle1-as-target",
+        ),
+        pytest.param(
             {**BASE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn", id="rope-yarn"
+        ),
+        pytest.param(
+            {**BASE, "rope_parameters": {"full_attention": {"rope_type": "default"}}},
+            "per-layer-type",
+            id="rope-per-layer-type",
         ),
         pytest.param(
             {**BASE, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1.0}},
@@ -188,10 +199,16 @@ def test_direct_config_boundaries(field, inside, outside, match):
         LlamaConfig(**{**SMALL, field: outside})
 
 
-def test_rope_scaling_factor_must_be_positive():
-    assert RopeScaling(1e-3, 1.0, 4.0, 64).factor == 1e-3
+def test_rope_scaling_bounds():
+    """factor > 0 and high_freq_factor > low_freq_factor > 0 (the smoothing divides by both
+    ``high - low`` and ``low``)."""
+    assert RopeScaling(1e-3, 1e-3, 1.001e-3, 64).factor == 1e-3
     with pytest.raises(ValueError, match="factor=0.0 must be > 0"):
         RopeScaling(0.0, 1.0, 4.0, 64)
+    with pytest.raises(ValueError, match="high_freq_factor=4.0 must be > low_freq_factor=4.0"):
+        RopeScaling(8.0, 4.0, 4.0, 64)
+    with pytest.raises(ValueError, match="low_freq_factor=0.0 > 0"):
+        RopeScaling(8.0, 0.0, 4.0, 64)
 
 
 def _eagle3(**extra):
@@ -220,8 +237,9 @@ def test_eagle3_config():
         named.capture_layers(20)  # layer 29 >= 20
     with pytest.raises(ValueError, match="EAGLE-3"):
         parse_eagle3_config(BASE)
+    assert _eagle3(draft_vocab_size=128).draft_vocab_size == 128  # the whole vocabulary
     with pytest.raises(ValueError, match="draft_vocab_size"):
-        _eagle3(draft_vocab_size=200)
+        _eagle3(draft_vocab_size=129)
     with pytest.raises(ValueError, match="num_hidden_layers"):
         _eagle3(num_hidden_layers=2)
 
@@ -328,7 +346,14 @@ def test_check_tensor_parallel():
             {**BASE, "tie_word_embeddings": "false"}, "tie_word_embeddings='false'", id="bool"
         ),
         pytest.param(
-            {**BASE, "architectures": "LlamaForCausalLM"}, "architectures=", id="arch-str"
+            {**BASE, "architectures": "LlamaForCausalLM"},
+            "architectures=.* must be a list of strings",
+            id="arch-str",
+        ),
+        pytest.param(
+            {**BASE, "architectures": ["LlamaForCausalLM", 3]},
+            "architectures=.* must be a list of strings",
+            id="arch-list-int",
         ),
         pytest.param(
             {**BASE, "eos_token_id": 128}, r"eos_token_id=128: id 128 is outside", id="eos-oov"
