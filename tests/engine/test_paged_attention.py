@@ -224,3 +224,14 @@ def test_probe_checks_the_page_ids_a_pass_reads_and_only_those():
     case.page_table[1, 3] = num_page_ids  # read: positions 48..63 of row 1
     with pytest.raises(probes.ProbeError, match="page id read from page_table"):
         run(*case.jax_args(), **case.static)
+
+
+def test_a_pass_is_non_causal_by_default():
+    """``causal`` left out: every query of a row sees the row's whole prefix (draft pass A's
+    K queries), in the op and in the reference alike."""
+    case = pc.make_case(np.random.default_rng(8), **pc.CASES["draftA-k4-mqa"])
+    want = pc.oracle(case)
+    args, page_size = case.jax_args(), case.page_size
+    pc.check(*paged_attention(*args, page_size=page_size), *want, atol=2e-5, lse_atol=2e-5)
+    got = paged_attention_reference(*args, page_size=page_size)
+    pc.check(*got, *want, atol=2e-5, lse_atol=2e-5)
