@@ -151,7 +151,11 @@ def target_probs_from_logits(
     probes.detect_nan(probs, "target_probs_from_logits: target_probs after softmax")
     if top_ks is None and top_ps is None and min_ps is None:
         return probs
-    rows = probs.reshape(b * n, v)
+    # NOTE: one materialised copy of the row values for every threshold and the final compare.
+    # Without the barrier XLA's GPU fusions recompute the softmax inside their consumers, each
+    # rounding its own way: a pivot read from one copy (the k-th largest, the top-p token)
+    # could exceed its own value in another by an ulp and drop it (H200: top_k=2 kept one).
+    rows = jax.lax.optimization_barrier(probs.reshape(b * n, v))
     pmax = jnp.max(rows, axis=-1)
     pivot = jnp.zeros((b * n,), jnp.float32)
     if top_ks is not None:

@@ -3,6 +3,7 @@ float64 oracle, the sort-free threshold search, and plain inverse-CDF sampling."
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -59,6 +60,23 @@ def test_matches_sort_based_oracle(v, ties):
         np.testing.assert_allclose(got[r], want, rtol=2e-5, atol=1e-7, err_msg=str(params))
         checked += 1
     assert checked > 0.8 * b * n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("v", [7, 64, 1000])
+def test_matches_sort_based_oracle_compiled_on_gpu(v):
+    """The same comparison where ``-m gpu`` selects it, on the GPU's fusions: they once
+    recomputed the softmax inside each consumer, rounding each its own way, so a threshold read
+    from one copy dropped its own token from another (``top_k=2`` kept one token)."""
+    for ties in (False, True):
+        test_matches_sort_based_oracle(v, ties)
+
+
+def test_rows_are_materialised_once_before_the_thresholds():
+    """CPU guard of the GPU test above (CI has no GPU): the filters read one barrier'd copy
+    of the row values, never a softmax XLA may recompute per consumer."""
+    args = (jnp.zeros((2, 8)), jnp.ones((2,)), jnp.full((2,), 3), jnp.full((2,), 0.9), None)
+    assert "optimization_barrier" in str(jax.make_jaxpr(target_probs_from_logits)(*args))
 
 
 def test_greedy_rows_are_one_hot_first_argmax():
