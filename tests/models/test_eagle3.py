@@ -169,11 +169,9 @@ def test_eagle1_combine_is_identity(target_params):
     assert Eagle1Draft(TARGET.config).combine_hidden_states(None, hidden) is hidden
 
 
-def test_forward_without_the_midlayer_input_norm_names_the_field(target_params):
-    """An EAGLE-3 midlayer normalizes the embedding (``input_layernorm``): a hand-built
-    ``Eagle3Params`` whose layer has ``attn_norm=None`` (EAGLE-1's identity) is a ValueError
-    naming the field, not an error from inside rms_norm."""
-    from jspec.models import Eagle3Config, random_eagle3_params
+def _small_head(draft_vocab_size: int) -> Eagle3Draft:
+    """A 32-wide EAGLE-3 head over a 96-token target vocabulary, capturing layers 2, 4, 5."""
+    from jspec.models import Eagle3Config
 
     cfg = Eagle3Config(
         hidden_size=32,
@@ -182,10 +180,19 @@ def test_forward_without_the_midlayer_input_norm_names_the_field(target_params):
         num_kv_heads=2,
         head_dim=8,
         vocab_size=96,
-        draft_vocab_size=40,
+        draft_vocab_size=draft_vocab_size,
         num_aux=3,
     )
-    draft = Eagle3Draft(cfg, (2, 4, 5))
+    return Eagle3Draft(cfg, (2, 4, 5))
+
+
+def test_forward_without_the_midlayer_input_norm_names_the_field(target_params):
+    """An EAGLE-3 midlayer normalizes the embedding (``input_layernorm``): a hand-built
+    ``Eagle3Params`` whose layer has ``attn_norm=None`` (EAGLE-1's identity) is a ValueError
+    naming the field, not an error from inside rms_norm."""
+    from jspec.models import random_eagle3_params
+
+    draft = _small_head(draft_vocab_size=40)
     params = random_eagle3_params(draft, seed=3)
     params = dataclasses.replace(params, layer=dataclasses.replace(params.layer, attn_norm=None))
     ids = jnp.arange(5, dtype=jnp.int32)
@@ -198,19 +205,9 @@ def test_random_head_maps_draft_ids_to_distinct_target_ids():
     """``random_eagle3_params``' d2t is injective, as a trained head's hot-token map is: the
     draft ids map to distinct target ids, in order, inside the target vocabulary (here 90 of
     96, where ids drawn with replacement would repeat)."""
-    from jspec.models import Eagle3Config, random_eagle3_params
+    from jspec.models import random_eagle3_params
 
-    cfg = Eagle3Config(
-        hidden_size=32,
-        intermediate_size=40,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        vocab_size=96,
-        draft_vocab_size=90,
-        num_aux=3,
-    )
-    draft = Eagle3Draft(cfg, (2, 4, 5))
+    draft = _small_head(draft_vocab_size=90)
     for seed in range(3):
         params = random_eagle3_params(draft, seed=seed)
         ids = np.asarray(draft.to_target_ids(params, jnp.arange(90, dtype=jnp.int32)))
