@@ -7,6 +7,8 @@
   draw ``Y`` autoregressively from the target; the step must emit ``Y[:a]`` where ``a - 1`` is
   the longest prefix of ``Y`` that is a path of the tree (the walk takes the first sibling
   with a token; capped at the max depth).
+* :func:`dyadic_rows`: rows of probabilities that are multiples of ``1 / grid`` (every partial
+  sum exact in f32), for tests whose coins land on CDF breakpoints.
 * :func:`judge`: Pearson chi-square of observed counts against an exact law (cells with an
   expected count below 5 pooled into one), the total variation distance, and a support check
   (a sequence of probability 0 observed is a failure outright, whatever the statistic says).
@@ -24,6 +26,17 @@ from scipy import stats
 
 ALPHA = 1e-6
 MIN_EXPECTED = 5.0
+
+
+def dyadic_rows(rng, rows: int, v: int, support: int, grid: int) -> np.ndarray:
+    """f32[rows, v]: each row ``support`` random tokens whose probabilities are distinct-cut
+    multiples of ``1 / grid`` (every partial sum exact in f32), zeros elsewhere."""
+    probs = np.zeros((rows, v), np.float32)
+    for r in range(rows):
+        tokens = rng.choice(v, support, replace=False)
+        cuts = np.sort(rng.choice(np.arange(1, grid), support - 1, replace=False))
+        probs[r, tokens] = np.diff(np.concatenate([[0], cuts, [grid]])) / grid
+    return probs
 
 
 def processed_np(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0) -> np.ndarray:

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from sampling_stats import dyadic_rows
 from test_verify import (
     G_CANDIDATES,
     G_NEXT_SIBLING,
@@ -101,12 +102,7 @@ def test_matches_serial_kernel_port_on_the_grid():
     bs, topk, steps, n, v, grid = 16, 4, 3, 12, 6, 8
     for _ in range(3):
         cand, ridx, nt, ns, _ = _random_tree(rng, bs, topk, steps, n, vocab=v)
-        probs = np.zeros((bs, n, v), np.float32)
-        for b in range(bs):
-            for j in range(n):
-                support = rng.choice(v, 3, replace=False)
-                cuts = np.sort(rng.choice(np.arange(1, grid), 2, replace=False))
-                probs[b, j, support] = np.diff(np.concatenate([[0], cuts, [grid]])) / grid
+        probs = dyadic_rows(rng, bs * n, v, 3, grid).reshape(bs, n, v)
         coins = (rng.integers(0, grid, (bs, n)) / grid).astype(np.float32)
         final = (rng.integers(0, grid, bs) / grid).astype(np.float32)
         got = _sample(cand, ridx, nt, ns, coins, final, probs, steps + 1)

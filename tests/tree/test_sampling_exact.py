@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from mutants import MUTANTS, apply_mutant
-from sampling_stats import judge, processed_np, top_p_margin, tree_step_law
+from sampling_stats import dyadic_rows, judge, processed_np, top_p_margin, tree_step_law
 
 import jspec.engine.sampling as engine_sampling
 from jspec.engine import spec_step
@@ -263,18 +263,8 @@ def test_sampled_tree_step_is_exact_large_n(request):
 GRID = 16
 
 
-def _dyadic_rows(seed: int = 3) -> np.ndarray:
-    """f32[PERIOD * V, V]: rows of multiples of 1/16 (some 0), sums exactly 1."""
-    rng = np.random.default_rng(seed)
-    rows = np.zeros((PERIOD * V, V))
-    for r in range(len(rows)):
-        support = rng.choice(V, 4, replace=False)
-        cuts = np.sort(rng.choice(np.arange(1, GRID), 3, replace=False))
-        rows[r, support] = np.diff(np.concatenate([[0], cuts, [GRID]]))
-    return (rows / GRID).astype(np.float32)
-
-
-DYADIC = _dyadic_rows()
+# f32[PERIOD * V, V]: rows of multiples of 1/16 (some 0), sums exactly 1.
+DYADIC = dyadic_rows(np.random.default_rng(3), PERIOD * V, V, 4, GRID)
 GRID_TREES = ("topk4_depth4", "duplicates", "zero_prob_first")
 
 

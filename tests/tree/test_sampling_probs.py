@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from sampling_stats import judge, processed_np, top_p_margin
+from sampling_stats import dyadic_rows, judge, processed_np, top_p_margin
 
 from jspec import probes
 from jspec.tree.sampling import sample_from_probs
@@ -24,17 +24,6 @@ def _rows(rng, num, v, ties=False, forbid=0.0):
         mask[np.arange(num), np.argmax(logits, -1)] = False
         logits = np.where(mask, -np.inf, logits).astype(np.float32)
     return logits
-
-
-def _dyadic_rows(rng, rows: int, v: int, support: int, grid: int) -> np.ndarray:
-    """f32[rows, v]: each row ``support`` random tokens whose probabilities are distinct-cut
-    multiples of ``1 / grid`` (every partial sum exact in f32), zeros elsewhere."""
-    probs = np.zeros((rows, v), np.float32)
-    for r in range(rows):
-        tokens = rng.choice(v, support, replace=False)
-        cuts = np.sort(rng.choice(np.arange(1, grid), support - 1, replace=False))
-        probs[r, tokens] = np.diff(np.concatenate([[0], cuts, [grid]])) / grid
-    return probs
 
 
 @pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
@@ -175,7 +164,7 @@ def test_sample_from_probs_is_half_open_on_the_grid():
     """Dyadic rows, one coin per point of the 16-grid: token ``v`` owns ``[cdf[v-1], cdf[v])``,
     so each token is drawn exactly ``16 * p[v]`` times (a coin on a breakpoint goes up)."""
     grid, v, rows = 16, 7, 12
-    probs = _dyadic_rows(np.random.default_rng(11), rows, v, 4, grid)
+    probs = dyadic_rows(np.random.default_rng(11), rows, v, 4, grid)
     coins = np.arange(grid, dtype=np.float32) / grid
     got = np.asarray(
         sample_from_probs(jnp.asarray(np.repeat(probs, grid, 0)), jnp.asarray(np.tile(coins, rows)))
@@ -240,7 +229,7 @@ def test_mass_pivot_target_on_a_cumulative_mass(ways):
     the sorted row: the pivot is the value where the mass first reaches it (``>=``)."""
     rng = np.random.default_rng(ways + 1)
     rows, v, grid = 64, 9, 64
-    p = _dyadic_rows(rng, rows, v, 6, grid)
+    p = dyadic_rows(rng, rows, v, 6, grid)
     desc = -np.sort(-p, axis=-1)
     cut = rng.integers(0, 6, rows)
     target = np.cumsum(desc, axis=-1)[np.arange(rows), cut]
